@@ -1,0 +1,210 @@
+package kafkatx
+
+import (
+	"errors"
+	"fmt"
+		"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// AheadPolicy says what the consumer does when Kafka's committed offset K is ahead of the
+// database watermark W on assignment (DESIGN.md, "Offsets: the database leads").
+type AheadPolicy int
+
+const (
+	// AheadFollow starts at K and records [W, K) in the offset audit: as an operator skip
+	// when a kafkatx command recorded the move, otherwise as an unexplained skip, logged at
+	// error level and counted. The default.
+	AheadFollow AheadPolicy = iota
+	// AheadHalt stops the consumer with an *OffsetAheadError naming both offsets and
+	// processes nothing on that partition.
+	AheadHalt
+)
+
+func (p AheadPolicy) String() string {
+	if p == AheadHalt {
+		return "halt"
+	}
+	return "follow"
+}
+
+// Config configures a Consumer. The zero value of every field means its default; a nil
+// *Config is not accepted because Kafka and Topics are required.
+type Config struct {
+	// Kafka is passed to librdkafka as is (bootstrap.servers and group.id are required;
+	// security settings such as sasl.* and ssl.* pass through). kafkatx sets
+	// enable.auto.commit=false and enable.auto.offset.store=false and refuses either set to
+	// true. Unless set here: partition.assignment.strategy=cooperative-sticky,
+	// auto.offset.reset=earliest, group.protocol=classic. group.instance.id (KIP-345 static
+	// membership) passes through.
+	Kafka kafka.ConfigMap
+
+	// Topics to subscribe to. Required.
+	Topics []string
+
+	// Schema holds kafkatx's tables. Defaults to "kafkatx".
+	Schema string
+
+	// Logger receives the consumer's logs, named "kafkatx.consumer". Message values are
+	// never logged. Defaults to zap.NewNop().
+	Logger *zap.Logger
+
+	// Retry decides how often and how fast a failing message is retried.
+	Retry RetryPolicy
+
+	// Batch bounds how many messages of one partition share a transaction.
+	Batch BatchConfig
+
+	// ShutdownTimeout bounds how long in-flight transactions may run once Run's context is
+	// cancelled or a partition is revoked; after it their context is cancelled and they
+	// roll back. Defaults to 30s.
+	ShutdownTimeout time.Duration
+
+	// OnKafkaAhead is the policy when Kafka's committed offset is ahead of the database
+	// watermark on assignment. Defaults to AheadFollow.
+	OnKafkaAhead AheadPolicy
+
+	// DeadLetter configures the publication of dead letters to a dead-letter topic
+	// through the outbox (in the same transaction as the dead-letter row).
+	DeadLetter DeadLetterConfig
+
+	// Registerer receives the consumer's Prometheus metrics. Defaults to none (metrics are
+	// still kept and readable with Stats).
+	Registerer prometheus.Registerer
+}
+
+// RetryPolicy is the blocking retry policy for handler failures. Attempts are counted
+// durably; a retry pauses only the message's partition.
+type RetryPolicy struct {
+	// MaxAttempts is the number of tries, crashes included, after which a message is
+	// dead-lettered. Defaults to 5.
+	MaxAttempts int
+	// InitialBackoff is the wait before the second try. Defaults to 200ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps the wait between tries. Defaults to 30s.
+	MaxBackoff time.Duration
+	// Multiplier grows the wait after each try. Defaults to 2.
+	Multiplier float64
+	// Jitter is the randomization factor in [0, 1): each wait is drawn uniformly from
+	// [d·(1−Jitter), d·(1+Jitter)]. Defaults to 0.2.
+	Jitter float64
+}
+
+// Backoff returns the wait before try number attempt+1 after attempt failed tries
+// (attempt ≥ 1): InitialBackoff·Multiplier^(attempt−1), capped at MaxBackoff, with jitter
+// (github.com/cenkalti/backoff/v5).
+func (p RetryPolicy) Backoff(attempt int) time.Duration {
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     p.InitialBackoff,
+		RandomizationFactor: p.Jitter,
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.MaxBackoff,
+	}
+	b.Reset()
+	d := b.NextBackOff()
+	for i := 1; i < attempt && d < p.MaxBackoff; i++ {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+// BatchConfig bounds the per-partition transactions. A batch is run optimistically in one
+// transaction; if a message in it fails, the batch is rolled back and its messages are re-run
+// so that only the failing message is retried or dead-lettered.
+type BatchConfig struct {
+	// Size is the most messages per transaction. Defaults to 500. 1 gives one transaction
+	// per message.
+	Size int
+	// Wait is how long a partition worker waits for more messages to fill a batch once it
+	// holds one. Defaults to 0: take what has arrived and go.
+	Wait time.Duration
+}
+
+// DeadLetterConfig configures publishing dead letters to Kafka through the outbox.
+type DeadLetterConfig struct {
+	// Disabled keeps dead letters in the database only.
+	Disabled bool
+	// Topic maps a source topic to its dead-letter topic. Defaults to topic + ".dlq".
+	Topic func(topic string) string
+}
+
+// reservedKafkaKeys are set by kafkatx; the user may not turn them on.
+var refusedTrue = []string{"enable.auto.commit", "enable.auto.offset.store"}
+
+func (c *Config) withDefaults() (*Config, error) {
+	if c == nil {
+		return nil, errors.New("kafkatx: nil *Config: Kafka (bootstrap.servers, group.id) and Topics are required")
+	}
+	out := *c
+	out.Kafka = kafka.ConfigMap{}
+	for k, v := range c.Kafka {
+		out.Kafka[k] = v
+	}
+	if len(out.Topics) == 0 {
+		return nil, errors.New("kafkatx: Config.Topics is empty")
+	}
+	for _, k := range []string{"bootstrap.servers", "group.id"} {
+		v, ok := out.Kafka[k]
+		if !ok || fmt.Sprint(v) == "" {
+			return nil, fmt.Errorf("kafkatx: Config.Kafka needs %q", k)
+		}
+	}
+	for _, k := range refusedTrue {
+		if v, ok := out.Kafka[k]; ok && strings.EqualFold(fmt.Sprint(v), "true") {
+			return nil, fmt.Errorf("kafkatx: Config.Kafka %s=true is refused: kafkatx commits offsets itself, after the database transaction", k)
+		}
+		out.Kafka[k] = false
+	}
+	setDefault := func(k string, v kafka.ConfigValue) {
+		if _, ok := out.Kafka[k]; !ok {
+			out.Kafka[k] = v
+		}
+	}
+	setDefault("partition.assignment.strategy", "cooperative-sticky")
+	setDefault("auto.offset.reset", "earliest")
+	setDefault("group.protocol", "classic")
+	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
+	// partition set), so a large backlog does not grow the process without bound.
+	setDefault("queued.max.messages.kbytes", 16384)
+	setDefault("go.logs.channel.enable", false)
+	if out.Schema == "" {
+		out.Schema = "kafkatx"
+	}
+	if out.Logger == nil {
+		out.Logger = zap.NewNop()
+	}
+	out.Logger = out.Logger.Named("kafkatx.consumer")
+	r := &out.Retry
+	if r.MaxAttempts <= 0 {
+		r.MaxAttempts = 5
+	}
+	if r.InitialBackoff <= 0 {
+		r.InitialBackoff = 200 * time.Millisecond
+	}
+	if r.MaxBackoff <= 0 {
+		r.MaxBackoff = 30 * time.Second
+	}
+	if r.Multiplier < 1 {
+		r.Multiplier = 2
+	}
+	if r.Jitter <= 0 || r.Jitter >= 1 {
+		r.Jitter = 0.2
+	}
+	if out.Batch.Size <= 0 {
+		out.Batch.Size = 500
+	}
+	if out.ShutdownTimeout <= 0 {
+		out.ShutdownTimeout = 30 * time.Second
+	}
+	if out.DeadLetter.Topic == nil {
+		out.DeadLetter.Topic = func(t string) string { return t + ".dlq" }
+	}
+	return &out, nil
+}
+
+func (c *Config) groupID() string { return fmt.Sprint(c.Kafka["group.id"]) }

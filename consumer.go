@@ -1,0 +1,317 @@
+package kafkatx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+// Handler processes one message inside the transaction that also advances the partition's
+// watermark. It must do its database work through tx and must not commit or roll it back.
+// Returning an error rolls the transaction back; the message is retried with backoff until
+// Config.Retry.MaxAttempts, then dead-lettered. Return Permanent(err) to dead-letter at once.
+// Errors that are retryable database conditions (40001, 40P01, a lost connection) re-run the
+// transaction without counting an attempt. A panic is recovered and counted as an attempt.
+type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
+
+// Consumer is the effectively-once consumer loop: per batch of a partition, the handler's
+// effects, the watermark advance and any dead letter commit in one PostgreSQL transaction,
+// and only then is the Kafka offset committed. Create one with NewConsumer and start it with
+// Run.
+type Consumer struct {
+	pool    *pgxpool.Pool
+	handler Handler
+	cfg     *Config
+	group   string
+	store   *offsetstore.Store
+	log     *zap.Logger
+	metrics *metrics
+	stats   counters
+
+	running atomic.Bool
+
+	// Owned by Run.
+	kc        *kafka.Consumer
+	commits   *committer
+	mu        sync.Mutex // guards parts for Stats
+	parts     map[offsetstore.TP]*partition
+	resyncs   chan resyncRequest
+	fatal     error
+	eager     bool
+	afterDead func(ctx context.Context, tx pgx.Tx, d *deadLetterInfo) error
+}
+
+// NewConsumer validates cfg and returns a Consumer. It starts nothing and opens no
+// connection; Run does.
+func NewConsumer(pool *pgxpool.Pool, handler Handler, cfg *Config) (*Consumer, error) {
+	if pool == nil {
+		return nil, errors.New("kafkatx: nil *pgxpool.Pool")
+	}
+	if handler == nil {
+		return nil, errors.New("kafkatx: nil Handler")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		pool:    pool,
+		handler: handler,
+		cfg:     c,
+		group:   c.groupID(),
+		store:   offsetstore.New(c.Schema),
+		log:     c.Logger.With(zap.String("group", c.groupID())),
+		metrics: newMetrics(c.Registerer),
+	}, nil
+}
+
+// Migrate applies kafkatx's embedded migrations to schema ("" means "kafkatx") under an
+// advisory lock; it is safe to run from several processes at once and to run again.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	if schema == "" {
+		schema = "kafkatx"
+	}
+	_, err := migrations.Apply(ctx, pool, schema)
+	return err
+}
+
+// MigrationSQL returns the SQL that Migrate applies, for teams that run their own
+// migration tool (goose, atlas, tern).
+func MigrationSQL(schema string) string {
+	if schema == "" {
+		schema = "kafkatx"
+	}
+	return migrations.Script(schema)
+}
+
+// Stats returns a snapshot of the consumer's counters. Safe to call from any goroutine.
+func (c *Consumer) Stats() Stats {
+	s := Stats{
+		Processed:       c.stats.processed.Load(),
+		Duplicates:      c.stats.duplicates.Load(),
+		Retries:         c.stats.retries.Load(),
+		DeadLettered:    c.stats.deadLettered.Load(),
+		SkippedOffsets:  c.stats.skipped.Load(),
+		FirstAssignedAt: unixNanoTime(c.stats.firstAssigned.Load()),
+		LastMessageAt:   unixNanoTime(c.stats.lastMessage.Load()),
+	}
+	c.mu.Lock()
+	s.Assigned = len(c.parts)
+	for _, p := range c.parts {
+		s.InFlight += p.inFlight()
+	}
+	c.mu.Unlock()
+	return s
+}
+
+// Run joins the consumer group and processes messages until ctx is cancelled or a fatal
+// error occurs. On cancellation it stops polling, lets in-flight transactions finish within
+// Config.ShutdownTimeout (then aborts them), commits the final offsets and leaves the group
+// (a static member, with group.instance.id, stays until its session times out). It returns
+// nil after a clean shutdown, an *OffsetAheadError under AheadHalt, or the fatal error.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("kafkatx: Consumer.Run called twice")
+	}
+	if err := Migrate(ctx, c.pool, c.cfg.Schema); err != nil {
+		return fmt.Errorf("kafkatx: %w", err)
+	}
+	kc, err := kafka.NewConsumer(&c.cfg.Kafka)
+	if err != nil {
+		return fmt.Errorf("kafkatx: create Kafka consumer: %w", err)
+	}
+	c.kc = kc
+	c.parts = map[offsetstore.TP]*partition{}
+	c.resyncs = make(chan resyncRequest, 16)
+	c.commits = newCommitter(kc, c.log)
+	commitDone := make(chan struct{})
+	go func() { defer close(commitDone); c.commits.run() }()
+
+	err = kc.SubscribeTopics(c.cfg.Topics, func(_ *kafka.Consumer, ev kafka.Event) error {
+		return c.rebalance(ctx, ev)
+	})
+	if err != nil {
+		c.commits.stop()
+		<-commitDone
+		_ = kc.Close()
+		return fmt.Errorf("kafkatx: subscribe %v: %w", c.cfg.Topics, err)
+	}
+	c.log.Info("consumer started", zap.Strings("topics", c.cfg.Topics),
+		zap.Int("batch_size", c.cfg.Batch.Size), zap.Int("max_attempts", c.cfg.Retry.MaxAttempts))
+
+	lagTick := time.NewTicker(time.Second)
+	defer lagTick.Stop()
+	for ctx.Err() == nil && c.fatal == nil {
+		c.servicePartitions()
+		select {
+		case <-lagTick.C:
+			c.updateLag()
+		default:
+		}
+		switch e := kc.Poll(50).(type) {
+		case *kafka.Message:
+			c.dispatch(e)
+		case kafka.Error:
+			if e.IsFatal() {
+				c.fatal = fmt.Errorf("kafkatx: fatal Kafka error: %w", e)
+			} else if e.Code() == kafka.ErrAllBrokersDown || e.Code() == kafka.ErrTransport {
+				c.log.Warn("kafka", zap.Error(e))
+			} else {
+				c.log.Debug("kafka", zap.Error(e))
+			}
+		}
+	}
+	c.log.Info("consumer stopping", zap.NamedError("cause", c.fatal))
+	// Stop every worker (in-flight transactions finish within the shutdown timeout), then
+	// commit their final watermarks to Kafka before leaving the group.
+	c.revokeAll(false)
+	c.commits.stop()
+	<-commitDone
+	if err := kc.Close(); err != nil {
+		c.log.Warn("close Kafka consumer", zap.Error(err))
+	}
+	c.log.Info("consumer stopped")
+	return c.fatal
+}
+
+// dispatch hands a polled message to its partition worker without blocking the poll loop:
+// when the worker's queue is full the partition is paused and the message kept in memory.
+// librdkafka resumes a paused partition at the offset after the last message it returned,
+// so nothing is skipped (DESIGN.md: pause/resume positions).
+func (c *Consumer) dispatch(m *kafka.Message) {
+	tp := offsetstore.TP{Topic: *m.TopicPartition.Topic, Partition: m.TopicPartition.Partition}
+	p := c.parts[tp]
+	if p == nil || p.stopping() {
+		return // not ours (any more); whoever owns it reads it from its watermark
+	}
+	off := int64(m.TopicPartition.Offset)
+	c.stats.lastMessage.Store(time.Now().UnixNano())
+	if off < p.next {
+		c.stats.duplicates.Add(1)
+		c.metrics.duplicates.WithLabelValues(c.group, tp.Topic).Inc()
+		return
+	}
+	p.next = off + 1
+	p.dispatchedEnd.Store(p.next)
+	if len(p.pending) == 0 {
+		select {
+		case p.in <- m:
+			return
+		default:
+		}
+	}
+	p.pending = append(p.pending, m)
+	p.pendingLen.Store(int64(len(p.pending)))
+	if !p.paused {
+		if err := c.kc.Pause([]kafka.TopicPartition{p.ktp()}); err != nil {
+			c.log.Warn("pause partition", zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition), zap.Error(err))
+			return
+		}
+		p.paused = true
+	}
+}
+
+// servicePartitions moves kept messages into worker queues, resumes partitions whose
+// queues have room, and serves resync requests from fenced workers.
+func (c *Consumer) servicePartitions() {
+	for {
+		select {
+		case r := <-c.resyncs:
+			c.resync(r)
+			continue
+		default:
+		}
+		break
+	}
+	for _, p := range c.parts {
+		for len(p.pending) > 0 {
+			select {
+			case p.in <- p.pending[0]:
+				p.pending[0] = nil
+				p.pending = p.pending[1:]
+				continue
+			default:
+			}
+			break
+		}
+		p.pendingLen.Store(int64(len(p.pending)))
+		if p.paused && len(p.pending) == 0 {
+			if err := c.kc.Resume([]kafka.TopicPartition{p.ktp()}); err != nil {
+				c.log.Warn("resume partition", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Error(err))
+				continue
+			}
+			p.paused = false
+		}
+	}
+}
+
+type resyncRequest struct {
+	p    *partition
+	at   int64
+	done chan struct{}
+}
+
+// resync drops everything kept in memory for a fenced partition and seeks it to the
+// watermark the worker re-read from the database.
+func (c *Consumer) resync(r resyncRequest) {
+	defer close(r.done)
+	p := r.p
+	if c.parts[p.tp] != p {
+		return
+	}
+	p.pending = nil
+	p.pendingLen.Store(0)
+	for len(p.in) > 0 {
+		<-p.in
+	}
+	p.next = r.at
+	tp := p.ktp()
+	tp.Offset = kafka.Offset(r.at)
+	if _, err := c.kc.SeekPartitions([]kafka.TopicPartition{tp}); err != nil {
+		c.log.Warn("seek after fence", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Int64("offset", r.at), zap.Error(err))
+	}
+	if p.paused {
+		if err := c.kc.Resume([]kafka.TopicPartition{p.ktp()}); err == nil {
+			p.paused = false
+		}
+	}
+}
+
+func (c *Consumer) updateLag() {
+	for tp, p := range c.parts {
+		_, high, err := c.kc.GetWatermarkOffsets(tp.Topic, tp.Partition)
+		if err != nil || high < 0 {
+			continue
+		}
+		c.metrics.lag.WithLabelValues(c.group, tp.Topic, strconv.Itoa(int(tp.Partition))).Set(float64(high - p.watermark.Load()))
+	}
+}
+
+// OffsetAheadError is returned by Run under AheadHalt when Kafka's committed offset is
+// ahead of the database watermark (a database restored from an older backup, or an offset
+// moved with Kafka's own tools).
+type OffsetAheadError struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Watermark int64 // the database's next offset to process
+	Committed int64 // Kafka's committed offset
+}
+
+func (e *OffsetAheadError) Error() string {
+	return fmt.Sprintf("kafkatx: group %q %s[%d]: Kafka committed offset %d is ahead of the database watermark %d; policy is halt: "+
+		"nothing processed. Align with `kafkatx offsets reset --to-database` or skip with `--mode skip`",
+		e.Group, e.Topic, e.Partition, e.Committed, e.Watermark)
+}

@@ -1,0 +1,89 @@
+package offsetstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Audit event kinds. Ranges are half-open: [From, To).
+const (
+	KindFirstRun        = "first_run"        // a partition seen for the first time; From = To = start
+	KindOperatorSkip    = "operator_skip"    // a kafkatx command skipped [From, To)
+	KindUnexplainedSkip = "unexplained_skip" // Kafka was ahead with no command on record; [From, To) skipped
+	KindKafkaBehind     = "kafka_behind"     // Kafka's committed offset From was behind the watermark To; re-committed
+	KindKafkaMissing    = "kafka_missing"    // no committed offset in Kafka; the watermark To was re-committed
+	KindReplay          = "replay"           // an operator rewound [From, To) to run again
+	KindAlign           = "align"            // an operator aligned Kafka to the watermark
+	KindHalt            = "halt"             // Kafka ahead under the halt policy; nothing processed
+)
+
+// Event is one offset audit row.
+type Event struct {
+	ID        int64     `json:"id"`
+	Group     string    `json:"group"`
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Kind      string    `json:"kind"`
+	From      int64     `json:"from_offset"`
+	To        int64     `json:"to_offset"`
+	Reason    string    `json:"reason"`
+	Actor     string    `json:"actor"`
+	Status    string    `json:"status"`
+	At        time.Time `json:"at"`
+}
+
+// InsertEvent writes e (status defaults to "applied") and returns its id.
+func (s *Store) InsertEvent(ctx context.Context, q Querier, e Event) (int64, error) {
+	if e.Status == "" {
+		e.Status = "applied"
+	}
+	var id int64
+	err := q.QueryRow(ctx, `INSERT INTO `+s.t.OffsetAudit+` (group_id, topic, partition, kind, from_offset, to_offset, reason, actor, status)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id`,
+		e.Group, e.Topic, e.Partition, e.Kind, e.From, e.To, e.Reason, e.Actor, e.Status).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("write offset audit %s %s[%d]: %w", e.Kind, e.Topic, e.Partition, err)
+	}
+	return id, nil
+}
+
+// PendingSkip returns the id of a pending operator skip of exactly [from, to) on tp, or 0.
+func (s *Store) PendingSkip(ctx context.Context, q Querier, group string, tp TP, from, to int64) (int64, error) {
+	var id int64
+	err := q.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM `+s.t.OffsetAudit+`
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND kind = $4 AND status = 'pending' AND from_offset = $5 AND to_offset = $6`,
+		group, tp.Topic, tp.Partition, KindOperatorSkip, from, to).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("find pending operator skip %s: %w", tp, err)
+	}
+	return id, nil
+}
+
+// SetEventStatus marks an audit row applied or abandoned.
+func (s *Store) SetEventStatus(ctx context.Context, q Querier, id int64, status string) error {
+	_, err := q.Exec(ctx, `UPDATE `+s.t.OffsetAudit+` SET status = $2 WHERE id = $1`, id, status)
+	if err != nil {
+		return fmt.Errorf("update offset audit %d: %w", id, err)
+	}
+	return nil
+}
+
+// Events returns the audit trail of group, oldest first (topic "" means all topics).
+func (s *Store) Events(ctx context.Context, q Querier, group, topic string) ([]Event, error) {
+	rows, err := q.Query(ctx, `SELECT id, group_id, topic, partition, kind, from_offset, to_offset, reason, actor, status, at
+		FROM `+s.t.OffsetAudit+` WHERE group_id = $1 AND ($2 = '' OR topic = $2) ORDER BY id`, group, topic)
+	if err != nil {
+		return nil, fmt.Errorf("read offset audit: %w", err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		var e Event
+		if err := rows.Scan(&e.ID, &e.Group, &e.Topic, &e.Partition, &e.Kind, &e.From, &e.To, &e.Reason, &e.Actor, &e.Status, &e.At); err != nil {
+			return nil, fmt.Errorf("read offset audit: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

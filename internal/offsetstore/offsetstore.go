@@ -1,0 +1,225 @@
+// Package offsetstore reads and writes kafkatx's processed watermarks, durable attempt
+// counters and offset audit rows. The consumer loop and the operator command share it, so
+// both sides of every rule run the same SQL.
+package offsetstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
+)
+
+// Querier is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// TP is a topic partition.
+type TP struct {
+	Topic     string
+	Partition int32
+}
+
+func (tp TP) String() string { return fmt.Sprintf("%s[%d]", tp.Topic, tp.Partition) }
+
+// Watermark is one processed-watermark row.
+type Watermark struct {
+	TP
+	// Next is the next offset to process.
+	Next int64
+	// First is the offset the group started this partition at.
+	First int64
+	// InflightEnd, when > Next, marks [Next, InflightEnd) as attempted by a batch that did
+	// not commit; -1 when none.
+	InflightEnd int64
+	ReplayEpoch int
+	UpdatedAt   time.Time
+}
+
+// Store runs the SQL for one schema.
+type Store struct {
+	t tables.Names
+}
+
+// New returns a Store for schema.
+func New(schema string) *Store { return &Store{t: tables.For(schema)} }
+
+// Tables returns the quoted table names.
+func (s *Store) Tables() tables.Names { return s.t }
+
+// Watermarks returns the rows of group for the given partitions (all partitions of all
+// topics when tps is empty).
+func (s *Store) Watermarks(ctx context.Context, q Querier, group string, tps []TP) (map[TP]Watermark, error) {
+	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at
+		FROM `+s.t.Watermarks+` WHERE group_id = $1 ORDER BY topic, partition`, group)
+	if err != nil {
+		return nil, fmt.Errorf("read watermarks: %w", err)
+	}
+	want := map[TP]bool{}
+	for _, tp := range tps {
+		want[tp] = true
+	}
+	out := map[TP]Watermark{}
+	for rows.Next() {
+		var w Watermark
+		if err := rows.Scan(&w.Topic, &w.Partition, &w.Next, &w.First, &w.InflightEnd, &w.ReplayEpoch, &w.UpdatedAt); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read watermarks: %w", err)
+		}
+		if len(want) == 0 || want[w.TP] {
+			out[w.TP] = w
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read watermarks: %w", err)
+	}
+	return out, nil
+}
+
+// Init records the first watermark of a partition at start unless a row exists, and
+// returns the row that is stored afterwards and whether this call created it.
+func (s *Store) Init(ctx context.Context, q Querier, group string, tp TP, start int64) (Watermark, bool, error) {
+	tag, err := q.Exec(ctx, `INSERT INTO `+s.t.Watermarks+` (group_id, topic, partition, next_offset, first_offset)
+		VALUES ($1, $2, $3, $4, $4) ON CONFLICT DO NOTHING`, group, tp.Topic, tp.Partition, start)
+	if err != nil {
+		return Watermark{}, false, fmt.Errorf("record first watermark %s: %w", tp, err)
+	}
+	ws, err := s.Watermarks(ctx, q, group, []TP{tp})
+	if err != nil {
+		return Watermark{}, false, err
+	}
+	w, ok := ws[tp]
+	if !ok {
+		return Watermark{}, false, fmt.Errorf("record first watermark %s: row vanished", tp)
+	}
+	return w, tag.RowsAffected() == 1, nil
+}
+
+// ErrFenced means the watermark was not at the expected offset: another owner advanced it
+// (a rebalance or a zombie), so the caller's transaction must roll back (invariant 6).
+var ErrFenced = errors.New("watermark fenced: another consumer advanced it")
+
+// Advance moves the watermark from `from` to `to` with compare-and-set, and sets the
+// in-flight marker to inflightEnd (≤ to clears it). It returns ErrFenced when the row is
+// not at from.
+func (s *Store) Advance(ctx context.Context, q Querier, group string, tp TP, from, to, inflightEnd int64) error {
+	var ie *int64
+	if inflightEnd > to {
+		ie = &inflightEnd
+	}
+	tag, err := q.Exec(ctx, `UPDATE `+s.t.Watermarks+` SET next_offset = $5, inflight_end = $6, updated_at = now()
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
+		group, tp.Topic, tp.Partition, from, to, ie)
+	if err != nil {
+		return fmt.Errorf("advance watermark %s %d→%d: %w", tp, from, to, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrFenced
+	}
+	return nil
+}
+
+// MarkInflight durably records that offsets [at, end) are about to be attempted, so that a
+// crash while they run counts as one attempt for each. It returns ErrFenced when the
+// watermark is not at `at`.
+func (s *Store) MarkInflight(ctx context.Context, q Querier, group string, tp TP, at, end int64) error {
+	tag, err := q.Exec(ctx, `UPDATE `+s.t.Watermarks+` SET inflight_end = $5
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
+		group, tp.Topic, tp.Partition, at, end)
+	if err != nil {
+		return fmt.Errorf("mark in-flight %s [%d, %d): %w", tp, at, end, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrFenced
+	}
+	return nil
+}
+
+// Attempt is the durable attempt state of one offset.
+type Attempt struct {
+	Offset         int64
+	Attempts       int
+	FirstFailureAt time.Time // zero when no try has failed yet (only crashes)
+	LastFailureAt  time.Time
+	ErrorClass     string
+	ErrorMessage   string
+	Stack          string
+}
+
+// Attempts returns the attempt rows of a partition at or above offset from.
+func (s *Store) Attempts(ctx context.Context, q Querier, group string, tp TP, from int64) (map[int64]Attempt, error) {
+	rows, err := q.Query(ctx, `SELECT "offset", attempts, coalesce(first_failure_at, 'epoch'), coalesce(last_failure_at, 'epoch'),
+		coalesce(error_class, ''), coalesce(error_message, ''), coalesce(stack, '')
+		FROM `+s.t.Attempts+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4`,
+		group, tp.Topic, tp.Partition, from)
+	if err != nil {
+		return nil, fmt.Errorf("read attempts %s: %w", tp, err)
+	}
+	out := map[int64]Attempt{}
+	for rows.Next() {
+		var a Attempt
+		if err := rows.Scan(&a.Offset, &a.Attempts, &a.FirstFailureAt, &a.LastFailureAt, &a.ErrorClass, &a.ErrorMessage, &a.Stack); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read attempts %s: %w", tp, err)
+		}
+		if a.FirstFailureAt.Unix() == 0 {
+			a.FirstFailureAt = time.Time{}
+		}
+		if a.LastFailureAt.Unix() == 0 {
+			a.LastFailureAt = time.Time{}
+		}
+		out[a.Offset] = a
+	}
+	return out, rows.Err()
+}
+
+// BeginAttempt durably records that try number n of offset is about to run.
+func (s *Store) BeginAttempt(ctx context.Context, q Querier, group string, tp TP, offset int64, n int) error {
+	_, err := q.Exec(ctx, `INSERT INTO `+s.t.Attempts+` (group_id, topic, partition, "offset", attempts)
+		VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = excluded.attempts, updated_at = now()`,
+		group, tp.Topic, tp.Partition, offset, n)
+	if err != nil {
+		return fmt.Errorf("record attempt %d of %s@%d: %w", n, tp, offset, err)
+	}
+	return nil
+}
+
+// RecordFailure stores try n's failure of offset.
+func (s *Store) RecordFailure(ctx context.Context, q Querier, group string, tp TP, offset int64, n int, class, msg, stack string) error {
+	_, err := q.Exec(ctx, `INSERT INTO `+s.t.Attempts+` AS a (group_id, topic, partition, "offset", attempts, first_failure_at, last_failure_at, error_class, error_message, stack)
+		VALUES ($1, $2, $3, $4, $5, now(), now(), $6, $7, $8)
+		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = greatest(a.attempts, excluded.attempts),
+			first_failure_at = coalesce(a.first_failure_at, excluded.first_failure_at), last_failure_at = excluded.last_failure_at,
+			error_class = excluded.error_class, error_message = excluded.error_message, stack = excluded.stack, updated_at = now()`,
+		group, tp.Topic, tp.Partition, offset, n, class, msg, nullIfEmpty(stack))
+	if err != nil {
+		return fmt.Errorf("record failure of attempt %d of %s@%d: %w", n, tp, offset, err)
+	}
+	return nil
+}
+
+// DeleteAttempts removes the attempt rows of offsets in [from, to).
+func (s *Store) DeleteAttempts(ctx context.Context, q Querier, group string, tp TP, from, to int64) error {
+	_, err := q.Exec(ctx, `DELETE FROM `+s.t.Attempts+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 AND "offset" < $5`,
+		group, tp.Topic, tp.Partition, from, to)
+	if err != nil {
+		return fmt.Errorf("delete attempts %s [%d, %d): %w", tp, from, to, err)
+	}
+	return nil
+}
+
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}

@@ -1,0 +1,629 @@
+package kafkatx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+var errStopped = errors.New("partition worker stopped")
+
+// partition is the worker of one assigned partition. Messages are processed in offset
+// order; each batch runs in one transaction that also advances the watermark.
+type partition struct {
+	c   *Consumer
+	tp  offsetstore.TP
+	log *zap.Logger
+	in  chan *kafka.Message
+
+	// Owned by the poll loop.
+	pending []*kafka.Message
+	paused  bool
+	next    int64 // offsets below were already handed to the worker
+
+	// Read from any goroutine.
+	dispatchedEnd atomic.Int64 // next, for the worker's in-flight marker
+	pendingLen    atomic.Int64
+	busy          atomic.Int64 // messages the worker holds (in a batch or a backoff)
+	watermark     atomic.Int64
+
+	// Owned by the worker.
+	w            int64 // the database watermark: next offset to process
+	inflightEnd  int64 // durable marker: offsets [w, inflightEnd) are marked attempted
+	crashedUntil int64 // offsets below had a marker when loaded: a crash counts one attempt each
+	attempts     map[int64]offsetstore.Attempt
+
+	stopOnce  sync.Once
+	stopCh    chan struct{} // closed: finish the current transaction and return
+	workCtx   context.Context
+	abortWork context.CancelFunc // cancels in-flight handler and database calls
+	done      chan struct{}
+}
+
+func newPartition(c *Consumer, tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt) *partition {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &partition{
+		c:           c,
+		tp:          tp,
+		log:         c.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition)),
+		in:          make(chan *kafka.Message, 2*c.cfg.Batch.Size),
+		next:        w.Next,
+		w:           w.Next,
+		inflightEnd: w.InflightEnd,
+		attempts:    atts,
+		stopCh:      make(chan struct{}),
+		workCtx:     ctx,
+		abortWork:   cancel,
+		done:        make(chan struct{}),
+	}
+	if w.InflightEnd > w.Next {
+		p.crashedUntil = w.InflightEnd
+		p.log.Warn("a batch was in flight when the last owner stopped; its offsets run one message per transaction",
+			zap.Int64("from", w.Next), zap.Int64("to", w.InflightEnd))
+	}
+	p.dispatchedEnd.Store(w.Next)
+	p.watermark.Store(w.Next)
+	return p
+}
+
+func (p *partition) ktp() kafka.TopicPartition {
+	t := p.tp.Topic
+	return kafka.TopicPartition{Topic: &t, Partition: p.tp.Partition}
+}
+
+func (p *partition) inFlight() int {
+	return len(p.in) + int(p.pendingLen.Load()) + int(p.busy.Load())
+}
+
+func (p *partition) stopping() bool {
+	select {
+	case <-p.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// requestStop asks the worker to finish its current transaction and return. When lost, or
+// when the shutdown timeout passes, in-flight work is aborted.
+func (p *partition) requestStop(lost bool) {
+	p.stopOnce.Do(func() {
+		close(p.stopCh)
+		if lost {
+			p.abortWork()
+			return
+		}
+		t := time.AfterFunc(p.c.cfg.ShutdownTimeout, func() {
+			p.log.Warn("shutdown timeout: aborting the in-flight transaction", zap.Duration("timeout", p.c.cfg.ShutdownTimeout))
+			p.abortWork()
+		})
+		go func() { <-p.done; t.Stop() }()
+	})
+}
+
+func (p *partition) wait() { <-p.done }
+
+func (p *partition) stopAndWait(lost bool) {
+	p.requestStop(lost)
+	p.wait()
+}
+
+func (p *partition) run() {
+	defer close(p.done)
+	defer p.abortWork()
+	for {
+		if p.stopping() {
+			return
+		}
+		var first *kafka.Message
+		select {
+		case <-p.stopCh:
+			return
+		case first = <-p.in:
+		}
+		batch := p.collect(first)
+		p.busy.Store(int64(len(batch)))
+		err := p.process(batch)
+		p.busy.Store(0)
+		switch {
+		case err == nil:
+		case errors.Is(err, errStopped):
+			return
+		case errors.Is(err, offsetstore.ErrFenced):
+			if !p.refence() {
+				return
+			}
+		default:
+			p.log.Error("partition worker stopped on an unexpected error", zap.Error(err))
+			return
+		}
+	}
+}
+
+// collect takes up to Batch.Size messages: those already queued, and more for up to
+// Batch.Wait.
+func (p *partition) collect(first *kafka.Message) []*kafka.Message {
+	size := p.c.cfg.Batch.Size
+	batch := make([]*kafka.Message, 1, min(size, 1+len(p.in)))
+	batch[0] = first
+	var timeout <-chan time.Time
+	if p.c.cfg.Batch.Wait > 0 {
+		t := time.NewTimer(p.c.cfg.Batch.Wait)
+		defer t.Stop()
+		timeout = t.C
+	}
+	for len(batch) < size {
+		select {
+		case m := <-p.in:
+			batch = append(batch, m)
+			continue
+		default:
+		}
+		if timeout == nil {
+			break
+		}
+		select {
+		case m := <-p.in:
+			batch = append(batch, m)
+			continue
+		case <-timeout:
+		case <-p.stopCh:
+		}
+		break
+	}
+	return batch
+}
+
+// refence reloads the partition's state after a fenced watermark update and asks the poll
+// loop to drop what it holds and seek to the database watermark. It reports whether the
+// worker should go on.
+func (p *partition) refence() bool {
+	ctx := p.workCtx
+	p.log.Warn("watermark fenced: another consumer advanced it; re-reading the database watermark")
+	ws, err := p.c.store.Watermarks(ctx, p.c.pool, p.c.group, []offsetstore.TP{p.tp})
+	if err != nil {
+		p.log.Error("re-read watermark after fence", zap.Error(err))
+		return false
+	}
+	w, ok := ws[p.tp]
+	if !ok {
+		return false
+	}
+	atts, err := p.c.store.Attempts(ctx, p.c.pool, p.c.group, p.tp, w.Next)
+	if err != nil {
+		return false
+	}
+	p.w, p.inflightEnd, p.attempts = w.Next, w.InflightEnd, atts
+	p.crashedUntil = max(p.crashedUntil, w.InflightEnd)
+	p.watermark.Store(w.Next)
+	r := resyncRequest{p: p, at: w.Next, done: make(chan struct{})}
+	select {
+	case p.c.resyncs <- r:
+	case <-p.stopCh:
+		return false
+	}
+	select {
+	case <-r.done:
+		return true
+	case <-p.stopCh:
+		return false
+	}
+}
+
+// needsCare reports whether offset must run alone in its own transaction: it failed
+// before, or it was in flight when a previous owner crashed (DESIGN.md: no bisection by
+// repeated crashes).
+func (p *partition) needsCare(offset int64) bool {
+	if offset < p.crashedUntil {
+		return true
+	}
+	_, ok := p.attempts[offset]
+	return ok
+}
+
+func (p *partition) process(batch []*kafka.Message) error {
+	msgs := batch[:0]
+	for _, m := range batch {
+		if int64(m.TopicPartition.Offset) < p.w {
+			p.c.stats.duplicates.Add(1)
+			p.c.metrics.duplicates.WithLabelValues(p.c.group, p.tp.Topic).Inc()
+			continue
+		}
+		msgs = append(msgs, m)
+	}
+	for len(msgs) > 0 {
+		if p.stopping() {
+			return errStopped // the current transaction finished; the rest is redelivered to the next owner
+		}
+		if p.needsCare(int64(msgs[0].TopicPartition.Offset)) {
+			if err := p.runOne(msgs[0]); err != nil {
+				return err
+			}
+			msgs = msgs[1:]
+			p.busy.Store(int64(len(msgs)))
+			continue
+		}
+		j := 1
+		for j < len(msgs) && !p.needsCare(int64(msgs[j].TopicPartition.Offset)) {
+			j++
+		}
+		failed, err := p.runBatch(msgs[:j])
+		if err != nil {
+			return err
+		}
+		if failed < 0 {
+			msgs = msgs[j:]
+			p.busy.Store(int64(len(msgs)))
+		}
+		// Otherwise msgs[failed] now has an attempt row: the next round commits the
+		// messages before it as a batch, then runs it alone.
+	}
+	return nil
+}
+
+// committed records a database commit that moved the watermark to next and hands the new
+// watermark to the Kafka committer.
+func (p *partition) committed(next int64, processed, dead int) {
+	p.w = next
+	p.watermark.Store(next)
+	p.c.commits.enqueue(p.tp, next)
+	if processed > 0 {
+		p.c.stats.processed.Add(int64(processed))
+		p.c.metrics.processed.WithLabelValues(p.c.group, p.tp.Topic).Add(float64(processed))
+	}
+}
+
+// waitRetry sleeps d unless the worker is asked to stop.
+func (p *partition) waitRetry(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-p.stopCh:
+		return errStopped
+	}
+}
+
+// dbRetry backs off after a retryable database error (never an attempt).
+func (p *partition) dbRetry(n int, err error) error {
+	d := p.c.cfg.Retry.Backoff(min(n, 8))
+	p.log.Warn("retryable database error; running the transaction again (not an attempt)", zap.Error(err), zap.Duration("backoff", d))
+	return p.waitRetry(d)
+}
+
+// stopErr maps an error seen while stopping to errStopped.
+func (p *partition) stopErr(err error) error {
+	if p.workCtx.Err() != nil {
+		return errStopped
+	}
+	return err
+}
+
+// runBatch runs msgs optimistically in one transaction. It returns the index of a message
+// whose handler failed (its attempt is recorded and the transaction rolled back), or -1
+// when the batch committed.
+func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
+	ctx := p.workCtx
+	end := int64(msgs[len(msgs)-1].TopicPartition.Offset) + 1
+	for try := 1; ; try++ {
+		if end > p.inflightEnd {
+			ahead := max(end, p.dispatchedEnd.Load())
+			if err := p.c.store.MarkInflight(ctx, p.c.pool, p.c.group, p.tp, p.w, ahead); err != nil {
+				if errors.Is(err, offsetstore.ErrFenced) {
+					return -1, err
+				}
+				if retryableDB(err) && p.dbRetry(try, err) == nil {
+					continue
+				}
+				return -1, p.stopErr(err)
+			}
+			p.inflightEnd = ahead
+		}
+		start := time.Now()
+		failed, herr, err := p.batchTx(ctx, msgs, end)
+		switch {
+		case err == nil && herr == nil:
+			p.c.metrics.batchSeconds.Observe(time.Since(start).Seconds())
+			return -1, nil
+		case herr != nil:
+			m := msgs[failed]
+			class, msg, stack := describe(herr)
+			p.log.Info("handler failed in a batch; isolating the message", zap.Int64("offset", int64(m.TopicPartition.Offset)),
+				zap.Int("attempt", 1), zap.String("error_class", class), zap.String("error", dlq.SanitizeText(msg, 512)))
+			for t := 1; ; t++ {
+				err := p.c.store.RecordFailure(ctx, p.c.pool, p.c.group, p.tp, int64(m.TopicPartition.Offset), 1, class, msg, stack)
+				if err == nil {
+					break
+				}
+				if !retryableDB(err) || p.dbRetry(t, err) != nil {
+					return -1, p.stopErr(err)
+				}
+			}
+			now := time.Now()
+			p.attempts[int64(m.TopicPartition.Offset)] = offsetstore.Attempt{Offset: int64(m.TopicPartition.Offset), Attempts: 1,
+				FirstFailureAt: now, LastFailureAt: now, ErrorClass: class, ErrorMessage: msg, Stack: stack}
+			return failed, nil
+		case errors.Is(err, offsetstore.ErrFenced):
+			return -1, err
+		case retryableDB(err) && ctx.Err() == nil:
+			if err := p.dbRetry(try, err); err != nil {
+				return -1, err
+			}
+		default:
+			return -1, p.stopErr(err)
+		}
+	}
+}
+
+// batchTx runs the handler over msgs in one transaction and advances the watermark to end.
+// herr is a handler failure at msgs[failed]; err is a database or fencing error.
+func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (failed int, herr, err error) {
+	tx, err := p.c.pool.Begin(ctx)
+	if err != nil {
+		return -1, nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	for i, km := range msgs {
+		if err := p.call(ctx, tx, km, 1); err != nil {
+			if retryableDB(err) || ctx.Err() != nil {
+				return -1, nil, err
+			}
+			return i, err, nil
+		}
+	}
+	ahead := max(end, p.dispatchedEnd.Load())
+	if err := p.c.store.Advance(ctx, tx, p.c.group, p.tp, p.w, end, ahead); err != nil {
+		return -1, nil, err
+	}
+	if err := p.commit(ctx, tx, end); err != nil {
+		return -1, nil, err
+	}
+	p.inflightEnd = ahead
+	p.committed(end, len(msgs), 0)
+	return -1, nil, nil
+}
+
+// commit commits tx that moves the watermark to end. After a lost COMMIT reply, a
+// watermark that already equals end means the commit happened (DESIGN.md).
+func (p *partition) commit(ctx context.Context, tx pgx.Tx, end int64) error {
+	err := tx.Commit(ctx)
+	if err == nil {
+		return nil
+	}
+	ws, rerr := p.c.store.Watermarks(context.WithoutCancel(ctx), p.c.pool, p.c.group, []offsetstore.TP{p.tp})
+	if rerr == nil && ws[p.tp].Next == end {
+		p.log.Warn("COMMIT reply lost but the watermark shows it committed", zap.Int64("watermark", end), zap.Error(err))
+		return nil
+	}
+	return fmt.Errorf("commit: %w", err)
+}
+
+// call runs the handler for one message, recovering a panic as an error with its stack.
+func (p *partition) call(ctx context.Context, tx pgx.Tx, km *kafka.Message, attempt int) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &panicError{value: r, stack: debug.Stack()}
+		}
+	}()
+	return p.c.handler(ctx, tx, toMessage(km, attempt))
+}
+
+func toMessage(km *kafka.Message, attempt int) *Message {
+	m := &Message{
+		Topic:     *km.TopicPartition.Topic,
+		Partition: km.TopicPartition.Partition,
+		Offset:    int64(km.TopicPartition.Offset),
+		Key:       km.Key,
+		Value:     km.Value,
+		Timestamp: km.Timestamp,
+		Attempt:   attempt,
+	}
+	if len(km.Headers) > 0 {
+		m.Headers = make([]Header, len(km.Headers))
+		for i, h := range km.Headers {
+			m.Headers[i] = Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m
+}
+
+// describe splits a handler failure into its class, message and (for panics) stack.
+func describe(err error) (class, msg, stack string) {
+	class = errorClass(err)
+	msg = err.Error()
+	var pe *panicError
+	if errors.As(err, &pe) {
+		stack = string(pe.stack)
+	}
+	return class, dlq.SanitizeText(msg, dlq.MaxErrorMessageBytes), dlq.SanitizeText(stack, dlq.MaxStackBytes)
+}
+
+// runOne runs one message alone, with a durable attempt count written before each try,
+// blocking retries with backoff, and the dead letter after the last allowed attempt.
+func (p *partition) runOne(km *kafka.Message) error {
+	ctx := p.workCtx
+	off := int64(km.TopicPartition.Offset)
+	a, ok := p.attempts[off]
+	if !ok && off < p.crashedUntil {
+		// Attempted by a batch that never committed: the crash counts once.
+		a = offsetstore.Attempt{Offset: off, Attempts: 1}
+	}
+	max := p.c.cfg.Retry.MaxAttempts
+	for {
+		if a.ErrorClass == ErrorClassPermanent || a.Attempts >= max {
+			return p.deadLetter(km, a)
+		}
+		if a.Attempts > 0 && a.ErrorClass != "" {
+			d := p.c.cfg.Retry.Backoff(a.Attempts)
+			p.log.Info("retrying after backoff", zap.Int64("offset", off), zap.Int("attempt", a.Attempts+1), zap.Duration("backoff", d))
+			if err := p.waitRetry(d); err != nil {
+				return err
+			}
+			p.c.stats.retries.Add(1)
+			p.c.metrics.retries.WithLabelValues(p.c.group, p.tp.Topic).Inc()
+		}
+		n := a.Attempts + 1
+		// Durable before the handler runs: a crash during this try counts (invariant 3).
+		for t := 1; ; t++ {
+			err := p.c.store.BeginAttempt(ctx, p.c.pool, p.c.group, p.tp, off, n)
+			if err == nil {
+				break
+			}
+			if !retryableDB(err) || p.dbRetry(t, err) != nil {
+				return p.stopErr(err)
+			}
+		}
+		a.Attempts = n
+		a.ErrorClass = "" // unknown until this try ends; a crash leaves it empty
+		p.attempts[off] = a
+		herr, err := p.oneTx(ctx, km, n)
+		for t := 1; err != nil; t++ {
+			if errors.Is(err, offsetstore.ErrFenced) || !retryableDB(err) || ctx.Err() != nil {
+				return p.stopErr(err)
+			}
+			if err := p.dbRetry(t, err); err != nil {
+				return err
+			}
+			herr, err = p.oneTx(ctx, km, n) // the same try: database trouble is not an attempt
+		}
+		if herr == nil {
+			delete(p.attempts, off)
+			return nil
+		}
+		class, msg, stack := describe(herr)
+		p.log.Info("handler failed", zap.Int64("offset", off), zap.Int("attempt", n), zap.String("error_class", class), zap.String("error", dlq.SanitizeText(msg, 512)))
+		for t := 1; ; t++ {
+			err := p.c.store.RecordFailure(ctx, p.c.pool, p.c.group, p.tp, off, n, class, msg, stack)
+			if err == nil {
+				break
+			}
+			if !retryableDB(err) || p.dbRetry(t, err) != nil {
+				return p.stopErr(err)
+			}
+		}
+		now := time.Now()
+		if a.FirstFailureAt.IsZero() {
+			a.FirstFailureAt = now
+		}
+		a.LastFailureAt, a.ErrorClass, a.ErrorMessage, a.Stack = now, class, msg, stack
+		p.attempts[off] = a
+	}
+}
+
+// oneTx runs one message's try in its own transaction.
+func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
+	off := int64(km.TopicPartition.Offset)
+	tx, err := p.c.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := p.call(ctx, tx, km, attempt); err != nil {
+		if retryableDB(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		return err, nil
+	}
+	if err := p.c.store.DeleteAttempts(ctx, tx, p.c.group, p.tp, off, off+1); err != nil {
+		return nil, err
+	}
+	if err := p.c.store.Advance(ctx, tx, p.c.group, p.tp, p.w, off+1, p.inflightEnd); err != nil {
+		return nil, err
+	}
+	if err := p.commit(ctx, tx, off+1); err != nil {
+		return nil, err
+	}
+	p.committed(off+1, 1, 0)
+	return nil, nil
+}
+
+// deadLetterInfo is what the dead-letter publisher gets: the stored dead letter and its id.
+type deadLetterInfo struct {
+	ID int64
+	*dlq.DeadLetter
+}
+
+// deadLetter writes the dead letter, publishes it through the outbox when configured, and
+// advances the watermark past it, all in one transaction (invariant 4).
+func (p *partition) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
+	ctx := p.workCtx
+	off := int64(km.TopicPartition.Offset)
+	now := time.Now()
+	d := &dlq.DeadLetter{
+		Group: p.c.group, Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: off,
+		Key: km.Key, Value: km.Value, Timestamp: km.Timestamp,
+		Attempts: a.Attempts, ErrorClass: a.ErrorClass, ErrorMessage: a.ErrorMessage, Stack: a.Stack,
+		FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt,
+	}
+	for _, h := range km.Headers {
+		d.Headers = append(d.Headers, dlq.Header{Key: h.Key, Value: h.Value})
+	}
+	if d.ErrorClass == "" {
+		d.ErrorClass = ErrorClassCrash
+		d.ErrorMessage = fmt.Sprintf("the process stopped (crash or kill) while the handler ran; %d attempts did not finish", a.Attempts)
+	}
+	if d.FirstFailureAt.IsZero() {
+		d.FirstFailureAt = now
+	}
+	if d.LastFailureAt.IsZero() {
+		d.LastFailureAt = now
+	}
+	for t := 1; ; t++ {
+		err := p.deadLetterTx(ctx, d, off)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, offsetstore.ErrFenced) || !retryableDB(err) || ctx.Err() != nil {
+			return p.stopErr(err)
+		}
+		if err := p.dbRetry(t, err); err != nil {
+			return err
+		}
+	}
+	delete(p.attempts, off)
+	p.c.stats.deadLettered.Add(1)
+	p.c.metrics.deadLetters.WithLabelValues(p.c.group, p.tp.Topic, d.ErrorClass).Inc()
+	p.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
+		zap.String("error_class", d.ErrorClass), zap.String("error", dlq.SanitizeText(d.ErrorMessage, 512)))
+	return nil
+}
+
+func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int64) error {
+	tx, err := p.c.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	id, _, err := dlq.InsertTx(ctx, tx, p.c.cfg.Schema, d)
+	if err != nil {
+		return err
+	}
+	if p.c.afterDead != nil {
+		if err := p.c.afterDead(ctx, tx, &deadLetterInfo{ID: id, DeadLetter: d}); err != nil {
+			return fmt.Errorf("publish dead letter: %w", err)
+		}
+	}
+	if err := p.c.store.DeleteAttempts(ctx, tx, p.c.group, p.tp, off, off+1); err != nil {
+		return err
+	}
+	if err := p.c.store.Advance(ctx, tx, p.c.group, p.tp, p.w, off+1, p.inflightEnd); err != nil {
+		return err
+	}
+	if err := p.commit(ctx, tx, off+1); err != nil {
+		return err
+	}
+	p.committed(off+1, 0, 1)
+	return nil
+}

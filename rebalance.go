@@ -1,0 +1,295 @@
+package kafkatx
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+func (c *Consumer) rebalance(ctx context.Context, ev kafka.Event) error {
+	c.eager = c.kc.GetRebalanceProtocol() == "EAGER"
+	switch e := ev.(type) {
+	case kafka.AssignedPartitions:
+		return c.onAssigned(ctx, e.Partitions)
+	case kafka.RevokedPartitions:
+		return c.onRevoked(e.Partitions, c.kc.AssignmentLost())
+	}
+	return nil
+}
+
+// onAssigned reconciles each partition's database watermark W with Kafka's committed
+// offset K (DESIGN.md, "Offsets: the database leads, Kafka follows"), starts a worker per
+// partition and assigns the partitions at the chosen start offsets.
+func (c *Consumer) onAssigned(ctx context.Context, assigned []kafka.TopicPartition) error {
+	if len(assigned) == 0 {
+		if c.eager {
+			return c.kc.Assign(assigned)
+		}
+		return c.kc.IncrementalAssign(assigned)
+	}
+	var starts []kafka.TopicPartition
+	for attempt := 1; ; attempt++ {
+		var err error
+		starts, err = c.reconcile(ctx, assigned)
+		if err == nil {
+			break
+		}
+		if _, halt := err.(*OffsetAheadError); halt || ctx.Err() != nil {
+			c.fatal = err
+			if ctx.Err() != nil {
+				c.fatal = nil
+			}
+			return nil
+		}
+		d := c.cfg.Retry.Backoff(min(attempt, 8))
+		c.log.Warn("reconcile assignment; retrying", zap.Error(err), zap.Duration("backoff", d))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(d):
+		}
+	}
+	c.stats.firstAssigned.CompareAndSwap(0, time.Now().UnixNano())
+	if c.eager {
+		// Eager protocols hand over the whole assignment each time.
+		return c.kc.Assign(starts)
+	}
+	return c.kc.IncrementalAssign(starts)
+}
+
+func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartition) ([]kafka.TopicPartition, error) {
+	tps := make([]offsetstore.TP, len(assigned))
+	for i, a := range assigned {
+		tps[i] = offsetstore.TP{Topic: *a.Topic, Partition: a.Partition}
+	}
+	ws, err := c.store.Watermarks(ctx, c.pool, c.group, tps)
+	if err != nil {
+		return nil, err
+	}
+	committed, err := c.kc.Committed(assigned, 10000)
+	if err != nil {
+		return nil, fmt.Errorf("read committed offsets: %w", err)
+	}
+	kOf := map[offsetstore.TP]int64{}
+	for _, k := range committed {
+		if k.Error == nil && k.Offset >= 0 {
+			kOf[offsetstore.TP{Topic: *k.Topic, Partition: k.Partition}] = int64(k.Offset)
+		}
+	}
+	var starts []kafka.TopicPartition
+	var newParts []*partition
+	for _, tp := range tps {
+		w, hasW := ws[tp]
+		k, hasK := kOf[tp]
+		log := c.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition))
+		partLabel := strconv.Itoa(int(tp.Partition))
+		var start int64
+		switch {
+		case !hasW:
+			start = k
+			if !hasK {
+				if start, err = c.resetOffset(tp); err != nil {
+					return nil, err
+				}
+			}
+			w, _, err = c.store.Init(ctx, c.pool, c.group, tp, start)
+			if err != nil {
+				return nil, err
+			}
+			if w.Next != start { // another member recorded it first; compare again next time
+				return nil, fmt.Errorf("watermark of %s appeared concurrently", tp)
+			}
+			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+				Kind: offsetstore.KindFirstRun, From: start, To: start, Actor: "kafkatx.consumer", Reason: "no watermark; started at " + startSource(hasK)}); err != nil {
+				return nil, err
+			}
+			log.Info("first run on partition", zap.Int64("offset", start), zap.Bool("kafka_committed", hasK))
+			if !hasK {
+				c.commits.enqueue(tp, start)
+			}
+		case !hasK:
+			start = w.Next
+			log.Warn("no committed offset in Kafka; starting at the database watermark and re-committing it", zap.Int64("watermark", w.Next))
+			c.commits.enqueue(tp, start)
+		case k == w.Next:
+			start = w.Next
+		case k < w.Next:
+			start = w.Next
+			log.Warn("Kafka committed offset behind the database watermark; starting at the watermark and re-committing it",
+				zap.Int64("committed", k), zap.Int64("watermark", w.Next))
+			c.metrics.drift.WithLabelValues(c.group, tp.Topic, partLabel).Set(float64(k - w.Next))
+			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+				Kind: offsetstore.KindKafkaBehind, From: k, To: w.Next, Actor: "kafkatx.consumer", Reason: "Kafka commit lost or rewound; database leads"}); err != nil {
+				return nil, err
+			}
+			c.commits.enqueue(tp, start)
+		default: // k > w.Next
+			c.metrics.drift.WithLabelValues(c.group, tp.Topic, partLabel).Set(float64(k - w.Next))
+			if c.cfg.OnKafkaAhead == AheadHalt {
+				e := &OffsetAheadError{Group: c.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k}
+				log.Error("Kafka committed offset ahead of the database watermark; halting", zap.Int64("committed", k), zap.Int64("watermark", w.Next))
+				_, _ = c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+					Kind: offsetstore.KindHalt, From: w.Next, To: k, Actor: "kafkatx.consumer", Reason: "Kafka ahead of the database; policy halt"})
+				return nil, e
+			}
+			kind, err := c.followKafka(ctx, tp, w.Next, k)
+			if err != nil {
+				return nil, err
+			}
+			if kind == offsetstore.KindUnexplainedSkip {
+				log.Error("Kafka committed offset ahead of the database watermark with no kafkatx command on record: following Kafka, offsets skipped unexplained",
+					zap.Int64("from", w.Next), zap.Int64("to", k), zap.Int64("skipped", k-w.Next))
+			} else {
+				log.Warn("following an operator skip", zap.Int64("from", w.Next), zap.Int64("to", k))
+			}
+			c.metrics.skipped.WithLabelValues(c.group, tp.Topic, kind).Add(float64(k - w.Next))
+			c.stats.skipped.Add(k - w.Next)
+			w.Next, w.InflightEnd = k, -1
+			start = k
+		}
+		if start == w.Next {
+			c.metrics.drift.WithLabelValues(c.group, tp.Topic, partLabel).Set(0)
+		}
+		atts, err := c.store.Attempts(ctx, c.pool, c.group, tp, w.Next)
+		if err != nil {
+			return nil, err
+		}
+		p := newPartition(c, tp, w, atts)
+		newParts = append(newParts, p)
+		topic := tp.Topic
+		starts = append(starts, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(start)})
+	}
+	c.mu.Lock()
+	for _, p := range newParts {
+		if old := c.parts[p.tp]; old != nil { // eager re-assignment of a partition we still run
+			c.mu.Unlock()
+			old.stopAndWait(false)
+			c.mu.Lock()
+		}
+		c.parts[p.tp] = p
+		go p.run()
+	}
+	c.mu.Unlock()
+	return starts, nil
+}
+
+func startSource(hasK bool) string {
+	if hasK {
+		return "Kafka's committed offset"
+	}
+	return "auto.offset.reset"
+}
+
+// followKafka moves the watermark from w to k and records why in the same transaction.
+func (c *Consumer) followKafka(ctx context.Context, tp offsetstore.TP, w, k int64) (string, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("follow Kafka on %s: %w", tp, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	kind := offsetstore.KindUnexplainedSkip
+	id, err := c.store.PendingSkip(ctx, tx, c.group, tp, w, k)
+	if err != nil {
+		return "", err
+	}
+	if id != 0 {
+		kind = offsetstore.KindOperatorSkip
+		if err := c.store.SetEventStatus(ctx, tx, id, "applied"); err != nil {
+			return "", err
+		}
+	} else if _, err := c.store.InsertEvent(ctx, tx, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+		Kind: kind, From: w, To: k, Actor: "kafkatx.consumer", Reason: "Kafka committed offset ahead of the database watermark with no kafkatx command on record"}); err != nil {
+		return "", err
+	}
+	if err := c.store.Advance(ctx, tx, c.group, tp, w, k, -1); err != nil {
+		return "", err
+	}
+	if err := c.store.DeleteAttempts(ctx, tx, c.group, tp, w, k); err != nil {
+		return "", err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("follow Kafka on %s: %w", tp, err)
+	}
+	return kind, nil
+}
+
+// resetOffset resolves auto.offset.reset for a partition with no watermark and no
+// committed offset: earliest (the default, so nothing is lost) or latest.
+func (c *Consumer) resetOffset(tp offsetstore.TP) (int64, error) {
+	low, high, err := c.kc.QueryWatermarkOffsets(tp.Topic, tp.Partition, 10000)
+	if err != nil {
+		return 0, fmt.Errorf("query log offsets of %s: %w", tp, err)
+	}
+	switch fmt.Sprint(c.cfg.Kafka["auto.offset.reset"]) {
+	case "latest", "largest", "end":
+		return high, nil
+	default:
+		return low, nil
+	}
+}
+
+// onRevoked stops the revoked partitions' workers (their in-flight transactions finish,
+// or abort when the partitions were lost), commits their final watermarks unless lost, and
+// unassigns them.
+func (c *Consumer) onRevoked(revoked []kafka.TopicPartition, lost bool) error {
+	only := map[offsetstore.TP]bool{}
+	var ps []*partition
+	c.mu.Lock()
+	for _, r := range revoked {
+		tp := offsetstore.TP{Topic: *r.Topic, Partition: r.Partition}
+		only[tp] = true
+		if p := c.parts[tp]; p != nil {
+			ps = append(ps, p)
+		}
+	}
+	c.mu.Unlock()
+	c.stopPartitions(ps, lost)
+	if lost {
+		c.commits.drop(only)
+		c.log.Warn("partitions lost; in-flight transactions aborted", zap.Int("partitions", len(revoked)))
+	} else {
+		_ = c.commits.flush(only)
+	}
+	c.mu.Lock()
+	for tp := range only {
+		delete(c.parts, tp)
+	}
+	c.mu.Unlock()
+	if c.kc.IsClosed() {
+		return nil
+	}
+	if c.eager {
+		return c.kc.Unassign()
+	}
+	return c.kc.IncrementalUnassign(revoked)
+}
+
+// revokeAll stops every worker and commits their watermarks (used on shutdown).
+func (c *Consumer) revokeAll(lost bool) {
+	c.mu.Lock()
+	ps := make([]*partition, 0, len(c.parts))
+	for _, p := range c.parts {
+		ps = append(ps, p)
+	}
+	c.mu.Unlock()
+	c.stopPartitions(ps, lost)
+	_ = c.commits.flush(nil)
+	c.mu.Lock()
+	c.parts = map[offsetstore.TP]*partition{}
+	c.mu.Unlock()
+}
+
+func (c *Consumer) stopPartitions(ps []*partition, lost bool) {
+	for _, p := range ps {
+		p.requestStop(lost)
+	}
+	for _, p := range ps {
+		p.wait()
+	}
+}
