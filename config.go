@@ -3,7 +3,7 @@ package kafkatx
 import (
 	"errors"
 	"fmt"
-		"strings"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -72,6 +72,11 @@ type Config struct {
 	// DeadLetter configures the publication of dead letters to a dead-letter topic
 	// through the outbox (in the same transaction as the dead-letter row).
 	DeadLetter DeadLetterConfig
+
+	// MaxValueBytes dead-letters a message whose value is larger, in bytes, without
+	// running the handler (error class "oversized"). Defaults to 0: no limit beyond
+	// librdkafka's fetch limits and the broker's message.max.bytes.
+	MaxValueBytes int
 
 	// Registerer receives the consumer's Prometheus metrics. Defaults to none (metrics are
 	// still kept and readable with Stats).

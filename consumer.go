@@ -197,6 +197,7 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 		return // not ours (any more); whoever owns it reads it from its watermark
 	}
 	off := int64(m.TopicPartition.Offset)
+	hook("polled", off)
 	c.stats.lastMessage.Store(time.Now().UnixNano())
 	if off < p.next {
 		c.stats.duplicates.Add(1)

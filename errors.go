@@ -41,6 +41,7 @@ const (
 	ErrorClassHandler   = "handler"   // the handler returned an error, retried until max attempts
 	ErrorClassPanic     = "panic"     // the handler panicked
 	ErrorClassCrash     = "crash"     // the process stopped (crash, SIGKILL) while the handler ran
+	ErrorClassOversized = "oversized" // the value exceeded Config.MaxValueBytes; the handler never ran
 )
 
 // panicError is a recovered handler panic with its stack.

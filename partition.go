@@ -19,6 +19,18 @@ import (
 
 var errStopped = errors.New("partition worker stopped")
 
+// stepHook, when set (only by tests), is called at named steps of the loop so a test can
+// SIGKILL the process there: "polled", "handled" (handler ran, transaction not committed),
+// "db-committed" (database committed, Kafka not yet), "dead-letter" (inside the
+// dead-letter transaction).
+var stepHook func(step string, offset int64)
+
+func hook(step string, offset int64) {
+	if stepHook != nil {
+		stepHook(step, offset)
+	}
+}
+
 // partition is the worker of one assigned partition. Messages are processed in offset
 // order; each batch runs in one transaction that also advances the watermark.
 type partition struct {
@@ -224,8 +236,9 @@ func (p *partition) refence() bool {
 // needsCare reports whether offset must run alone in its own transaction: it failed
 // before, or it was in flight when a previous owner crashed (DESIGN.md: no bisection by
 // repeated crashes).
-func (p *partition) needsCare(offset int64) bool {
-	if offset < p.crashedUntil {
+func (p *partition) needsCare(km *kafka.Message) bool {
+	offset := int64(km.TopicPartition.Offset)
+	if offset < p.crashedUntil || p.oversized(km) {
 		return true
 	}
 	_, ok := p.attempts[offset]
@@ -246,7 +259,7 @@ func (p *partition) process(batch []*kafka.Message) error {
 		if p.stopping() {
 			return errStopped // the current transaction finished; the rest is redelivered to the next owner
 		}
-		if p.needsCare(int64(msgs[0].TopicPartition.Offset)) {
+		if p.needsCare(msgs[0]) {
 			if err := p.runOne(msgs[0]); err != nil {
 				return err
 			}
@@ -255,7 +268,7 @@ func (p *partition) process(batch []*kafka.Message) error {
 			continue
 		}
 		j := 1
-		for j < len(msgs) && !p.needsCare(int64(msgs[j].TopicPartition.Offset)) {
+		for j < len(msgs) && !p.needsCare(msgs[j]) {
 			j++
 		}
 		failed, err := p.runBatch(msgs[:j])
@@ -382,6 +395,7 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 			}
 			return i, err, nil
 		}
+		hook("handled", int64(km.TopicPartition.Offset))
 	}
 	ahead := max(end, p.dispatchedEnd.Load())
 	if err := p.c.store.Advance(ctx, tx, p.c.group, p.tp, p.w, end, ahead); err != nil {
@@ -389,6 +403,9 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 	}
 	if err := p.commit(ctx, tx, end); err != nil {
 		return -1, nil, err
+	}
+	for _, km := range msgs {
+		hook("db-committed", int64(km.TopicPartition.Offset))
 	}
 	p.inflightEnd = ahead
 	p.committed(end, len(msgs), 0)
@@ -450,6 +467,10 @@ func describe(err error) (class, msg, stack string) {
 	return class, dlq.SanitizeText(msg, dlq.MaxErrorMessageBytes), dlq.SanitizeText(stack, dlq.MaxStackBytes)
 }
 
+func (p *partition) oversized(km *kafka.Message) bool {
+	return p.c.cfg.MaxValueBytes > 0 && len(km.Value) > p.c.cfg.MaxValueBytes
+}
+
 // runOne runs one message alone, with a durable attempt count written before each try,
 // blocking retries with backoff, and the dead letter after the last allowed attempt.
 func (p *partition) runOne(km *kafka.Message) error {
@@ -459,6 +480,10 @@ func (p *partition) runOne(km *kafka.Message) error {
 	if !ok && off < p.crashedUntil {
 		// Attempted by a batch that never committed: the crash counts once.
 		a = offsetstore.Attempt{Offset: off, Attempts: 1}
+	}
+	if p.oversized(km) {
+		return p.deadLetter(km, offsetstore.Attempt{Offset: off, ErrorClass: ErrorClassOversized,
+			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), p.c.cfg.MaxValueBytes)})
 	}
 	max := p.c.cfg.Retry.MaxAttempts
 	for {
@@ -536,6 +561,7 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		}
 		return err, nil
 	}
+	hook("handled", off)
 	if err := p.c.store.DeleteAttempts(ctx, tx, p.c.group, p.tp, off, off+1); err != nil {
 		return nil, err
 	}
@@ -545,6 +571,7 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 	if err := p.commit(ctx, tx, off+1); err != nil {
 		return nil, err
 	}
+	hook("db-committed", off)
 	p.committed(off+1, 1, 0)
 	return nil, nil
 }
@@ -615,6 +642,7 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int
 			return fmt.Errorf("publish dead letter: %w", err)
 		}
 	}
+	hook("dead-letter", off)
 	if err := p.c.store.DeleteAttempts(ctx, tx, p.c.group, p.tp, off, off+1); err != nil {
 		return err
 	}
@@ -624,6 +652,7 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int
 	if err := p.commit(ctx, tx, off+1); err != nil {
 		return err
 	}
+	hook("db-committed", off)
 	p.committed(off+1, 0, 1)
 	return nil
 }
