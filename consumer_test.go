@@ -1,0 +1,301 @@
+package kafkatx
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 3)
+	produce(t, b.brokers, b.topic, values(300, -1, func(i int) string { return fmt.Sprintf(`{"n":%d}`, i) }))
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }, b.config(t))
+	waitFor(t, 60*time.Second, "300 effects", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 300 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); n != 0 {
+		t.Fatalf("%d messages applied more than once", n)
+	}
+	if w := b.q(t, "SELECT sum(next_offset) FROM {{schema}}.watermarks WHERE group_id = $1", b.group); w != 300 {
+		t.Fatalf("watermarks sum to %d, want 300", w)
+	}
+	var sum int64
+	for _, off := range b.committedOffsets(t, 3) {
+		sum += off
+	}
+	if sum != 300 {
+		t.Fatalf("Kafka committed offsets sum to %d, want 300", sum)
+	}
+	if s := r.c.Stats(); s.Processed != 300 || s.DeadLettered != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// strictJSON is a handler that applies valid JSON and rejects anything else permanently,
+// quoting the bad bytes in its error (the dead-letter write must survive them).
+func strictJSON(schema string) Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if string(m.Value) == "panic" {
+			panic("handler panic on purpose")
+		}
+		if !json.Valid(m.Value) {
+			return Permanent(fmt.Errorf("not JSON: %q %s", m.Value, m.Value))
+		}
+		return applyEffect(ctx, tx, schema, m)
+	}
+}
+
+func TestBadInputIsDeadLetteredWithAReasonAndThePartitionFlows(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	big := bytes.Repeat([]byte("x"), 5000)
+	recs := []testRecord{
+		{key: []byte("a"), value: []byte(`{"ok":1}`)},
+		{key: nil, value: []byte("nil key, not json\x00with NUL")},
+		{key: []byte{0xff, 0x00, 0xfe}, value: []byte{0xff, 0xfe, 0x00, 0x80, 'x'}},
+		{key: []byte("b"), value: []byte(`{"ok":2}`), headers: []kafka.Header{{Key: "bin", Value: []byte{0, 1, 2, 0xff}}, {Key: "null", Value: nil}}},
+		{key: []byte("c"), value: big},
+		{key: []byte("d"), value: []byte("panic")},
+		{key: []byte("e"), value: []byte(`{"ok":3}`)},
+	}
+	produce(t, b.brokers, b.topic, recs)
+	cfg := b.config(t)
+	cfg.MaxValueBytes = 1000
+	cfg.Retry.MaxAttempts = 2
+	b.start(t, strictJSON(b.schema), cfg)
+	waitFor(t, 60*time.Second, "the watermark past every message", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == int64(len(recs))
+	})
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied = 1"); n != 3 {
+		t.Fatalf("%d valid messages applied, want 3", n)
+	}
+	rows, err := b.pool.Query(context.Background(), fmt.Sprintf(`SELECT "offset", key, value, error_class, error_message, attempts, header_keys, header_values, coalesce(stack, '')
+		FROM %s ORDER BY "offset"`, pgx.Identifier{b.schema, "dead_letters"}.Sanitize()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type dl struct {
+		off           int64
+		key, value    []byte
+		class, msg    string
+		attempts      int
+		hk            [][]byte
+		hv            [][]byte
+		stack         string
+	}
+	var got []dl
+	for rows.Next() {
+		var d dl
+		if err := rows.Scan(&d.off, &d.key, &d.value, &d.class, &d.msg, &d.attempts, &d.hk, &d.hv, &d.stack); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d)
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d dead letters, want 4: %+v", len(got), got)
+	}
+	for i, want := range []struct {
+		off   int64
+		class string
+	}{{1, ErrorClassPermanent}, {2, ErrorClassPermanent}, {4, ErrorClassOversized}, {5, ErrorClassPanic}} {
+		d := got[i]
+		if d.off != want.off || d.class != want.class {
+			t.Fatalf("dead letter %d: offset %d class %s, want %d %s", i, d.off, d.class, want.off, want.class)
+		}
+		if !bytes.Equal(d.value, recs[d.off].value) {
+			t.Fatalf("offset %d: value not kept byte for byte: %q", d.off, d.value)
+		}
+		if (d.key == nil) != (recs[d.off].key == nil) || !bytes.Equal(d.key, recs[d.off].key) {
+			t.Fatalf("offset %d: key %q, want %q", d.off, d.key, recs[d.off].key)
+		}
+		if d.msg == "" || strings.ContainsRune(d.msg, 0) {
+			t.Fatalf("offset %d: error message %q", d.off, d.msg)
+		}
+	}
+	if got[3].attempts != 2 || !strings.Contains(got[3].stack, "panic") {
+		t.Fatalf("panic dead letter: attempts %d (want 2), stack %q", got[3].attempts, got[3].stack)
+	}
+	if got[2].attempts != 0 {
+		t.Fatalf("oversized value ran the handler: attempts %d", got[2].attempts)
+	}
+}
+
+func TestRetryableDatabaseErrorsAreNotAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+	var deadlocks atomic.Int32
+	var attemptSeen atomic.Int32
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if m.Offset == 3 {
+			if deadlocks.Add(1) <= 3 {
+				return fmt.Errorf("update: %w", &pgconn.PgError{Code: "40P01", Message: "deadlock detected"})
+			}
+			attemptSeen.Store(int32(m.Attempt))
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	cfg := b.config(t)
+	cfg.Retry.MaxAttempts = 2
+	b.start(t, h, cfg)
+	waitFor(t, 60*time.Second, "10 effects", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 10 })
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); n != 0 {
+		t.Fatalf("a deadlock was counted as an attempt: %d dead letters", n)
+	}
+	if a := attemptSeen.Load(); a != 1 {
+		t.Fatalf("the message ran as attempt %d after deadlocks, want 1", a)
+	}
+}
+
+func TestFailingMessageIsRetriedThenDeadLetteredAloneInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprint(i) }))
+	var mu sync.Mutex
+	runs := map[int64]int{}
+	var order []int64
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		mu.Lock()
+		runs[m.Offset]++
+		mu.Unlock()
+		if m.Offset == 7 {
+			return errors.New("downstream says no")
+		}
+		if err := applyEffect(ctx, tx, b.schema, m); err != nil {
+			return err
+		}
+		mu.Lock()
+		order = append(order, m.Offset)
+		mu.Unlock()
+		return nil
+	}
+	cfg := b.config(t)
+	cfg.Retry.MaxAttempts = 3
+	b.start(t, h, cfg)
+	waitFor(t, 60*time.Second, "watermark 20", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 20
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if runs[7] != 3 {
+		t.Fatalf("failing message ran %d times, want 3 (max attempts)", runs[7])
+	}
+	if n := b.q(t, `SELECT attempts FROM {{schema}}.dead_letters WHERE "offset" = 7`); n != 3 {
+		t.Fatalf("dead letter attempts %d", n)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); n != 0 {
+		t.Fatalf("%d duplicate effects", n)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.attempts"); n != 0 {
+		t.Fatalf("%d attempt rows left behind", n)
+	}
+	// Invariant 5: effects committed in offset order (the dead letter in between).
+	for i := 1; i < len(order); i++ {
+		if order[i] < order[i-1] {
+			t.Fatalf("committed out of order: %v", order)
+		}
+	}
+}
+
+func TestSecondConsumerJoiningMidStreamAddsNoDuplicateEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	const n = 4000
+	produce(t, b.brokers, b.topic, values(n, -1, func(i int) string { return fmt.Sprint(i) }))
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		time.Sleep(200 * time.Microsecond)
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	cfgA := b.config(t)
+	cfgA.Batch.Size = 50
+	a := b.start(t, h, cfgA)
+	waitFor(t, 60*time.Second, "a quarter processed", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") >= n/4 })
+	cfgB := b.config(t)
+	cfgB.Batch.Size = 50
+	bb := b.start(t, h, cfgB)
+	waitFor(t, 120*time.Second, "all processed", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == n })
+	if d := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); d != 0 {
+		t.Fatalf("%d duplicate effects after a second consumer joined", d)
+	}
+	if a.c.Stats().Processed == 0 || bb.c.Stats().Processed == 0 {
+		t.Logf("processed: a=%d b=%d (the joiner may have arrived late)", a.c.Stats().Processed, bb.c.Stats().Processed)
+	}
+	if a.c.Stats().Processed+bb.c.Stats().Processed != n {
+		t.Fatalf("processed a=%d + b=%d != %d", a.c.Stats().Processed, bb.c.Stats().Processed, n)
+	}
+}
+
+func TestZombieCannotCommitPastAFencedWatermark(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprint(i) }))
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if err := applyEffect(ctx, tx, b.schema, m); err != nil {
+			return err
+		}
+		if m.Offset == 2 {
+			once.Do(func() { close(entered); <-release })
+		}
+		return nil
+	}
+	cfg := b.config(t)
+	cfg.Batch.Wait = 200 * time.Millisecond
+	b.start(t, h, cfg)
+	<-entered
+	// Another owner advanced the watermark to 8 while this one was mid-batch.
+	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf("UPDATE %s SET next_offset = 8", pgx.Identifier{b.schema, "watermarks"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	waitFor(t, 60*time.Second, "watermark 20", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 20
+	})
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" < 8`); n != 0 {
+		t.Fatalf("the fenced batch committed %d effects below the other owner's watermark", n)
+	}
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" >= 8 AND applied = 1`); n != 12 {
+		t.Fatalf("%d effects at or above the new watermark, want 12", n)
+	}
+}
+
+func TestConfigRefusesAutoCommit(t *testing.T) {
+	for _, k := range []string{"enable.auto.commit", "enable.auto.offset.store"} {
+		_, err := (&Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "x", "group.id": "g", k: true}, Topics: []string{"t"}}).withDefaults()
+		if err == nil || !strings.Contains(err.Error(), k) {
+			t.Fatalf("%s=true: err %v", k, err)
+		}
+	}
+	if _, err := (&Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "x"}, Topics: []string{"t"}}).withDefaults(); err == nil {
+		t.Fatal("missing group.id accepted")
+	}
+}
+
+func TestBackoffGrowsAndIsBounded(t *testing.T) {
+	p := RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, Multiplier: 2, Jitter: 0.2}
+	for _, c := range []struct {
+		attempt int
+		lo, hi  time.Duration
+	}{{1, 80 * time.Millisecond, 120 * time.Millisecond}, {2, 160 * time.Millisecond, 240 * time.Millisecond}, {3, 320 * time.Millisecond, 480 * time.Millisecond}, {10, 800 * time.Millisecond, 1200 * time.Millisecond}} {
+		for i := 0; i < 50; i++ {
+			if d := p.Backoff(c.attempt); d < c.lo || d > c.hi {
+				t.Fatalf("Backoff(%d) = %s, want in [%s, %s]", c.attempt, d, c.lo, c.hi)
+			}
+		}
+	}
+}

@@ -1,0 +1,307 @@
+package kafkatx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// The crash tests run the consumer in a child process (this test binary re-executed) and
+// SIGKILL it at named steps of the loop, then check the exact end state after a restart.
+
+const childEnv = "KAFKATX_TEST_CHILD"
+
+type childSpec struct {
+	b           *testBundle
+	crashStep   string // stepHook step to SIGKILL at, once (marker file)
+	crashOffset int64
+	runsFile    string // the handler appends "offset attempt" per run of a special value
+	maxAttempts int
+	backoff     time.Duration
+	idle        time.Duration
+}
+
+func (s childSpec) cmd(t *testing.T) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		childEnv+"=1",
+		"CHILD_DB="+s.b.dbURL, "CHILD_SCHEMA="+s.b.schema, "CHILD_BROKERS="+s.b.brokers,
+		"CHILD_TOPIC="+s.b.topic, "CHILD_GROUP="+s.b.group,
+		"CHILD_CRASH_STEP="+s.crashStep, "CHILD_CRASH_OFFSET="+strconv.FormatInt(s.crashOffset, 10),
+		"CHILD_CRASH_MARK="+filepath.Join(t.TempDir(), "crashed"),
+		"CHILD_RUNS_FILE="+s.runsFile,
+		"CHILD_MAX_ATTEMPTS="+strconv.Itoa(s.maxAttempts),
+		"CHILD_BACKOFF="+s.backoff.String(),
+		"CHILD_IDLE="+s.idle.String(),
+	)
+	out, _ := os.Create(filepath.Join(t.TempDir(), "child.log"))
+	cmd.Stdout, cmd.Stderr = out, out
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("child log (tail):\n%s", tail(string(b), 3000))
+		}
+	})
+	return cmd
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// runChild runs the child to its end and reports whether SIGKILL ended it.
+func (s childSpec) runChild(t *testing.T) (killed bool) {
+	t.Helper()
+	cmd := s.cmd(t)
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+				return true
+			}
+			t.Fatalf("child failed: %v", err)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return false
+	case <-time.After(3 * time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatal("child ran for more than 3 minutes")
+		return false
+	}
+}
+
+func childMain() int {
+	env := os.Getenv
+	log, _ := zap.NewDevelopment()
+	crashOffset, _ := strconv.ParseInt(env("CHILD_CRASH_OFFSET"), 10, 64)
+	if step := env("CHILD_CRASH_STEP"); step != "" {
+		mark := env("CHILD_CRASH_MARK")
+		stepHook = func(s string, off int64) {
+			if s == step && off == crashOffset {
+				if _, err := os.Stat(mark); err == nil {
+					return
+				}
+				_ = os.WriteFile(mark, nil, 0o644)
+				log.Warn("SIGKILL at step", zap.String("step", s), zap.Int64("offset", off))
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				time.Sleep(time.Hour)
+			}
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, env("CHILD_DB"))
+	if err != nil {
+		log.Error("pool", zap.Error(err))
+		return 2
+	}
+	defer pool.Close()
+	schema := env("CHILD_SCHEMA")
+	record := func(m *Message) {
+		f, err := os.OpenFile(env("CHILD_RUNS_FILE"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Fprintf(f, "%d %d\n", m.Offset, m.Attempt)
+		_ = f.Sync()
+		f.Close()
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		switch string(m.Value) {
+		case "kill-me":
+			record(m)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Hour)
+		case "fail-me":
+			record(m)
+			return errors.New("this message always fails")
+		case "poison":
+			return Permanent(errors.New("poison pill"))
+		}
+		return applyEffect(ctx, tx, schema, m)
+	}
+	maxAttempts, _ := strconv.Atoi(env("CHILD_MAX_ATTEMPTS"))
+	backoff, _ := time.ParseDuration(env("CHILD_BACKOFF"))
+	idle, _ := time.ParseDuration(env("CHILD_IDLE"))
+	c, err := NewConsumer(pool, h, &Config{
+		Kafka: kafka.ConfigMap{"bootstrap.servers": env("CHILD_BROKERS"), "group.id": env("CHILD_GROUP"),
+			"group.instance.id": "child-1", "session.timeout.ms": 6000},
+		Topics: []string{env("CHILD_TOPIC")},
+		Schema: schema,
+		Logger: log,
+		Retry:  RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: backoff, MaxBackoff: backoff},
+	})
+	if err != nil {
+		log.Error("consumer", zap.Error(err))
+		return 2
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for runCtx.Err() == nil {
+			time.Sleep(100 * time.Millisecond)
+			s := c.Stats()
+			last := s.LastMessageAt
+			if s.FirstAssignedAt.After(last) {
+				last = s.FirstAssignedAt
+			}
+			if !s.FirstAssignedAt.IsZero() && s.InFlight == 0 && time.Since(last) > idle {
+				cancel()
+			}
+		}
+	}()
+	if err := c.Run(runCtx); err != nil {
+		log.Error("run", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+func (b *testBundle) checkExact(t *testing.T, total int64, dead []int64) {
+	t.Helper()
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); n != 0 {
+		t.Fatalf("%d duplicate effects", n)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects"); n != total-int64(len(dead)) {
+		t.Fatalf("%d effects, want %d", n, total-int64(len(dead)))
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); n != int64(len(dead)) {
+		t.Fatalf("%d dead letters, want %d", n, len(dead))
+	}
+	for _, d := range dead {
+		if n := b.q(t, `SELECT count(*) FROM {{schema}}.dead_letters WHERE "offset" = $1`, d); n != 1 {
+			t.Fatalf("offset %d not dead-lettered", d)
+		}
+		if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" = $1`, d); n != 0 {
+			t.Fatalf("dead-lettered offset %d also has an effect", d)
+		}
+	}
+	if w := b.q(t, "SELECT next_offset FROM {{schema}}.watermarks"); w != total {
+		t.Fatalf("watermark %d, want %d", w, total)
+	}
+	if k := b.committedOffsets(t, 1)[0]; k != total {
+		t.Fatalf("Kafka committed %d, want %d", k, total)
+	}
+}
+
+func TestSIGKILLAtEachStepLeavesAnExactEndState(t *testing.T) {
+	t.Parallel()
+	for _, step := range []string{"polled", "handled", "db-committed", "dead-letter"} {
+		t.Run(step, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			produce(t, b.brokers, b.topic, values(30, 0, func(i int) string {
+				if i == 10 {
+					return "poison"
+				}
+				return fmt.Sprint(i)
+			}))
+			off := int64(15)
+			if step == "dead-letter" {
+				off = 10
+			}
+			s := childSpec{b: b, crashStep: step, crashOffset: off, maxAttempts: 5, backoff: 50 * time.Millisecond, idle: 2 * time.Second}
+			if !s.runChild(t) {
+				t.Fatalf("the child was not killed at step %s", step)
+			}
+			if s.runChild(t) {
+				t.Fatal("the restarted child was killed again")
+			}
+			b.checkExact(t, 30, []int64{10})
+		})
+	}
+}
+
+func TestMessageThatKillsItsProcessIsDeadLetteredAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(12, 0, func(i int) string {
+		if i == 5 {
+			return "kill-me"
+		}
+		return fmt.Sprint(i)
+	}))
+	runs := filepath.Join(t.TempDir(), "runs")
+	s := childSpec{b: b, runsFile: runs, maxAttempts: 5, backoff: 50 * time.Millisecond, idle: 2 * time.Second}
+	kills := 0
+	for s.runChild(t) {
+		kills++
+		if kills > 10 {
+			t.Fatal("still killed after 10 restarts")
+		}
+	}
+	got, _ := os.ReadFile(runs)
+	if n := strings.Count(string(got), "\n"); n != 5 || kills != 5 {
+		t.Fatalf("the killing message ran %d times over %d kills, want exactly 5 (max attempts):\n%s", n, kills, got)
+	}
+	b.checkExact(t, 12, []int64{5})
+	if n := b.q(t, `SELECT attempts FROM {{schema}}.dead_letters WHERE "offset" = 5 AND error_class = 'crash'`); n != 5 {
+		t.Fatalf("dead letter attempts %d, want 5 with class crash", n)
+	}
+}
+
+func TestSIGTERMDuringBackoffKeepsTheAttemptCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(8, 0, func(i int) string {
+		if i == 3 {
+			return "fail-me"
+		}
+		return fmt.Sprint(i)
+	}))
+	runs := filepath.Join(t.TempDir(), "runs")
+	s := childSpec{b: b, runsFile: runs, maxAttempts: 4, backoff: 3 * time.Second, idle: 2 * time.Second}
+	cmd := s.cmd(t)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "two tries", func() bool {
+		got, _ := os.ReadFile(runs)
+		return strings.Count(string(got), "\n") == 2
+	})
+	time.Sleep(300 * time.Millisecond) // inside the 3 s backoff before try 3
+	start := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("SIGTERM during backoff: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("shutdown waited out the backoff: %s", d)
+	}
+	if n := b.q(t, `SELECT attempts FROM {{schema}}.attempts WHERE "offset" = 3`); n != 2 {
+		t.Fatalf("attempt count after SIGTERM %d, want 2", n)
+	}
+	if s.runChild(t) {
+		t.Fatal("killed")
+	}
+	got, _ := os.ReadFile(runs)
+	if n := strings.Count(string(got), "\n"); n != 4 {
+		t.Fatalf("the failing message ran %d times in all, want 4:\n%s", n, got)
+	}
+	b.checkExact(t, 8, []int64{3})
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// order is one order message. price is a JSON decimal; it is converted to integer cents
+// without floating point.
+type order struct {
+	OrderID    string `json:"order_id"`
+	Customer   string `json:"customer"`
+	Item       string `json:"item"`
+	Quantity   int64  `json:"quantity"`
+	TotalCents int64  `json:"-"`
+}
+
+var priceRe = regexp.MustCompile(`^(0|[1-9][0-9]{0,11})(\.([0-9]+))?$`)
+
+// parseOrder parses one order strictly: a JSON object with a non-empty order_id and
+// customer, an item, a positive integer quantity and a non-negative decimal price with at
+// most two significant decimals.
+func parseOrder(value []byte) (order, error) {
+	var raw struct {
+		OrderID  *string      `json:"order_id"`
+		Customer *string      `json:"customer"`
+		Item     *string      `json:"item"`
+		Quantity *json.Number `json:"quantity"`
+		Price    *json.Number `json:"price"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.UseNumber()
+	if err := dec.Decode(&raw); err != nil {
+		return order{}, fmt.Errorf("not a JSON order: %w", err)
+	}
+	if dec.More() {
+		return order{}, errors.New("not a JSON order: trailing data")
+	}
+	switch {
+	case raw.OrderID == nil || strings.TrimSpace(*raw.OrderID) == "":
+		return order{}, errors.New("order_id missing")
+	case raw.Customer == nil || *raw.Customer == "":
+		return order{}, errors.New("customer missing")
+	case raw.Item == nil:
+		return order{}, errors.New("item missing")
+	case raw.Quantity == nil:
+		return order{}, errors.New("quantity missing")
+	case raw.Price == nil:
+		return order{}, errors.New("price missing")
+	}
+	qty, err := strconv.ParseInt(raw.Quantity.String(), 10, 64)
+	if err != nil || qty <= 0 || qty > 1_000_000 {
+		return order{}, fmt.Errorf("quantity %q is not a positive integer up to 1000000", raw.Quantity.String())
+	}
+	cents, err := priceCents(raw.Price.String())
+	if err != nil {
+		return order{}, err
+	}
+	return order{OrderID: *raw.OrderID, Customer: *raw.Customer, Item: *raw.Item, Quantity: qty, TotalCents: qty * cents}, nil
+}
+
+// priceCents converts a decimal such as "24.50" to 2450 exactly.
+func priceCents(s string) (int64, error) {
+	m := priceRe.FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("price %q is not a non-negative decimal", s)
+	}
+	whole, _ := strconv.ParseInt(m[1], 10, 64)
+	frac := strings.TrimRight(m[3], "0")
+	if len(frac) > 2 {
+		return 0, fmt.Errorf("price %q has more than two decimals", s)
+	}
+	frac += strings.Repeat("0", 2-len(frac))
+	f, _ := strconv.ParseInt(frac, 10, 64)
+	return whole*100 + f, nil
+}

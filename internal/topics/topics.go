@@ -1,0 +1,38 @@
+// Package topics creates Kafka topics with the AdminClient, treating "already exists" as
+// success, for the example binaries and the tests.
+package topics
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
+// Ensure creates each named topic with partitions partitions and the given replication
+// factor unless it exists. extra, when not nil, sets topic configs (for example
+// message.timestamp.type). It waits up to timeout.
+func Ensure(ctx context.Context, kafkaConfig kafka.ConfigMap, names []string, partitions, replication int, extra map[string]string, timeout time.Duration) error {
+	admin, err := kafka.NewAdminClient(&kafkaConfig)
+	if err != nil {
+		return fmt.Errorf("create admin client: %w", err)
+	}
+	defer admin.Close()
+	specs := make([]kafka.TopicSpecification, 0, len(names))
+	for _, n := range names {
+		specs = append(specs, kafka.TopicSpecification{Topic: n, NumPartitions: partitions, ReplicationFactor: replication, Config: extra})
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	res, err := admin.CreateTopics(ctx, specs, kafka.SetAdminOperationTimeout(timeout))
+	if err != nil {
+		return fmt.Errorf("create topics %v: %w", names, err)
+	}
+	for _, r := range res {
+		if r.Error.Code() != kafka.ErrNoError && r.Error.Code() != kafka.ErrTopicAlreadyExists {
+			return fmt.Errorf("create topic %s: %w", r.Topic, r.Error)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package kafkatx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+)
+
+// setCommitted moves the group's committed offset of partition 0 out of band, as an
+// operator with Kafka's own tools would (Admin.alterConsumerGroupOffsets).
+func (b *testBundle) setCommitted(t *testing.T, offset int64) {
+	t.Helper()
+	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": b.brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := admin.AlterConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{{Group: b.group,
+		Partitions: []kafka.TopicPartition{{Topic: &b.topic, Partition: 0, Offset: kafka.Offset(offset)}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		for _, p := range r.Partitions {
+			if p.Error != nil {
+				t.Fatal(p.Error)
+			}
+		}
+	}
+}
+
+// deleteCommitted deletes the group's committed offsets on the broker.
+func (b *testBundle) deleteCommitted(t *testing.T) {
+	t.Helper()
+	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": b.brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.DeleteConsumerGroups(ctx, []string{b.group}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *testBundle) runUntilWatermark(t *testing.T, h Handler, cfg *Config, want int64) {
+	t.Helper()
+	r := b.start(t, h, cfg)
+	waitFor(t, 60*time.Second, fmt.Sprintf("watermark %d", want), func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == want
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (b *testBundle) handler() Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }
+}
+
+func TestKafkaBehindOrMissingResumesFromTheWatermark(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		move func(b *testBundle, t *testing.T)
+		kind string
+	}{
+		{"rewound", func(b *testBundle, t *testing.T) { b.setCommitted(t, 2) }, "kafka_behind"},
+		{"deleted", func(b *testBundle, t *testing.T) { b.deleteCommitted(t) }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+			b.runUntilWatermark(t, b.handler(), b.config(t), 10)
+			tc.move(b, t)
+			produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint(i) }))
+			b.runUntilWatermark(t, b.handler(), b.config(t), 15)
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); n != 0 {
+				t.Fatalf("%d messages re-run after Kafka's offset was %s", n, tc.name)
+			}
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects"); n != 15 {
+				t.Fatalf("%d effects, want 15", n)
+			}
+			if got := b.committedOffsets(t, 1)[0]; got != 15 {
+				t.Fatalf("Kafka committed %d, want the watermark 15 re-committed", got)
+			}
+			if tc.kind != "" {
+				if n := b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = $1 AND from_offset = 2 AND to_offset = 10", tc.kind); n != 1 {
+					t.Fatalf("no %s audit row for [2, 10)", tc.kind)
+				}
+			}
+		})
+	}
+}
+
+func TestKafkaAheadIsFollowedAndAuditedAsAnUnexplainedSkip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
+	produce(t, b.brokers, b.topic, values(8, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.setCommitted(t, 15)
+	b.runUntilWatermark(t, b.handler(), b.config(t), 18)
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" >= 10 AND "offset" < 15`); n != 0 {
+		t.Fatalf("%d skipped messages were processed", n)
+	}
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" >= 15`); n != 3 {
+		t.Fatalf("%d messages after the skip processed, want 3", n)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'unexplained_skip' AND from_offset = 10 AND to_offset = 15"); n != 1 {
+		t.Fatal("no unexplained_skip audit row for [10, 15)")
+	}
+}
+
+func TestKafkaAheadUnderHaltPolicyStopsWithBothOffsets(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
+	// A database restored from an older backup: the watermark goes back to 4.
+	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf("UPDATE %s SET next_offset = 4", pgx.Identifier{b.schema, "watermarks"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf(`DELETE FROM %s WHERE "offset" >= 4`, pgx.Identifier{b.schema, "effects"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config(t)
+	cfg.OnKafkaAhead = AheadHalt
+	c, err := NewConsumer(b.pool, b.handler(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	var ahead *OffsetAheadError
+	if !errors.As(err, &ahead) || ahead.Watermark != 4 || ahead.Committed != 10 {
+		t.Fatalf("Run returned %v, want an *OffsetAheadError naming watermark 4 and committed 10", err)
+	}
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" >= 4`); n != 0 {
+		t.Fatalf("%d messages processed under the halt policy", n)
+	}
+	if w := b.q(t, "SELECT next_offset FROM {{schema}}.watermarks"); w != 4 {
+		t.Fatalf("watermark moved to %d under the halt policy", w)
+	}
+}
