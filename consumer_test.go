@@ -88,13 +88,13 @@ func TestBadInputIsDeadLetteredWithAReasonAndThePartitionFlows(t *testing.T) {
 		t.Fatal(err)
 	}
 	type dl struct {
-		off           int64
-		key, value    []byte
-		class, msg    string
-		attempts      int
-		hk            [][]byte
-		hv            [][]byte
-		stack         string
+		off        int64
+		key, value []byte
+		class, msg string
+		attempts   int
+		hk         [][]byte
+		hv         [][]byte
+		stack      string
 	}
 	var got []dl
 	for rows.Next() {

@@ -28,14 +28,14 @@ import (
 
 type options struct {
 	brokers, databaseURL, topic, group, eventsTopic, schema string
-	partitions                                             int
-	produceFile                                            string
-	generate, poisonEvery                                  int
-	produceOnly                                            bool
-	exitWhenIdle, sessionTimeout                           time.Duration
-	maxAttempts                                            int
-	instanceID                                             string
-	batchSize                                              int
+	partitions                                              int
+	produceFile                                             string
+	generate, poisonEvery                                   int
+	produceOnly                                             bool
+	exitWhenIdle, sessionTimeout                            time.Duration
+	maxAttempts                                             int
+	instanceID                                              string
+	batchSize                                               int
 }
 
 func main() {
