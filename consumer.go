@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -26,13 +27,40 @@ import (
 // transaction without counting an attempt. A panic is recovered and counted as an attempt.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
+// BatchHandler processes messages of one partition, in offset order, inside the one
+// transaction that also advances the watermark past them — for bulk writes (COPY or a
+// multi-row INSERT). It may be called with any contiguous run of messages, down to one: when
+// a batch fails, kafkatx rolls it back and isolates the failing message. Return
+// FailMessage(m, err) to name the message that failed (its neighbours are re-run as a batch
+// without it); any other error makes kafkatx re-run the batch one message per transaction to
+// find it. Retry, Permanent and panic rules are those of Handler.
+type BatchHandler func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
+
+// MessageError names the message of a batch that failed. Create one with FailMessage.
+type MessageError struct {
+	Offset int64
+	Err    error
+}
+
+func (e *MessageError) Error() string { return fmt.Sprintf("offset %d: %v", e.Offset, e.Err) }
+func (e *MessageError) Unwrap() error { return e.Err }
+
+// FailMessage ties err to message m of a batch, so that only m is retried or
+// dead-lettered. Wrap err with Permanent to dead-letter m at once.
+func FailMessage(m *Message, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &MessageError{Offset: m.Offset, Err: err}
+}
+
 // Consumer is the effectively-once consumer loop: per batch of a partition, the handler's
 // effects, the watermark advance and any dead letter commit in one PostgreSQL transaction,
 // and only then is the Kafka offset committed. Create one with NewConsumer and start it with
 // Run.
 type Consumer struct {
 	pool    *pgxpool.Pool
-	handler Handler
+	handler BatchHandler
 	cfg     *Config
 	group   string
 	store   *offsetstore.Store
@@ -53,14 +81,47 @@ type Consumer struct {
 	afterDead func(ctx context.Context, tx pgx.Tx, d *deadLetterInfo) error
 }
 
-// NewConsumer validates cfg and returns a Consumer. It starts nothing and opens no
-// connection; Run does.
+// NewConsumer validates cfg and returns a Consumer that runs handler once per message.
+// It starts nothing and opens no connection; Run does.
 func NewConsumer(pool *pgxpool.Pool, handler Handler, cfg *Config) (*Consumer, error) {
-	if pool == nil {
-		return nil, errors.New("kafkatx: nil *pgxpool.Pool")
-	}
 	if handler == nil {
 		return nil, errors.New("kafkatx: nil Handler")
+	}
+	return newConsumer(pool, perMessage(handler), cfg)
+}
+
+// NewBatchConsumer is NewConsumer for a BatchHandler.
+func NewBatchConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consumer, error) {
+	if handler == nil {
+		return nil, errors.New("kafkatx: nil BatchHandler")
+	}
+	return newConsumer(pool, handler, cfg)
+}
+
+// perMessage runs h over a batch, naming the failing message and recovering its panic.
+func perMessage(h Handler) BatchHandler {
+	return func(ctx context.Context, tx pgx.Tx, msgs []*Message) error {
+		for _, m := range msgs {
+			if err := callOne(ctx, tx, h, m); err != nil {
+				return &MessageError{Offset: m.Offset, Err: err}
+			}
+		}
+		return nil
+	}
+}
+
+func callOne(ctx context.Context, tx pgx.Tx, h Handler, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &panicError{value: r, stack: debug.Stack()}
+		}
+	}()
+	return h(ctx, tx, m)
+}
+
+func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consumer, error) {
+	if pool == nil {
+		return nil, errors.New("kafkatx: nil *pgxpool.Pool")
 	}
 	c, err := cfg.withDefaults()
 	if err != nil {

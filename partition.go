@@ -255,6 +255,7 @@ func (p *partition) process(batch []*kafka.Message) error {
 		}
 		msgs = append(msgs, m)
 	}
+	split := 0 // while > 0, the next split messages run one per transaction
 	for len(msgs) > 0 {
 		if p.stopping() {
 			return errStopped // the current transaction finished; the rest is redelivered to the next owner
@@ -264,26 +265,39 @@ func (p *partition) process(batch []*kafka.Message) error {
 				return err
 			}
 			msgs = msgs[1:]
+			split = max(split-1, 0)
 			p.busy.Store(int64(len(msgs)))
 			continue
 		}
+		limit := len(msgs)
+		if split > 0 {
+			limit = 1
+		}
 		j := 1
-		for j < len(msgs) && !p.needsCare(msgs[j]) {
+		for j < limit && !p.needsCare(msgs[j]) {
 			j++
 		}
 		failed, err := p.runBatch(msgs[:j])
-		if err != nil {
+		switch {
+		case err != nil:
 			return err
-		}
-		if failed < 0 {
+		case failed == -1:
 			msgs = msgs[j:]
+			split = max(split-j, 0)
 			p.busy.Store(int64(len(msgs)))
+		case failed == unattributed:
+			// The batch handler failed without naming a message: run these one per
+			// transaction, so the failure names its message.
+			split = j
 		}
 		// Otherwise msgs[failed] now has an attempt row: the next round commits the
 		// messages before it as a batch, then runs it alone.
 	}
 	return nil
 }
+
+// unattributed is runBatch's answer when a batch failed without naming its message.
+const unattributed = -2
 
 // committed records a database commit that moved the watermark to next and hands the new
 // watermark to the Kafka committer.
@@ -350,6 +364,10 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 		case err == nil && herr == nil:
 			p.c.metrics.batchSeconds.Observe(time.Since(start).Seconds())
 			return -1, nil
+		case herr != nil && failed == unattributed:
+			p.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
+				zap.Int("messages", len(msgs)), zap.String("error", dlq.SanitizeText(herr.Error(), 512)))
+			return unattributed, nil
 		case herr != nil:
 			m := msgs[failed]
 			class, msg, stack := describe(herr)
@@ -388,13 +406,24 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 		return -1, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	for i, km := range msgs {
-		if err := p.call(ctx, tx, km, 1); err != nil {
-			if retryableDB(err) || ctx.Err() != nil {
-				return -1, nil, err
-			}
-			return i, err, nil
+	if err := p.call(ctx, tx, msgs, 1); err != nil {
+		if retryableDB(err) || ctx.Err() != nil {
+			return -1, nil, err
 		}
+		var me *MessageError
+		if errors.As(err, &me) {
+			for i, km := range msgs {
+				if int64(km.TopicPartition.Offset) == me.Offset {
+					return i, me.Err, nil
+				}
+			}
+		}
+		if len(msgs) == 1 {
+			return 0, err, nil
+		}
+		return unattributed, err, nil
+	}
+	for _, km := range msgs {
 		hook("handled", int64(km.TopicPartition.Offset))
 	}
 	ahead := max(end, p.dispatchedEnd.Load())
@@ -427,14 +456,18 @@ func (p *partition) commit(ctx context.Context, tx pgx.Tx, end int64) error {
 	return fmt.Errorf("commit: %w", err)
 }
 
-// call runs the handler for one message, recovering a panic as an error with its stack.
-func (p *partition) call(ctx context.Context, tx pgx.Tx, km *kafka.Message, attempt int) (err error) {
+// call runs the handler over msgs, recovering a panic as an error with its stack.
+func (p *partition) call(ctx context.Context, tx pgx.Tx, kms []*kafka.Message, attempt int) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &panicError{value: r, stack: debug.Stack()}
 		}
 	}()
-	return p.c.handler(ctx, tx, toMessage(km, attempt))
+	msgs := make([]*Message, len(kms))
+	for i, km := range kms {
+		msgs[i] = toMessage(km, attempt)
+	}
+	return p.c.handler(ctx, tx, msgs)
 }
 
 func toMessage(km *kafka.Message, attempt int) *Message {
@@ -555,9 +588,13 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := p.call(ctx, tx, km, attempt); err != nil {
+	if err := p.call(ctx, tx, []*kafka.Message{km}, attempt); err != nil {
 		if retryableDB(err) || ctx.Err() != nil {
 			return nil, err
+		}
+		var me *MessageError
+		if errors.As(err, &me) {
+			err = me.Err
 		}
 		return err, nil
 	}
