@@ -52,7 +52,8 @@ func main() {
 		kong.UsageOnError(),
 	)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	err := kctx.Run(ctx, &cli.Globals)
+	kctx.BindTo(ctx, (*context.Context)(nil)) // commands take the interface type
+	err := kctx.Run(&cli.Globals)
 	stop()
 	var ee *exitError
 	switch {
