@@ -1,0 +1,177 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DefaultSchema is the schema that holds kafkatx's tables when none is given.
+const DefaultSchema = "kafkatx"
+
+// DefaultRetention is how long Store keeps a claimed key when Store.Retention is zero:
+// 7 days. A redelivery or re-publication later than that is treated as new work.
+const DefaultRetention = 7 * 24 * time.Hour
+
+// MaxKeyBytes is the longest key Claim accepts, in bytes; MaxScopeBytes the longest scope.
+// Together they keep the (scope, key) primary-key entry below PostgreSQL's B-tree limit of
+// about 2,700 bytes per index tuple.
+const (
+	MaxKeyBytes   = 1024
+	MaxScopeBytes = 512
+)
+
+// ErrEmptyKey is returned when a claim is made with an empty key.
+var ErrEmptyKey = errors.New("idempotency: empty key")
+
+// Querier runs SQL: a pgx.Tx, a *pgx.Conn or a *pgxpool.Pool.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Store claims business idempotency keys in the idempotency_keys table of Schema. The zero
+// value is ready to use: schema "kafkatx", keys kept for DefaultRetention.
+type Store struct {
+	// Schema holds kafkatx's tables. Defaults to "kafkatx".
+	Schema string
+	// Retention is how long a claimed key is remembered; once it has passed, the key counts
+	// as never claimed and the Janitor deletes it. Negative keeps keys forever. Defaults to
+	// DefaultRetention (7 days).
+	Retention time.Duration
+}
+
+// Claim records key in scope inside tx and reports whether this is the first claim: true
+// means no committed transaction claimed (scope, key) before (or its claim expired) and the
+// caller should do the work in tx; false means the work was done and must be skipped. The
+// claim commits or rolls back with tx. See ClaimTx for cost and concurrency.
+func (s Store) Claim(ctx context.Context, tx pgx.Tx, scope, key string) (first bool, err error) {
+	ttl := s.Retention
+	switch {
+	case ttl == 0:
+		ttl = DefaultRetention
+	case ttl < 0:
+		ttl = 0
+	}
+	return ClaimTx(ctx, tx, s.schema(), scope, key, ttl)
+}
+
+// Done reports whether (scope, key) has a committed, unexpired claim, without claiming it.
+// q may be a pool, a connection or a transaction.
+func (s Store) Done(ctx context.Context, q Querier, scope, key string) (bool, error) {
+	if err := checkScopeKey(scope, key); err != nil {
+		return false, err
+	}
+	var done bool
+	err := q.QueryRow(ctx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE scope = $1 AND key = $2 AND expires_at > now())",
+		keysTable(s.schema())), scope, []byte(key)).Scan(&done)
+	if err != nil {
+		return false, fmt.Errorf("idempotency: read key: %w", err)
+	}
+	return done, nil
+}
+
+// Forget deletes the claim of (scope, key), so that the next claim is first again (for
+// example to re-run work on purpose). It reports whether a claim existed.
+func (s Store) Forget(ctx context.Context, q Querier, scope, key string) (bool, error) {
+	if err := checkScopeKey(scope, key); err != nil {
+		return false, err
+	}
+	tag, err := q.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE scope = $1 AND key = $2", keysTable(s.schema())), scope, []byte(key))
+	if err != nil {
+		return false, fmt.Errorf("idempotency: forget key: %w", err)
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+func (s Store) schema() string {
+	if s.Schema == "" {
+		return DefaultSchema
+	}
+	return s.Schema
+}
+
+// Claim is Store{}.Claim: it claims key in scope inside tx in schema "kafkatx", keeping it
+// for DefaultRetention.
+func Claim(ctx context.Context, tx pgx.Tx, scope, key string) (first bool, err error) {
+	return Store{}.Claim(ctx, tx, scope, key)
+}
+
+// ClaimTx claims key in scope inside tx, in schema's idempotency_keys table ("" means
+// "kafkatx"), and reports whether this is the first claim. It joins tx and never commits or
+// rolls it back, so the claim is durable exactly when the caller's work is. ttl is how long
+// the key is remembered (ttl ≤ 0: forever); a claim whose expiry has passed is replaced and
+// counts as first.
+//
+// It costs one statement, INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE expired,
+// prepared once per connection by pgx, so it is cheap enough to call per message inside a
+// batch transaction. If another open transaction claimed the same key, the statement waits
+// for it to end: first == false if it committed, true if it rolled back (READ COMMITTED).
+// Under REPEATABLE READ or SERIALIZABLE that case fails with SQLSTATE 40001 instead; retry
+// the transaction.
+//
+// scope separates independent users of the table (for example "<group>/<replay epoch>" in
+// a consumer, so that an operator's replay runs handlers again). Scope must be valid UTF-8
+// without NUL bytes and at most MaxScopeBytes; key may hold any bytes, 1 to MaxKeyBytes.
+func ClaimTx(ctx context.Context, tx pgx.Tx, schema, scope, key string, ttl time.Duration) (first bool, err error) {
+	if err := checkScopeKey(scope, key); err != nil {
+		return false, err
+	}
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	var micros *int64
+	if ttl > 0 {
+		us := ttl.Microseconds()
+		micros = &us
+	}
+	tag, err := tx.Exec(ctx, claimSQL(schema), scope, []byte(key), micros)
+	if err != nil {
+		return false, fmt.Errorf("idempotency: claim key: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+func checkScopeKey(scope, key string) error {
+	switch {
+	case key == "":
+		return ErrEmptyKey
+	case len(key) > MaxKeyBytes:
+		return fmt.Errorf("idempotency: key of %d bytes is longer than %d", len(key), MaxKeyBytes)
+	case len(scope) > MaxScopeBytes:
+		return fmt.Errorf("idempotency: scope of %d bytes is longer than %d", len(scope), MaxScopeBytes)
+	case !utf8.ValidString(scope):
+		return errors.New("idempotency: scope is not valid UTF-8")
+	}
+	for i := 0; i < len(scope); i++ {
+		if scope[i] == 0 {
+			return errors.New("idempotency: scope holds a NUL byte")
+		}
+	}
+	return nil
+}
+
+func keysTable(schema string) string { return pgx.Identifier{schema, "idempotency_keys"}.Sanitize() }
+
+var claimSQLCache sync.Map // schema → SQL
+
+// claimSQL inserts the key, or takes over an expired row; RowsAffected is 1 exactly when the
+// claim is first. now() is the transaction's start time.
+func claimSQL(schema string) string {
+	if s, ok := claimSQLCache.Load(schema); ok {
+		return s.(string)
+	}
+	t := keysTable(schema)
+	s := fmt.Sprintf(`INSERT INTO %[1]s AS k (scope, key, expires_at)
+VALUES ($1, $2, COALESCE(now() + $3::bigint * interval '1 microsecond', 'infinity'))
+ON CONFLICT (scope, key) DO UPDATE SET created_at = now(), expires_at = EXCLUDED.expires_at
+WHERE k.expires_at <= now()`, t)
+	claimSQLCache.Store(schema, s)
+	return s
+}
