@@ -1,0 +1,98 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
+)
+
+// Querier is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ErrNotFound is returned by Get, MarkReplayed and Discard for an id with no dead letter.
+var ErrNotFound = errors.New("dlq: no such dead letter")
+
+// Filter selects dead letters for List. Empty fields match everything.
+type Filter struct {
+	// Status is StatusNew, StatusReplayed or StatusDiscarded; "" means any.
+	Status string
+	Group  string
+	Topic  string
+	// AfterID lists only ids greater than it (for paging). Defaults to 0.
+	AfterID int64
+	// Limit is the most rows returned. Defaults to 100.
+	Limit int
+}
+
+const columns = `id, group_id, topic, partition, "offset", key, value, header_keys, header_values, message_time,
+	error_class, error_message, coalesce(stack, ''), attempts, first_failure_at, last_failure_at, status, created_at, resolved_at`
+
+// List returns the dead letters matching f, lowest id first.
+func List(ctx context.Context, q Querier, schema string, f Filter) ([]DeadLetter, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM `+tables.For(schema).DeadLetters+`
+		WHERE ($1 = '' OR status = $1) AND ($2 = '' OR group_id = $2) AND ($3 = '' OR topic = $3) AND id > $4
+		ORDER BY id LIMIT $5`, f.Status, f.Group, f.Topic, f.AfterID, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanDeadLetter)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// Get returns the dead letter id, or an error wrapping ErrNotFound.
+func Get(ctx context.Context, q Querier, schema string, id int64) (*DeadLetter, error) {
+	return get(ctx, q, schema, id, "")
+}
+
+func get(ctx context.Context, q Querier, schema string, id int64, suffix string) (*DeadLetter, error) {
+	rows, err := q.Query(ctx, `SELECT `+columns+` FROM `+tables.For(schema).DeadLetters+` WHERE id = $1`+suffix, id)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: read dead letter %d: %w", id, err)
+	}
+	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("dead letter %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dlq: read dead letter %d: %w", id, err)
+	}
+	return &d, nil
+}
+
+func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
+	var d DeadLetter
+	var hk, hv [][]byte
+	var ts *time.Time
+	err := row.Scan(&d.ID, &d.Group, &d.Topic, &d.Partition, &d.Offset, &d.Key, &d.Value, &hk, &hv, &ts,
+		&d.ErrorClass, &d.ErrorMessage, &d.Stack, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.CreatedAt, &d.ResolvedAt)
+	if err != nil {
+		return d, err
+	}
+	if ts != nil {
+		d.Timestamp = *ts
+	}
+	for i := range hk {
+		var v []byte
+		if i < len(hv) {
+			v = hv[i]
+		}
+		d.Headers = append(d.Headers, Header{Key: string(hk[i]), Value: v})
+	}
+	return d, nil
+}
