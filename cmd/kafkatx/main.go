@@ -29,6 +29,7 @@ type CLI struct {
 	Globals
 
 	Migrate MigrateCmd `cmd:"" help:"Apply or print kafkatx's schema migrations."`
+	Offsets OffsetsCmd `cmd:"" help:"Offsets: the database leads, Kafka follows (status, reset, audit, account)."`
 }
 
 // exitError carries a specific exit status (for example 3 for drift).

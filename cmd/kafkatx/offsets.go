@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/offsets"
+)
+
+// Exit statuses of the offsets commands (besides 0 and 1 for errors).
+const (
+	offsetsExitDrift  = 3 // offsets status: Kafka and the database disagree
+	offsetsExitGap    = 4 // offsets account: a watermark move nothing explains
+	offsetsExitActive = 5 // offsets reset: the group has active members
+)
+
+// OffsetsCmd groups the offset commands: the database leads, Kafka follows (docs/offsets.md).
+type OffsetsCmd struct {
+	Status  OffsetsStatusCmd  `cmd:"" help:"Per partition: watermark, committed offset, log start/end, lag, drift, last audit event. Exit 0 aligned, 3 drift."`
+	Reset   OffsetsResetCmd   `cmd:"" help:"Move the watermark and Kafka's committed offset in lockstep (skip, replay, align); dry run unless --execute."`
+	Audit   OffsetsAuditCmd   `cmd:"" help:"The offset audit trail: skips, replays, alignments, drift found on assignment."`
+	Account OffsetsAccountCmd `cmd:"" help:"Prove every offset up to the watermark is processed, dead-lettered or skipped. Exit 4 on a gap."`
+}
+
+// offsetsOperator connects to the database and, when withKafka, to the brokers. The
+// returned func closes both.
+func (g *Globals) offsetsOperator(ctx context.Context, withKafka bool) (*offsets.Operator, func(), error) {
+	var k *offsets.Kafka
+	if withKafka {
+		brokers, err := g.requireBrokers()
+		if err != nil {
+			return nil, nil, err
+		}
+		if k, err = offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": brokers}); err != nil {
+			return nil, nil, err
+		}
+	}
+	var pool *pgxpool.Pool
+	pool, err := g.pool(ctx)
+	if err != nil {
+		if k != nil {
+			k.Close()
+		}
+		return nil, nil, err
+	}
+	if err := offsetsCheckSchema(ctx, pool, g.Schema); err != nil {
+		pool.Close()
+		if k != nil {
+			k.Close()
+		}
+		return nil, nil, err
+	}
+	return offsets.NewOperator(pool, k, g.Schema), func() {
+		pool.Close()
+		if k != nil {
+			k.Close()
+		}
+	}, nil
+}
+
+// offsetsCheckSchema fails with a helpful message when kafkatx's tables are missing.
+func offsetsCheckSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var ok bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.offset_audit') IS NOT NULL`, schema).Scan(&ok); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("schema %q has no kafkatx tables: run `kafkatx migrate up --schema %s` (or start a consumer) first", schema, schema)
+	}
+	return nil
+}
+
+// offsetsOutput validates an --output value.
+func offsetsOutput(v string, allowed ...string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("--output %q: want one of %s", v, strings.Join(allowed, ", "))
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"text/tabwriter"
+)
+
+// OffsetsAuditCmd prints the offset audit trail of a group.
+type OffsetsAuditCmd struct {
+	Group  string `required:"" help:"Consumer group id."`
+	Topic  string `help:"Only this topic."`
+	Output string `default:"text" help:"text or json (one object per line: id, group, topic, partition, kind, from_offset, to_offset, reason, actor, status, at)."`
+}
+
+// Help is the long help of offsets audit.
+func (OffsetsAuditCmd) Help() string {
+	return `Every change to a watermark that is not a processed batch, oldest first. Ranges are
+half-open, [from_offset, to_offset). Kinds: first_run, operator_skip, unexplained_skip,
+kafka_behind, kafka_missing, replay, align, halt, unexplained_move, watermark_deleted.
+status is pending for a command recorded but not yet applied, applied, or abandoned.`
+}
+
+func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
+	if err := offsetsOutput(c.Output, "text", "json"); err != nil {
+		return err
+	}
+	op, closeAll, err := g.offsetsOperator(ctx, false)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	events, err := op.Events(ctx, c.Group, c.Topic)
+	if err != nil {
+		return err
+	}
+	if c.Output == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		for _, e := range events {
+			if err := enc.Encode(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tAT\tKIND\tSTATUS\tTOPIC\tPARTITION\tRANGE\tACTOR\tREASON")
+	for _, e := range events {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t[%d, %d)\t%s\t%s\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), e.Kind, e.Status,
+			e.Topic, e.Partition, e.From, e.To, e.Actor, e.Reason)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kafkatx/kafkatx/internal/offsets"
+)
+
+// OffsetsResetCmd moves a group's database watermarks and Kafka committed offsets together.
+type OffsetsResetCmd struct {
+	Group      string `required:"" help:"Consumer group id."`
+	Topic      string `required:"" help:"Topic."`
+	Partition  *int32 `help:"Only this partition (default: every partition of the topic)."`
+	ToOffset   *int64 `name:"to-offset" xor:"target" help:"Move to this offset." placeholder:"N"`
+	ToTime     string `name:"to-time" xor:"target" help:"Move to the first offset whose record timestamp is at or after this RFC 3339 time (the log end when none is)." placeholder:"RFC3339"`
+	ToEarliest bool   `name:"to-earliest" xor:"target" help:"Move to the log start offset."`
+	ToLatest   bool   `name:"to-latest" xor:"target" help:"Move to the log end offset."`
+	ToDatabase bool   `name:"to-database" xor:"target" help:"Align Kafka's committed offset to the database watermark (the watermark does not move; --mode is not needed)."`
+	Mode       string `help:"skip (move forward; the range is recorded as operator_skip and never processed) or replay (move back; the range runs again under a new replay epoch)." placeholder:"skip|replay"`
+	Reason     string `required:"" help:"Why, for the audit trail."`
+	Execute    bool   `help:"Apply the plan. Without it the command only prints the plan (a dry run)."`
+}
+
+// Help is the long help of offsets reset.
+func (OffsetsResetCmd) Help() string {
+	return `Moves the database watermark and Kafka's committed offset in lockstep, with an audit row
+(who: the OS user at the host; when; why; the range). A dry run by default: it prints the plan
+and changes nothing; --execute applies it.
+
+  --mode skip     [watermark, target) is recorded as operator_skip; both sides move to target.
+  --mode replay   [target, watermark) runs again; both sides move back to target and the
+                  partition's replay epoch goes up by one (business idempotency keys are scoped
+                  by epoch, so the replay is not swallowed as duplicates).
+  --to-database   Kafka's committed offset is set to the watermark (audit kind align).
+
+It refuses while the group has active members: stop every consumer of the group first.
+
+Exit status: 0 done (or a dry run with nothing in the way), 5 the group has active members,
+1 on an error (for example a skip below the watermark).`
+}
+
+// Validate checks the flag combinations kong cannot express.
+func (c *OffsetsResetCmd) Validate() error {
+	if c.ToOffset == nil && c.ToTime == "" && !c.ToEarliest && !c.ToLatest && !c.ToDatabase {
+		return errors.New("a target is required: --to-offset N, --to-time RFC3339, --to-earliest, --to-latest or --to-database")
+	}
+	if !c.ToDatabase && c.Mode != string(offsets.ModeSkip) && c.Mode != string(offsets.ModeReplay) {
+		return errors.New("--mode skip|replay is required (except with --to-database)")
+	}
+	if c.ToDatabase && c.Mode != "" {
+		return errors.New("--mode does not apply to --to-database, which moves only Kafka")
+	}
+	if c.ToTime != "" {
+		if _, err := time.Parse(time.RFC3339Nano, c.ToTime); err != nil {
+			return fmt.Errorf("--to-time: want RFC 3339, such as 2025-01-31T12:00:00Z: %w", err)
+		}
+	}
+	return nil
+}
+
+func (c *OffsetsResetCmd) request() offsets.ResetRequest {
+	req := offsets.ResetRequest{Group: c.Group, Topic: c.Topic, Partition: -1, Mode: offsets.Mode(c.Mode), Reason: c.Reason, Actor: offsets.Actor()}
+	if c.Partition != nil {
+		req.Partition = *c.Partition
+	}
+	switch {
+	case c.ToOffset != nil:
+		req.Target = offsets.Target{Kind: offsets.TargetOffset, Offset: *c.ToOffset}
+	case c.ToTime != "":
+		t, _ := time.Parse(time.RFC3339Nano, c.ToTime) // checked by Validate
+		req.Target = offsets.Target{Kind: offsets.TargetTime, Time: t}
+	case c.ToEarliest:
+		req.Target = offsets.Target{Kind: offsets.TargetEarliest}
+	case c.ToLatest:
+		req.Target = offsets.Target{Kind: offsets.TargetLatest}
+	default:
+		req.Target = offsets.Target{Kind: offsets.TargetDatabase}
+	}
+	return req
+}
+
+func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
+	op, closeAll, err := g.offsetsOperator(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	plan, err := op.PlanReset(ctx, c.request())
+	if err != nil {
+		return err
+	}
+	offsetsPrintPlan(plan)
+	if len(plan.Group.Members) > 0 {
+		return &exitError{code: offsetsExitActive, err: &offsets.ActiveGroupError{Group: c.Group, State: plan.Group.State, Members: plan.Group.Members}}
+	}
+	if !plan.Changes() {
+		fmt.Println("nothing to do")
+		return nil
+	}
+	if !c.Execute {
+		fmt.Println("dry run: nothing changed; run again with --execute to apply")
+		return nil
+	}
+	err = op.ExecuteReset(ctx, plan)
+	var active *offsets.ActiveGroupError
+	if errors.As(err, &active) {
+		return &exitError{code: offsetsExitActive, err: err}
+	}
+	for _, s := range plan.Steps {
+		if s.AuditID != 0 {
+			status := s.Done
+			if status == "" {
+				status = "NOT applied"
+			}
+			fmt.Printf("%s: %s, audit row %d\n", s.TP, status, s.AuditID)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Println("done: both sides moved; `kafkatx offsets status` should report aligned")
+	return nil
+}
+
+func offsetsPrintPlan(p *offsets.Plan) {
+	r := p.Request
+	what := "mode " + string(r.Mode)
+	if r.Target.Kind == offsets.TargetDatabase {
+		what = "align Kafka to the database"
+	}
+	fmt.Printf("plan: group %s, topic %s, %s, to %s\n  reason: %s\n  actor: %s\n", r.Group, r.Topic, what, r.Target, r.Reason, r.Actor)
+	for _, s := range p.Steps {
+		k := offsetsOpt(s.Committed)
+		switch s.Action {
+		case offsets.ActionSkip:
+			fmt.Printf("  %s: watermark %d -> %d, Kafka committed %s -> %d: skip [%d, %d), %d message(s), as operator_skip\n",
+				s.TP, s.Watermark, s.Target, k, s.Target, s.Watermark, s.Target, s.Messages())
+		case offsets.ActionReplay:
+			fmt.Printf("  %s: watermark %d -> %d, Kafka committed %s -> %d: replay [%d, %d), %d message(s), in a new replay epoch\n",
+				s.TP, s.Watermark, s.Target, k, s.Target, s.Target, s.Watermark, s.Messages())
+		case offsets.ActionAlign:
+			fmt.Printf("  %s: Kafka committed %s -> %d (the watermark), as align\n", s.TP, k, s.Target)
+		default:
+			fmt.Printf("  %s: no change: %s\n", s.TP, s.Note)
+		}
+	}
+	if n := len(p.Group.Members); n > 0 {
+		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", r.Group, p.Group.State, n)
+	}
+}

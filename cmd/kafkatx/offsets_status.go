@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/kafkatx/kafkatx/internal/offsets"
+)
+
+// OffsetsStatusCmd compares each partition's database watermark with the group's committed
+// offset in Kafka.
+type OffsetsStatusCmd struct {
+	Group  string `required:"" help:"Consumer group id."`
+	Topic  string `help:"Only this topic (default: every topic the group has a watermark or a committed offset on)."`
+	Output string `default:"text" help:"text, json (one object per partition per line) or prometheus (text exposition format, for node_exporter's textfile collector)."`
+}
+
+// Help is the long help of offsets status.
+func (OffsetsStatusCmd) Help() string {
+	return `Per partition: the database watermark (next offset to process), Kafka's committed offset,
+the log start and end offsets, lag (log end - watermark), drift (committed - watermark), the
+state, and the last offset audit event.
+
+States: aligned; kafka_ahead (an offset move with Kafka's own tools, or a database restored
+from an older backup: the consumer follows it and audits the skipped range); kafka_behind (a
+lost commit or a rewind with Kafka's tools: the consumer re-commits the watermark);
+kafka_missing (the group's offsets expired or were deleted); no_watermark and unused (not
+drift).
+
+Exit status: 0 when every partition is aligned (or has no watermark), 3 when any partition
+drifts (kafka_ahead, kafka_behind, kafka_missing), 1 on an error.`
+}
+
+func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
+	if err := offsetsOutput(c.Output, "text", "json", "prometheus"); err != nil {
+		return err
+	}
+	op, closeAll, err := g.offsetsOperator(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	sts, err := op.Status(ctx, c.Group, c.Topic)
+	if err != nil {
+		return err
+	}
+	drifted := 0
+	for _, s := range sts {
+		if s.Drifted() {
+			drifted++
+		}
+	}
+	switch c.Output {
+	case "json":
+		enc := json.NewEncoder(os.Stdout)
+		for _, s := range sts {
+			if err := enc.Encode(s); err != nil {
+				return err
+			}
+		}
+	case "prometheus":
+		if err := offsets.WritePrometheus(os.Stdout, sts); err != nil {
+			return err
+		}
+	default:
+		grp, err := op.Group(ctx, c.Group)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("group %s: %s, %d active member(s)\n", c.Group, grp.State, len(grp.Members))
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOPIC\tPARTITION\tWATERMARK\tCOMMITTED\tLOG-START\tLOG-END\tLAG\tDRIFT\tSTATE\tLAST EVENT")
+		for _, s := range sts {
+			last := "-"
+			if e := s.LastEvent; e != nil {
+				last = fmt.Sprintf("%s [%d, %d) %s %s", e.Kind, e.From, e.To, e.Status, e.At.UTC().Format("2006-01-02T15:04:05Z"))
+			}
+			for _, p := range s.Pending {
+				last += fmt.Sprintf("; PENDING %s [%d, %d) id %d", p.Kind, p.From, p.To, p.ID)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Topic, s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
+				s.LogStart, s.LogEnd, s.Lag, offsetsSigned(s.Drift), s.State, last)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		switch {
+		case len(sts) == 0:
+			fmt.Printf("group %s has no watermark and no committed offset%s\n", c.Group, map[bool]string{true: " on " + c.Topic, false: ""}[c.Topic != ""])
+		case drifted > 0:
+			fmt.Printf("DRIFT on %d of %d partition(s): start the consumer to reconcile, or see `kafkatx offsets reset --help`\n", drifted, len(sts))
+		default:
+			fmt.Printf("aligned: %d partition(s)\n", len(sts))
+		}
+	}
+	if drifted > 0 {
+		return &exitError{code: offsetsExitDrift}
+	}
+	return nil
+}
+
+func offsetsOpt(v *int64) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatInt(*v, 10)
+}
+
+func offsetsSigned(v *int64) string {
+	switch {
+	case v == nil:
+		return "-"
+	case *v > 0:
+		return "+" + strconv.FormatInt(*v, 10)
+	}
+	return strconv.FormatInt(*v, 10)
+}

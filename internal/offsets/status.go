@@ -1,0 +1,205 @@
+package offsets
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+// Partition states reported by Status.
+const (
+	// StateAligned: Kafka's committed offset equals the watermark.
+	StateAligned = "aligned"
+	// StateKafkaAhead: committed > watermark, an offset move with Kafka's own tools (or a
+	// database restored from an older backup). The consumer follows it on its next
+	// assignment and audits the range, or halts under the halt policy.
+	StateKafkaAhead = "kafka_ahead"
+	// StateKafkaBehind: committed < watermark, a lost commit or a rewind with Kafka's tools;
+	// the consumer starts at the watermark and re-commits it.
+	StateKafkaBehind = "kafka_behind"
+	// StateKafkaMissing: a watermark but no committed offset (the group's offsets expired or
+	// were deleted); the consumer re-commits the watermark.
+	StateKafkaMissing = "kafka_missing"
+	// StateNoWatermark: a committed offset but no watermark: kafkatx has not run this
+	// partition for the group; its first run starts at the committed offset. Not drift.
+	StateNoWatermark = "no_watermark"
+	// StateUnused: neither side has an offset. Not drift.
+	StateUnused = "unused"
+)
+
+// PartitionStatus is one partition's view of both sides. Offsets are Kafka offsets; the
+// watermark is the next offset to process.
+type PartitionStatus struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// Watermark is the database's next offset to process (nil: none recorded).
+	Watermark *int64 `json:"watermark"`
+	// Committed is the group's committed offset in Kafka (nil: none).
+	Committed *int64 `json:"committed"`
+	// LogStart and LogEnd are the oldest stored offset and the next offset to be written.
+	LogStart int64 `json:"log_start"`
+	LogEnd   int64 `json:"log_end"`
+	// Lag is LogEnd minus the watermark (or the committed offset when there is no
+	// watermark, or LogStart when neither exists), in messages.
+	Lag int64 `json:"lag"`
+	// Drift is Committed minus Watermark (nil when either is missing): > 0 Kafka ahead,
+	// < 0 Kafka behind.
+	Drift *int64 `json:"drift"`
+	// State is one of the State* constants.
+	State string `json:"state"`
+	// ReplayEpoch counts the replays of the partition (0 before the first).
+	ReplayEpoch int `json:"replay_epoch"`
+	// LastEvent is the newest offset audit row of the partition, if any.
+	LastEvent *offsetstore.Event `json:"last_event"`
+	// Pending lists operator commands recorded but not yet applied (an operator skip waiting
+	// for the consumer to follow Kafka, or a command that stopped half way).
+	Pending []offsetstore.Event `json:"pending,omitempty"`
+}
+
+// Drifted reports whether the two sides disagree in a way the consumer would repair or
+// audit on its next assignment: Kafka ahead, behind, or missing.
+func (s PartitionStatus) Drifted() bool {
+	switch s.State {
+	case StateKafkaAhead, StateKafkaBehind, StateKafkaMissing:
+		return true
+	}
+	return false
+}
+
+// Status compares, per partition of topic (every topic the group has a watermark or a
+// committed offset on when topic is ""), the watermark with Kafka's committed offset and the
+// log's start and end offsets. Partitions are sorted by topic and partition.
+func (o *Operator) Status(ctx context.Context, group, topic string) ([]PartitionStatus, error) {
+	ws, err := o.store.Watermarks(ctx, o.pool, group, nil)
+	if err != nil {
+		return nil, err
+	}
+	var topicsList []string
+	if topic != "" {
+		topicsList = []string{topic}
+	} else {
+		seen := map[string]bool{}
+		for tp := range ws {
+			seen[tp.Topic] = true
+		}
+		all, err := o.kafka.Committed(ctx, group, nil)
+		if err != nil {
+			return nil, err
+		}
+		for tp := range all {
+			seen[tp.Topic] = true
+		}
+		for t := range seen {
+			topicsList = append(topicsList, t)
+		}
+		sort.Strings(topicsList)
+	}
+	var tps []offsetstore.TP
+	for _, t := range topicsList {
+		ps, err := o.topicPartitions(ctx, t, -1)
+		if err != nil {
+			return nil, err
+		}
+		tps = append(tps, ps...)
+	}
+	if len(tps) == 0 {
+		return nil, nil
+	}
+	committed, err := o.kafka.Committed(ctx, group, tps)
+	if err != nil {
+		return nil, err
+	}
+	logs, err := o.kafka.LogOffsets(ctx, tps)
+	if err != nil {
+		return nil, err
+	}
+	last, pending, err := o.latestEvents(ctx, group)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PartitionStatus, 0, len(tps))
+	for _, tp := range tps {
+		s := PartitionStatus{Group: group, Topic: tp.Topic, Partition: tp.Partition,
+			LogStart: logs[tp].Start, LogEnd: logs[tp].End, Pending: pending[tp]}
+		if e, ok := last[tp]; ok {
+			s.LastEvent = &e
+		}
+		w, hasW := ws[tp]
+		k, hasK := committed[tp]
+		if hasW {
+			s.Watermark = ptr(w.Next)
+			s.ReplayEpoch = w.ReplayEpoch
+		}
+		if hasK {
+			s.Committed = ptr(k)
+		}
+		switch {
+		case hasW && hasK:
+			s.Drift = ptr(k - w.Next)
+			s.Lag = s.LogEnd - w.Next
+			switch {
+			case k == w.Next:
+				s.State = StateAligned
+			case k > w.Next:
+				s.State = StateKafkaAhead
+			default:
+				s.State = StateKafkaBehind
+			}
+		case hasW:
+			s.State, s.Lag = StateKafkaMissing, s.LogEnd-w.Next
+		case hasK:
+			s.State, s.Lag = StateNoWatermark, s.LogEnd-k
+		default:
+			s.State, s.Lag = StateUnused, s.LogEnd-s.LogStart
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// latestEvents returns the newest audit row and the pending rows of each partition of group.
+func (o *Operator) latestEvents(ctx context.Context, group string) (map[offsetstore.TP]offsetstore.Event, map[offsetstore.TP][]offsetstore.Event, error) {
+	rows, err := o.pool.Query(ctx, `SELECT id, group_id, topic, partition, kind, from_offset, to_offset, reason, actor, status, at
+		FROM `+o.t.OffsetAudit+` a
+		WHERE group_id = $1 AND (status = 'pending' OR id = (SELECT max(id) FROM `+o.t.OffsetAudit+` b
+			WHERE b.group_id = a.group_id AND b.topic = a.topic AND b.partition = a.partition))
+		ORDER BY id`, group)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read latest offset audit: %w", err)
+	}
+	defer rows.Close()
+	last := map[offsetstore.TP]offsetstore.Event{}
+	pending := map[offsetstore.TP][]offsetstore.Event{}
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return nil, nil, err
+		}
+		tp := offsetstore.TP{Topic: e.Topic, Partition: e.Partition}
+		if e.Status == StatusPending {
+			pending[tp] = append(pending[tp], e)
+		}
+		if cur, ok := last[tp]; !ok || e.ID > cur.ID {
+			last[tp] = e
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read latest offset audit: %w", err)
+	}
+	return last, pending, nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanEvent(r scanner) (offsetstore.Event, error) {
+	var e offsetstore.Event
+	if err := r.Scan(&e.ID, &e.Group, &e.Topic, &e.Partition, &e.Kind, &e.From, &e.To, &e.Reason, &e.Actor, &e.Status, &e.At); err != nil {
+		return e, fmt.Errorf("read offset audit: %w", err)
+	}
+	return e, nil
+}
+
+func ptr[T any](v T) *T { return &v }
