@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/outbox/relay"
+)
+
+// RelayCmd runs the outbox relay as a standalone sidecar process.
+type RelayCmd struct {
+	DatabaseURLFile  string        `name:"database-url-file" env:"KAFKATX_DATABASE_URL_FILE" type:"path" help:"Read the PostgreSQL URL from this file (overrides --database-url; keeps the password out of the environment)."`
+	KafkaConfigFile  string        `name:"kafka-config-file" env:"KAFKATX_KAFKA_CONFIG_FILE" type:"path" help:"librdkafka properties file, one key=value per line (# comments): security.protocol, sasl.*, ssl.*, ... May hold secrets; values are never logged."`
+	KafkaConfig      []string      `name:"kafka-config" short:"X" sep:"none" help:"librdkafka property key=value (repeatable; after --kafka-config-file). Put secrets in files, not here."`
+	SecurityProtocol string        `name:"security-protocol" env:"KAFKATX_SECURITY_PROTOCOL" help:"security.protocol: plaintext, ssl, sasl_plaintext or sasl_ssl."`
+	SASLMechanism    string        `name:"sasl-mechanism" env:"KAFKATX_SASL_MECHANISM" help:"sasl.mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER."`
+	SASLUsername     string        `name:"sasl-username" env:"KAFKATX_SASL_USERNAME" help:"sasl.username."`
+	SASLPasswordFile string        `name:"sasl-password-file" env:"KAFKATX_SASL_PASSWORD_FILE" type:"path" help:"Read sasl.password from this file (trailing newline dropped)."`
+	HealthAddr       string        `name:"health-addr" env:"KAFKATX_HEALTH_ADDR" help:"Serve /healthz, /readyz and /metrics (Prometheus) on this host:port. Off when empty."`
+	ExitWhenIdle     time.Duration `name:"exit-when-idle" help:"Exit 0 once the outbox has had no row waiting for this long (0: run until SIGTERM)."`
+	Migrate          bool          `name:"migrate" help:"Apply kafkatx's migrations before starting (otherwise they must have been applied)."`
+	BatchSize        int           `name:"batch-size" default:"1000" help:"Rows read, produced and marked per round."`
+	PollInterval     time.Duration `name:"poll-interval" default:"1s" help:"Read the outbox this often when no NOTIFY arrives."`
+	StandbyInterval  time.Duration `name:"standby-interval" default:"1s" help:"A standby relay tries to take over this often."`
+	ShutdownTimeout  time.Duration `name:"shutdown-timeout" default:"30s" help:"On SIGTERM, wait this long for in-flight deliveries."`
+	NoJanitor        bool          `name:"no-janitor" help:"Do not delete old rows (published outbox rows, attempts, resolved dead letters)."`
+	OutboxRetention  time.Duration `name:"outbox-retention" default:"24h" help:"Keep published and discarded outbox rows this long."`
+	AttemptsRet      time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
+	DeadLetterRet    time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
+}
+
+// Help is shown under the command's usage.
+func (RelayCmd) Help() string {
+	return `Publishes the rows of <schema>.outbox to Kafka: idempotent producer (acks=all), murmur2 partitioning,
+woken by NOTIFY with polling as a fallback. Run several for availability: one leads (advisory lock),
+the others stand by and take over within --standby-interval. SIGTERM: stop reading, wait for in-flight
+deliveries, mark them, exit 0. On exit it prints {"published":N,"parked":N,"retried":N}.`
+}
+
+func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
+	log := g.logger()
+	defer log.Sync() //nolint:errcheck
+	if c.DatabaseURLFile != "" {
+		u, err := readSecretFile(c.DatabaseURLFile)
+		if err != nil {
+			return err
+		}
+		g.DatabaseURL = u
+	}
+	kcfg, err := c.kafkaConfig(g)
+	if err != nil {
+		return err
+	}
+	pool, err := g.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if c.Migrate {
+		if _, err := migrations.Apply(ctx, pool, g.Schema); err != nil {
+			return err
+		}
+	}
+	if err := checkOutboxTable(ctx, pool, g.Schema); err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	janitor := relay.JanitorConfig{Disabled: c.NoJanitor, OutboxRetention: c.OutboxRetention,
+		AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
+	rl, err := relay.New(pool, &relay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, BatchSize: c.BatchSize,
+		PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval, ShutdownTimeout: c.ShutdownTimeout,
+		Janitor: janitor, Registerer: reg})
+	if err != nil {
+		return err
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	var runErr error
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(done)
+		runErr = rl.Run(runCtx)
+	}()
+	if c.HealthAddr != "" {
+		srv, err := c.serveHealth(rl, reg, done, log)
+		if err != nil {
+			stop()
+			wg.Wait()
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	if c.ExitWhenIdle > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if waitIdle(runCtx, rl, c.ExitWhenIdle, log) {
+				log.Info("outbox idle; exiting", zap.Duration("exit_when_idle", c.ExitWhenIdle))
+				stop()
+			}
+		}()
+	}
+	<-done
+	stop()
+	wg.Wait()
+	s := rl.Stats()
+	out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "retried": s.Retried})
+	fmt.Println(string(out))
+	return runErr
+}
+
+// kafkaConfig builds the producer settings: bootstrap servers, then the properties file, then
+// -X properties, then the security flags. Values are never printed.
+func (c *RelayCmd) kafkaConfig(g *Globals) (kafka.ConfigMap, error) {
+	brokers, err := g.requireBrokers()
+	if err != nil {
+		return nil, err
+	}
+	cfg := kafka.ConfigMap{"bootstrap.servers": brokers, "client.id": "kafkatx-relay"}
+	if c.KafkaConfigFile != "" {
+		if err := readProperties(c.KafkaConfigFile, cfg); err != nil {
+			return nil, err
+		}
+	}
+	for _, kv := range c.KafkaConfig {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("--kafka-config %q: want key=value", strings.SplitN(kv, "=", 2)[0])
+		}
+		cfg[strings.TrimSpace(k)] = v
+	}
+	set := func(k, v string) {
+		if v != "" {
+			cfg[k] = v
+		}
+	}
+	set("security.protocol", c.SecurityProtocol)
+	set("sasl.mechanism", c.SASLMechanism)
+	set("sasl.username", c.SASLUsername)
+	if c.SASLPasswordFile != "" {
+		pw, err := readSecretFile(c.SASLPasswordFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg["sasl.password"] = pw
+	}
+	return cfg, nil
+}
+
+// readProperties reads key=value lines into cfg. Errors name the file and line, never a value.
+func readProperties(path string, cfg kafka.ConfigMap) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("kafka config file: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "!") {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return fmt.Errorf("kafka config file %s line %d: want key=value", path, n)
+		}
+		cfg[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("kafka config file %s: %w", path, err)
+	}
+	return nil
+}
+
+// readSecretFile returns the file's content without its trailing newline.
+func readSecretFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("secret file: %w", err) // the path, never the content
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// checkOutboxTable fails with a helpful message when the outbox table is missing.
+func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var ok bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.outbox') IS NOT NULL`, schema).Scan(&ok); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("schema %q has no outbox table: run `kafkatx migrate up --schema %s` or pass --migrate", schema, schema)
+	}
+	return nil
+}
+
+// serveHealth serves /healthz (the relay is running), /readyz (it reached the database
+// recently) and /metrics.
+func (c *RelayCmd) serveHealth(rl *relay.Relay, reg *prometheus.Registry, done <-chan struct{}, log *zap.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", c.HealthAddr)
+	if err != nil {
+		return nil, fmt.Errorf("health endpoint: %w", err)
+	}
+	stale := max(5*time.Second, 3*c.PollInterval, 3*c.StandbyInterval)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-done:
+			http.Error(w, "relay stopped\n", http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintln(w, "ok")
+		}
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		s := rl.Stats()
+		age := time.Since(s.LastContact)
+		body, _ := json.Marshal(map[string]any{"leader": s.Leader, "published": s.Published, "parked": s.Parked,
+			"last_database_contact_seconds": age.Seconds()})
+		w.Header().Set("Content-Type", "application/json")
+		if age > stale {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		w.Write(append(body, '\n')) //nolint:errcheck
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health endpoint stopped", zap.Error(err))
+		}
+	}()
+	return srv, nil
+}
+
+// waitIdle reports true once the relay's backlog has been empty for d (checked about four
+// times per d, at least every second), false when ctx ends first.
+func waitIdle(ctx context.Context, rl *relay.Relay, d time.Duration, log *zap.Logger) bool {
+	step := min(max(d/4, 50*time.Millisecond), time.Second)
+	var idleSince time.Time
+	t := time.NewTicker(step)
+	defer t.Stop()
+	for {
+		n, _, err := rl.Backlog(ctx)
+		switch {
+		case err != nil:
+			idleSince = time.Time{}
+			if ctx.Err() == nil {
+				log.Debug("backlog check", zap.Error(err))
+			}
+		case n > 0:
+			idleSince = time.Time{}
+		case idleSince.IsZero():
+			idleSince = time.Now()
+		case time.Since(idleSince) >= d:
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,167 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// Config configures a Relay. A nil *Config is not accepted: Kafka's bootstrap.servers is
+// required. The zero value of every other field means its default.
+type Config struct {
+	// Kafka is passed to librdkafka's producer as is (bootstrap.servers is required; security
+	// settings such as security.protocol, sasl.* and ssl.* pass through). The relay sets, unless
+	// given here: enable.idempotence=true, acks=all, partitioner=murmur2_random (the Java
+	// client's partitioner, so keys land where Java producers put them), linger.ms=5 and
+	// message.timeout.ms=60000. enable.idempotence=false and acks other than all/-1 are refused.
+	Kafka kafka.ConfigMap
+
+	// Schema holds the outbox table. Defaults to "kafkatx".
+	Schema string
+
+	// Logger receives the relay's logs, named "kafkatx.relay". Record keys and values and
+	// Kafka secrets are never logged. Defaults to zap.NewNop().
+	Logger *zap.Logger
+
+	// BatchSize is the most rows read, produced and marked per round. Defaults to 1000.
+	BatchSize int
+
+	// PollInterval is how often an idle leader reads the outbox when no NOTIFY arrives (the
+	// fallback for lost notifications or triggers bypassed). Defaults to 1s.
+	PollInterval time.Duration
+
+	// StandbyInterval is how often a standby relay tries to take the leadership lock, so it
+	// takes over within about this long after the leader's database session ends. Defaults
+	// to 1s.
+	StandbyInterval time.Duration
+
+	// Backoff is the wait after a round with retriable failures (the broker or the database
+	// is unavailable): InitialBackoff, doubling up to MaxBackoff. Defaults to 250ms and 30s.
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+
+	// ShutdownTimeout bounds how long Run waits for the delivery reports of records already
+	// produced once its context is cancelled, before it marks what was delivered and returns.
+	// Records not confirmed by then stay pending and are published again later (same outbox
+	// id). Defaults to 30s.
+	ShutdownTimeout time.Duration
+
+	// MetricsInterval is how often the leader refreshes the backlog gauges. Defaults to 5s.
+	MetricsInterval time.Duration
+
+	// Janitor configures the retention janitor that the leader runs.
+	Janitor JanitorConfig
+
+	// Registerer receives the relay's Prometheus metrics. Defaults to none (Stats still works).
+	Registerer prometheus.Registerer
+}
+
+// JanitorConfig configures the retention janitor: it deletes, in batches, published and
+// discarded outbox rows, attempt rows of messages no longer retried, and resolved (replayed
+// or discarded) dead letters once they are older than their retention. A negative retention
+// keeps those rows forever.
+type JanitorConfig struct {
+	// Disabled turns the janitor off.
+	Disabled bool
+	// Interval between janitor runs. Defaults to 1m.
+	Interval time.Duration
+	// BatchSize is the most rows one DELETE removes. Defaults to 1000.
+	BatchSize int
+	// OutboxRetention keeps published and discarded outbox rows this long after they were
+	// resolved. Defaults to 24h.
+	OutboxRetention time.Duration
+	// AttemptsRetention keeps kafkatx.attempts rows this long after their last update. A
+	// message retried again after its row was deleted starts counting attempts from zero,
+	// so keep it longer than any partition stays paused. Defaults to 7 days.
+	AttemptsRetention time.Duration
+	// DeadLetterRetention keeps replayed and discarded dead letters this long after they were
+	// resolved; new dead letters are never deleted. Defaults to 30 days.
+	DeadLetterRetention time.Duration
+}
+
+func (c *Config) withDefaults() (*Config, error) {
+	if c == nil {
+		return nil, errors.New("relay: nil *Config: Kafka bootstrap.servers is required")
+	}
+	out := *c
+	out.Kafka = kafka.ConfigMap{}
+	for k, v := range c.Kafka {
+		out.Kafka[k] = v
+	}
+	if v, ok := out.Kafka["bootstrap.servers"]; !ok || fmt.Sprint(v) == "" {
+		return nil, errors.New(`relay: Config.Kafka needs "bootstrap.servers"`)
+	}
+	if v, ok := out.Kafka["enable.idempotence"]; ok && !strings.EqualFold(fmt.Sprint(v), "true") {
+		return nil, errors.New("relay: Config.Kafka enable.idempotence=false is refused: the relay needs the idempotent producer (no duplicates or reordering on retries)")
+	}
+	for _, k := range []string{"acks", "request.required.acks"} {
+		if v, ok := out.Kafka[k]; ok {
+			if s := strings.ToLower(fmt.Sprint(v)); s != "all" && s != "-1" {
+				return nil, fmt.Errorf("relay: Config.Kafka %s=%s is refused: the relay publishes with acks=all", k, s)
+			}
+		}
+	}
+	setDefault := func(k string, v kafka.ConfigValue) {
+		if _, ok := out.Kafka[k]; !ok {
+			out.Kafka[k] = v
+		}
+	}
+	setDefault("enable.idempotence", true)
+	if _, ok := out.Kafka["request.required.acks"]; !ok {
+		setDefault("acks", "all")
+	}
+	setDefault("partitioner", "murmur2_random")
+	setDefault("linger.ms", 5)
+	setDefault("message.timeout.ms", 60000)
+	setDefault("go.logs.channel.enable", false)
+	if out.Schema == "" {
+		out.Schema = "kafkatx"
+	}
+	if out.Logger == nil {
+		out.Logger = zap.NewNop()
+	}
+	out.Logger = out.Logger.Named("kafkatx.relay")
+	if out.BatchSize <= 0 {
+		out.BatchSize = 1000
+	}
+	if out.PollInterval <= 0 {
+		out.PollInterval = time.Second
+	}
+	if out.StandbyInterval <= 0 {
+		out.StandbyInterval = time.Second
+	}
+	if out.InitialBackoff <= 0 {
+		out.InitialBackoff = 250 * time.Millisecond
+	}
+	if out.MaxBackoff <= 0 {
+		out.MaxBackoff = 30 * time.Second
+	}
+	if out.ShutdownTimeout <= 0 {
+		out.ShutdownTimeout = 30 * time.Second
+	}
+	if out.MetricsInterval <= 0 {
+		out.MetricsInterval = 5 * time.Second
+	}
+	j := &out.Janitor
+	if j.Interval <= 0 {
+		j.Interval = time.Minute
+	}
+	if j.BatchSize <= 0 {
+		j.BatchSize = 1000
+	}
+	if j.OutboxRetention == 0 {
+		j.OutboxRetention = 24 * time.Hour
+	}
+	if j.AttemptsRetention == 0 {
+		j.AttemptsRetention = 7 * 24 * time.Hour
+	}
+	if j.DeadLetterRetention == 0 {
+		j.DeadLetterRetention = 30 * 24 * time.Hour
+	}
+	return &out, nil
+}

@@ -1,0 +1,58 @@
+package relay
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+)
+
+// producer is the leader's idempotent producer and the goroutine that drains its events.
+type producer struct {
+	p     *kafka.Producer
+	fatal atomic.Bool
+	wg    sync.WaitGroup
+	once  sync.Once
+}
+
+func newProducer(cfg kafka.ConfigMap, log *zap.Logger) (*producer, error) {
+	kp, err := kafka.NewProducer(&cfg)
+	if err != nil {
+		// librdkafka's message names the setting, never its value.
+		return nil, fmt.Errorf("relay: create producer: %w", err)
+	}
+	p := &producer{p: kp}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		// Delivery reports go to per-round channels; this sees client-level events only.
+		for e := range kp.Events() {
+			switch ev := e.(type) {
+			case kafka.Error:
+				if ev.IsFatal() {
+					p.fatal.Store(true)
+					log.Error("producer fatal error", zap.Error(ev))
+				} else {
+					log.Warn("producer error", zap.Error(ev))
+				}
+			case *kafka.Message:
+				// Not expected: every Produce call names a delivery channel.
+			}
+		}
+	}()
+	return p, nil
+}
+
+// close waits briefly for anything still queued, then closes the producer (its Events channel
+// closes, ending the drain goroutine).
+func (p *producer) close() {
+	p.once.Do(func() {
+		if p.p.Len() > 0 {
+			p.p.Flush(1000)
+		}
+		p.p.Close()
+		p.wg.Wait()
+	})
+}

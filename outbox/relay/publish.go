@@ -1,0 +1,295 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// row is one pending outbox row.
+type row struct {
+	id        int64
+	outboxID  string
+	topic     string
+	key       []byte
+	value     []byte
+	hk, hv    [][]byte
+	partition *int32
+	createdAt time.Time
+}
+
+// keyID identifies a (topic, key) for per-key order; nil keys have no order.
+type keyID struct{ topic, key string }
+
+func (w *row) keyID() (keyID, bool) {
+	if w.key == nil {
+		return keyID{}, false
+	}
+	return keyID{w.topic, string(w.key)}, true
+}
+
+// result is what happened to one row in a round.
+type result struct {
+	outcome outcome
+	err     error
+}
+
+// roundResult summarizes a round for the leader loop.
+type roundResult struct {
+	rows  int  // rows read
+	full  bool // a full batch was read: more may wait
+	retry bool // some row failed with a retriable error: back off
+}
+
+// round reads one batch of pending rows in publication order, produces them all without
+// waiting per record, waits for their delivery reports, and marks the outcomes in one
+// database round trip.
+func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
+	rows, err := r.fetch(ctx)
+	if err != nil {
+		return roundResult{}, err
+	}
+	res := roundResult{rows: len(rows), full: len(rows) >= r.cfg.BatchSize}
+	if len(rows) == 0 {
+		return res, nil
+	}
+	results := make([]result, len(rows))
+	alone := false
+	for _, w := range rows {
+		if r.isolate[w.id] {
+			alone = true
+			break
+		}
+	}
+	if alone {
+		// After a batch-level refusal: one record in flight at a time, so a refusal is the
+		// record's own. Rare, and slow on purpose.
+		for i := range rows {
+			if ctx.Err() != nil {
+				break
+			}
+			r.produce(ctx, p, rows[i:i+1], results[i:i+1], true)
+		}
+	} else {
+		r.produce(ctx, p, rows, results, false)
+	}
+	for i, res2 := range results {
+		if res2.outcome == outcomeDelivered || res2.outcome == outcomePark {
+			delete(r.isolate, rows[i].id)
+		}
+		if res2.outcome == outcomeIsolate {
+			r.isolate[rows[i].id] = true
+		}
+		if res2.outcome == outcomeRetry || res2.outcome == outcomeIsolate {
+			res.retry = res.retry || res2.outcome == outcomeRetry
+		}
+	}
+	r.checkOrder(rows, results)
+	if err := r.mark(ctx, rows, results); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// produce sends rows (in order) and waits for their delivery reports, filling results.
+// Rows whose (topic, key) was parked earlier in the same call are not sent.
+func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []result, alone bool) {
+	reports := make(chan kafka.Event, len(rows))
+	blocked := map[keyID]bool{}
+	inFlight := 0
+	for i := range rows {
+		w := &rows[i]
+		if k, ok := w.keyID(); ok && blocked[k] {
+			continue // waits behind its parked predecessor; stays pending
+		}
+		msg := r.message(w, i)
+		for {
+			err := p.p.Produce(msg, reports)
+			if err == nil {
+				inFlight++
+				break
+			}
+			if ke, ok := err.(kafka.Error); ok && ke.Code() == kafka.ErrQueueFull {
+				// librdkafka's queue (queue.buffering.max.messages/kbytes) is full: let it drain.
+				p.p.Flush(100)
+				continue
+			}
+			// Refused before sending (too large for message.max.bytes, unknown topic or
+			// partition): the refusal is this record's own.
+			results[i] = result{outcome: classify(err, true), err: err}
+			if results[i].outcome == outcomePark {
+				if k, ok := w.keyID(); ok {
+					blocked[k] = true
+				}
+			}
+			break
+		}
+	}
+	// librdkafka reports every message within message.timeout.ms; after ctx is cancelled
+	// wait at most ShutdownTimeout, then leave the rest pending (published again later).
+	var giveUp <-chan time.Time
+	done := ctx.Done()
+	for inFlight > 0 {
+		select {
+		case e := <-reports:
+			m, ok := e.(*kafka.Message)
+			if !ok {
+				continue
+			}
+			inFlight--
+			i := m.Opaque.(int)
+			if err := m.TopicPartition.Error; err != nil {
+				results[i] = result{outcome: classify(err, alone), err: err}
+				continue
+			}
+			results[i] = result{outcome: outcomeDelivered}
+		case <-done:
+			done = nil
+			t := time.NewTimer(r.cfg.ShutdownTimeout)
+			defer t.Stop()
+			giveUp = t.C
+		case <-giveUp:
+			r.log.Warn("shutdown: delivery reports still missing; those rows stay pending and will be published again",
+				zap.Int("rows", inFlight))
+			return
+		}
+	}
+}
+
+// message builds the Kafka record of w: the row's headers in order, without any header
+// named kafkatx-outbox-id, then the row's kafkatx-outbox-id.
+func (r *Relay) message(w *row, i int) *kafka.Message {
+	tp := kafka.TopicPartition{Topic: &w.topic, Partition: kafka.PartitionAny}
+	if w.partition != nil {
+		tp.Partition = *w.partition
+	}
+	hs := make([]kafka.Header, 0, len(w.hk)+1)
+	for j := range w.hk {
+		k := string(w.hk[j])
+		if k == outbox.HeaderOutboxID {
+			continue
+		}
+		hs = append(hs, kafka.Header{Key: k, Value: w.hv[j]})
+	}
+	hs = append(hs, kafka.Header{Key: outbox.HeaderOutboxID, Value: []byte(w.outboxID)})
+	return &kafka.Message{TopicPartition: tp, Key: w.key, Value: w.value, Headers: hs, Opaque: i}
+}
+
+// checkOrder logs the one case where per-key order can break: a row refused asynchronously
+// (parked after its delivery report) while a later row of the same key in the same batch was
+// delivered. Synchronous refusals block their key before later rows are sent.
+func (r *Relay) checkOrder(rows []row, results []result) {
+	refused := map[keyID]int64{}
+	for i := range rows {
+		k, ok := rows[i].keyID()
+		if !ok {
+			continue
+		}
+		switch results[i].outcome {
+		case outcomePark, outcomeRetry, outcomeIsolate:
+			if _, seen := refused[k]; !seen {
+				refused[k] = rows[i].id
+			}
+		case outcomeDelivered:
+			if first, seen := refused[k]; seen {
+				r.log.Error("per-key order broken: a later row of the key was delivered while an earlier one failed",
+					zap.Int64("outbox_row", rows[i].id), zap.Int64("failed_row", first), zap.String("topic", k.topic))
+			}
+		}
+	}
+}
+
+// fetch reads up to BatchSize pending rows in publication order, skipping rows whose
+// (topic, key) has a parked row.
+func (r *Relay) fetch(ctx context.Context) ([]row, error) {
+	rows, err := r.pool.Query(ctx, `SELECT o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
+		FROM `+r.t.Outbox+` o
+		WHERE o.state = 'pending'
+		  AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)
+		ORDER BY o.commit_seq, o.id
+		LIMIT $1`, r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		var w row
+		err := cr.Scan(&w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt)
+		return w, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// mark records the round's outcomes in one round trip: delivered rows published, refused
+// rows parked with their error, retriable failures counted. It retries a failed write a few
+// times (a row delivered but left unmarked is published again, with the same id).
+func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
+	var pubIDs, parkIDs, retryIDs []int64
+	var parkErrs, retryErrs []string
+	now := time.Now()
+	for i, res := range results {
+		w := &rows[i]
+		switch res.outcome {
+		case outcomeDelivered:
+			pubIDs = append(pubIDs, w.id)
+			r.m.published.WithLabelValues(w.topic).Inc()
+			r.m.latency.Observe(now.Sub(w.createdAt).Seconds())
+		case outcomePark:
+			parkIDs = append(parkIDs, w.id)
+			parkErrs = append(parkErrs, dlq.SanitizeText(res.err.Error(), 1024))
+			r.m.parked.WithLabelValues(w.topic).Inc()
+			r.log.Error("outbox row parked: the broker refused it for good; later rows of its key wait behind it",
+				zap.Int64("outbox_row", w.id), zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
+		case outcomeRetry, outcomeIsolate:
+			retryIDs = append(retryIDs, w.id)
+			retryErrs = append(retryErrs, dlq.SanitizeText(res.err.Error(), 1024))
+			r.m.retried.WithLabelValues(w.topic).Inc()
+			r.log.Warn("outbox row not published; will retry", zap.Int64("outbox_row", w.id),
+				zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
+		}
+	}
+	if len(pubIDs)+len(parkIDs)+len(retryIDs) == 0 {
+		return nil
+	}
+	b := &pgx.Batch{}
+	if len(pubIDs) > 0 {
+		b.Queue(`UPDATE `+r.t.Outbox+` SET state = 'published', resolved_at = now(), attempts = attempts + 1, last_error = NULL
+			WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
+	}
+	if len(parkIDs) > 0 {
+		b.Queue(`UPDATE `+r.t.Outbox+` o SET state = 'parked', parked_at = now(), attempts = o.attempts + 1, last_error = f.err
+			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, parkIDs, parkErrs)
+	}
+	if len(retryIDs) > 0 {
+		b.Queue(`UPDATE `+r.t.Outbox+` o SET attempts = o.attempts + 1, last_error = f.err
+			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, retryIDs, retryErrs)
+	}
+	// Delivered rows must be marked even while shutting down.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+	defer cancel()
+	var err error
+	for try := 1; try <= 5; try++ {
+		if err = r.pool.SendBatch(mctx, b).Close(); err == nil {
+			break
+		}
+		if !sleep(mctx, time.Duration(try)*200*time.Millisecond) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("mark %d published, %d parked outbox rows: %w", len(pubIDs), len(parkIDs), err)
+	}
+	r.c.published.Add(int64(len(pubIDs)))
+	r.c.parked.Add(int64(len(parkIDs)))
+	r.c.retried.Add(int64(len(retryIDs)))
+	return nil
+}

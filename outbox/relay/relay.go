@@ -1,0 +1,250 @@
+// Package relay publishes the rows of kafkatx's outbox table to Kafka (DESIGN.md, invariant 7
+// and "Outbox and relay"). Run it in-process (New, then Run) or as the `kafkatx relay`
+// sidecar; both are the same code.
+//
+// Guarantees:
+//   - A row is published only after its transaction committed (the relay reads committed rows
+//     only) and is never skipped: the relay keeps no id cursor, it always reads the pending
+//     rows, so a row that commits after a row with a higher id was published is still found.
+//   - Rows with the same (topic, key) are published in commit order: the table's commit
+//     trigger numbers transactions at commit under a per-key lock (docs/outbox-table.md), and
+//     the relay publishes in (commit_seq, id) order through one idempotent producer (acks=all),
+//     which keeps the order of one partition across retries.
+//   - A crash may publish a row again (after produce, before the row is marked), never lose
+//     one; every record carries the row's kafkatx-outbox-id header, the same on every copy.
+//   - One relay publishes an outbox at a time: the leader holds a session-level advisory lock
+//     on a dedicated connection; standbys try the lock every StandbyInterval and take over
+//     once the leader's session ends (process killed, connection lost).
+//   - A record the broker refuses for good is parked with its error; later rows with the same
+//     (topic, key) wait behind it, other keys flow. `kafkatx outbox release|discard` resolves it.
+//
+// The leader also runs the retention janitor (JanitorConfig) and refreshes the backlog gauges.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
+)
+
+// Relay publishes one schema's outbox. Create it with New and start it with Run.
+type Relay struct {
+	pool    *pgxpool.Pool
+	cfg     *Config
+	log     *zap.Logger
+	t       tables.Names
+	channel string // LISTEN channel, quoted
+	m       *metrics
+	c       counters
+	running atomic.Bool
+	contact atomic.Int64 // unix nanoseconds of the last successful database round trip
+
+	// isolate holds row ids refused with a record-level error while batched: they are
+	// produced one at a time until each is delivered or parked. Used by Run's goroutine only.
+	isolate map[int64]bool
+}
+
+// New returns a relay for pool's database. It checks cfg and starts nothing: Run does.
+// It returns an error when cfg is nil or its Kafka settings are refused (see Config.Kafka).
+func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("relay: nil pool")
+	}
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{
+		pool:    pool,
+		cfg:     c,
+		log:     c.Logger,
+		t:       tables.For(c.Schema),
+		channel: pgx.Identifier{c.Schema + ".outbox"}.Sanitize(),
+		m:       newMetrics(c.Registerer, c.Schema),
+		isolate: map[int64]bool{},
+	}, nil
+}
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() Stats {
+	return Stats{
+		Published:   r.c.published.Load(),
+		Parked:      r.c.parked.Load(),
+		Retried:     r.c.retried.Load(),
+		Leader:      r.c.leader.Load(),
+		LastContact: time.Unix(0, r.contact.Load()),
+	}
+}
+
+func (r *Relay) touch() { r.contact.Store(time.Now().UnixNano()) }
+
+// Run campaigns for the outbox's leadership and, while it holds it, publishes; it returns
+// nil once ctx is cancelled and every record already produced was confirmed and marked (or
+// Config.ShutdownTimeout passed). Database and broker outages are logged and retried, never
+// returned. It returns an error only when called twice at once.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("relay: Run is already running")
+	}
+	defer r.running.Store(false)
+	wait := r.cfg.InitialBackoff
+	for ctx.Err() == nil {
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			r.log.Warn("relay database session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
+		}
+		if !sleep(ctx, wait) {
+			break
+		}
+		wait = min(wait*2, r.cfg.MaxBackoff)
+	}
+	return nil
+}
+
+// session opens the dedicated connection that holds (or waits for) the leadership lock and
+// campaigns on it until it fails or ctx is cancelled.
+func (r *Relay) session(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx) // ends the session: the lock, if held, is released
+	}()
+	standbyLogged := false
+	for {
+		var got bool
+		err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('kafkatx.relay.' || $1, 0))`, r.cfg.Schema).Scan(&got)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("try leadership lock: %w", err)
+		}
+		r.touch()
+		if got {
+			return r.lead(ctx, conn)
+		}
+		if !standbyLogged {
+			r.log.Info("another relay leads this outbox; standing by", zap.String("schema", r.cfg.Schema))
+			standbyLogged = true
+		}
+		if !sleep(ctx, r.cfg.StandbyInterval) {
+			return nil
+		}
+	}
+}
+
+// lead publishes while conn (which holds the leadership lock) is alive and ctx is not done.
+func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
+	if _, err := conn.Exec(ctx, "LISTEN "+r.channel); err != nil {
+		return fmt.Errorf("listen %s: %w", r.channel, err)
+	}
+	r.log.Info("relay is the leader; publishing", zap.String("schema", r.cfg.Schema))
+	r.c.leader.Store(true)
+	r.m.leader.Set(1)
+	defer func() {
+		r.c.leader.Store(false)
+		r.m.leader.Set(0)
+	}()
+
+	p, err := newProducer(r.cfg.Kafka, r.log)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+
+	bg, stopBG := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopBG(); wg.Wait() }()
+	wg.Add(1)
+	go func() { defer wg.Done(); r.refreshGauges(bg) }()
+	if !r.cfg.Janitor.Disabled {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.runJanitor(bg) }()
+	}
+
+	wait := time.Duration(0)
+	lastCheck := time.Now()
+	for ctx.Err() == nil {
+		if p.fatal.Load() {
+			r.log.Error("producer hit a fatal error; creating a new one")
+			p.close()
+			if p, err = newProducer(r.cfg.Kafka, r.log); err != nil {
+				return err
+			}
+		}
+		res, err := r.round(ctx, p)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil
+		case err != nil:
+			r.log.Warn("relay round failed", zap.Error(err))
+		default:
+			r.touch()
+		}
+		if err != nil || res.retry {
+			wait = max(r.cfg.InitialBackoff, min(wait*2, r.cfg.MaxBackoff))
+			if !sleep(ctx, wait) {
+				return nil
+			}
+		} else {
+			wait = 0
+		}
+		if err == nil && res.full {
+			// More rows wait: go on at once, but make sure the lock's session is still alive.
+			if time.Since(lastCheck) > r.cfg.StandbyInterval {
+				if err := conn.Ping(ctx); err != nil {
+					return lostLeadership(ctx, err)
+				}
+				lastCheck = time.Now()
+			}
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
+		_, err = conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil && !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
+			return lostLeadership(ctx, err)
+		}
+		lastCheck = time.Now()
+	}
+	return nil
+}
+
+func lostLeadership(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("leadership connection lost: %w", err)
+}
+
+// sleep waits d or until ctx is done; it reports whether ctx is still alive.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
