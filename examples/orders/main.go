@@ -117,6 +117,11 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 }
 
 func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger) error {
+	// kafkatx's schema first: with the default search_path ("$user", public) a role named
+	// like that schema would otherwise see the example's tables move once it exists.
+	if err := kafkatx.Migrate(ctx, pool, o.schema); err != nil {
+		return err
+	}
 	if err := migrate(ctx, pool); err != nil {
 		return err
 	}
@@ -128,7 +133,7 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 	if o.sessionTimeout > 0 {
 		kcfg["session.timeout.ms"] = int(o.sessionTimeout.Milliseconds())
 	}
-	c, err := kafkatx.NewConsumer(pool, svc.handle, &kafkatx.Config{
+	c, err := kafkatx.NewBatchConsumer(pool, svc.handleBatch, &kafkatx.Config{
 		Kafka:  kcfg,
 		Topics: []string{o.topic},
 		Schema: o.schema,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -45,26 +46,64 @@ type service struct {
 	eventsTopic string
 }
 
-// handle applies one order: the order row, once per order id, and the customer's running
-// counter, which shows any duplicate effect. An invalid order is a permanent error.
-func (s *service) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
-	o, err := parseOrder(m.Value)
-	if err != nil {
-		return kafkatx.Permanent(err)
+// handleBatch applies a batch of orders with three statements whatever its size: the order
+// rows in one multi-row INSERT (an order id seen before is skipped), then the customers'
+// counters aggregated and sorted by customer, so partitions running in parallel lock hot
+// customer rows in the same order and do not deadlock. An invalid order fails alone.
+func (s *service) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
+	n := len(msgs)
+	ids, customers, items := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	qty, totals := make([]int64, 0, n), make([]int64, 0, n)
+	for _, m := range msgs {
+		o, err := parseOrder(m.Value)
+		if err != nil {
+			return kafkatx.FailMessage(m, kafkatx.Permanent(err))
+		}
+		ids, customers, items = append(ids, o.OrderID), append(customers, o.Customer), append(items, o.Item)
+		qty, totals = append(qty, o.Quantity), append(totals, o.TotalCents)
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO order_totals (order_id, customer, item, quantity, total_cents)
-		VALUES ($1, $2, $3, $4, $5) ON CONFLICT (order_id) DO NOTHING`, o.OrderID, o.Customer, o.Item, o.Quantity, o.TotalCents)
+	rows, err := tx.Query(ctx, `INSERT INTO order_totals (order_id, customer, item, quantity, total_cents)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+		ON CONFLICT (order_id) DO NOTHING RETURNING customer, total_cents`, ids, customers, items, qty, totals)
 	if err != nil {
-		return fmt.Errorf("insert order %s: %w", o.OrderID, err)
+		return fmt.Errorf("insert orders: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
-		return nil // the same order id seen before at another offset: applied once
+	type sum struct{ orders, cents int64 }
+	byCustomer := map[string]*sum{}
+	for rows.Next() {
+		var c string
+		var cents int64
+		if err := rows.Scan(&c, &cents); err != nil {
+			rows.Close()
+			return fmt.Errorf("insert orders: %w", err)
+		}
+		if byCustomer[c] == nil {
+			byCustomer[c] = &sum{}
+		}
+		byCustomer[c].orders++
+		byCustomer[c].cents += cents
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO customer_totals (customer, orders, total_cents) VALUES ($1, 1, $2)
-		ON CONFLICT (customer) DO UPDATE SET orders = customer_totals.orders + 1, total_cents = customer_totals.total_cents + excluded.total_cents`,
-		o.Customer, o.TotalCents)
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("insert orders: %w", err)
+	}
+	if len(byCustomer) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(byCustomer))
+	for c := range byCustomer {
+		names = append(names, c)
+	}
+	sort.Strings(names)
+	counts, cents := make([]int64, len(names)), make([]int64, len(names))
+	for i, c := range names {
+		counts[i], cents[i] = byCustomer[c].orders, byCustomer[c].cents
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO customer_totals (customer, orders, total_cents)
+		SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+		ON CONFLICT (customer) DO UPDATE SET orders = customer_totals.orders + excluded.orders,
+			total_cents = customer_totals.total_cents + excluded.total_cents`, names, counts, cents)
 	if err != nil {
-		return fmt.Errorf("add to customer %s: %w", o.Customer, err)
+		return fmt.Errorf("add to customers: %w", err)
 	}
 	return nil
 }
