@@ -1,0 +1,16 @@
+package main
+
+import (
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/embedded"
+)
+
+// startEmbedded starts the in-process broker of the zero-setup demo.
+func startEmbedded(log *zap.Logger) (brokers string, closeFn func(), err error) {
+	b, err := embedded.Start(&embedded.Options{Logger: log})
+	if err != nil {
+		return "", nil, err
+	}
+	return b.Bootstrap(), b.Close, nil
+}
