@@ -77,10 +77,7 @@ func (w Writer) Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int6
 	if len(records) == 0 {
 		return nil, nil
 	}
-	schema := w.Schema
-	if schema == "" {
-		schema = DefaultSchema
-	}
+	schema := w.schema()
 	n := len(records)
 	topics := make([]string, n)
 	keys := make([][]byte, n)

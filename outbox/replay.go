@@ -29,10 +29,7 @@ type Replay struct {
 // returns the outbox row's id and the dead letter as it was before. Errors wrap
 // dlq.ErrNotFound or dlq.ErrResolved when the dead letter is missing or not new.
 func (w Writer) ReplayDeadLetter(ctx context.Context, tx pgx.Tx, id int64, r Replay) (int64, *dlq.DeadLetter, error) {
-	schema := w.Schema
-	if schema == "" {
-		schema = DefaultSchema
-	}
+	schema := w.schema()
 	d, err := dlq.Get(ctx, tx, schema, id)
 	if err != nil {
 		return 0, nil, err

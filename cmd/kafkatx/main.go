@@ -31,6 +31,8 @@ type CLI struct {
 	Migrate MigrateCmd `cmd:"" help:"Apply or print kafkatx's schema migrations."`
 	Offsets OffsetsCmd `cmd:"" help:"Offsets: the database leads, Kafka follows (status, reset, audit, account)."`
 	Relay   RelayCmd   `cmd:"" help:"Publish the outbox to Kafka (the sidecar): leader election, NOTIFY wake-up, health endpoint."`
+	Outbox  OutboxCmd  `cmd:"" help:"Parked outbox rows: list, release, discard."`
+	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"Dead letters: list, show, replay through the outbox, discard (audited)."`
 }
 
 // exitError carries a specific exit status (for example 3 for drift).

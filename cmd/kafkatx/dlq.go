@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// DLQCmd groups the dead-letter commands. list and show never print a key, value or header
+// value in full unless --show-value is given: size, SHA-256 and a short escaped prefix.
+type DLQCmd struct {
+	List    DLQListCmd    `cmd:"" help:"List dead letters (values summarized: size, sha256, short escaped prefix)."`
+	Show    DLQShowCmd    `cmd:"" help:"Show one dead letter: origin, error, stack, headers, audit trail."`
+	Replay  DLQReplayCmd  `cmd:"" help:"Re-publish a dead letter through the outbox (original key, value, headers) and mark it replayed."`
+	Discard DLQDiscardCmd `cmd:"" help:"Mark a dead letter discarded."`
+}
+
+// DLQListCmd lists dead letters.
+type DLQListCmd struct {
+	Status    string `default:"new" enum:"new,replayed,discarded,all" help:"new, replayed, discarded or all."`
+	Group     string `help:"Only this consumer group."`
+	Topic     string `help:"Only this original topic."`
+	After     int64  `help:"Only ids above this (paging)."`
+	Limit     int    `default:"100" help:"Most rows listed."`
+	ShowValue bool   `name:"show-value" help:"Print keys and values in full (they may hold personal data)."`
+	Output    string `default:"text" enum:"text,json" help:"text or json (one object per line)."`
+}
+
+// dlqJSON is a dead letter as list and show print it.
+type dlqJSON struct {
+	ID           int64            `json:"id"`
+	Status       string           `json:"status"`
+	Group        string           `json:"group"`
+	Topic        string           `json:"topic"`
+	Partition    int32            `json:"partition"`
+	Offset       int64            `json:"offset"`
+	Timestamp    *time.Time       `json:"timestamp,omitempty"`
+	Key          bytesView        `json:"key"`
+	Value        bytesView        `json:"value"`
+	Headers      []headerJSON     `json:"headers,omitempty"`
+	ErrorClass   string           `json:"error_class"`
+	ErrorMessage string           `json:"error_message"`
+	Stack        string           `json:"stack,omitempty"`
+	Attempts     int              `json:"attempts"`
+	FirstFailure time.Time        `json:"first_failure"`
+	LastFailure  time.Time        `json:"last_failure"`
+	CreatedAt    time.Time        `json:"created_at"`
+	ResolvedAt   *time.Time       `json:"resolved_at,omitempty"`
+	Audit        []dlq.AuditEntry `json:"audit,omitempty"`
+}
+
+type headerJSON struct {
+	Key   string    `json:"key"`
+	Value bytesView `json:"value"`
+}
+
+func toDLQJSON(d *dlq.DeadLetter, full, details bool) dlqJSON {
+	j := dlqJSON{ID: d.ID, Status: d.Status, Group: d.Group, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset,
+		Key: viewBytes(d.Key, full, 64), Value: viewBytes(d.Value, full, valuePrefixBytes),
+		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Attempts: d.Attempts,
+		FirstFailure: d.FirstFailureAt, LastFailure: d.LastFailureAt, CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt}
+	if !d.Timestamp.IsZero() {
+		ts := d.Timestamp
+		j.Timestamp = &ts
+	}
+	if details {
+		j.Stack = d.Stack
+		for _, h := range d.Headers {
+			j.Headers = append(j.Headers, headerJSON{Key: h.Key, Value: viewBytes(h.Value, full, 64)})
+		}
+	} else {
+		j.ErrorMessage = dlq.SanitizeText(firstLine(d.ErrorMessage), 160)
+	}
+	return j
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i] + " …"
+	}
+	return s
+}
+
+func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
+	pool, err := g.outboxPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	status := c.Status
+	if status == "all" {
+		status = ""
+	}
+	ds, err := dlq.List(ctx, pool, g.Schema, dlq.Filter{Status: status, Group: c.Group, Topic: c.Topic, AfterID: c.After, Limit: c.Limit})
+	if err != nil {
+		return err
+	}
+	for i := range ds {
+		j := toDLQJSON(&ds[i], c.ShowValue, false)
+		if c.Output == "json" {
+			b, _ := json.Marshal(j)
+			fmt.Println(string(b))
+			continue
+		}
+		fmt.Printf("%d  %s  group=%s  %s[%d]@%d  attempts=%d  %s: %s\n    key:   %s\n    value: %s\n",
+			j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset, j.Attempts, j.ErrorClass, j.ErrorMessage, j.Key, j.Value)
+	}
+	if c.Output == "text" && len(ds) == 0 {
+		fmt.Println("no dead letters")
+	}
+	return nil
+}
+
+// DLQShowCmd shows one dead letter.
+type DLQShowCmd struct {
+	ID        int64  `arg:"" help:"Dead letter id."`
+	ShowValue bool   `name:"show-value" help:"Print the key, value and header values in full (they may hold personal data)."`
+	Output    string `default:"text" enum:"text,json" help:"text or json."`
+}
+
+func (c *DLQShowCmd) Run(ctx context.Context, g *Globals) error {
+	pool, err := g.outboxPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	d, err := dlq.Get(ctx, pool, g.Schema, c.ID)
+	if errors.Is(err, dlq.ErrNotFound) {
+		return &exitError{code: exitNotActionable, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	j := toDLQJSON(d, c.ShowValue, true)
+	if j.Audit, err = dlq.Audit(ctx, pool, g.Schema, c.ID); err != nil {
+		return err
+	}
+	if c.Output == "json" {
+		b, _ := json.Marshal(j)
+		fmt.Println(string(b))
+		return nil
+	}
+	fmt.Printf("dead letter %d (%s)\n  group:     %s\n  origin:    %s[%d]@%d\n", j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset)
+	if j.Timestamp != nil {
+		fmt.Printf("  timestamp: %s\n", j.Timestamp.UTC().Format(time.RFC3339Nano))
+	}
+	fmt.Printf("  key:       %s\n  value:     %s\n", j.Key, j.Value)
+	for _, h := range j.Headers {
+		fmt.Printf("  header:    %s = %s\n", h.Key, h.Value)
+	}
+	fmt.Printf("  attempts:  %d (first failure %s, last %s)\n  error:     %s: %s\n", j.Attempts,
+		j.FirstFailure.UTC().Format(time.RFC3339), j.LastFailure.UTC().Format(time.RFC3339), j.ErrorClass, j.ErrorMessage)
+	if j.Stack != "" {
+		fmt.Printf("  stack:\n    %s\n", strings.ReplaceAll(strings.TrimRight(j.Stack, "\n"), "\n", "\n    "))
+	}
+	for _, a := range j.Audit {
+		to := ""
+		if a.ToTopic != "" {
+			to = fmt.Sprintf(" to %s (outbox row %d)", a.ToTopic, a.OutboxRow)
+		}
+		fmt.Printf("  audit:     %s %s%s by %s: %s\n", a.At.UTC().Format(time.RFC3339), a.Action, to, a.Actor, a.Reason)
+	}
+	return nil
+}
+
+// DLQReplayCmd re-publishes a dead letter through the outbox.
+type DLQReplayCmd struct {
+	ID      int64  `arg:"" help:"Dead letter id."`
+	ToTopic string `name:"to-topic" help:"Publish to this topic instead of the original one (default: the original topic, so its consumer runs the handler again)."`
+	Reason  string `required:"" help:"Why (recorded in dlq_audit)."`
+	Again   bool   `help:"Replay a dead letter that was already replayed."`
+}
+
+func (c *DLQReplayCmd) Run(ctx context.Context, g *Globals) error {
+	pool, err := g.outboxPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var row int64
+	var d *dlq.DeadLetter
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		row, d, err = outbox.Writer{Schema: g.Schema}.ReplayDeadLetter(ctx, tx, c.ID,
+			outbox.Replay{ToTopic: c.ToTopic, Reason: c.Reason, Actor: offsets.Actor(), Again: c.Again})
+		return err
+	})
+	if errors.Is(err, dlq.ErrNotFound) || errors.Is(err, dlq.ErrResolved) {
+		return &exitError{code: exitNotActionable, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	to := c.ToTopic
+	if to == "" {
+		to = d.Topic
+	}
+	fmt.Printf("dead letter %d replayed: outbox row %d to topic %s (published by the relay)\n", c.ID, row, to)
+	return nil
+}
+
+// DLQDiscardCmd discards a dead letter.
+type DLQDiscardCmd struct {
+	ID     int64  `arg:"" help:"Dead letter id."`
+	Reason string `required:"" help:"Why (recorded in dlq_audit)."`
+}
+
+func (c *DLQDiscardCmd) Run(ctx context.Context, g *Globals) error {
+	pool, err := g.outboxPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return dlq.Discard(ctx, tx, g.Schema, c.ID, dlq.Action{Reason: c.Reason, Actor: offsets.Actor()})
+	})
+	if errors.Is(err, dlq.ErrNotFound) || errors.Is(err, dlq.ErrResolved) {
+		return &exitError{code: exitNotActionable, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Printf("dead letter %d discarded\n", c.ID)
+	return nil
+}
