@@ -1,0 +1,42 @@
+# kafkatx — development targets. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+GO ?= go
+# -race costs a slower first build (cgo, librdkafka) and ~2x test time; kept while the suite
+# stays well inside CI's budget on 2 cores.
+GOTESTFLAGS ?= -race -count=1 -timeout 30m
+PKGS ?= ./...
+# Orders for the demo; ../shared/ sits beside the clone.
+DEMO_DATA ?= ../shared/data/orders.jsonl
+
+.PHONY: test services-up services-down services-status demo lint
+
+## test: start PostgreSQL and a real Apache Kafka broker (scripts/dev-services), then run every test
+test: services-up
+	eval "$$(scripts/dev-services env)"; \
+	export CI="$${CI:-true}"; \
+	$(GO) test $(GOTESTFLAGS) $(PKGS)
+
+## services-up: start (or reuse) PostgreSQL and the Kafka broker; print their addresses
+services-up:
+	scripts/dev-services up
+	@scripts/dev-services env
+
+## services-down: stop what services-up started
+services-down:
+	scripts/dev-services down
+
+services-status:
+	scripts/dev-services status
+
+## demo: the order service on PostgreSQL and an in-process Kafka broker (no JVM needed)
+demo:
+	scripts/dev-services up postgres
+	eval "$$(scripts/dev-services env postgres)"; \
+	unset KAFKA_BOOTSTRAP_SERVERS; \
+	$(GO) run ./examples/orders --produce $(DEMO_DATA) --exit-when-idle 5s
+
+## lint: static checks
+lint:
+	$(GO) vet ./...
