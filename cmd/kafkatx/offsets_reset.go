@@ -121,7 +121,7 @@ func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	fmt.Println("done: both sides moved; `kafkatx offsets status` should report aligned")
+	fmt.Println("done: `kafkatx offsets status` should report aligned")
 	return nil
 }
 
