@@ -29,6 +29,7 @@ type childSpec struct {
 	b           *testBundle
 	crashStep   string // stepHook step to SIGKILL at, once (marker file)
 	crashOffset int64
+	crashMark   string // the marker file that makes the crash happen once
 	runsFile    string // the handler appends "offset attempt" per run of a special value
 	maxAttempts int
 	backoff     time.Duration
@@ -42,7 +43,7 @@ func (s childSpec) cmd(t *testing.T) *exec.Cmd {
 		"CHILD_DB="+s.b.dbURL, "CHILD_SCHEMA="+s.b.schema, "CHILD_BROKERS="+s.b.brokers,
 		"CHILD_TOPIC="+s.b.topic, "CHILD_GROUP="+s.b.group,
 		"CHILD_CRASH_STEP="+s.crashStep, "CHILD_CRASH_OFFSET="+strconv.FormatInt(s.crashOffset, 10),
-		"CHILD_CRASH_MARK="+filepath.Join(t.TempDir(), "crashed"),
+		"CHILD_CRASH_MARK="+s.crashMark,
 		"CHILD_RUNS_FILE="+s.runsFile,
 		"CHILD_MAX_ATTEMPTS="+strconv.Itoa(s.maxAttempts),
 		"CHILD_BACKOFF="+s.backoff.String(),
@@ -225,7 +226,7 @@ func TestSIGKILLAtEachStepLeavesAnExactEndState(t *testing.T) {
 			if step == "dead-letter" {
 				off = 10
 			}
-			s := childSpec{b: b, crashStep: step, crashOffset: off, maxAttempts: 5, backoff: 50 * time.Millisecond, idle: 2 * time.Second}
+			s := childSpec{b: b, crashStep: step, crashOffset: off, crashMark: filepath.Join(t.TempDir(), "crashed"), maxAttempts: 5, backoff: 50 * time.Millisecond, idle: 2 * time.Second}
 			if !s.runChild(t) {
 				t.Fatalf("the child was not killed at step %s", step)
 			}

@@ -27,7 +27,7 @@ func (b *testBundle) setCommitted(t *testing.T, offset int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range res {
+	for _, r := range res.ConsumerGroupsTopicPartitions {
 		for _, p := range r.Partitions {
 			if p.Error != nil {
 				t.Fatal(p.Error)
