@@ -96,8 +96,8 @@ func (e *DebeziumEvent) Connector() string {
 // Snapshot events (see Snapshot) share one position per snapshot, so their key adds
 // ":snap:" and the first 16 bytes, in hex, of the SHA-256 of recordKey (the row's primary
 // key as Debezium wrote it), or of the after image when recordKey is nil. Name, database,
-// schema and table are escaped so that ':', '.' and '%' inside them cannot make two keys
-// equal. Other connectors (mongodb, oracle, db2, ...) are an error: use FromHeader or
+// schema and table are percent-escaped so that ':', '.' and '%' inside them cannot make two
+// keys equal (the binlog file name: ':' and '%'). Other connectors (mongodb, oracle, db2, ...) are an error: use FromHeader or
 // FromJSONField with a field that identifies the change.
 func (e *DebeziumEvent) Position(recordKey []byte) (string, error) {
 	f := func(name string) string {
@@ -129,7 +129,7 @@ func (e *DebeziumEvent) Position(recordKey []byte) (string, error) {
 		if row == "" {
 			row = "0"
 		}
-		key = strings.Join([]string{"mysql", name, db + "." + table, op, f("server_id"), esc(f("file")), f("pos"), row}, ":")
+		key = strings.Join([]string{"mysql", name, db + "." + table, op, f("server_id"), colonEscaper.Replace(f("file")), f("pos"), row}, ":")
 	case "sqlserver":
 		if err := need("change_lsn"); err != nil {
 			return "", err
@@ -151,8 +151,12 @@ func (e *DebeziumEvent) Position(recordKey []byte) (string, error) {
 	return key, nil
 }
 
-var escaper = strings.NewReplacer("%", "%25", ":", "%3A", ".", "%2E")
+var (
+	escaper      = strings.NewReplacer("%", "%25", ":", "%3A", ".", "%2E")
+	colonEscaper = strings.NewReplacer("%", "%25", ":", "%3A")
+)
 
+// esc escapes a name joined with '.' and ':'.
 func esc(s string) string { return escaper.Replace(s) }
 
 // FromDebezium returns a KeyFunc that takes the key from a Debezium change event's source
