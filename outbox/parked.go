@@ -90,7 +90,7 @@ func (w Writer) resolveParked(ctx context.Context, tx pgx.Tx, id int64, action, 
 	if err != nil {
 		return fmt.Errorf("outbox: audit %s of row %d: %w", action, id, err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, schema+".outbox"); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, Channel(schema)); err != nil {
 		return fmt.Errorf("outbox: wake the relay: %w", err)
 	}
 	return nil

@@ -45,6 +45,11 @@ type Config struct {
 	InitialBackoff time.Duration
 	MaxBackoff     time.Duration
 
+	// UnknownTopicTimeout is how long rows for a topic that does not exist wait (set aside,
+	// so other topics flow) before they are parked. Matches librdkafka's
+	// topic.metadata.propagation.max.ms default. Defaults to 30s.
+	UnknownTopicTimeout time.Duration
+
 	// ShutdownTimeout bounds how long Run waits for the delivery reports of records already
 	// produced once its context is cancelled, before it marks what was delivered and returns.
 	// Records not confirmed by then stay pending and are published again later (same outbox
@@ -140,6 +145,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.MaxBackoff <= 0 {
 		out.MaxBackoff = 30 * time.Second
+	}
+	if out.UnknownTopicTimeout <= 0 {
+		out.UnknownTopicTimeout = 30 * time.Second
 	}
 	if out.ShutdownTimeout <= 0 {
 		out.ShutdownTimeout = 30 * time.Second

@@ -13,6 +13,10 @@ import (
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
+// testHookBeforeMark, when set by a test, runs after a round's delivery reports arrived and
+// before the rows are marked: the window in which a crash publishes a record twice.
+var testHookBeforeMark func([]result)
+
 // row is one pending outbox row.
 type row struct {
 	id        int64
@@ -52,7 +56,7 @@ type roundResult struct {
 // waiting per record, waits for their delivery reports, and marks the outcomes in one
 // database round trip.
 func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
-	rows, err := r.fetch(ctx)
+	rows, err := r.fetch(ctx, r.topics.excluded(p, r.cfg.UnknownTopicTimeout))
 	if err != nil {
 		return roundResult{}, err
 	}
@@ -68,6 +72,7 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 			break
 		}
 	}
+	blocked := map[keyID]bool{} // keys with a failed row this round: their later rows wait
 	if alone {
 		// After a batch-level refusal: one record in flight at a time, so a refusal is the
 		// record's own. Rare, and slow on purpose.
@@ -75,10 +80,15 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 			if ctx.Err() != nil {
 				break
 			}
-			r.produce(ctx, p, rows[i:i+1], results[i:i+1], true)
+			r.produce(ctx, p, rows[i:i+1], results[i:i+1], blocked, true)
+			if o := results[i].outcome; o != outcomeDelivered && o != outcomeNone {
+				if k, ok := rows[i].keyID(); ok {
+					blocked[k] = true
+				}
+			}
 		}
 	} else {
-		r.produce(ctx, p, rows, results, false)
+		r.produce(ctx, p, rows, results, blocked, false)
 	}
 	for i, res2 := range results {
 		if res2.outcome == outcomeDelivered || res2.outcome == outcomePark {
@@ -92,6 +102,9 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 		}
 	}
 	r.checkOrder(rows, results)
+	if testHookBeforeMark != nil {
+		testHookBeforeMark(results)
+	}
 	if err := r.mark(ctx, rows, results); err != nil {
 		return res, err
 	}
@@ -99,15 +112,35 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 }
 
 // produce sends rows (in order) and waits for their delivery reports, filling results.
-// Rows whose (topic, key) was parked earlier in the same call are not sent.
-func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []result, alone bool) {
+// Rows whose (topic, key) is in blocked are not sent; a row refused before sending blocks
+// its key for the rest of the round.
+func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool, alone bool) {
 	reports := make(chan kafka.Event, len(rows))
-	blocked := map[keyID]bool{}
+	type topicState struct {
+		wait bool
+		park error
+	}
+	topicStates := map[string]topicState{}
 	inFlight := 0
 	for i := range rows {
 		w := &rows[i]
 		if k, ok := w.keyID(); ok && blocked[k] {
 			continue // waits behind its parked predecessor; stays pending
+		}
+		ts, seen := topicStates[w.topic]
+		if !seen {
+			ts.wait, ts.park = r.topics.check(p, w.topic, r.cfg.UnknownTopicTimeout)
+			topicStates[w.topic] = ts
+		}
+		if ts.wait {
+			continue // the topic does not exist (yet): set aside with its keys, other topics go on
+		}
+		if ts.park != nil {
+			results[i] = result{outcome: outcomePark, err: ts.park}
+			if k, ok := w.keyID(); ok {
+				blocked[k] = true
+			}
+			continue
 		}
 		msg := r.message(w, i)
 		for {
@@ -124,10 +157,8 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 			// Refused before sending (too large for message.max.bytes, unknown topic or
 			// partition): the refusal is this record's own.
 			results[i] = result{outcome: classify(err, true), err: err}
-			if results[i].outcome == outcomePark {
-				if k, ok := w.keyID(); ok {
-					blocked[k] = true
-				}
+			if k, ok := w.keyID(); ok {
+				blocked[k] = true
 			}
 			break
 		}
@@ -207,14 +238,14 @@ func (r *Relay) checkOrder(rows []row, results []result) {
 }
 
 // fetch reads up to BatchSize pending rows in publication order, skipping rows whose
-// (topic, key) has a parked row.
-func (r *Relay) fetch(ctx context.Context) ([]row, error) {
+// (topic, key) has a parked row and rows of skipTopics (topics found missing).
+func (r *Relay) fetch(ctx context.Context, skipTopics []string) ([]row, error) {
 	rows, err := r.pool.Query(ctx, `SELECT o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
 		FROM `+r.t.Outbox+` o
-		WHERE o.state = 'pending'
+		WHERE o.state = 'pending' AND o.topic <> ALL($2::text[])
 		  AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)
 		ORDER BY o.commit_seq, o.id
-		LIMIT $1`, r.cfg.BatchSize)
+		LIMIT $1`, r.cfg.BatchSize, skipTopics)
 	if err != nil {
 		return nil, fmt.Errorf("read pending outbox rows: %w", err)
 	}

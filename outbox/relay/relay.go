@@ -35,6 +35,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // Relay publishes one schema's outbox. Create it with New and start it with Run.
@@ -52,6 +53,8 @@ type Relay struct {
 	// isolate holds row ids refused with a record-level error while batched: they are
 	// produced one at a time until each is delivered or parked. Used by Run's goroutine only.
 	isolate map[int64]bool
+	// topics tracks which topics exist for the current producer. Run's goroutine only.
+	topics *topics
 }
 
 // New returns a relay for pool's database. It checks cfg and starts nothing: Run does.
@@ -69,7 +72,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		cfg:     c,
 		log:     c.Logger,
 		t:       tables.For(c.Schema),
-		channel: pgx.Identifier{c.Schema + ".outbox"}.Sanitize(),
+		channel: pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
 		m:       newMetrics(c.Registerer, c.Schema),
 		isolate: map[int64]bool{},
 	}, nil
@@ -167,7 +170,8 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil {
 		return err
 	}
-	defer p.close()
+	defer func() { p.close() }()
+	r.topics = newTopics()
 
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -188,6 +192,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 			if p, err = newProducer(r.cfg.Kafka, r.log); err != nil {
 				return err
 			}
+			r.topics = newTopics()
 		}
 		res, err := r.round(ctx, p)
 		switch {

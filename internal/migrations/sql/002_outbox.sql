@@ -97,13 +97,21 @@ DROP TRIGGER IF EXISTS outbox_sequence ON {{schema}}.outbox;
 CREATE CONSTRAINT TRIGGER outbox_sequence AFTER INSERT ON {{schema}}.outbox
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {{schema}}.outbox_sequence();
 
--- outbox_notify wakes the relay: channel "<schema>.outbox", constant empty payload. It runs
--- once per INSERT or COPY statement, and PostgreSQL folds identical notifications of one
+-- outbox_channel names the relay's NOTIFY channel: "<schema>.outbox", or, when that would pass
+-- PostgreSQL's 63-byte limit, "kafkatx.outbox." followed by the first 16 hex digits of md5(schema).
+CREATE OR REPLACE FUNCTION {{schema}}.outbox_channel(schema_name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN octet_length(schema_name) <= 56 THEN schema_name || '.outbox'
+                ELSE 'kafkatx.outbox.' || left(md5(schema_name), 16) END
+$$;
+
+-- outbox_notify wakes the relay: channel outbox_channel(schema), constant empty payload. It
+-- runs once per INSERT or COPY statement, and PostgreSQL folds identical notifications of one
 -- transaction into one, so a transaction sends at most one, delivered at commit.
 CREATE OR REPLACE FUNCTION {{schema}}.outbox_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify(TG_TABLE_SCHEMA || '.outbox', '');
+    PERFORM pg_notify({{schema}}.outbox_channel(TG_TABLE_SCHEMA), '');
     RETURN NULL;
 END
 $$;

@@ -1,0 +1,149 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// A record larger than the topic's max.message.bytes is refused by the broker (with the
+// batch it travelled in). The relay finds it by sending the refused records alone, parks it,
+// holds the later rows of its key behind it, and publishes every other key. Discarding the
+// parked row lets its key flow again.
+func TestTooLargeRecordParksWithoutBlockingOtherKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.TopicWithConfig(t, b.brokers, 1, map[string]string{"max.message.bytes": "4000"})
+	r, _ := b.start(t, b.config(t))
+	big := bytes.Repeat([]byte("x"), 8000)
+	var recs []outbox.Record
+	recs = append(recs, outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte("a1")})
+	recs = append(recs, outbox.Record{Topic: topic, Key: []byte("a"), Value: big})
+	for i := 0; i < 5; i++ {
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte("b"), Value: []byte{'b', byte('1' + i)}})
+	}
+	recs = append(recs, outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte("a3")})
+	recs = append(recs, outbox.Record{Topic: topic, Value: []byte("nil key")})
+	ids := b.write(t, recs...)
+	bigID, a3 := ids[1], ids[7]
+
+	waitFor(t, 20*time.Second, "the large row parked", func() bool { return b.states(t)[bigID] == "parked" })
+	waitFor(t, 20*time.Second, "the other keys published", func() bool {
+		st := b.states(t)
+		for i, id := range ids {
+			if i != 1 && i != 7 && st[id] != "published" {
+				return false
+			}
+		}
+		return true
+	})
+	time.Sleep(time.Second) // give the relay rounds in which it could wrongly publish a3
+	if st := b.states(t)[a3]; st != "pending" {
+		t.Fatalf("row a3 behind the parked row is %s, want pending", st)
+	}
+	if s := r.Stats(); s.Parked != 1 {
+		t.Fatalf("Stats().Parked = %d, want 1", s.Parked)
+	}
+	parked, err := b.w.Parked(context.Background(), b.pool, 10)
+	if err != nil || len(parked) != 1 || parked[0].ID != bigID || parked[0].Waiting != 1 ||
+		!strings.Contains(strings.ToLower(parked[0].LastError), "too large") {
+		t.Fatalf("Parked() = %+v, %v; want the large row with 1 row waiting and a size error", parked, err)
+	}
+	n, _, err := r.Backlog(context.Background())
+	if err != nil || n != 0 {
+		t.Fatalf("Backlog = %d, %v; want 0 (the waiting row belongs to the operator)", n, err)
+	}
+	var values []string
+	for _, m := range readAll(t, b.brokers, topic) {
+		values = append(values, string(m.Value))
+	}
+	if got := strings.Join(values, ","); got != "a1,b1,b2,b3,b4,b5,nil key" {
+		t.Fatalf("published %s, want a1,b1,b2,b3,b4,b5,nil key", got)
+	}
+
+	err = pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		return b.w.Discard(context.Background(), tx, bigID, "too large for the topic", "test")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a3 published after the discard", func() bool { return b.states(t)[a3] == "published" })
+	msgs := readAll(t, b.brokers, topic)
+	if last := msgs[len(msgs)-1]; string(last.Value) != "a3" {
+		t.Fatalf("last record %q, want a3", last.Value)
+	}
+}
+
+// A record larger than librdkafka's message.max.bytes is refused before it is sent: parked at
+// once, and the rows of its key behind it in the same batch are not sent.
+func TestRecordOverProducerLimitParksAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	cfg := b.config(t)
+	cfg.Kafka["message.max.bytes"] = 10000
+	r, _ := b.start(t, cfg)
+	ids := b.write(t,
+		outbox.Record{Topic: topic, Key: []byte("k"), Value: bytes.Repeat([]byte("y"), 20000)},
+		outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("after")},
+		outbox.Record{Topic: topic, Key: []byte("other"), Value: []byte("flows")},
+	)
+	waitFor(t, 10*time.Second, "parked and published", func() bool {
+		st := b.states(t)
+		return st[ids[0]] == "parked" && st[ids[2]] == "published"
+	})
+	time.Sleep(500 * time.Millisecond)
+	if st := b.states(t)[ids[1]]; st != "pending" {
+		t.Fatalf("row behind the parked one is %s, want pending", st)
+	}
+	if n := topicCount(t, b.brokers, topic); n != 1 {
+		t.Fatalf("topic holds %d records, want 1", n)
+	}
+	// Release: the operator raised the limit (here: a new relay with a larger limit).
+	err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		return b.w.Release(context.Background(), tx, ids[0], "limit raised", "test")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = r
+}
+
+// Rows for a topic that does not exist wait aside while other topics flow, and are parked
+// after UnknownTopicTimeout.
+func TestUnknownTopicParksAfterTimeoutWhileOthersFlow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	missing := testenv.UniqueName(t, "kafkatx-test-missing-", 200)
+	cfg := b.config(t)
+	cfg.UnknownTopicTimeout = 3 * time.Second
+	b.start(t, cfg)
+	start := time.Now()
+	ids := b.write(t,
+		outbox.Record{Topic: missing, Key: []byte("k"), Value: []byte("nowhere")},
+		outbox.Record{Topic: missing, Key: []byte("k"), Value: []byte("nowhere 2")},
+		outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("somewhere")},
+	)
+	waitFor(t, 5*time.Second, "the existing topic's row published", func() bool { return b.states(t)[ids[2]] == "published" })
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the existing topic's row took %s: held up by the missing topic", d)
+	}
+	waitFor(t, 15*time.Second, "the missing topic's first row parked", func() bool { return b.states(t)[ids[0]] == "parked" })
+	if d := time.Since(start); d < 3*time.Second {
+		t.Fatalf("parked after %s, before UnknownTopicTimeout", d)
+	}
+	if st := b.states(t)[ids[1]]; st != "pending" {
+		t.Fatalf("second row of the parked key is %s, want pending behind it", st)
+	}
+	// Later rows to the missing topic with a new key go straight to parked.
+	more := b.write(t, outbox.Record{Topic: missing, Key: []byte("k2"), Value: []byte("later")})
+	waitFor(t, 10*time.Second, "a later row for the missing topic parked", func() bool { return b.states(t)[more[0]] == "parked" })
+}

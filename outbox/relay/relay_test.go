@@ -1,0 +1,418 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// A row written with plain SQL (as a service in another language would) is published, woken
+// by the NOTIFY trigger (the poll interval is too long to explain the latency), with the
+// row's outbox_id as the kafkatx-outbox-id header and the bytes as written.
+func TestPlainSQLInsertIsPublished(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.TopicWithConfig(t, b.brokers, 3, map[string]string{"message.timestamp.type": "LogAppendTime"})
+	cfg := b.config(t)
+	cfg.PollInterval = time.Minute
+	r, _ := b.start(t, cfg)
+	waitFor(t, 10*time.Second, "leadership", func() bool { return r.Stats().Leader })
+
+	for i := 0; i < 20; i++ {
+		_, err := b.pool.Exec(context.Background(), `INSERT INTO `+b.t.Outbox+` (topic, key, value) VALUES ($1, $2::bytea, $3::bytea)`,
+			topic, fmt.Sprintf("k%d", i), []byte("hello\x00from sql"))
+		if err != nil {
+			t.Fatalf("plain insert: %v", err)
+		}
+		waitFor(t, 5*time.Second, "the row published", func() bool { return r.Stats().Published == int64(i+1) })
+	}
+	msgs := readAll(t, b.brokers, topic)
+	if len(msgs) != 20 {
+		t.Fatalf("topic holds %d records, want 20", len(msgs))
+	}
+	created := map[string]time.Time{}
+	rows, err := b.pool.Query(context.Background(), `SELECT outbox_id::text, created_at FROM `+b.t.Outbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var oid string
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&oid, &at}, func() error { created[oid] = at; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	var lat []time.Duration
+	for _, m := range msgs {
+		id, ok := header(m, outbox.HeaderOutboxID)
+		at, found := created[id]
+		if !ok || !found {
+			t.Fatalf("record %v has kafkatx-outbox-id %q (present %v), not a row's outbox_id", m.TopicPartition, id, ok)
+		}
+		delete(created, id)
+		if !bytes.Equal(m.Value, []byte("hello\x00from sql")) {
+			t.Fatalf("value %q, want the bytes written", m.Value)
+		}
+		lat = append(lat, m.Timestamp.Sub(at)) // broker append time minus insert time (same host clock)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	t.Logf("insert to broker append (NOTIFY wake-up; poll interval 1m), 20 single-row transactions: p50 %s, max %s",
+		lat[len(lat)/2].Round(100*time.Microsecond), lat[len(lat)-1].Round(100*time.Microsecond))
+	if lat[len(lat)/2] > time.Second {
+		t.Fatalf("median latency %s: the NOTIFY did not wake the relay", lat[len(lat)/2])
+	}
+}
+
+// Writers whose ids commit out of order: a transaction that took a low id commits after a
+// higher id was already published. Nothing is skipped.
+func TestRowsCommittedOutOfOrderAreNotSkipped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 3)
+	r, _ := b.start(t, b.config(t))
+	ctx := context.Background()
+
+	// Deterministic case: a low id held open across a published higher id.
+	slow, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx) //nolint:errcheck
+	lowIDs, err := b.w.Write(ctx, slow, outbox.Record{Topic: topic, Key: []byte("slow"), Value: []byte("low id")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	highIDs := b.write(t, outbox.Record{Topic: topic, Key: []byte("fast"), Value: []byte("high id")})
+	if highIDs[0] <= lowIDs[0] {
+		t.Fatalf("ids %d, %d: want the second higher", lowIDs[0], highIDs[0])
+	}
+	waitFor(t, 10*time.Second, "the higher id published", func() bool { return b.states(t)[highIDs[0]] == "published" })
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the lower id, committed later, published", func() bool { return b.states(t)[lowIDs[0]] == "published" })
+
+	// Many writers: each transaction takes its ids, then sleeps a random time before commit.
+	const writers, perWriter = 8, 40
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		go func(w int) {
+			for i := 0; i < perWriter; i++ {
+				err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+					_, err := b.w.Write(ctx, tx, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("w%d-%d", w, i%3)), Value: []byte("x")},
+						outbox.Record{Topic: topic, Value: []byte("nil key")})
+					time.Sleep(time.Duration((w*7+i*13)%20) * time.Millisecond)
+					return err
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}(w)
+	}
+	for w := 0; w < writers; w++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	total := int64(2 + writers*perWriter*2)
+	waitFor(t, 30*time.Second, "every row published", func() bool { return r.Stats().Published >= total })
+	for id, st := range b.states(t) {
+		if st != "published" {
+			t.Errorf("row %d is %s", id, st)
+		}
+	}
+	msgs := readAll(t, b.brokers, topic)
+	seen := map[string]int{}
+	for _, m := range msgs {
+		id, _ := header(m, outbox.HeaderOutboxID)
+		seen[id]++
+	}
+	for row, id := range b.outboxIDs(t) {
+		if seen[id] != 1 {
+			t.Errorf("row %d (outbox id %s) published %d times, want once", row, id, seen[id])
+		}
+	}
+	if int64(len(msgs)) != total {
+		t.Fatalf("topic holds %d records, want %d", len(msgs), total)
+	}
+}
+
+// Keyed records land on the partition Java's default partitioner picks:
+// toPositive(murmur2(key)) % partitions.
+func TestKeyedRecordsArePartitionedWithMurmur2(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const parts = 7
+	topic := testenv.Topic(t, b.brokers, parts)
+	b.start(t, b.config(t))
+	var recs []outbox.Record
+	for i := 0; i < 200; i++ {
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("order-%d", i)), Value: []byte("v")})
+	}
+	two := int32(2)
+	recs = append(recs, outbox.Record{Topic: topic, Key: []byte("order-0"), Value: []byte("explicit"), Partition: &two})
+	b.write(t, recs...)
+	waitCount(t, b.brokers, topic, int64(len(recs)), 20*time.Second)
+	for _, m := range readAll(t, b.brokers, topic) {
+		want := int32(murmur2(m.Key)&0x7fffffff) % parts
+		if string(m.Value) == "explicit" {
+			want = 2
+		}
+		if m.TopicPartition.Partition != want {
+			t.Errorf("key %q on partition %d, want %d", m.Key, m.TopicPartition.Partition, want)
+		}
+	}
+}
+
+// murmur2 is Kafka's org.apache.kafka.common.utils.Utils.murmur2 (seed 0x9747b28c).
+func murmur2(data []byte) uint32 {
+	const m, r = 0x5bd1e995, 24
+	n := len(data)
+	h := uint32(0x9747b28c) ^ uint32(n)
+	for i := 0; i+4 <= n; i += 4 {
+		k := uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24
+		k *= m
+		k ^= k >> r
+		k *= m
+		h *= m
+		h ^= k
+	}
+	tail := data[n&^3:]
+	switch len(tail) {
+	case 3:
+		h ^= uint32(tail[2]) << 16
+		fallthrough
+	case 2:
+		h ^= uint32(tail[1]) << 8
+		fallthrough
+	case 1:
+		h ^= uint32(tail[0])
+		h *= m
+	}
+	h ^= h >> 13
+	h *= m
+	h ^= h >> 15
+	return h
+}
+
+// Nil keys stay nil, empty values stay empty, nil values are tombstones, headers keep their
+// bytes and order, and a row's own kafkatx-outbox-id header is replaced by the relay's.
+func TestRecordBytesArePublishedAsWritten(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	b.start(t, b.config(t))
+	hs := []outbox.Header{{Key: "a", Value: []byte{0, 0xff, 'x'}}, {Key: outbox.HeaderOutboxID, Value: []byte("forged")}, {Key: "a", Value: []byte("second")}, {Key: "empty", Value: nil}}
+	ids := b.write(t,
+		outbox.Record{Topic: topic, Key: nil, Value: []byte("nil key"), Headers: hs},
+		outbox.Record{Topic: topic, Key: []byte{}, Value: []byte{}},
+		outbox.Record{Topic: topic, Key: []byte("tomb"), Value: nil},
+	)
+	waitCount(t, b.brokers, topic, 3, 20*time.Second)
+	msgs := readAll(t, b.brokers, topic)
+	oids := b.outboxIDs(t)
+	m := msgs[0]
+	if m.Key != nil || string(m.Value) != "nil key" {
+		t.Fatalf("record 0: key %q (nil %v) value %q", m.Key, m.Key == nil, m.Value)
+	}
+	want := []kafka.Header{{Key: "a", Value: []byte{0, 0xff, 'x'}}, {Key: "a", Value: []byte("second")}, {Key: "empty", Value: []byte{}},
+		{Key: outbox.HeaderOutboxID, Value: []byte(oids[ids[0]])}}
+	if len(m.Headers) != len(want) {
+		t.Fatalf("headers %v, want %v", m.Headers, want)
+	}
+	for i := range want {
+		if m.Headers[i].Key != want[i].Key || !bytes.Equal(m.Headers[i].Value, want[i].Value) {
+			t.Fatalf("header %d = %v, want %v", i, m.Headers[i], want[i])
+		}
+	}
+	if m := msgs[1]; m.Key == nil || len(m.Key) != 0 || m.Value == nil || len(m.Value) != 0 {
+		t.Fatalf("record 1: key %v value %v, want empty non-nil", m.Key, m.Value)
+	}
+	if m := msgs[2]; m.Value != nil {
+		t.Fatalf("record 2: value %v, want nil (tombstone)", m.Value)
+	}
+}
+
+// The dead-letter round trip at the database and outbox level: a dead letter, replayed with
+// `dlq replay`'s code, becomes one outbox row with the original bytes and is published; the
+// dead letter is marked replayed with an audit row; and DeadLetterRecord publishes the DLQ
+// record with its headers.
+func TestDeadLetterReplayRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	src := testenv.Topic(t, b.brokers, 3)
+	dlqTopic := testenv.Topic(t, b.brokers, 1)
+	r, _ := b.start(t, b.config(t))
+	ctx := context.Background()
+	d := deadLetterFixture(src)
+	var dlID int64
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		if dlID, _, err = insertDeadLetter(ctx, tx, b.schema, d); err != nil {
+			return err
+		}
+		d.ID = dlID
+		_, err = b.w.Write(ctx, tx, outbox.DeadLetterRecord(dlqTopic, d))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, b.brokers, dlqTopic, 1, 20*time.Second)
+	dm := readAll(t, b.brokers, dlqTopic)[0]
+	if dm.Key != nil || !bytes.Equal(dm.Value, d.Value) {
+		t.Fatalf("DLQ record key %v value %q, want nil and the original bytes", dm.Key, dm.Value)
+	}
+	for k, want := range map[string]string{outbox.HeaderDLQOriginalTopic: src, outbox.HeaderDLQOriginalPartition: "2",
+		outbox.HeaderDLQOriginalOffset: "41", outbox.HeaderDLQGroup: "g", outbox.HeaderDLQAttempts: "5",
+		outbox.HeaderDLQOriginalOutboxID: "original-id", "trace": "\x00\x01"} {
+		if got, _ := header(dm, k); got != want {
+			t.Errorf("DLQ header %s = %q, want %q", k, got, want)
+		}
+	}
+
+	var row int64
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		row, _, err = b.w.ReplayDeadLetter(ctx, tx, dlID, outbox.Replay{Reason: "parser fixed", Actor: "test"})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the replayed row published", func() bool { return b.states(t)[row] == "published" })
+	waitCount(t, b.brokers, src, 1, 10*time.Second)
+	rm := readAll(t, b.brokers, src)
+	if len(rm) != 1 {
+		t.Fatalf("source topic holds %d records, want 1", len(rm))
+	}
+	if rm[0].Key != nil || !bytes.Equal(rm[0].Value, d.Value) {
+		t.Fatalf("replayed key %v value %q, want nil and the original bytes", rm[0].Key, rm[0].Value)
+	}
+	if v, _ := header(rm[0], "trace"); v != "\x00\x01" {
+		t.Fatalf("replayed header trace = %q", v)
+	}
+	if id, _ := header(rm[0], outbox.HeaderOutboxID); id != b.outboxIDs(t)[row] {
+		t.Fatalf("replayed record's kafkatx-outbox-id %q, want its new row's id (not the original's)", id)
+	}
+	var status, action, reason string
+	var auditRow int64
+	err = b.pool.QueryRow(ctx, `SELECT d.status, a.action, a.reason, a.outbox_row FROM `+b.t.DeadLetters+` d
+		JOIN `+pgx.Identifier{b.schema, "dlq_audit"}.Sanitize()+` a ON a.dead_letter_id = d.id WHERE d.id = $1`, dlID).Scan(&status, &action, &reason, &auditRow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != "replayed" || action != "replay" || reason != "parser fixed" || auditRow != row {
+		t.Fatalf("dead letter %s, audit %s %q row %d", status, action, reason, auditRow)
+	}
+	// A second replay is refused unless asked for.
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, _, err := b.w.ReplayDeadLetter(ctx, tx, dlID, outbox.Replay{Reason: "again", Actor: "test"})
+		return err
+	})
+	if err == nil {
+		t.Fatal("a second replay without Again succeeded")
+	}
+	_ = r
+}
+
+// Backlog counts pending rows, not parked ones nor those waiting behind them; the janitor
+// deletes old published rows, old attempts and old resolved dead letters, and nothing else.
+func TestBacklogAndJanitor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r, err := New(b.pool, b.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := "not-published-in-this-test"
+	ids := b.write(t,
+		outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte("1")},
+		outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte("2")},
+		outbox.Record{Topic: topic, Key: []byte("b"), Value: []byte("3")},
+		outbox.Record{Topic: topic, Value: []byte("4")},
+	)
+	n, age, err := r.Backlog(ctx)
+	if err != nil || n != 4 || age <= 0 {
+		t.Fatalf("Backlog = %d, %s, %v; want 4 rows, positive age", n, age, err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE `+b.t.Outbox+` SET state = 'parked' WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ = r.Backlog(ctx); n != 2 {
+		t.Fatalf("Backlog with key a parked = %d, want 2 (b and the nil key)", n)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := b.pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`UPDATE `+b.t.Outbox+` SET state = 'published', resolved_at = now() - interval '2 days' WHERE id = $1`, ids[2])
+	exec(`UPDATE `+b.t.Outbox+` SET state = 'published', resolved_at = now() WHERE id = $1`, ids[3])
+	exec(`INSERT INTO `+b.t.Attempts+` (group_id, topic, partition, "offset", attempts, updated_at) VALUES
+		('g', 't', 0, 1, 1, now() - interval '8 days'), ('g', 't', 0, 2, 1, now())`)
+	for i, st := range []string{"replayed", "discarded", "new", "replayed"} {
+		d := deadLetterFixture("t")
+		d.Offset = int64(i)
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, _, err := insertDeadLetter(ctx, tx, b.schema, d); return err })
+		if err != nil {
+			t.Fatal(err)
+		}
+		age := "31 days"
+		if i == 3 {
+			age = "1 day"
+		}
+		exec(`UPDATE `+b.t.DeadLetters+` SET status = $1, resolved_at = now() - $2::interval, created_at = now() - interval '60 days' WHERE "offset" = $3`, st, age, i)
+	}
+	r.cfg.Janitor.BatchSize = 1 // several small batches
+	if err := r.Clean(ctx); err != nil {
+		t.Fatal(err)
+	}
+	count := func(table, where string) int {
+		var n int
+		if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE `+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := count(b.t.Outbox, "true"); got != 3 {
+		t.Errorf("outbox rows after janitor = %d, want 3 (the old published row deleted)", got)
+	}
+	if got := count(b.t.Outbox, fmt.Sprintf("id = %d", ids[2])); got != 0 {
+		t.Errorf("old published row still there")
+	}
+	if got := count(b.t.Attempts, "true"); got != 1 {
+		t.Errorf("attempts rows after janitor = %d, want 1", got)
+	}
+	if got := count(b.t.DeadLetters, "true"); got != 2 {
+		t.Errorf("dead letters after janitor = %d, want 2 (new and recently replayed)", got)
+	}
+	if got := count(b.t.DeadLetters, "status = 'new'"); got != 1 {
+		t.Errorf("the new dead letter was deleted")
+	}
+}
+
+// Run owns its goroutines: none is left once it returned.
+func TestRunLeavesNoGoroutines(t *testing.T) {
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	opts := goleak.IgnoreCurrent()
+	r, stop := b.start(t, b.config(t))
+	b.write(t, outbox.Record{Topic: topic, Value: []byte("x")})
+	waitFor(t, 10*time.Second, "publish", func() bool { return r.Stats().Published == 1 })
+	stop()
+	goleak.VerifyNone(t, opts)
+}

@@ -1,0 +1,94 @@
+package relay
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
+// topicRecheck is how often a topic found missing is looked up again.
+const topicRecheck = time.Second
+
+// topics remembers which topics exist, so rows for a topic that does not exist wait aside
+// (excluded from the reads) instead of holding up a whole round for librdkafka's
+// topic.metadata.propagation.max.ms, and are parked once it has been missing for
+// Config.UnknownTopicTimeout. Used by Run's goroutine only; reset with each producer.
+type topics struct {
+	known   map[string]bool
+	missing map[string]*missingTopic
+}
+
+type missingTopic struct {
+	since, checked time.Time
+}
+
+func newTopics() *topics {
+	return &topics{known: map[string]bool{}, missing: map[string]*missingTopic{}}
+}
+
+// exists asks the broker (metadata request for that topic alone) whether topic exists.
+// ok is false when the broker could not be asked.
+func (p *producer) exists(topic string) (exists, ok bool) {
+	md, err := p.p.GetMetadata(&topic, false, 5000)
+	if err != nil {
+		return false, false
+	}
+	tm, found := md.Topics[topic]
+	if !found {
+		return false, true
+	}
+	switch tm.Error.Code() {
+	case kafka.ErrNoError:
+		return len(tm.Partitions) > 0, true
+	case kafka.ErrUnknownTopicOrPart, kafka.ErrUnknownTopic:
+		return false, true
+	}
+	return false, false
+}
+
+// excluded returns the missing topics whose rows the next read skips, re-checking those due.
+func (ts *topics) excluded(p *producer, timeout time.Duration) []string {
+	now := time.Now()
+	out := []string{}
+	for t, m := range ts.missing {
+		if now.Sub(m.checked) >= topicRecheck {
+			m.checked = now
+			if exists, ok := p.exists(t); ok && exists {
+				delete(ts.missing, t)
+				ts.known[t] = true
+				continue
+			}
+		}
+		if now.Sub(m.since) < timeout {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// check classifies topic for this round: "" to produce its rows; otherwise it is missing and
+// wait (rows stay pending) or park (the returned error) applies.
+func (ts *topics) check(p *producer, topic string, timeout time.Duration) (wait bool, park error) {
+	if ts.known[topic] {
+		return false, nil
+	}
+	m := ts.missing[topic]
+	if m == nil {
+		exists, ok := p.exists(topic)
+		if !ok {
+			return false, nil // cannot tell: let librdkafka decide
+		}
+		if exists {
+			ts.known[topic] = true
+			return false, nil
+		}
+		now := time.Now()
+		m = &missingTopic{since: now, checked: now}
+		ts.missing[topic] = m
+	}
+	if d := time.Since(m.since); d >= timeout {
+		return false, kafka.NewError(kafka.ErrUnknownTopic, fmt.Sprintf("topic %s does not exist (missing for %s)", topic, d.Round(time.Second)), false)
+	}
+	return true, nil
+}
