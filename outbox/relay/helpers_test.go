@@ -260,8 +260,8 @@ func header(m *kafka.Message, key string) (string, bool) {
 func deadLetterFixture(topic string) *dlq.DeadLetter {
 	now := time.Now()
 	return &dlq.DeadLetter{Group: "g", Topic: topic, Partition: 2, Offset: 41, Key: nil,
-		Value:   []byte("malformed\x00\xff"),
-		Headers: []dlq.Header{{Key: "trace", Value: []byte{0, 1}}, {Key: outbox.HeaderOutboxID, Value: []byte("original-id")}},
+		Value:     []byte("malformed\x00\xff"),
+		Headers:   []dlq.Header{{Key: "trace", Value: []byte{0, 1}}, {Key: outbox.HeaderOutboxID, Value: []byte("original-id")}},
 		Timestamp: now.Add(-time.Minute), ErrorClass: "permanent", ErrorMessage: "bad json", Attempts: 5,
 		FirstFailureAt: now.Add(-time.Minute), LastFailureAt: now}
 }

@@ -362,7 +362,7 @@ func TestBacklogAndJanitor(t *testing.T) {
 	}
 	exec(`UPDATE `+b.t.Outbox+` SET state = 'published', resolved_at = now() - interval '2 days' WHERE id = $1`, ids[2])
 	exec(`UPDATE `+b.t.Outbox+` SET state = 'published', resolved_at = now() WHERE id = $1`, ids[3])
-	exec(`INSERT INTO `+b.t.Attempts+` (group_id, topic, partition, "offset", attempts, updated_at) VALUES
+	exec(`INSERT INTO ` + b.t.Attempts + ` (group_id, topic, partition, "offset", attempts, updated_at) VALUES
 		('g', 't', 0, 1, 1, now() - interval '8 days'), ('g', 't', 0, 2, 1, now())`)
 	for i, st := range []string{"replayed", "discarded", "new", "replayed"} {
 		d := deadLetterFixture("t")
