@@ -1,0 +1,248 @@
+package offsets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+type testBundle struct {
+	t       *testing.T
+	pool    *pgxpool.Pool
+	schema  string
+	brokers string
+	topic   string
+	group   string
+	tp      offsetstore.TP
+	op      *Operator
+	k       *Kafka
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool := testenv.Postgres(t)
+	b := &testBundle{t: t, pool: pool, schema: testenv.Schema(t, pool), brokers: testenv.Brokers(t), group: testenv.Group(t)}
+	b.topic = testenv.Topic(t, b.brokers, 1)
+	b.tp = offsetstore.TP{Topic: b.topic, Partition: 0}
+	ctx := context.Background()
+	if err := kafkatx.Migrate(ctx, pool, b.schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{b.schema, "effects"}.Sanitize()+` ("offset" bigint PRIMARY KEY, applied int NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	k, err := NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(k.Close)
+	b.k, b.op = k, NewOperator(pool, k, b.schema)
+	// Ten messages; the one at offset 3 fails every time.
+	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": b.brokers, "enable.idempotence": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ch := make(chan kafka.Event, 10)
+	for i := range 10 {
+		v := "m" + strconv.Itoa(i)
+		if i == 3 {
+			v = "poison"
+		}
+		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &b.topic, Partition: 0}, Value: []byte(v)}, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 10 {
+		if m := (<-ch).(*kafka.Message); m.TopicPartition.Error != nil {
+			t.Fatal(m.TopicPartition.Error)
+		}
+	}
+	return b
+}
+
+func (b *testBundle) q(sql string, args ...any) int64 {
+	b.t.Helper()
+	var n int64
+	if err := b.pool.QueryRow(context.Background(), fmt.Sprintf(sql, pgx.Identifier{b.schema}.Sanitize()), args...).Scan(&n); err != nil {
+		b.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func (b *testBundle) watermark() int64 {
+	return b.q(`SELECT coalesce(max(next_offset), -1) FROM %s.watermarks WHERE group_id = $1`, b.group)
+}
+
+func (b *testBundle) committed() int64 {
+	b.t.Helper()
+	c, err := b.k.Committed(context.Background(), b.group, []offsetstore.TP{b.tp})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if v, ok := c[b.tp]; ok {
+		return v
+	}
+	return -1
+}
+
+// run runs the consumer until cond holds, then stops it.
+func (b *testBundle) run(what string, cond func() bool) {
+	b.t.Helper()
+	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
+	c, err := kafkatx.NewConsumer(b.pool, func(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
+		if string(m.Value) == "poison" {
+			return errors.New("cannot decode")
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` ("offset", applied) VALUES ($1, 1) ON CONFLICT ("offset") DO UPDATE SET applied = effects.applied + 1`, m.Offset)
+		return err
+	}, &kafkatx.Config{
+		Kafka:  kafka.ConfigMap{"bootstrap.servers": b.brokers, "group.id": b.group, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+		Topics: []string{b.topic},
+		Schema: b.schema,
+		Logger: zaptest.NewLogger(b.t, zaptest.Level(zap.ErrorLevel)),
+		Retry:  kafkatx.RetryPolicy{MaxAttempts: 1000, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond},
+	})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	deadline := time.Now().Add(90 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			b.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+func (b *testBundle) stuckAtPoison() {
+	b.run("offset 3 to fail twice", func() bool {
+		return b.q(`SELECT coalesce(max(attempts), 0) FROM %s.attempts WHERE group_id = $1 AND "offset" = 3`, b.group) >= 2
+	})
+}
+
+var errCrash = errors.New("simulated crash between the Kafka move and the database transaction")
+
+// The command dies after moving Kafka's offset and before its database transaction: the
+// consumer must recognise the move as the pending operator skip, not an unexplained one.
+func TestResetSkipCrashAfterKafkaMoveIsFollowedAsOperatorSkip(t *testing.T) {
+	b := setup(t)
+	b.stuckAtPoison()
+	ctx := context.Background()
+	plan, err := b.op.PlanReset(ctx, ResetRequest{Group: b.group, Topic: b.topic, Partition: 0, Target: Target{Kind: TargetOffset, Offset: 4}, Mode: ModeSkip, Reason: "poison"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterKafkaCommit = func() error { return errCrash }
+	err = b.op.ExecuteReset(ctx, plan)
+	afterKafkaCommit = nil
+	if !errors.Is(err, errCrash) {
+		t.Fatalf("ExecuteReset: %v", err)
+	}
+	if w, k := b.watermark(), b.committed(); w != 3 || k != 4 {
+		t.Fatalf("after the crash: watermark %d, committed %d; want 3, 4", w, k)
+	}
+	sts, err := b.op.Status(ctx, b.group, b.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := sts[0]; s.State != StateKafkaAhead || len(s.Pending) != 1 || s.Pending[0].Kind != offsetstore.KindOperatorSkip {
+		t.Fatalf("status after the crash: %+v; want kafka_ahead with one pending operator_skip", s)
+	}
+	b.run("watermark 10", func() bool { return b.watermark() == 10 })
+	if n := b.q(`SELECT count(*) FROM %s.offset_audit WHERE kind = 'operator_skip' AND status = 'applied' AND from_offset = 3 AND to_offset = 4`); n != 1 {
+		t.Fatal("the consumer did not apply the pending operator skip")
+	}
+	if n := b.q(`SELECT count(*) FROM %s.offset_audit WHERE kind = 'unexplained_skip'`); n != 0 {
+		t.Fatal("the command's skip was audited as unexplained")
+	}
+	if n := b.q(`SELECT count(*) FROM %s.effects WHERE "offset" = 3`); n != 0 {
+		t.Fatal("the skipped message was processed")
+	}
+	accts, err := b.op.Account(ctx, b.group, b.topic, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := accts[0]; !a.Accounted() || a.OperatorSkipped != 1 || a.Processed != 9 {
+		t.Fatalf("account: %+v", a)
+	}
+}
+
+// A replay that dies after moving Kafka back is undone by the consumer (Kafka behind: it
+// re-commits the watermark, nothing runs twice); running the same replay again reuses the
+// pending audit row and completes.
+func TestResetReplayCrashAfterKafkaMoveIsHarmlessAndCanBeRerun(t *testing.T) {
+	b := setup(t)
+	b.stuckAtPoison()
+	ctx := context.Background()
+	// Skip the pill first so the partition runs to the end.
+	plan, err := b.op.PlanReset(ctx, ResetRequest{Group: b.group, Topic: b.topic, Partition: -1, Target: Target{Kind: TargetOffset, Offset: 4}, Mode: ModeSkip, Reason: "poison"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.op.ExecuteReset(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	b.run("watermark 10", func() bool { return b.watermark() == 10 })
+	replay := ResetRequest{Group: b.group, Topic: b.topic, Partition: 0, Target: Target{Kind: TargetOffset, Offset: 6}, Mode: ModeReplay, Reason: "re-run"}
+	plan, err = b.op.PlanReset(ctx, replay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterKafkaCommit = func() error { return errCrash }
+	err = b.op.ExecuteReset(ctx, plan)
+	afterKafkaCommit = nil
+	if !errors.Is(err, errCrash) {
+		t.Fatalf("ExecuteReset: %v", err)
+	}
+	pendingID := plan.Steps[0].AuditID
+	if w, k := b.watermark(), b.committed(); w != 10 || k != 6 {
+		t.Fatalf("after the crash: watermark %d, committed %d; want 10, 6", w, k)
+	}
+	b.run("Kafka re-committed to the watermark", func() bool { return b.committed() == 10 })
+	if n := b.q(`SELECT count(*) FROM %s.effects WHERE applied <> 1`); n != 0 {
+		t.Fatalf("%d messages ran twice after a replay that did not complete", n)
+	}
+	plan, err = b.op.PlanReset(ctx, replay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.op.ExecuteReset(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	if plan.Steps[0].AuditID != pendingID {
+		t.Fatalf("the re-run wrote audit row %d instead of completing the pending row %d", plan.Steps[0].AuditID, pendingID)
+	}
+	b.run("watermark 10 after the replay", func() bool { return b.watermark() == 10 })
+	if n := b.q(`SELECT count(*) FROM %s.effects WHERE "offset" >= 6 AND applied = 2`); n != 4 {
+		t.Fatalf("%d of the 4 replayed messages ran exactly twice", n)
+	}
+	if n := b.q(`SELECT count(*) FROM %s.effects WHERE "offset" < 6 AND applied <> 1`); n != 0 {
+		t.Fatalf("%d messages outside the replay window ran twice", n)
+	}
+	if n := b.q(`SELECT replay_epoch FROM %s.watermarks WHERE group_id = $1`, b.group); n != 1 {
+		t.Fatalf("replay epoch %d, want 1", n)
+	}
+}
