@@ -28,7 +28,7 @@ func TestAccountTimeline(t *testing.T) {
 		{name: "operator and unexplained skips", first: 5, next: 30, events: []offsetstore.Event{
 			ev(1, offsetstore.KindFirstRun, 5, 5), ev(2, offsetstore.KindOperatorSkip, 8, 9), ev(3, offsetstore.KindKafkaBehind, 2, 12),
 			ev(4, offsetstore.KindUnexplainedSkip, 20, 25)},
-			segs: []Segment{{5, 8, SegProcessed, 0}, {8, 9, SegOperatorSkip, 2}, {9, 20, SegProcessed, 0}, {20, 25, SegUnexplainedSkip, 4}, {25, 30, SegProcessed, 0}},
+			segs:   []Segment{{5, 8, SegProcessed, 0}, {8, 9, SegOperatorSkip, 2}, {9, 20, SegProcessed, 0}, {20, 25, SegUnexplainedSkip, 4}, {25, 30, SegProcessed, 0}},
 			counts: [3]int64{19, 1, 5}, accounts: true},
 		{name: "pending and abandoned skips are not moves", first: 0, next: 10, events: []offsetstore.Event{
 			{ID: 1, Kind: offsetstore.KindOperatorSkip, From: 3, To: 4, Status: StatusPending},
