@@ -221,7 +221,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	hj, _ := json.Marshal(hdrs)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	tag, err := tx.Exec(cctx, m.storeSQL, scope, key, fp, r.Method, r.URL.RequestURI(), rec.status, hj, rec.body.Bytes(),
+	respBody := rec.body.Bytes()
+	if respBody == nil {
+		respBody = []byte{} // bytea NOT NULL: an empty body is not NULL
+	}
+	tag, err := tx.Exec(cctx, m.storeSQL, scope, key, fp, r.Method, r.URL.RequestURI(), rec.status, hj, respBody,
 		m.cfg.Retention.Microseconds())
 	if err != nil {
 		if conflictCode(err) {
