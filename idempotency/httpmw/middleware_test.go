@@ -269,14 +269,14 @@ func TestBadKeysGet400(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &Config{MaxKeyLength: 16}, nil)
 	for name, keys := range map[string][]string{
-		"missing":       nil,
-		"repeated":      {"a", "b"},
-		"too long":      {strings.Repeat("x", 17)},
-		"non-ascii":     {"ключ"},
-		"unterminated":  {`"abc`},
-		"empty quoted":  {`""`},
-		"after quoted":  {`"abc" x`},
-		"bad escape":    {`"a\b"`},
+		"missing":      nil,
+		"repeated":     {"a", "b"},
+		"too long":     {strings.Repeat("x", 17)},
+		"non-ascii":    {"ключ"},
+		"unterminated": {`"abc`},
+		"empty quoted": {`""`},
+		"after quoted": {`"abc" x`},
+		"bad escape":   {`"a\b"`},
 	} {
 		r := do(t, http.MethodPost, b.url+"/x", keys, "{}")
 		if r.status != http.StatusBadRequest {
