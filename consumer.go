@@ -135,6 +135,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 		store:   offsetstore.New(c.Schema),
 		log:     c.Logger.With(zap.String("group", c.groupID())),
 		metrics: newMetrics(c.Registerer),
+		parts:   map[offsetstore.TP]*partition{},
 	}, nil
 }
 
@@ -194,7 +195,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return fmt.Errorf("kafkatx: create Kafka consumer: %w", err)
 	}
 	c.kc = kc
-	c.parts = map[offsetstore.TP]*partition{}
 	c.resyncs = make(chan resyncRequest, 16)
 	c.commits = newCommitter(kc, c.log)
 	commitDone := make(chan struct{})

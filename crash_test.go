@@ -54,7 +54,11 @@ func (s childSpec) cmd(t *testing.T) *exec.Cmd {
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(out.Name())
-			t.Logf("child log (tail):\n%s", tail(string(b), 3000))
+			log := string(b)
+			if i := strings.Index(log, "WARNING: DATA RACE"); i >= 0 {
+				log = log[i:] // the race report first
+			}
+			t.Logf("child log:\n%s", tail(log, 6000))
 		}
 	})
 	return cmd
