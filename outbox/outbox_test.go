@@ -1,0 +1,318 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	schema string
+	t      tables.Names
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	if _, err := migrations.Apply(context.Background(), pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{pool: pool, schema: schema, t: tables.For(schema)}
+}
+
+// Write stores records byte for byte in the caller's transaction, returns ids in order, and
+// writes nothing if the transaction rolls back.
+func TestWriteStoresRecordsInTheCallersTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := outbox.Writer{Schema: b.schema}
+	p := int32(3)
+	recs := []outbox.Record{
+		{Topic: "t1", Key: nil, Value: []byte{0, 0xff}, Headers: []outbox.Header{{Key: "a", Value: []byte("1")}, {Key: "b", Value: nil}}},
+		{Topic: "t2", Key: []byte{}, Value: nil, Partition: &p},
+		{Topic: "t1", Key: []byte("k"), Value: []byte("v"), Headers: []outbox.Header{{Key: "c", Value: []byte{0}}}},
+	}
+	var ids []int64
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		ids, err = w.Write(ctx, tx, recs...)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 3 || !(ids[0] < ids[1] && ids[1] < ids[2]) {
+		t.Fatalf("ids %v, want 3 ascending", ids)
+	}
+	for i, id := range ids {
+		var topic, state string
+		var key, value []byte
+		var hk, hv [][]byte
+		var part *int32
+		var seq *int64
+		err := b.pool.QueryRow(ctx, `SELECT topic, key, value, header_keys, header_values, partition, state, commit_seq FROM `+b.t.Outbox+` WHERE id = $1`, id).
+			Scan(&topic, &key, &value, &hk, &hv, &part, &state, &seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := recs[i]
+		if topic != r.Topic || (key == nil) != (r.Key == nil) || !bytes.Equal(key, r.Key) || (value == nil) != (r.Value == nil) || !bytes.Equal(value, r.Value) {
+			t.Errorf("row %d: %s %v %v, want %+v", i, topic, key, value, r)
+		}
+		if len(hk) != len(r.Headers) {
+			t.Errorf("row %d: %d headers, want %d", i, len(hk), len(r.Headers))
+		}
+		for j, h := range r.Headers {
+			if j < len(hk) && (string(hk[j]) != h.Key || !bytes.Equal(hv[j], h.Value) || hv[j] == nil) {
+				t.Errorf("row %d header %d: %q=%v, want %q=%v (non-nil)", i, j, hk[j], hv[j], h.Key, h.Value)
+			}
+		}
+		if (part == nil) != (r.Partition == nil) || (part != nil && *part != *r.Partition) {
+			t.Errorf("row %d partition %v", i, part)
+		}
+		if state != "pending" || seq == nil {
+			t.Errorf("row %d: state %s, commit_seq %v; want pending with a commit sequence", i, state, seq)
+		}
+	}
+
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, outbox.Record{Topic: "rolled-back", Value: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.t.Outbox+` WHERE topic = 'rolled-back'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("rolled-back record stored: %d, %v", n, err)
+	}
+
+	neg := int32(-1)
+	for _, bad := range []outbox.Record{{Topic: "", Value: []byte("x")}, {Topic: "t", Partition: &neg}} {
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, err := w.Write(ctx, tx, bad); return err })
+		if err == nil {
+			t.Errorf("Write(%+v) succeeded", bad)
+		}
+	}
+}
+
+// Rows of one key get their commit sequence in commit order, even when the transaction with
+// the lower id commits last; a transaction's rows share one sequence number.
+func TestCommitSequenceFollowsCommitOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := outbox.Writer{Schema: b.schema}
+	first, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx) //nolint:errcheck
+	lowIDs, err := w.Write(ctx, first, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("low id, commits last")},
+		outbox.Record{Topic: "t", Key: []byte("j"), Value: []byte("same transaction")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var highIDs []int64
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		highIDs, err = w.Write(ctx, tx, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("high id, commits first")})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seq := func(id int64) int64 {
+		var s int64
+		if err := b.pool.QueryRow(ctx, `SELECT commit_seq FROM `+b.t.Outbox+` WHERE id = $1`, id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if !(seq(highIDs[0]) < seq(lowIDs[0])) {
+		t.Fatalf("commit_seq of the first commit %d, of the later commit %d: want the first lower", seq(highIDs[0]), seq(lowIDs[0]))
+	}
+	if seq(lowIDs[0]) != seq(lowIDs[1]) {
+		t.Fatalf("rows of one transaction have commit_seq %d and %d", seq(lowIDs[0]), seq(lowIDs[1]))
+	}
+
+	// A transaction with many keys takes the commit lock once instead of one lock per key.
+	recs := make([]outbox.Record, 200)
+	for i := range recs {
+		recs[i] = outbox.Record{Topic: "t", Key: []byte{byte(i), 1}, Value: []byte("x")}
+	}
+	var many []int64
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { many, err = w.Write(ctx, tx, recs...); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq(many[0]) != seq(many[199]) || seq(many[0]) <= seq(lowIDs[0]) {
+		t.Fatalf("big transaction's commit_seq %d..%d", seq(many[0]), seq(many[199]))
+	}
+}
+
+// A writer of key k waits at commit while another transaction holds k's commit lock (taken
+// when its rows are sequenced, held until its commit is visible), so it gets the higher
+// sequence number; a writer of another key is not held up.
+func TestConcurrentSameKeyCommitsAreSerialized(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := outbox.Writer{Schema: b.schema}
+	// Hold key k's commit lock the way outbox_sequence does, in a transaction that stays open.
+	holder, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck
+	if _, err := w.Write(ctx, holder, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("holder")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil { // sequences now, lock held until commit
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := w.Write(ctx, tx, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("waiter")})
+			return err
+		})
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("second writer of key k committed while the first held the key (err %v)", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	// Another key is not held up.
+	if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := w.Write(ctx, tx, outbox.Record{Topic: "t", Key: []byte("other"), Value: []byte("free")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	rows, _ := b.pool.Query(ctx, `SELECT convert_from(value, 'UTF8') FROM `+b.t.Outbox+` WHERE key = 'k' ORDER BY commit_seq, id`)
+	order, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || strings.Join(order, ",") != "holder,waiter" {
+		t.Fatalf("order %v, %v", order, err)
+	}
+}
+
+// A plain SQL insert of (topic, key, value) is a complete row.
+func TestPlainSQLInsertNeedsOnlyTopicKeyValue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{outbox.Channel(b.schema)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `INSERT INTO `+b.t.Outbox+` (topic, key, value) VALUES ('t', 'k1'::bytea, 'v'::bytea), ('t', NULL, 'w'::bytea)`); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.t.Outbox+` WHERE state = 'pending' AND commit_seq IS NOT NULL AND outbox_id IS NOT NULL`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d complete pending rows, %v; want 2", n, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := conn.Conn().WaitForNotification(wctx); err != nil {
+		t.Fatalf("no NOTIFY on %s: %v", outbox.Channel(b.schema), err)
+	}
+	wctx2, cancel2 := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel2()
+	if _, err := conn.Conn().WaitForNotification(wctx2); err == nil {
+		t.Fatal("a second NOTIFY for one transaction")
+	}
+}
+
+// The dead-letter record keeps the original bytes and adds the origin headers.
+func TestDeadLetterRecordHeaders(t *testing.T) {
+	t.Parallel()
+	ts := time.UnixMilli(1700000000123)
+	d := &dlq.DeadLetter{ID: 9, Group: "orders-processor", Topic: "orders", Partition: 2, Offset: 41, Key: nil,
+		Value: []byte("malformed_message"), Timestamp: ts,
+		Headers:    []dlq.Header{{Key: "trace", Value: []byte{0, 1}}, {Key: outbox.HeaderOutboxID, Value: []byte("abc")}},
+		ErrorClass: "permanent", ErrorMessage: strings.Repeat("é", 2000), Attempts: 5,
+		FirstFailureAt: ts.Add(time.Second), LastFailureAt: ts.Add(2 * time.Second)}
+	r := outbox.DeadLetterRecord("orders.dlq", d)
+	if r.Topic != "orders.dlq" || r.Key != nil || string(r.Value) != "malformed_message" || r.Partition != nil {
+		t.Fatalf("record %+v", r)
+	}
+	got := map[string]string{}
+	for i, h := range r.Headers {
+		if _, dup := got[h.Key]; dup {
+			t.Fatalf("header %s twice", h.Key)
+		}
+		got[h.Key] = string(h.Value)
+		if i == 0 && h.Key != "trace" {
+			t.Fatalf("original headers first, got %s", h.Key)
+		}
+	}
+	want := map[string]string{
+		"trace": "\x00\x01", outbox.HeaderDLQOriginalOutboxID: "abc",
+		"kafkatx.dlq.original.topic": "orders", "kafkatx.dlq.original.partition": "2", "kafkatx.dlq.original.offset": "41",
+		"kafkatx.dlq.original.timestamp": "1700000000123", "kafkatx.dlq.group": "orders-processor", "kafkatx.dlq.attempts": "5",
+		"kafkatx.dlq.error.class": "permanent", "kafkatx.dlq.first.failure": "1700000001123", "kafkatx.dlq.last.failure": "1700000002123",
+		"kafkatx.dlq.id": "9",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q", k, got[k], v)
+		}
+	}
+	if _, ok := got[outbox.HeaderOutboxID]; ok {
+		t.Error("the original kafkatx-outbox-id was kept under its own name")
+	}
+	msg := got["kafkatx.dlq.error.message"]
+	if len(msg) > outbox.MaxDLQErrorMessageBytes || !strings.HasPrefix(msg, "éé") || !strings.HasSuffix(msg, "é") {
+		t.Errorf("error message header: %d bytes, want at most %d cut at a rune boundary", len(msg), outbox.MaxDLQErrorMessageBytes)
+	}
+	if len(got) != len(want)+1 {
+		t.Errorf("%d headers: %v", len(got), got)
+	}
+}
+
+// The package builds without cgo: services that only write to the outbox need no librdkafka.
+func TestOutboxBuildsWithoutCgo(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("go", "list", "-deps", "github.com/kafkatx/kafkatx/outbox")
+	cmd.Env = append(cmd.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "confluent-kafka-go") {
+		t.Fatalf("package outbox depends on confluent-kafka-go:\n%s", out)
+	}
+}
