@@ -75,7 +75,7 @@ func toDLQJSON(d *dlq.DeadLetter, full, details bool) dlqJSON {
 	if details {
 		j.Stack = d.Stack
 		for _, h := range d.Headers {
-			j.Headers = append(j.Headers, headerJSON{Key: h.Key, Value: viewBytes(h.Value, full, 64)})
+			j.Headers = append(j.Headers, headerJSON{Key: h.Key, Value: viewBytes(h.Value, full, valuePrefixBytes)})
 		}
 	} else {
 		j.ErrorMessage = dlq.SanitizeText(firstLine(d.ErrorMessage), 160)
