@@ -213,7 +213,8 @@ func Brokers(t testing.TB) string {
 }
 
 // Topic creates a uniquely named topic with the given number of partitions (replication factor
-// 1) through the AdminClient, waits until every partition has a leader, and returns its name.
+// 1) through the AdminClient, waits until every partition has a leader that answers ListOffsets,
+// and returns its name.
 // The topic is deleted when the test ends.
 func Topic(t testing.TB, brokers string, partitions int) string {
 	t.Helper()
@@ -245,7 +246,42 @@ func TopicWithConfig(t testing.TB, brokers string, partitions int, config map[st
 	if err := waitForLeaders(ctx, admin, name, partitions); err != nil {
 		t.Fatalf("testenv: topic %s: %v", name, err)
 	}
+	if err := waitForListOffsets(ctx, admin, name, partitions); err != nil {
+		t.Fatalf("testenv: topic %s: %v", name, err)
+	}
 	return name
+}
+
+// waitForListOffsets polls ListOffsets until every partition's leader answers it. A broker
+// publishes a new topic in its metadata a moment before its replica manager leads the
+// partitions, and answers NOT_LEADER_OR_FOLLOWER in between.
+func waitForListOffsets(ctx context.Context, admin *kafka.AdminClient, topic string, partitions int) error {
+	specs := make(map[kafka.TopicPartition]kafka.OffsetSpec, partitions)
+	for p := range partitions {
+		specs[kafka.TopicPartition{Topic: &topic, Partition: int32(p)}] = kafka.LatestOffsetSpec
+	}
+	var last string
+	for {
+		res, err := admin.ListOffsets(ctx, specs)
+		if err == nil {
+			last = ""
+			for tp, info := range res.ResultInfos {
+				if info.Error.Code() != kafka.ErrNoError {
+					last = fmt.Sprintf("partition %d: %v", tp.Partition, info.Error)
+				}
+			}
+			if last == "" && len(res.ResultInfos) == partitions {
+				return nil
+			}
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("partitions do not answer ListOffsets: %s", last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func newAdmin(t testing.TB, brokers string) *kafka.AdminClient {
