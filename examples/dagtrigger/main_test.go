@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+// fakeAirflow implements Airflow 3's POST /api/v2/dags/{dag_id}/dagRuns contract: the first
+// create of a dag_run_id succeeds, a later one gets 409 Conflict. onCreate, when set, runs
+// after a run is recorded and before the answer is sent (to kill the caller in between).
+type fakeAirflow struct {
+	mu        sync.Mutex
+	delay     time.Duration
+	runs      map[string]json.RawMessage // dag_run_id → conf
+	creates   map[string]int             // dag_run_id → successful creates
+	posts     int
+	conflicts int
+	bad       int
+	onCreate  func(n int)
+}
+
+func newFake(t *testing.T, delay time.Duration) (*fakeAirflow, string) {
+	f := &fakeAirflow{delay: delay, runs: map[string]json.RawMessage{}, creates: map[string]int{}}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	return f, srv.URL
+}
+
+func (f *fakeAirflow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	time.Sleep(f.delay)
+	raw, _ := io.ReadAll(r.Body)
+	var body struct {
+		DAGRunID    string          `json:"dag_run_id"`
+		LogicalDate *string         `json:"logical_date"`
+		Conf        json.RawMessage `json:"conf"`
+	}
+	f.mu.Lock()
+	f.posts++
+	if r.URL.Path != "/api/v2/dags/process_customer/dagRuns" || r.ContentLength <= 0 || len(r.TransferEncoding) > 0 ||
+		r.Header.Get("Authorization") != "" || json.Unmarshal(raw, &body) != nil || body.DAGRunID == "" {
+		f.bad++
+		f.mu.Unlock()
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	if _, ok := f.runs[body.DAGRunID]; ok {
+		f.conflicts++
+		f.mu.Unlock()
+		http.Error(w, `{"detail":"exists"}`, http.StatusConflict)
+		return
+	}
+	f.runs[body.DAGRunID] = body.Conf
+	f.creates[body.DAGRunID]++
+	n := len(f.runs)
+	hook := f.onCreate
+	f.mu.Unlock()
+	if hook != nil {
+		hook(n)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"dag_run_id":%q,"state":"queued"}`, body.DAGRunID)
+}
+
+// check asserts exactly one created run per event id in [1, n] with conf = the after row.
+func (f *fakeAirflow) check(t *testing.T, n int) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.bad != 0 {
+		t.Errorf("%d malformed requests", f.bad)
+	}
+	seen := map[int]int{}
+	for id, conf := range f.runs {
+		var c struct {
+			ID     int    `json:"id"`
+			Status string `json:"status"`
+		}
+		if err := json.Unmarshal(conf, &c); err != nil || c.Status != "active" {
+			t.Errorf("run %s: conf %s is not the after row", id, conf)
+		}
+		seen[c.ID]++
+		if f.creates[id] != 1 {
+			t.Errorf("run %s created %d times", id, f.creates[id])
+		}
+	}
+	if len(f.runs) != n || len(seen) != n {
+		t.Errorf("%d runs for %d distinct events, want %d", len(f.runs), len(seen), n)
+	}
+	for i := 1; i <= n; i++ {
+		if seen[i] != 1 {
+			t.Errorf("event %d has %d runs", i, seen[i])
+		}
+	}
+}
+
+type env struct {
+	bin, brokers, dbURL, topic, group, airflowURL, logDir string
+}
+
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "dagtrigger")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func newEnv(t *testing.T, airflowURL string) *env {
+	brokers := testenv.Brokers(t)
+	return &env{
+		bin: buildBinary(t), brokers: brokers, dbURL: testenv.Database(t),
+		topic: testenv.Topic(t, brokers, 3), group: testenv.Group(t), airflowURL: airflowURL, logDir: t.TempDir(),
+	}
+}
+
+func (e *env) command(extra ...string) *exec.Cmd {
+	args := append([]string{"--brokers", e.brokers, "--database-url", e.dbURL, "--topic", e.topic, "--group", e.group,
+		"--airflow-url", e.airflowURL, "--dag-id", "process_customer", "--instance-id", "test-dag-1", "--session-timeout", "10s"}, extra...)
+	return exec.Command(e.bin, args...)
+}
+
+func (e *env) start(t *testing.T, run int, extra ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := e.command(extra...)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	logf, err := os.Create(filepath.Join(e.logDir, fmt.Sprintf("run-%d.log", run)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logf.Close() })
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd, &stdout
+}
+
+// finish runs dagtrigger until idle and returns its summary line.
+func (e *env) finish(t *testing.T, run int) map[string]int64 {
+	t.Helper()
+	cmd, stdout := e.start(t, run, "--exit-when-idle", "4s")
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			log, _ := os.ReadFile(filepath.Join(e.logDir, fmt.Sprintf("run-%d.log", run)))
+			t.Fatalf("final run: %v\n%s", err, tail(log, 2000))
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatal("final run did not go idle within 3 minutes")
+	}
+	var sum map[string]int64
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &sum) != nil {
+		t.Fatalf("stdout is not one JSON summary line: %q", stdout.String())
+	}
+	return sum
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// event is a Debezium-shaped change event (PostgreSQL connector, JSON without schemas).
+func event(i int) (key, value []byte) {
+	key = fmt.Appendf(nil, `{"id":%d}`, i)
+	value = fmt.Appendf(nil, `{"before":null,"after":{"id":%d,"status":"active"},"source":{"connector":"postgresql","db":"app","schema":"public","table":"customers","lsn":%d,"txId":%d},"op":"c","ts_ms":1790000000000}`,
+		i, 100000+i*64, 700+i)
+	return key, value
+}
+
+func produce(t *testing.T, brokers, topic string, from, to int) {
+	t.Helper()
+	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": brokers, "enable.idempotence": true, "go.logs.channel.enable": false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	deliveries := make(chan kafka.Event, to-from+1)
+	for i := from; i <= to; i++ {
+		k, v := event(i)
+		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny}, Key: k, Value: v}, deliveries); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := from; i <= to; i++ {
+		select {
+		case ev := <-deliveries:
+			if m, ok := ev.(*kafka.Message); !ok || m.TopicPartition.Error != nil {
+				t.Fatalf("delivery: %v", ev)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("deliveries did not arrive within 30s")
+		}
+	}
+}
+
+// TestKillBetweenAirflowCallAndCommit: the fake Airflow SIGKILLs dagtrigger right after it
+// created a run and before it answers, so the run exists while the consumer's transaction
+// never commits. The restarted process posts the same run id again, gets 409, counts it as
+// success: one run per event.
+func TestKillBetweenAirflowCallAndCommit(t *testing.T) {
+	t.Parallel()
+	f, url := newFake(t, 0)
+	e := newEnv(t, url)
+	const n = 20
+	produce(t, e.brokers, e.topic, 1, n)
+
+	var mu sync.Mutex
+	var victim *exec.Cmd
+	killAt := map[int]bool{3: true, 11: true}
+	f.onCreate = func(created int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if killAt[created] && victim != nil {
+			_ = victim.Process.Signal(syscall.SIGKILL)
+			delete(killAt, created)
+		}
+	}
+	kills := 0
+	for run := 0; run < 2; run++ {
+		cmd, _ := e.start(t, run)
+		mu.Lock()
+		victim = cmd
+		mu.Unlock()
+		err := cmd.Wait()
+		ws, _ := cmd.ProcessState.Sys().(syscall.WaitStatus)
+		if !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("run %d ended with %v, want the SIGKILL sent between the Airflow call and the commit", run, err)
+		}
+		kills++
+	}
+	mu.Lock()
+	victim = nil
+	mu.Unlock()
+	sum := e.finish(t, 2)
+	f.check(t, n)
+	if f.conflicts < kills {
+		t.Errorf("%d 409 answers after %d kills between create and commit; want at least one per kill", f.conflicts, kills)
+	}
+	if sum["dead_lettered"] != 0 {
+		t.Errorf("summary %v: dead letters", sum)
+	}
+	t.Logf("runs=%d posts=%d conflicts=%d final summary %v", len(f.runs), f.posts, f.conflicts, sum)
+}
+
+// TestRandomKillsOneRunPerEvent: events arrive while dagtrigger is SIGKILLed at random
+// moments and restarted; then a copy of some events is re-published at new offsets. Each
+// event yields exactly one run, and the copies reach Airflow not at all.
+func TestRandomKillsOneRunPerEvent(t *testing.T) {
+	t.Parallel()
+	f, url := newFake(t, 60*time.Millisecond)
+	e := newEnv(t, url)
+	const rounds, per = 6, 15
+	kills := 0
+	for r := 0; r < rounds; r++ {
+		cmd, _ := e.start(t, r)
+		produce(t, e.brokers, e.topic, r*per+1, r*per+per)
+		time.Sleep(time.Duration(200+rand.IntN(1000)) * time.Millisecond)
+		if cmd.ProcessState == nil && cmd.Process.Signal(syscall.SIGKILL) == nil {
+			kills++
+		}
+		_ = cmd.Wait()
+	}
+	sum := e.finish(t, rounds)
+	f.check(t, rounds*per)
+	if kills < rounds/2 {
+		t.Errorf("only %d of %d kills landed", kills, rounds)
+	}
+	t.Logf("kills=%d runs=%d posts=%d conflicts=%d final summary %v", kills, len(f.runs), f.posts, f.conflicts, sum)
+
+	// Re-publish 10 processed events at new offsets (a connector restarted from an older
+	// offset): skipped by their claimed source position, without calling Airflow.
+	f.mu.Lock()
+	postsBefore := f.posts
+	f.mu.Unlock()
+	produce(t, e.brokers, e.topic, 1, 10)
+	sum = e.finish(t, rounds+1)
+	f.mu.Lock()
+	extra := f.posts - postsBefore
+	f.mu.Unlock()
+	if extra != 0 || sum["events_repeated"] != 10 || sum["processed"] != 10 {
+		t.Errorf("re-published copies: %d Airflow calls, summary %v; want 0 calls, 10 processed, 10 repeated", extra, sum)
+	}
+	f.check(t, rounds*per)
+}
