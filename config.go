@@ -10,6 +10,8 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/idempotency"
 )
 
 // AheadPolicy says what the consumer does when Kafka's committed offset K is ahead of the
@@ -72,6 +74,10 @@ type Config struct {
 	// DeadLetter configures the publication of dead letters to a dead-letter topic
 	// through the outbox (in the same transaction as the dead-letter row).
 	DeadLetter DeadLetterConfig
+
+	// Idempotency configures business idempotency keys: a message whose key was already
+	// claimed in the group's current replay epoch is skipped.
+	Idempotency IdempotencyConfig
 
 	// MaxValueBytes dead-letters a message whose value is larger, in bytes, without
 	// running the handler (error class "oversized"). Defaults to 0: no limit beyond
@@ -136,6 +142,24 @@ type DeadLetterConfig struct {
 	Disabled bool
 	// Topic maps a source topic to its dead-letter topic. Defaults to topic + ".dlq".
 	Topic func(topic string) string
+}
+
+// IdempotencyConfig configures business idempotency keys (DESIGN.md, "Terms"). The key is
+// claimed in the message's transaction (table idempotency_keys, scope "<group>/<replay
+// epoch>"); a message whose key is already claimed is skipped — its handler does not run, its
+// offset is passed — and counted as a duplicate. An operator replay opens a new epoch, so a
+// replay runs handlers again.
+type IdempotencyConfig struct {
+	// Key derives the key. Defaults to idempotency.FromOutboxID(): records published by a
+	// kafkatx relay carry the kafkatx-outbox-id header, so a relay's re-publish of a record has
+	// no effect; records without the header are keyed by their offset alone. A key function
+	// error dead-letters the message (error class "permanent").
+	Key idempotency.KeyFunc
+	// Disabled turns business keys off; the watermark still makes each offset effective once.
+	Disabled bool
+	// Retention is how long a claimed key is remembered. Defaults to 7 days
+	// (idempotency.DefaultRetention).
+	Retention time.Duration
 }
 
 // reservedKafkaKeys are set by kafkatx; the user may not turn them on.
@@ -205,6 +229,12 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.ShutdownTimeout <= 0 {
 		out.ShutdownTimeout = 30 * time.Second
+	}
+	if out.Idempotency.Key == nil {
+		out.Idempotency.Key = idempotency.FromOutboxID()
+	}
+	if out.Idempotency.Retention <= 0 {
+		out.Idempotency.Retention = idempotency.DefaultRetention
 	}
 	if out.DeadLetter.Topic == nil {
 		out.DeadLetter.Topic = func(t string) string { return t + ".dlq" }

@@ -71,14 +71,13 @@ type Consumer struct {
 	running atomic.Bool
 
 	// Owned by Run.
-	kc        *kafka.Consumer
-	commits   *committer
-	mu        sync.Mutex // guards parts for Stats
-	parts     map[offsetstore.TP]*partition
-	resyncs   chan resyncRequest
-	fatal     error
-	eager     bool
-	afterDead func(ctx context.Context, tx pgx.Tx, d *deadLetterInfo) error
+	kc      *kafka.Consumer
+	commits *committer
+	mu      sync.Mutex // guards parts for Stats
+	parts   map[offsetstore.TP]*partition
+	resyncs chan resyncRequest
+	fatal   error
+	eager   bool
 }
 
 // NewConsumer validates cfg and returns a Consumer that runs handler once per message.

@@ -291,3 +291,61 @@ func TestBackoffGrowsAndIsBounded(t *testing.T) {
 		}
 	}
 }
+
+func TestDeadLetterIsWrittenToTheOutboxInItsTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, []testRecord{
+		{key: []byte("a"), value: []byte(`{"ok":1}`)},
+		{key: nil, value: []byte("not json"), headers: []kafka.Header{{Key: "trace", Value: []byte{0, 0xff}}}},
+	})
+	b.start(t, strictJSON(b.schema), b.config(t))
+	waitFor(t, 60*time.Second, "watermark 2", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 2
+	})
+	var key, value []byte
+	var hk, hv [][]byte
+	err := b.pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT key, value, header_keys, header_values FROM %s WHERE topic = $1`,
+		pgx.Identifier{b.schema, "outbox"}.Sanitize()), b.topic+".dlq").Scan(&key, &value, &hk, &hv)
+	if err != nil {
+		t.Fatalf("no dead-letter record in the outbox: %v", err)
+	}
+	if key != nil || string(value) != "not json" {
+		t.Fatalf("dead-letter record key %q value %q", key, value)
+	}
+	headers := map[string]string{}
+	for i, k := range hk {
+		headers[string(k)] = string(hv[i])
+	}
+	for k, want := range map[string]string{"trace": "\x00\xff", "kafkatx.dlq.original.topic": b.topic, "kafkatx.dlq.original.partition": "0",
+		"kafkatx.dlq.original.offset": "1", "kafkatx.dlq.group": b.group, "kafkatx.dlq.error.class": ErrorClassPermanent} {
+		if headers[k] != want {
+			t.Fatalf("header %s = %q, want %q (all: %q)", k, headers[k], want, headers)
+		}
+	}
+}
+
+func TestRepublishedOutboxRecordHasNoSecondEffect(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	id := func(s string) []kafka.Header { return []kafka.Header{{Key: "kafkatx-outbox-id", Value: []byte(s)}} }
+	produce(t, b.brokers, b.topic, []testRecord{
+		{value: []byte(`{"n":1}`), headers: id("11111111-1111-1111-1111-111111111111")},
+		{value: []byte(`{"n":2}`), headers: id("22222222-2222-2222-2222-222222222222")},
+		{value: []byte(`{"n":1}`), headers: id("11111111-1111-1111-1111-111111111111")}, // a relay re-publish
+		{value: []byte(`{"n":3}`)},
+	})
+	r := b.start(t, strictJSON(b.schema), b.config(t))
+	waitFor(t, 60*time.Second, "watermark 4", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 4
+	})
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" = 2`); n != 0 {
+		t.Fatal("the re-published copy ran its handler")
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects"); n != 3 {
+		t.Fatalf("%d effects, want 3", n)
+	}
+	if s := r.c.Stats(); s.Duplicates != 1 || s.Processed != 3 {
+		t.Fatalf("stats %+v, want 1 duplicate and 3 processed", s)
+	}
+}

@@ -14,7 +14,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 var errStopped = errors.New("partition worker stopped")
@@ -49,6 +51,7 @@ type partition struct {
 	pendingLen    atomic.Int64
 	busy          atomic.Int64 // messages the worker holds (in a batch or a backoff)
 	watermark     atomic.Int64
+	epoch         int // replay epoch: scopes business idempotency keys
 
 	// Owned by the worker.
 	w            int64 // the database watermark: next offset to process
@@ -73,6 +76,7 @@ func newPartition(c *Consumer, tp offsetstore.TP, w offsetstore.Watermark, atts 
 		next:        w.Next,
 		w:           w.Next,
 		inflightEnd: w.InflightEnd,
+		epoch:       w.ReplayEpoch,
 		attempts:    atts,
 		stopCh:      make(chan struct{}),
 		workCtx:     ctx,
@@ -216,7 +220,7 @@ func (p *partition) refence() bool {
 	if err != nil {
 		return false
 	}
-	p.w, p.inflightEnd, p.attempts = w.Next, w.InflightEnd, atts
+	p.w, p.inflightEnd, p.attempts, p.epoch = w.Next, w.InflightEnd, atts, w.ReplayEpoch
 	p.crashedUntil = max(p.crashedUntil, w.InflightEnd)
 	p.watermark.Store(w.Next)
 	r := resyncRequest{p: p, at: w.Next, done: make(chan struct{})}
@@ -323,19 +327,29 @@ func (p *partition) waitRetry(d time.Duration) error {
 	}
 }
 
-// dbRetry backs off after a retryable database error (never an attempt).
-func (p *partition) dbRetry(n int, err error) error {
-	d := p.c.cfg.Retry.Backoff(min(n, 8))
-	p.log.Warn("retryable database error; running the transaction again (not an attempt)", zap.Error(err), zap.Duration("backoff", d))
-	return p.waitRetry(d)
-}
-
-// stopErr maps an error seen while stopping to errStopped.
-func (p *partition) stopErr(err error) error {
+// afterDBError decides what follows an error of the loop's own database work (not the
+// handler's): errStopped when the worker is stopping, the error itself when fenced, else a
+// backoff after which the caller runs the statement or transaction again — never an attempt.
+// Errors that are not retryable conditions (a missing table, a revoked permission) are logged
+// at error level: the partition waits for an operator rather than skipping anything. n is
+// the caller's try count, for the backoff.
+func (p *partition) afterDBError(n int, err error) error {
 	if p.workCtx.Err() != nil {
 		return errStopped
 	}
-	return err
+	if errors.Is(err, offsetstore.ErrFenced) {
+		return err
+	}
+	d := p.c.cfg.Retry.Backoff(min(n, 8))
+	if retryableDB(err) {
+		p.log.Warn("retryable database error; running it again (not an attempt)", zap.Error(err), zap.Duration("backoff", d))
+	} else {
+		p.log.Error("database error in the loop's own statements; the partition waits and tries again", zap.Error(err), zap.Duration("backoff", d))
+	}
+	if werr := p.waitRetry(d); werr != nil {
+		return werr
+	}
+	return nil
 }
 
 // runBatch runs msgs optimistically in one transaction. It returns the index of a message
@@ -348,13 +362,10 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 		if end > p.inflightEnd {
 			ahead := max(end, p.dispatchedEnd.Load())
 			if err := p.c.store.MarkInflight(ctx, p.c.pool, p.c.group, p.tp, p.w, ahead); err != nil {
-				if errors.Is(err, offsetstore.ErrFenced) {
+				if err := p.afterDBError(try, err); err != nil {
 					return -1, err
 				}
-				if retryableDB(err) && p.dbRetry(try, err) == nil {
-					continue
-				}
-				return -1, p.stopErr(err)
+				continue
 			}
 			p.inflightEnd = ahead
 		}
@@ -378,22 +389,18 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 				if err == nil {
 					break
 				}
-				if !retryableDB(err) || p.dbRetry(t, err) != nil {
-					return -1, p.stopErr(err)
+				if err := p.afterDBError(t, err); err != nil {
+					return -1, err
 				}
 			}
 			now := time.Now()
 			p.attempts[int64(m.TopicPartition.Offset)] = offsetstore.Attempt{Offset: int64(m.TopicPartition.Offset), Attempts: 1,
 				FirstFailureAt: now, LastFailureAt: now, ErrorClass: class, ErrorMessage: msg, Stack: stack}
 			return failed, nil
-		case errors.Is(err, offsetstore.ErrFenced):
-			return -1, err
-		case retryableDB(err) && ctx.Err() == nil:
-			if err := p.dbRetry(try, err); err != nil {
+		default:
+			if err := p.afterDBError(try, err); err != nil {
 				return -1, err
 			}
-		default:
-			return -1, p.stopErr(err)
 		}
 	}
 }
@@ -406,7 +413,11 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 		return -1, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := p.call(ctx, tx, msgs, 1); err != nil {
+	fresh, dups, failed, herr, err := p.claim(ctx, tx, msgs)
+	if err != nil || herr != nil {
+		return failed, herr, err
+	}
+	if err := p.call(ctx, tx, fresh, 1); err != nil {
 		if retryableDB(err) || ctx.Err() != nil {
 			return -1, nil, err
 		}
@@ -437,8 +448,65 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 		hook("db-committed", int64(km.TopicPartition.Offset))
 	}
 	p.inflightEnd = ahead
-	p.committed(end, len(msgs), 0)
+	p.committed(end, len(fresh), 0)
+	p.duplicates(dups)
 	return -1, nil, nil
+}
+
+// claim claims the business idempotency keys of msgs in tx and returns the messages whose
+// handler must run: those without a key and those claiming theirs first. A key function
+// error fails its message (herr at msgs[failed]) as a permanent error.
+func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message) (fresh []*kafka.Message, dups, failed int, herr, err error) {
+	idem := p.c.cfg.Idempotency
+	if idem.Disabled {
+		return msgs, 0, -1, nil, nil
+	}
+	var keys []string
+	var keyed []int
+	for i, km := range msgs {
+		m := toMessage(km, 1)
+		k, ok, kerr := idem.Key(idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header})
+		if kerr != nil {
+			return nil, 0, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
+		}
+		if ok && len(k) > idempotency.MaxKeyBytes {
+			return nil, 0, i, Permanent(fmt.Errorf("idempotency key of %d bytes is longer than %d", len(k), idempotency.MaxKeyBytes)), nil
+		}
+		if ok && k != "" {
+			keys = append(keys, k)
+			keyed = append(keyed, i)
+		}
+	}
+	if len(keys) == 0 {
+		return msgs, 0, -1, nil, nil
+	}
+	first, err := idempotency.ClaimManyTx(ctx, tx, p.c.cfg.Schema, p.scope(), keys, idem.Retention)
+	if err != nil {
+		return nil, 0, -1, nil, err
+	}
+	skip := make(map[int]bool, len(keys))
+	for j, ok := range first {
+		if !ok {
+			skip[keyed[j]] = true
+		}
+	}
+	fresh = make([]*kafka.Message, 0, len(msgs)-len(skip))
+	for i, km := range msgs {
+		if !skip[i] {
+			fresh = append(fresh, km)
+		}
+	}
+	return fresh, len(skip), -1, nil, nil
+}
+
+// scope is the idempotency scope of the partition's group and replay epoch.
+func (p *partition) scope() string { return fmt.Sprintf("%s/%d", p.c.group, p.epoch) }
+
+func (p *partition) duplicates(n int) {
+	if n > 0 {
+		p.c.stats.duplicates.Add(int64(n))
+		p.c.metrics.duplicates.WithLabelValues(p.c.group, p.tp.Topic).Add(float64(n))
+	}
 }
 
 // commit commits tx that moves the watermark to end. After a lost COMMIT reply, a
@@ -463,6 +531,9 @@ func (p *partition) call(ctx context.Context, tx pgx.Tx, kms []*kafka.Message, a
 			err = &panicError{value: r, stack: debug.Stack()}
 		}
 	}()
+	if len(kms) == 0 {
+		return nil // every message was a duplicate by its business key
+	}
 	msgs := make([]*Message, len(kms))
 	for i, km := range kms {
 		msgs[i] = toMessage(km, attempt)
@@ -539,8 +610,8 @@ func (p *partition) runOne(km *kafka.Message) error {
 			if err == nil {
 				break
 			}
-			if !retryableDB(err) || p.dbRetry(t, err) != nil {
-				return p.stopErr(err)
+			if err := p.afterDBError(t, err); err != nil {
+				return err
 			}
 		}
 		a.Attempts = n
@@ -548,10 +619,7 @@ func (p *partition) runOne(km *kafka.Message) error {
 		p.attempts[off] = a
 		herr, err := p.oneTx(ctx, km, n)
 		for t := 1; err != nil; t++ {
-			if errors.Is(err, offsetstore.ErrFenced) || !retryableDB(err) || ctx.Err() != nil {
-				return p.stopErr(err)
-			}
-			if err := p.dbRetry(t, err); err != nil {
+			if err := p.afterDBError(t, err); err != nil {
 				return err
 			}
 			herr, err = p.oneTx(ctx, km, n) // the same try: database trouble is not an attempt
@@ -567,8 +635,8 @@ func (p *partition) runOne(km *kafka.Message) error {
 			if err == nil {
 				break
 			}
-			if !retryableDB(err) || p.dbRetry(t, err) != nil {
-				return p.stopErr(err)
+			if err := p.afterDBError(t, err); err != nil {
+				return err
 			}
 		}
 		now := time.Now()
@@ -588,7 +656,11 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := p.call(ctx, tx, []*kafka.Message{km}, attempt); err != nil {
+	fresh, dups, _, herr, err := p.claim(ctx, tx, []*kafka.Message{km})
+	if err != nil || herr != nil {
+		return herr, err
+	}
+	if err := p.call(ctx, tx, fresh, attempt); err != nil {
 		if retryableDB(err) || ctx.Err() != nil {
 			return nil, err
 		}
@@ -609,14 +681,9 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return nil, err
 	}
 	hook("db-committed", off)
-	p.committed(off+1, 1, 0)
+	p.committed(off+1, len(fresh), 0)
+	p.duplicates(dups)
 	return nil, nil
-}
-
-// deadLetterInfo is what the dead-letter publisher gets: the stored dead letter and its id.
-type deadLetterInfo struct {
-	ID int64
-	*dlq.DeadLetter
 }
 
 // deadLetter writes the dead letter, publishes it through the outbox when configured, and
@@ -649,10 +716,7 @@ func (p *partition) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 		if err == nil {
 			break
 		}
-		if errors.Is(err, offsetstore.ErrFenced) || !retryableDB(err) || ctx.Err() != nil {
-			return p.stopErr(err)
-		}
-		if err := p.dbRetry(t, err); err != nil {
+		if err := p.afterDBError(t, err); err != nil {
 			return err
 		}
 	}
@@ -670,13 +734,17 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	id, _, err := dlq.InsertTx(ctx, tx, p.c.cfg.Schema, d)
+	id, inserted, err := dlq.InsertTx(ctx, tx, p.c.cfg.Schema, d)
 	if err != nil {
 		return err
 	}
-	if p.c.afterDead != nil {
-		if err := p.c.afterDead(ctx, tx, &deadLetterInfo{ID: id, DeadLetter: d}); err != nil {
-			return fmt.Errorf("publish dead letter: %w", err)
+	if inserted && !p.c.cfg.DeadLetter.Disabled {
+		// Published through the outbox in this transaction: the dead-letter record exists
+		// if and only if the dead letter does (invariant 4).
+		d.ID = id
+		rec := outbox.DeadLetterRecord(p.c.cfg.DeadLetter.Topic(d.Topic), d)
+		if _, err := (outbox.Writer{Schema: p.c.cfg.Schema}).Write(ctx, tx, rec); err != nil {
+			return fmt.Errorf("publish dead letter through the outbox: %w", err)
 		}
 	}
 	hook("dead-letter", off)
