@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 const schemaSQL = `
@@ -44,6 +46,14 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 
 type service struct {
 	eventsTopic string
+	outbox      outbox.Writer
+}
+
+// orderApplied is the event published to --events-topic for each applied order.
+type orderApplied struct {
+	OrderID    string `json:"order_id"`
+	Customer   string `json:"customer"`
+	TotalCents int64  `json:"total_cents"`
 }
 
 // handleBatch applies a batch of orders with three statements whatever its size: the order
@@ -64,19 +74,22 @@ func (s *service) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO order_totals (order_id, customer, item, quantity, total_cents)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
-		ON CONFLICT (order_id) DO NOTHING RETURNING customer, total_cents`, ids, customers, items, qty, totals)
+		ON CONFLICT (order_id) DO NOTHING RETURNING order_id, customer, total_cents`, ids, customers, items, qty, totals)
 	if err != nil {
 		return fmt.Errorf("insert orders: %w", err)
 	}
 	type sum struct{ orders, cents int64 }
 	byCustomer := map[string]*sum{}
+	var events []outbox.Record
 	for rows.Next() {
-		var c string
+		var id, c string
 		var cents int64
-		if err := rows.Scan(&c, &cents); err != nil {
+		if err := rows.Scan(&id, &c, &cents); err != nil {
 			rows.Close()
 			return fmt.Errorf("insert orders: %w", err)
 		}
+		ev, _ := json.Marshal(orderApplied{OrderID: id, Customer: c, TotalCents: cents})
+		events = append(events, outbox.Record{Topic: s.eventsTopic, Key: []byte(id), Value: ev})
 		if byCustomer[c] == nil {
 			byCustomer[c] = &sum{}
 		}
@@ -88,6 +101,10 @@ func (s *service) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	}
 	if len(byCustomer) == 0 {
 		return nil
+	}
+	// One event per applied order, published by the relay if and only if this commits.
+	if _, err := s.outbox.Write(ctx, tx, events...); err != nil {
+		return fmt.Errorf("write order events: %w", err)
 	}
 	names := make([]string, 0, len(byCustomer))
 	for c := range byCustomer {
