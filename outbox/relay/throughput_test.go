@@ -36,7 +36,11 @@ func TestRelayThroughput(t *testing.T) {
 	writeTook := time.Since(writeStart)
 
 	start := time.Now()
-	r, stop := b.start(t, b.config(t))
+	cfg := b.config(t)
+	if v := os.Getenv("KAFKATX_RELAY_BATCH"); v != "" {
+		cfg.BatchSize, _ = strconv.Atoi(v)
+	}
+	r, stop := b.start(t, cfg)
 	waitFor(t, 10*time.Minute, "the backlog published", func() bool { return r.Stats().Published >= int64(rows) })
 	took := time.Since(start)
 	stop()
