@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/testenv"
@@ -73,7 +74,11 @@ func (b *offsetsBundle) q(sql string, args ...any) int64 {
 }
 
 // produce writes values to partition 0 and returns once each is acknowledged.
-func (b *offsetsBundle) produce(values ...string) {
+func (b *offsetsBundle) produce(values ...string) { b.produceKeyed(false, values...) }
+
+// produceKeyed writes values to partition 0, each with the business idempotency key
+// "key-<value>" in the idempotency-key header when keyed.
+func (b *offsetsBundle) produceKeyed(keyed bool, values ...string) {
 	b.t.Helper()
 	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": b.brokers, "enable.idempotence": true, "acks": "all"})
 	if err != nil {
@@ -82,7 +87,11 @@ func (b *offsetsBundle) produce(values ...string) {
 	defer p.Close()
 	ch := make(chan kafka.Event, len(values))
 	for _, v := range values {
-		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &b.topic, Partition: 0}, Value: []byte(v)}, ch); err != nil {
+		m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &b.topic, Partition: 0}, Value: []byte(v)}
+		if keyed {
+			m.Headers = []kafka.Header{{Key: "idempotency-key", Value: []byte("key-" + v)}}
+		}
+		if err := p.Produce(m, ch); err != nil {
 			b.t.Fatal(err)
 		}
 	}
@@ -120,6 +129,8 @@ func (b *offsetsBundle) start() *offsetsService {
 		Schema: b.schema,
 		Logger: zaptest.NewLogger(b.t, zaptest.Level(zap.ErrorLevel)),
 		Retry:  kafkatx.RetryPolicy{MaxAttempts: 1000, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond},
+		// Business idempotency keys from a header; a replay must not be swallowed by them.
+		Idempotency: kafkatx.IdempotencyConfig{Key: idempotency.FromHeader("idempotency-key")},
 	})
 	if err != nil {
 		b.t.Fatal(err)
@@ -386,8 +397,12 @@ func TestOffsetsReplayToTimeRunsEachMessageOnceMore(t *testing.T) {
 	time.Sleep(1100 * time.Millisecond)
 	at := time.Now()
 	time.Sleep(1100 * time.Millisecond)
-	b.produce("b5", "b6", "b7", "b8", "b9")
+	b.produce("b5", "b6")
+	b.produceKeyed(true, "b7", "b8", "b9") // with business idempotency keys
 	b.runUntil(10)
+	if n := b.q(`SELECT count(*) FROM {{schema}}.idempotency_keys WHERE key LIKE 'key-b%'`); n != 3 {
+		t.Fatalf("%d business keys claimed, want 3 (is the key function wired?)", n)
+	}
 	_, code := b.kafkatx("offsets", "reset", "--group", b.group, "--topic", b.topic, "--to-time", at.UTC().Format(time.RFC3339Nano),
 		"--mode", "replay", "--reason", "re-run after a bug fix", "--execute")
 	if code != 0 {
