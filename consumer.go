@@ -246,10 +246,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return c.fatal
 }
 
-// dispatch hands a polled message to its partition worker without blocking the poll loop:
-// when the worker's queue is full the partition is paused and the message kept in memory.
-// librdkafka resumes a paused partition at the offset after the last message it returned,
-// so nothing is skipped (DESIGN.md: pause/resume positions).
+// dispatch hands a polled message to its partition worker without blocking the poll loop.
+// When the worker's queue is full the message is kept in memory; once a partition keeps
+// more than pauseAt messages it is paused, and resumed when fewer than resumeAt remain
+// (hysteresis: a resume makes librdkafka fetch again, so it should be rare). librdkafka
+// resumes a paused partition at the offset after the last message it returned, so nothing
+// is skipped (DESIGN.md: pause/resume positions).
 func (c *Consumer) dispatch(m *kafka.Message) {
 	tp := offsetstore.TP{Topic: *m.TopicPartition.Topic, Partition: m.TopicPartition.Partition}
 	p := c.parts[tp]
@@ -275,7 +277,7 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 	}
 	p.pending = append(p.pending, m)
 	p.pendingLen.Store(int64(len(p.pending)))
-	if !p.paused {
+	if !p.paused && len(p.pending) >= c.pauseAt() {
 		if err := c.kc.Pause([]kafka.TopicPartition{p.ktp()}); err != nil {
 			c.log.Warn("pause partition", zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition), zap.Error(err))
 			return
@@ -284,8 +286,13 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 	}
 }
 
+// pauseAt and resumeAt bound the messages kept in memory per partition beyond its worker's
+// queue, in messages.
+func (c *Consumer) pauseAt() int  { return 4 * c.cfg.Batch.Size }
+func (c *Consumer) resumeAt() int { return c.cfg.Batch.Size }
+
 // servicePartitions moves kept messages into worker queues, resumes partitions whose
-// queues have room, and serves resync requests from fenced workers.
+// backlog has shrunk, and serves resync requests from fenced workers.
 func (c *Consumer) servicePartitions() {
 	for {
 		select {
@@ -297,18 +304,25 @@ func (c *Consumer) servicePartitions() {
 		break
 	}
 	for _, p := range c.parts {
-		for len(p.pending) > 0 {
+		n := 0
+	feed:
+		for n < len(p.pending) {
 			select {
-			case p.in <- p.pending[0]:
-				p.pending[0] = nil
-				p.pending = p.pending[1:]
-				continue
+			case p.in <- p.pending[n]:
+				p.pending[n] = nil
+				n++
 			default:
+				break feed
 			}
-			break
 		}
-		p.pendingLen.Store(int64(len(p.pending)))
-		if p.paused && len(p.pending) == 0 {
+		if n > 0 {
+			p.pending = p.pending[n:]
+			if len(p.pending) == 0 {
+				p.pending = nil
+			}
+			p.pendingLen.Store(int64(len(p.pending)))
+		}
+		if p.paused && len(p.pending) < c.resumeAt() {
 			if err := c.kc.Resume([]kafka.TopicPartition{p.ktp()}); err != nil {
 				c.log.Warn("resume partition", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Error(err))
 				continue
