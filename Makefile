@@ -30,12 +30,10 @@ services-down:
 services-status:
 	scripts/dev-services status
 
-## demo: the order service on PostgreSQL and an in-process Kafka broker (no JVM needed)
+## demo: the order service on PostgreSQL and an in-process Kafka broker (no JVM needed),
+## on a fresh database each run; prints the summary and the tables
 demo:
-	scripts/dev-services up postgres
-	eval "$$(scripts/dev-services env postgres)"; \
-	unset KAFKA_BOOTSTRAP_SERVERS; \
-	$(GO) run ./examples/orders --produce $(DEMO_DATA) --exit-when-idle 5s
+	scripts/demo $(DEMO_DATA)
 
 ## lint: static checks
 lint:
