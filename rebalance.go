@@ -98,16 +98,12 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 					return nil, err
 				}
 			}
-			w, _, err = c.store.Init(ctx, c.pool, c.group, tp, start)
+			w, err = c.firstRun(ctx, tp, start, hasK)
 			if err != nil {
 				return nil, err
 			}
 			if w.Next != start { // another member recorded it first; compare again next time
 				return nil, fmt.Errorf("watermark of %s appeared concurrently", tp)
-			}
-			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
-				Kind: offsetstore.KindFirstRun, From: start, To: start, Actor: "kafkatx.consumer", Reason: "no watermark; started at " + startSource(hasK)}); err != nil {
-				return nil, err
 			}
 			log.Info("first run on partition", zap.Int64("offset", start), zap.Bool("kafka_committed", hasK))
 			if !hasK {
@@ -116,6 +112,10 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 		case !hasK:
 			start = w.Next
 			log.Warn("no committed offset in Kafka; starting at the database watermark and re-committing it", zap.Int64("watermark", w.Next))
+			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+				Kind: offsetstore.KindKafkaMissing, From: w.Next, To: w.Next, Actor: "kafkatx.consumer", Reason: "no committed offset in Kafka (expired or deleted); database leads"}); err != nil {
+				return nil, err
+			}
 			c.commits.enqueue(tp, start)
 		case k == w.Next:
 			start = w.Next
@@ -177,6 +177,30 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 	}
 	c.mu.Unlock()
 	return starts, nil
+}
+
+// firstRun records a partition's first watermark at start and its first_run audit row in
+// one transaction, and returns the stored row (another member's, if it was first).
+func (c *Consumer) firstRun(ctx context.Context, tp offsetstore.TP, start int64, hasK bool) (offsetstore.Watermark, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return offsetstore.Watermark{}, fmt.Errorf("record first watermark %s: %w", tp, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	w, created, err := c.store.Init(ctx, tx, c.group, tp, start)
+	if err != nil {
+		return offsetstore.Watermark{}, err
+	}
+	if created {
+		if _, err := c.store.InsertEvent(ctx, tx, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+			Kind: offsetstore.KindFirstRun, From: start, To: start, Actor: "kafkatx.consumer", Reason: "no watermark; started at " + startSource(hasK)}); err != nil {
+			return offsetstore.Watermark{}, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return offsetstore.Watermark{}, fmt.Errorf("record first watermark %s: %w", tp, err)
+	}
+	return w, nil
 }
 
 func startSource(hasK bool) string {
