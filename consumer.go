@@ -69,6 +69,7 @@ type Consumer struct {
 	stats   counters
 
 	running atomic.Bool
+	failed  atomic.Pointer[error] // first error of a worker that stops the consumer
 
 	// Owned by Run.
 	kc      *kafka.Consumer
@@ -214,6 +215,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	lagTick := time.NewTicker(time.Second)
 	defer lagTick.Stop()
 	for ctx.Err() == nil && c.fatal == nil {
+		if errp := c.failed.Load(); errp != nil {
+			c.fatal = *errp
+			break
+		}
 		c.servicePartitions()
 		select {
 		case <-lagTick.C:
@@ -372,6 +377,12 @@ func (c *Consumer) updateLag() {
 		}
 		c.metrics.lag.WithLabelValues(c.group, tp.Topic, strconv.Itoa(int(tp.Partition))).Set(float64(high - p.watermark.Load()))
 	}
+}
+
+// fail stops the consumer with err (the first one wins); Run returns it.
+func (c *Consumer) fail(err error) {
+	err = fmt.Errorf("kafkatx: %w", err)
+	c.failed.CompareAndSwap(nil, &err)
 }
 
 // OffsetAheadError is returned by Run under AheadHalt when Kafka's committed offset is

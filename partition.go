@@ -161,7 +161,9 @@ func (p *partition) run() {
 				return
 			}
 		default:
-			p.log.Error("partition worker stopped on an unexpected error", zap.Error(err))
+			// Not expected: the loop's own errors are retried. Stop the consumer rather
+			// than leave the partition assigned and unprocessed.
+			p.c.fail(fmt.Errorf("partition %s: %w", p.tp, err))
 			return
 		}
 	}
@@ -207,18 +209,24 @@ func (p *partition) collect(first *kafka.Message) []*kafka.Message {
 func (p *partition) refence() bool {
 	ctx := p.workCtx
 	p.log.Warn("watermark fenced: another consumer advanced it; re-reading the database watermark")
-	ws, err := p.c.store.Watermarks(ctx, p.c.pool, p.c.group, []offsetstore.TP{p.tp})
-	if err != nil {
-		p.log.Error("re-read watermark after fence", zap.Error(err))
-		return false
-	}
-	w, ok := ws[p.tp]
-	if !ok {
-		return false
-	}
-	atts, err := p.c.store.Attempts(ctx, p.c.pool, p.c.group, p.tp, w.Next)
-	if err != nil {
-		return false
+	var w offsetstore.Watermark
+	var atts map[int64]offsetstore.Attempt
+	for t := 1; ; t++ {
+		ws, err := p.c.store.Watermarks(ctx, p.c.pool, p.c.group, []offsetstore.TP{p.tp})
+		if err == nil {
+			var ok bool
+			if w, ok = ws[p.tp]; !ok {
+				err = fmt.Errorf("watermark of %s deleted", p.tp)
+			} else {
+				atts, err = p.c.store.Attempts(ctx, p.c.pool, p.c.group, p.tp, w.Next)
+			}
+		}
+		if err == nil {
+			break
+		}
+		if p.afterDBError(t, err) != nil {
+			return false
+		}
 	}
 	p.w, p.inflightEnd, p.attempts, p.epoch = w.Next, w.InflightEnd, atts, w.ReplayEpoch
 	p.crashedUntil = max(p.crashedUntil, w.InflightEnd)

@@ -1,0 +1,82 @@
+package kafkatx
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+// TestDatabaseOutagesAreRiddenOutWithoutLossOrAttempts cuts the consumer's database
+// connections and refuses new ones, five times while it drains a backlog: every message
+// must still be applied exactly once, none counted as an attempt or dead-lettered.
+func TestDatabaseOutagesAreRiddenOutWithoutLossOrAttempts(t *testing.T) {
+	t.Parallel()
+	url := testenv.Database(t)
+	dbName := url[strings.LastIndex(url, "/")+1:]
+	if i := strings.IndexByte(dbName, '?'); i >= 0 {
+		dbName = dbName[:i]
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	admin := testenv.Postgres(t)
+	b := &testBundle{pool: pool, dbURL: url, schema: "kafkatx_outage", brokers: testenv.Brokers(t)}
+	b.topic = testenv.Topic(t, b.brokers, 2)
+	b.group = "g-" + b.topic
+	ctx := context.Background()
+	if err := Migrate(ctx, pool, b.schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (topic text, partition int, "offset" bigint, value bytea, applied int NOT NULL, seq bigserial,
+		PRIMARY KEY (topic, partition, "offset"))`, pgx.Identifier{b.schema, "effects"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000
+	produce(t, b.brokers, b.topic, values(n, -1, func(i int) string { return fmt.Sprint(i) }))
+	cfg := b.config(t)
+	cfg.Batch.Size = 50
+	cfg.Retry.MaxAttempts = 1 // any outage counted as an attempt would dead-letter at once
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		time.Sleep(100 * time.Microsecond)
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	r := b.start(t, h, cfg)
+	for i := 0; i < 5; i++ {
+		time.Sleep(300 * time.Millisecond)
+		if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS false", pgx.Identifier{dbName}.Sanitize())); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", dbName); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS true", pgx.Identifier{dbName}.Sanitize())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 120*time.Second, "every message applied", func() bool {
+		var c int64
+		return pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s", pgx.Identifier{b.schema, "effects"}.Sanitize())).Scan(&c) == nil && c == n
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if d := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); d != 0 {
+		t.Fatalf("%d duplicate effects after outages", d)
+	}
+	if d := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); d != 0 {
+		t.Fatalf("%d dead letters: an outage was counted as an attempt", d)
+	}
+	if w := b.q(t, "SELECT sum(next_offset) FROM {{schema}}.watermarks"); w != n {
+		t.Fatalf("watermarks sum to %d, want %d", w, n)
+	}
+}
