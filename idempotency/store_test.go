@@ -63,6 +63,7 @@ func TestClaimFirstThenDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a failed test must not hold the connection
 	first, err := b.store.Claim(ctx, tx, "g", "k1")
 	if err != nil || !first {
 		t.Fatalf("first claim = %v, %v; want true", first, err)
