@@ -30,6 +30,7 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/topics"
+	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
 type options struct {
@@ -57,7 +58,7 @@ func run() int {
 	fs.StringVar(&o.tokenFile, "airflow-token-file", "", "file holding a bearer token for Airflow, re-read per request; without it no Authorization header is sent")
 	fs.DurationVar(&o.airflowTimeout, "airflow-timeout", 10*time.Second, "timeout of one request to Airflow")
 	fs.StringVar(&o.schema, "schema", "kafkatx", "schema of kafkatx's tables")
-	fs.DurationVar(&o.exitWhenIdle, "exit-when-idle", 0, "exit once, for this long, no message arrived and nothing is in flight or in backoff (clock starts at the first assignment; none within 2m: exit 0)")
+	fs.DurationVar(&o.exitWhenIdle, "exit-when-idle", 0, "exit once, for this long, no message arrived and nothing is in flight, in backoff or waiting in the outbox (clock starts at the first assignment; none within 2m: exit 0)")
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", 0, "session.timeout.ms of the classic group protocol (default librdkafka's 45s)")
 	fs.IntVar(&o.maxAttempts, "max-attempts", 5, "tries, crashes included, before an event is dead-lettered")
 	fs.StringVar(&o.instanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
@@ -140,12 +141,28 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The relay publishes the dead letters that the consumer writes to the outbox to
+	// <topic>.dlq; it runs in-process here (`kafkatx relay` runs it as a sidecar).
+	rl, err := relay.New(pool, &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": o.brokers}, Schema: o.schema, Logger: log})
+	if err != nil {
+		return err
+	}
+	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- rl.Run(relayCtx) }()
+	defer func() {
+		stopRelay()
+		if err := <-relayDone; err != nil {
+			log.Warn("relay", zap.Error(err))
+		}
+	}()
+
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- c.Run(runCtx) }()
 	if o.exitWhenIdle > 0 {
-		go watchIdle(runCtx, cancel, c, o.exitWhenIdle, log)
+		go watchIdle(runCtx, cancel, c, rl, o.exitWhenIdle, log)
 	}
 	err = <-done
 	s := c.Stats()
@@ -163,9 +180,10 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	return err
 }
 
-// watchIdle cancels the consumer once, for d, no message arrived and nothing is in flight.
-// The clock starts at the first assignment; with none within two minutes it gives up.
-func watchIdle(ctx context.Context, cancel context.CancelFunc, c *kafkatx.Consumer, d time.Duration, log *zap.Logger) {
+// watchIdle cancels the consumer once, for d, no message arrived, nothing is in flight and
+// the outbox holds nothing to publish. The clock starts at the first assignment; with none
+// within two minutes it gives up.
+func watchIdle(ctx context.Context, cancel context.CancelFunc, c *kafkatx.Consumer, rl *relay.Relay, d time.Duration, log *zap.Logger) {
 	start := time.Now()
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -189,6 +207,9 @@ func watchIdle(ctx context.Context, cancel context.CancelFunc, c *kafkatx.Consum
 			last = s.LastMessageAt
 		}
 		if s.InFlight == 0 && time.Since(last) >= d {
+			if backlog, _, err := rl.Backlog(ctx); err != nil || backlog > 0 {
+				continue
+			}
 			log.Info("idle; exiting", zap.Duration("idle", time.Since(last)))
 			cancel()
 			return

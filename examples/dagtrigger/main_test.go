@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
@@ -201,19 +203,28 @@ func event(i int) (key, value []byte) {
 
 func produce(t *testing.T, brokers, topic string, from, to int) {
 	t.Helper()
+	var kvs [][2][]byte
+	for i := from; i <= to; i++ {
+		k, v := event(i)
+		kvs = append(kvs, [2][]byte{k, v})
+	}
+	produceRaw(t, brokers, topic, kvs)
+}
+
+func produceRaw(t *testing.T, brokers, topic string, kvs [][2][]byte) {
+	t.Helper()
 	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": brokers, "enable.idempotence": true, "go.logs.channel.enable": false})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	deliveries := make(chan kafka.Event, to-from+1)
-	for i := from; i <= to; i++ {
-		k, v := event(i)
-		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny}, Key: k, Value: v}, deliveries); err != nil {
+	deliveries := make(chan kafka.Event, len(kvs))
+	for _, kv := range kvs {
+		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny}, Key: kv[0], Value: kv[1]}, deliveries); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for i := from; i <= to; i++ {
+	for range kvs {
 		select {
 		case ev := <-deliveries:
 			if m, ok := ev.(*kafka.Message); !ok || m.TopicPartition.Error != nil {
@@ -313,4 +324,39 @@ func TestRandomKillsOneRunPerEvent(t *testing.T) {
 		t.Errorf("re-published copies: %d Airflow calls, summary %v; want 0 calls, 10 processed, 10 repeated", extra, sum)
 	}
 	f.check(t, rounds*per)
+}
+
+// TestBadEventsDeadLettered: a value that is not a Debezium envelope, or lacks its source
+// position, is dead-lettered (and published to <topic>.dlq by the in-process relay); a
+// tombstone is skipped; the other events each get their run.
+func TestBadEventsDeadLettered(t *testing.T) {
+	t.Parallel()
+	f, url := newFake(t, 0)
+	e := newEnv(t, url)
+	k1, v1 := event(1)
+	k2, v2 := event(2)
+	produceRaw(t, e.brokers, e.topic, [][2][]byte{
+		{k1, v1},
+		{[]byte(`{"id":9}`), []byte("not json \x00\xff")},
+		{[]byte(`{"id":10}`), []byte(`{"after":{"id":10},"source":{"connector":"postgresql","txId":5},"op":"c"}`)},
+		{k1, nil}, // tombstone
+		{k2, v2},
+	})
+	sum := e.finish(t, 0)
+	f.check(t, 2)
+	if sum["dead_lettered"] != 2 || sum["tombstones"] != 1 || sum["runs_created"] != 2 {
+		t.Fatalf("summary %v; want 2 dead letters, 1 tombstone, 2 runs", sum)
+	}
+	pool, err := pgxpool.New(context.Background(), e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var dl, pending int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM kafkatx.dead_letters WHERE error_class = 'permanent'").Scan(&dl); err != nil || dl != 2 {
+		t.Fatalf("dead_letters: %d, %v; want 2", dl, err)
+	}
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM kafkatx.outbox WHERE state = 'pending'").Scan(&pending); err != nil || pending != 0 {
+		t.Fatalf("unpublished outbox rows at exit: %d, %v; want 0", pending, err)
+	}
 }
