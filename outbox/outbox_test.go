@@ -19,9 +19,10 @@ import (
 )
 
 type testBundle struct {
-	pool   *pgxpool.Pool
-	schema string
-	t      tables.Names
+	pool    *pgxpool.Pool
+	schema  string
+	t       tables.Names
+	commits string
 }
 
 func setup(t *testing.T) *testBundle {
@@ -31,7 +32,7 @@ func setup(t *testing.T) *testBundle {
 	if _, err := migrations.Apply(context.Background(), pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	return &testBundle{pool: pool, schema: schema, t: tables.For(schema)}
+	return &testBundle{pool: pool, schema: schema, t: tables.For(schema), commits: pgx.Identifier{schema, "outbox_commits"}.Sanitize()}
 }
 
 // Write stores records byte for byte in the caller's transaction, returns ids in order, and
@@ -65,7 +66,8 @@ func TestWriteStoresRecordsInTheCallersTransaction(t *testing.T) {
 		var hk, hv [][]byte
 		var part *int32
 		var seq *int64
-		err := b.pool.QueryRow(ctx, `SELECT topic, key, value, header_keys, header_values, partition, state, commit_seq FROM `+b.t.Outbox+` WHERE id = $1`, id).
+		err := b.pool.QueryRow(ctx, `SELECT o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.state, c.commit_seq
+			FROM `+b.t.Outbox+` o LEFT JOIN `+b.commits+` c USING (txid) WHERE o.id = $1`, id).
 			Scan(&topic, &key, &value, &hk, &hv, &part, &state, &seq)
 		if err != nil {
 			t.Fatal(err)
@@ -144,7 +146,7 @@ func TestCommitSequenceFollowsCommitOrder(t *testing.T) {
 	}
 	seq := func(id int64) int64 {
 		var s int64
-		if err := b.pool.QueryRow(ctx, `SELECT commit_seq FROM `+b.t.Outbox+` WHERE id = $1`, id).Scan(&s); err != nil {
+		if err := b.pool.QueryRow(ctx, `SELECT c.commit_seq FROM `+b.t.Outbox+` o JOIN `+b.commits+` c USING (txid) WHERE o.id = $1`, id).Scan(&s); err != nil {
 			t.Fatal(err)
 		}
 		return s
@@ -217,7 +219,8 @@ func TestConcurrentSameKeyCommitsAreSerialized(t *testing.T) {
 		t.Fatal(err)
 	}
 	var order []string
-	rows, _ := b.pool.Query(ctx, `SELECT convert_from(value, 'UTF8') FROM `+b.t.Outbox+` WHERE key = 'k' ORDER BY commit_seq, id`)
+	rows, _ := b.pool.Query(ctx, `SELECT convert_from(o.value, 'UTF8') FROM `+b.t.Outbox+` o JOIN `+b.commits+` c USING (txid)
+		WHERE o.key = 'k' ORDER BY c.commit_seq, o.id`)
 	order, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil || strings.Join(order, ",") != "holder,waiter" {
 		t.Fatalf("order %v, %v", order, err)
@@ -241,7 +244,8 @@ func TestPlainSQLInsertNeedsOnlyTopicKeyValue(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n int
-	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.t.Outbox+` WHERE state = 'pending' AND commit_seq IS NOT NULL AND outbox_id IS NOT NULL`).Scan(&n); err != nil || n != 2 {
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.t.Outbox+` o JOIN `+b.commits+` c USING (txid)
+		WHERE o.state = 'pending' AND c.commit_seq IS NOT NULL AND o.outbox_id IS NOT NULL`).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("%d complete pending rows, %v; want 2", n, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)

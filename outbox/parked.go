@@ -42,7 +42,7 @@ func (w Writer) Parked(ctx context.Context, q dlq.Querier, limit int) ([]ParkedR
 	rows, err := q.Query(ctx, `SELECT o.id, o.outbox_id::text, o.topic, o.key, o.value, o.partition, o.attempts, coalesce(o.last_error, ''),
 			o.created_at, coalesce(o.parked_at, o.created_at),
 			(SELECT count(*) FROM `+t.Outbox+` b WHERE b.state = 'pending' AND b.topic = o.topic AND b.key = o.key)
-		FROM `+t.Outbox+` o WHERE o.state = 'parked' ORDER BY o.commit_seq, o.id LIMIT $1`, limit)
+		FROM `+t.Outbox+` o WHERE o.state = 'parked' ORDER BY o.id LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list parked rows: %w", err)
 	}

@@ -41,7 +41,7 @@ type RelayCmd struct {
 	StandbyInterval  time.Duration `name:"standby-interval" default:"1s" help:"A standby relay tries to take over this often."`
 	ShutdownTimeout  time.Duration `name:"shutdown-timeout" default:"30s" help:"On SIGTERM, wait this long for in-flight deliveries."`
 	NoJanitor        bool          `name:"no-janitor" help:"Do not delete old rows (published outbox rows, attempts, resolved dead letters)."`
-	OutboxRetention  time.Duration `name:"outbox-retention" default:"24h" help:"Keep published and discarded outbox rows this long."`
+	KeepPublished    time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
 	AttemptsRet      time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
 	DeadLetterRet    time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
 }
@@ -83,11 +83,10 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	janitor := relay.JanitorConfig{Disabled: c.NoJanitor, OutboxRetention: c.OutboxRetention,
-		AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
+	janitor := relay.JanitorConfig{Disabled: c.NoJanitor, AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
 	rl, err := relay.New(pool, &relay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, BatchSize: c.BatchSize,
 		PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval, ShutdownTimeout: c.ShutdownTimeout,
-		Janitor: janitor, Registerer: reg})
+		KeepPublished: c.KeepPublished, Janitor: janitor, Registerer: reg})
 	if err != nil {
 		return err
 	}

@@ -56,6 +56,11 @@ type Config struct {
 	// id). Defaults to 30s.
 	ShutdownTimeout time.Duration
 
+	// KeepPublished is how long a published row stays in the outbox table (state published)
+	// before the janitor deletes it, for inspection. Defaults to 0: the relay deletes a row as
+	// soon as the broker acknowledged it (the cheapest). Negative keeps published rows forever.
+	KeepPublished time.Duration
+
 	// MetricsInterval is how often the leader refreshes the backlog gauges. Defaults to 5s.
 	MetricsInterval time.Duration
 
@@ -66,10 +71,12 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// JanitorConfig configures the retention janitor: it deletes, in batches, published and
-// discarded outbox rows, attempt rows of messages no longer retried, and resolved (replayed
-// or discarded) dead letters once they are older than their retention. A negative retention
-// keeps those rows forever.
+// JanitorConfig configures the retention janitor: it deletes, in batches, published rows kept
+// longer than Config.KeepPublished and discarded outbox rows, attempt rows of messages no
+// longer retried, and resolved (replayed or discarded) dead letters once they are older than
+// their retention (a negative retention keeps those rows forever). It also removes the
+// bookkeeping rows of finished transactions (outbox_commits) and adopts outbox rows written
+// with the table's triggers disabled.
 type JanitorConfig struct {
 	// Disabled turns the janitor off.
 	Disabled bool
@@ -77,9 +84,6 @@ type JanitorConfig struct {
 	Interval time.Duration
 	// BatchSize is the most rows one DELETE removes. Defaults to 1000.
 	BatchSize int
-	// OutboxRetention keeps published and discarded outbox rows this long after they were
-	// resolved. Defaults to 24h.
-	OutboxRetention time.Duration
 	// AttemptsRetention keeps kafkatx.attempts rows this long after their last update. A
 	// message retried again after its row was deleted starts counting attempts from zero,
 	// so keep it longer than any partition stays paused. Defaults to 7 days.
@@ -161,9 +165,6 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if j.BatchSize <= 0 {
 		j.BatchSize = 1000
-	}
-	if j.OutboxRetention == 0 {
-		j.OutboxRetention = 24 * time.Hour
 	}
 	if j.AttemptsRetention == 0 {
 		j.AttemptsRetention = 7 * 24 * time.Hour

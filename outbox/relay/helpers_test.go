@@ -53,6 +53,7 @@ func (b *testBundle) config(t *testing.T) *Config {
 		StandbyInterval: 200 * time.Millisecond,
 		MetricsInterval: time.Second,
 		ShutdownTimeout: 10 * time.Second,
+		KeepPublished:   time.Hour, // tests read the published rows' state
 	}
 }
 

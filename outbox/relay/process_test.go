@@ -67,7 +67,8 @@ func childMain(mode string) int {
 		}
 	}
 	r, err := New(pool, &Config{Kafka: kafka.ConfigMap{"bootstrap.servers": os.Getenv(testenv.EnvBootstrap)},
-		Schema: os.Getenv(envChildSchema), Logger: log, PollInterval: 200 * time.Millisecond, StandbyInterval: 200 * time.Millisecond})
+		Schema: os.Getenv(envChildSchema), Logger: log, PollInterval: 200 * time.Millisecond, StandbyInterval: 200 * time.Millisecond,
+		KeepPublished: time.Hour})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

@@ -20,6 +20,7 @@ var testHookBeforeMark func([]result)
 // row is one pending outbox row.
 type row struct {
 	id        int64
+	commitSeq int64
 	outboxID  string
 	topic     string
 	key       []byte
@@ -237,21 +238,29 @@ func (r *Relay) checkOrder(rows []row, results []result) {
 	}
 }
 
-// fetch reads up to BatchSize pending rows in publication order, skipping rows whose
+// fetch reads up to BatchSize pending rows in publication order ((commit_seq, id): commit
+// order of their transactions, then write order), skipping rows whose
 // (topic, key) has a parked row and rows of skipTopics (topics found missing).
 func (r *Relay) fetch(ctx context.Context, skipTopics []string) ([]row, error) {
-	rows, err := r.pool.Query(ctx, `SELECT o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
-		FROM `+r.t.Outbox+` o
-		WHERE o.state = 'pending' AND o.topic <> ALL($2::text[])
-		  AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)
-		ORDER BY o.commit_seq, o.id
+	// Transactions in commit order (outbox_commits), each one's pending rows in write order;
+	// a streaming plan (index scan on commit_seq, nested loop on outbox_open_idx) that stops
+	// at the limit.
+	rows, err := r.pool.Query(ctx, `SELECT c.commit_seq, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
+		FROM `+r.commits+` c
+		CROSS JOIN LATERAL (
+			SELECT * FROM `+r.t.Outbox+` o
+			 WHERE o.txid = c.txid AND o.state = 'pending' AND o.topic <> ALL($2::text[])
+			   AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)
+		) o
+		WHERE c.commit_seq IS NOT NULL
+		ORDER BY c.commit_seq, o.id
 		LIMIT $1`, r.cfg.BatchSize, skipTopics)
 	if err != nil {
 		return nil, fmt.Errorf("read pending outbox rows: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 		var w row
-		err := cr.Scan(&w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt)
+		err := cr.Scan(&w.commitSeq, &w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt)
 		return w, err
 	})
 	if err != nil {
@@ -260,8 +269,9 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string) ([]row, error) {
 	return out, nil
 }
 
-// mark records the round's outcomes in one round trip: delivered rows published, refused
-// rows parked with their error, retriable failures counted. It retries a failed write a few
+// mark records the round's outcomes in one round trip: delivered rows deleted (or marked
+// published, with KeepPublished), refused rows parked with their error, retriable failures
+// counted, and the bookkeeping rows of finished transactions deleted. It retries a failed write a few
 // times (a row delivered but left unmarked is published again, with the same id).
 func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	var pubIDs, parkIDs, retryIDs []int64
@@ -292,7 +302,9 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		return nil
 	}
 	b := &pgx.Batch{}
-	if len(pubIDs) > 0 {
+	if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
+		b.Queue(`DELETE FROM `+r.t.Outbox+` WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
+	} else if len(pubIDs) > 0 {
 		b.Queue(`UPDATE `+r.t.Outbox+` SET state = 'published', resolved_at = now(), attempts = attempts + 1, last_error = NULL
 			WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
 	}
@@ -303,6 +315,19 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	if len(retryIDs) > 0 {
 		b.Queue(`UPDATE `+r.t.Outbox+` o SET attempts = o.attempts + 1, last_error = f.err
 			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, retryIDs, retryErrs)
+	}
+	if len(pubIDs) > 0 {
+		// The bookkeeping row of a transaction goes once none of its rows is open.
+		seqs := make([]int64, 0, 8)
+		seen := map[int64]bool{}
+		for _, w := range rows {
+			if !seen[w.commitSeq] {
+				seen[w.commitSeq] = true
+				seqs = append(seqs, w.commitSeq)
+			}
+		}
+		b.Queue(`DELETE FROM `+r.commits+` c WHERE c.commit_seq = ANY($1)
+			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked'))`, seqs)
 	}
 	// Delivered rows must be marked even while shutting down.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)

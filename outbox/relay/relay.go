@@ -8,8 +8,8 @@
 //     rows, so a row that commits after a row with a higher id was published is still found.
 //   - Rows with the same (topic, key) are published in commit order: the table's commit
 //     trigger numbers transactions at commit under a per-key lock (docs/outbox-table.md), and
-//     the relay publishes in (commit_seq, id) order through one idempotent producer (acks=all),
-//     which keeps the order of one partition across retries.
+//     the relay publishes transactions in that order, each one's rows in write order, through
+//     one idempotent producer (acks=all), which keeps the order of one partition on retries.
 //   - A crash may publish a row again (after produce, before the row is marked), never lose
 //     one; every record carries the row's kafkatx-outbox-id header, the same on every copy.
 //   - One relay publishes an outbox at a time: the leader holds a session-level advisory lock
@@ -44,6 +44,7 @@ type Relay struct {
 	cfg     *Config
 	log     *zap.Logger
 	t       tables.Names
+	commits string // quoted outbox_commits table
 	channel string // LISTEN channel, quoted
 	m       *metrics
 	c       counters
@@ -72,6 +73,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		cfg:     c,
 		log:     c.Logger,
 		t:       tables.For(c.Schema),
+		commits: pgx.Identifier{c.Schema, "outbox_commits"}.Sanitize(),
 		channel: pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
 		m:       newMetrics(c.Registerer, c.Schema),
 		isolate: map[int64]bool{},

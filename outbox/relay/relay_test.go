@@ -416,3 +416,59 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	stop()
 	goleak.VerifyNone(t, opts)
 }
+
+// By default a published row is deleted at once, with its transaction's bookkeeping row; a
+// transaction with a parked row keeps its bookkeeping row. Rows written with the triggers
+// disabled have no bookkeeping row: the janitor adopts them and they are published.
+func TestPublishedRowsAreDeletedAndTriggerlessRowsAdopted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	topic := testenv.Topic(t, b.brokers, 1)
+	cfg := b.config(t)
+	cfg.KeepPublished = 0
+	cfg.Kafka["message.max.bytes"] = 10000
+	r, _ := b.start(t, cfg)
+	b.write(t, outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte("1")}, outbox.Record{Topic: topic, Value: []byte("2")})
+	b.write(t, outbox.Record{Topic: topic, Key: []byte("b"), Value: []byte("3")})
+	parked := b.write(t, outbox.Record{Topic: topic, Key: []byte("c"), Value: bytes.Repeat([]byte("z"), 20000)})
+	commits := pgx.Identifier{b.schema, "outbox_commits"}.Sanitize()
+	count := func(sql string) int {
+		var n int
+		if err := b.pool.QueryRow(ctx, sql).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor(t, 10*time.Second, "three published, one parked", func() bool { return r.Stats().Published == 3 && r.Stats().Parked == 1 })
+	if n := count(`SELECT count(*) FROM ` + b.t.Outbox); n != 1 {
+		t.Fatalf("%d outbox rows left, want only the parked one", n)
+	}
+	if n := count(`SELECT count(*) FROM ` + commits); n != 1 {
+		t.Fatalf("%d outbox_commits rows left, want only the parked row's transaction", n)
+	}
+	if st := b.states(t)[parked[0]]; st != "parked" {
+		t.Fatalf("row %d is %s", parked[0], st)
+	}
+
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := b.pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`ALTER TABLE ` + b.t.Outbox + ` DISABLE TRIGGER outbox_written`)
+	exec(`INSERT INTO ` + b.t.Outbox + ` (topic, key, value) VALUES ('` + topic + `', 'd', 'no trigger')`)
+	exec(`ALTER TABLE ` + b.t.Outbox + ` ENABLE TRIGGER outbox_written`)
+	time.Sleep(1500 * time.Millisecond) // several polls: not visible to the relay without a commit row
+	if r.Stats().Published != 3 {
+		t.Fatal("a row without a commit row was published before the janitor adopted it")
+	}
+	if err := r.Clean(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the adopted row published", func() bool { return r.Stats().Published == 4 })
+	if n := topicCount(t, b.brokers, topic); n != 4 {
+		t.Fatalf("topic holds %d records, want 4", n)
+	}
+}

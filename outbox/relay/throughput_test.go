@@ -37,6 +37,7 @@ func TestRelayThroughput(t *testing.T) {
 
 	start := time.Now()
 	cfg := b.config(t)
+	cfg.KeepPublished = 0 // the default: delete on acknowledgement
 	if v := os.Getenv("KAFKATX_RELAY_BATCH"); v != "" {
 		cfg.BatchSize, _ = strconv.Atoi(v)
 	}

@@ -1,15 +1,15 @@
 -- kafkatx outbox (table contract version 1, docs/outbox-table.md), its commit-order sequencing,
--- the relay's wake-up trigger, and the operator audit tables of the outbox and the dead letters.
+-- the relay's wake-up NOTIFY, and the operator audit tables of the outbox and the dead letters.
 -- {{schema}} is replaced with the quoted schema name (pgx.Identifier).
 
 -- One row per record to publish. A writer sets topic, key (NULL for a nil key), value (NULL
 -- for a tombstone) and optionally the headers and an explicit partition; every other column
 -- has a default or belongs to the relay.
 --   outbox_id    sent as the kafkatx-outbox-id header: the record's globally unique id.
---   txid         the writing transaction (pg_current_xact_id), used at commit to sequence it.
---   commit_seq   set at commit by outbox_sequence(): with id it orders the rows of one key in
---                commit order. NULL only while the writing transaction is open.
---   state        pending -> published, or pending -> parked -> pending (release) | discarded.
+--   txid         the writing transaction (pg_current_xact_id); its outbox_commits row holds
+--                the transaction's commit sequence number.
+--   state        pending -> published (or deleted at once), or pending -> parked -> pending
+--                (release) | discarded.
 CREATE TABLE IF NOT EXISTS {{schema}}.outbox (
     id            bigserial   PRIMARY KEY,
     outbox_id     uuid        NOT NULL DEFAULT gen_random_uuid(),
@@ -21,7 +21,6 @@ CREATE TABLE IF NOT EXISTS {{schema}}.outbox (
     partition     integer     CHECK (partition >= 0),
     created_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     txid          xid8        NOT NULL DEFAULT pg_current_xact_id(),
-    commit_seq    bigint,
     state         text        NOT NULL DEFAULT 'pending'
                               CHECK (state IN ('pending', 'parked', 'published', 'discarded')),
     attempts      integer     NOT NULL DEFAULT 0,
@@ -31,46 +30,72 @@ CREATE TABLE IF NOT EXISTS {{schema}}.outbox (
     CHECK (cardinality(header_keys) = cardinality(header_values))
 );
 
--- The relay's work queue: pending rows in publication order.
-CREATE INDEX IF NOT EXISTS outbox_pending_idx ON {{schema}}.outbox (commit_seq, id) WHERE state = 'pending';
--- Rows of open transactions, found by outbox_sequence() at commit.
-CREATE INDEX IF NOT EXISTS outbox_unsequenced_idx ON {{schema}}.outbox (txid) WHERE commit_seq IS NULL;
+-- Open rows by transaction, in write order: the relay's reads (per committed transaction, in
+-- commit order) and the commit trigger's key lookup.
+CREATE INDEX IF NOT EXISTS outbox_open_idx ON {{schema}}.outbox (txid, id) WHERE state IN ('pending', 'parked');
 -- Parked rows by key: later rows of a parked key wait behind it.
 CREATE INDEX IF NOT EXISTS outbox_parked_idx ON {{schema}}.outbox (topic, key) WHERE state = 'parked';
--- Published and discarded rows by age, for the retention janitor.
+-- Published (when kept) and discarded rows by age, for the retention janitor.
 CREATE INDEX IF NOT EXISTS outbox_resolved_idx ON {{schema}}.outbox (resolved_at) WHERE state IN ('published', 'discarded');
 
--- One commit sequence number per writing transaction.
+-- One row per transaction that wrote to the outbox: its commit sequence number, taken at
+-- commit. The relay publishes transactions in commit_seq order and a transaction's rows in id
+-- (write) order, and deletes the row once none of the transaction's rows is open.
+CREATE TABLE IF NOT EXISTS {{schema}}.outbox_commits (
+    txid       xid8   PRIMARY KEY,
+    commit_seq bigint
+);
+CREATE INDEX IF NOT EXISTS outbox_commits_seq_idx ON {{schema}}.outbox_commits (commit_seq);
 CREATE SEQUENCE IF NOT EXISTS {{schema}}.outbox_commit_seq;
 
--- outbox_sequence runs at commit (a deferred constraint trigger) and gives the committing
--- transaction's rows one commit_seq. Before taking the number it locks the transaction's keys
--- (advisory transaction locks, in hash order so two committers never deadlock), and those locks
--- are held until the commit is visible: a second transaction writing the same key gets its
--- number only after the first committed. So for one (topic, key), (commit_seq, id) order is
--- commit order, then write order inside a transaction. A transaction with more than 32 keyed
--- rows takes one exclusive lock instead (bounded lock-table use); the others share it.
--- The first firing in a transaction sequences all its rows; the later firings of the same
--- transaction return at once (a transaction-local setting remembers the highest id done).
+-- outbox_channel names the relay's NOTIFY channel: "<schema>.outbox", or, when that would pass
+-- PostgreSQL's 63-byte limit, "kafkatx.outbox." followed by the first 16 hex digits of md5(schema).
+CREATE OR REPLACE FUNCTION {{schema}}.outbox_channel(schema_name text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN octet_length(schema_name) <= 56 THEN schema_name || '.outbox'
+                ELSE 'kafkatx.outbox.' || left(md5(schema_name), 16) END
+$$;
+
+-- outbox_written runs once per INSERT or COPY statement: the first in a transaction adds the
+-- transaction's outbox_commits row (a transaction-local setting remembers it), and every one
+-- sends NOTIFY on outbox_channel(schema) with an empty payload, which PostgreSQL folds into
+-- one notification per transaction, delivered at commit.
+CREATE OR REPLACE FUNCTION {{schema}}.outbox_written() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_setting constant text := 'kafkatx.outbox_tx_' || TG_RELID::text;
+BEGIN
+    IF current_setting(v_setting, true) IS DISTINCT FROM 'on' THEN
+        INSERT INTO {{schema}}.outbox_commits (txid) VALUES (pg_current_xact_id()) ON CONFLICT DO NOTHING;
+        PERFORM set_config(v_setting, 'on', true);
+    END IF;
+    PERFORM pg_notify({{schema}}.outbox_channel(TG_TABLE_SCHEMA), '');
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS outbox_written ON {{schema}}.outbox;
+CREATE TRIGGER outbox_written AFTER INSERT ON {{schema}}.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.outbox_written();
+
+-- outbox_sequence runs at commit (a deferred constraint trigger on the transaction's
+-- outbox_commits row) and gives the transaction its commit_seq. Before taking the number it
+-- locks the transaction's keys (advisory transaction locks, in hash order, so two committers
+-- never deadlock), and those locks are held until the commit is visible: a second transaction
+-- writing the same key gets its number only after the first committed. So for one
+-- (topic, key), commit_seq order is commit order. A transaction with more than 32 keyed rows
+-- takes one exclusive lock instead (bounded lock-table use); the others share it.
 CREATE OR REPLACE FUNCTION {{schema}}.outbox_sequence() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_setting constant text := 'kafkatx.outbox_seq_' || TG_RELID::text;
-    v_upto bigint;
     v_hashes integer[];
     v_hash integer;
     v_rows bigint;
-    v_seq bigint;
 BEGIN
-    v_upto := nullif(current_setting(v_setting, true), '')::bigint;
-    IF v_upto IS NOT NULL AND NEW.id <= v_upto THEN
-        RETURN NULL;
-    END IF;
-    -- Up to 32 keyed rows: lock their keys; more: one exclusive lock, without hashing them.
     SELECT array_agg(DISTINCT k.kh), count(*) INTO v_hashes, v_rows FROM (
         SELECT hashtext(encode(sha256(convert_to(o.topic, 'UTF8') || '\x00'::bytea || o.key), 'hex')) AS kh
           FROM {{schema}}.outbox o
-         WHERE o.txid = pg_current_xact_id() AND o.commit_seq IS NULL AND o.key IS NOT NULL
+         WHERE o.txid = NEW.txid AND o.state IN ('pending', 'parked') AND o.key IS NOT NULL
          LIMIT 33
     ) k;
     IF v_rows > 32 THEN
@@ -81,44 +106,16 @@ BEGIN
             PERFORM pg_advisory_xact_lock(hashtext('kafkatx.outbox.keys.' || TG_TABLE_SCHEMA), v_hash);
         END LOOP;
     END IF;
-    v_seq := nextval(format('%I.outbox_commit_seq', TG_TABLE_SCHEMA)::regclass);
-    WITH s AS (
-        UPDATE {{schema}}.outbox o SET commit_seq = v_seq
-         WHERE o.txid = pg_current_xact_id() AND o.commit_seq IS NULL
-        RETURNING o.id
-    )
-    SELECT max(s.id) INTO v_upto FROM s;
-    PERFORM set_config(v_setting, greatest(v_upto, NEW.id)::text, true);
+    UPDATE {{schema}}.outbox_commits
+       SET commit_seq = nextval(format('%I.outbox_commit_seq', TG_TABLE_SCHEMA)::regclass)
+     WHERE txid = NEW.txid;
     RETURN NULL;
 END
 $$;
 
-DROP TRIGGER IF EXISTS outbox_sequence ON {{schema}}.outbox;
-CREATE CONSTRAINT TRIGGER outbox_sequence AFTER INSERT ON {{schema}}.outbox
+DROP TRIGGER IF EXISTS outbox_sequence ON {{schema}}.outbox_commits;
+CREATE CONSTRAINT TRIGGER outbox_sequence AFTER INSERT ON {{schema}}.outbox_commits
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {{schema}}.outbox_sequence();
-
--- outbox_channel names the relay's NOTIFY channel: "<schema>.outbox", or, when that would pass
--- PostgreSQL's 63-byte limit, "kafkatx.outbox." followed by the first 16 hex digits of md5(schema).
-CREATE OR REPLACE FUNCTION {{schema}}.outbox_channel(schema_name text) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN octet_length(schema_name) <= 56 THEN schema_name || '.outbox'
-                ELSE 'kafkatx.outbox.' || left(md5(schema_name), 16) END
-$$;
-
--- outbox_notify wakes the relay: channel outbox_channel(schema), constant empty payload. It
--- runs once per INSERT or COPY statement, and PostgreSQL folds identical notifications of one
--- transaction into one, so a transaction sends at most one, delivered at commit.
-CREATE OR REPLACE FUNCTION {{schema}}.outbox_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify({{schema}}.outbox_channel(TG_TABLE_SCHEMA), '');
-    RETURN NULL;
-END
-$$;
-
-DROP TRIGGER IF EXISTS outbox_notify ON {{schema}}.outbox;
-CREATE TRIGGER outbox_notify AFTER INSERT ON {{schema}}.outbox
-    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.outbox_notify();
 
 -- Operator actions on parked outbox rows (kafkatx outbox release|discard).
 CREATE TABLE IF NOT EXISTS {{schema}}.outbox_audit (
