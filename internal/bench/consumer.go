@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/outbox/relay"
+)
+
+// runConsumer drains s.Messages with the naive loop or kafkatx, reports the drain, then
+// waits for the stamped messages the parent produces at an offered rate and reports their
+// produce -> commit latencies.
+func runConsumer(ctx context.Context, s spec) error {
+	started := time.Now()
+	cpu0 := selfCPU()
+	log := childLogger(s.Name)
+	defer log.Sync() //nolint:errcheck
+	probe := newCommitProbe()
+	pool, err := openPool(ctx, s, s.Schema, probe, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := prepareOrders(ctx, pool, s.Schema); err != nil {
+		return err
+	}
+	svc := &service{eventsTopic: s.EventsTopic, outbox: outbox.Writer{Schema: s.Schema}, probe: probe}
+
+	stopProfile, err := startProfile(s.CPUProfile)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	switch s.Phase {
+	case "naive":
+		go func() { errc <- naiveLoop(runCtx, pool, svc, s) }()
+	default:
+		c, err := kafkatx.NewBatchConsumer(pool, svc.handleBatch, &kafkatx.Config{
+			Kafka:  kafka.ConfigMap{"bootstrap.servers": s.Brokers, "group.id": s.Group},
+			Topics: []string{s.Topic},
+			Schema: s.Schema,
+			Logger: log,
+			Batch:  kafkatx.BatchConfig{Size: s.Batch},
+		})
+		if err != nil {
+			return err
+		}
+		go func() { errc <- c.Run(runCtx) }()
+		if s.WithRelay {
+			// As examples/orders: the relay publishes the order events in-process.
+			rl, err := relay.New(pool, &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": s.Brokers}, Schema: s.Schema, Logger: log})
+			if err != nil {
+				return err
+			}
+			go func() { _ = rl.Run(runCtx) }()
+		}
+	}
+
+	target := int64(s.Messages)
+	if err := waitFor(ctx, errc, "the backlog", func() bool { return probe.committed.Load() >= target }); err != nil {
+		return err
+	}
+	stopProfile()
+	first, last := time.Unix(0, probe.firstAt.Load()), time.Unix(0, probe.lastAt.Load())
+	drained := event{Event: "drained", Messages: probe.committed.Load(), FirstN: probe.firstN.Load(),
+		Seconds: last.Sub(first).Seconds(), StartupSec: first.Sub(started).Seconds(),
+		ProcCPU: (selfCPU() - cpu0).Seconds(), GoHeapMB: goSysMB()}
+	if drained.Seconds > 0 {
+		drained.Rate = float64(drained.Messages-drained.FirstN) / drained.Seconds
+	}
+	if d, ok := backendCPU(ctx, pool, s.app()); ok {
+		drained.PGCPU = d.Seconds()
+	}
+	emit(drained)
+
+	n, _, err := readLatencyCount(ctx)
+	if err != nil {
+		return err
+	}
+	res := event{Event: "result"}
+	if n > 0 {
+		want := drained.Messages + n
+		if err := waitFor(ctx, errc, "the stamped messages", func() bool { return probe.committed.Load() >= want }); err != nil {
+			return err
+		}
+		lat := probe.latencies()
+		res.Latency, res.P50, res.P99 = len(lat), quantile(lat, 0.50), quantile(lat, 0.99)
+		if len(lat) > 0 {
+			res.MaxMs = quantile(lat, 1)
+		}
+	}
+	cancel()
+	select {
+	case err := <-errc:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			log.Warn("consumer stopped with an error", zap.Error(err))
+		}
+	case <-time.After(60 * time.Second):
+		log.Warn("consumer did not stop within 60s")
+	}
+	emit(res)
+	return nil
+}
+
+// naiveLoop is the loop users write by hand with confluent-kafka-go: for each message, one
+// database transaction with the order service's writes, then a synchronous offset commit.
+func naiveLoop(ctx context.Context, pool *pgxpool.Pool, svc *service, s spec) error {
+	kc, err := kafka.NewConsumer(&kafka.ConfigMap{
+		"bootstrap.servers": s.Brokers, "group.id": s.Group,
+		"enable.auto.commit": false, "auto.offset.reset": "earliest",
+		"go.logs.channel.enable": false,
+	})
+	if err != nil {
+		return fmt.Errorf("naive: consumer: %w", err)
+	}
+	defer kc.Close()
+	if err := kc.SubscribeTopics([]string{s.Topic}, nil); err != nil {
+		return fmt.Errorf("naive: subscribe: %w", err)
+	}
+	for ctx.Err() == nil {
+		km, ok := kc.Poll(100).(*kafka.Message)
+		if !ok {
+			continue
+		}
+		m := &kafkatx.Message{Topic: *km.TopicPartition.Topic, Partition: km.TopicPartition.Partition,
+			Offset: int64(km.TopicPartition.Offset), Key: km.Key, Value: km.Value, Timestamp: km.Timestamp}
+		for _, h := range km.Headers {
+			m.Headers = append(m.Headers, kafkatx.Header{Key: h.Key, Value: h.Value})
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("naive: begin: %w", err)
+		}
+		if err := svc.handleBatch(ctx, tx, []*kafkatx.Message{m}); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return fmt.Errorf("naive: handle offset %d: %w", m.Offset, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("naive: commit: %w", err)
+		}
+		if _, err := kc.CommitMessage(km); err != nil {
+			return fmt.Errorf("naive: commit offset: %w", err)
+		}
+	}
+	return nil
+}

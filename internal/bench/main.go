@@ -1,0 +1,412 @@
+// Command bench measures kafkatx against the PostgreSQL ceiling for the same writes and a
+// naive hand-written loop, on the real broker and PostgreSQL, in one run (issue 6,
+// docs/benchmarks.md). `make bench` runs it; `go run ./internal/bench -h` lists the flags.
+//
+// Phases, each in its own child process (so that its peak RSS is its own):
+//  1. ceiling: PostgreSQL alone doing the order service's writes, batched 100 and 1000 per
+//     transaction on 2 connections — through examples/orders' handler and kafkatx's outbox
+//     table, and as 05-throughput's pgbench script (plain tables);
+//  2. naive: confluent-kafka-go with one transaction and one synchronous offset commit per
+//     message;
+//  3. kafkatx: kafkatx.NewBatchConsumer with examples/orders' handler, Batch.Size 1, 100,
+//     1000, and 500 with the relay in-process as examples/orders runs it;
+//  4. relay: outbox/relay draining pre-filled outbox rows.
+//
+// Consumers drain a backlog produced beforehand (msgs/s from the first commit to the last,
+// start-up and group join excluded), then the parent produces stamped messages at an offered
+// rate (-rate, at most 80% of the phase's drain rate) and the child times each one from its
+// produce call to the return of the COMMIT that applied it (p50/p99). stdout gets a table and
+// one JSON line; progress goes to stderr.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/topics"
+)
+
+type options struct {
+	databaseURL, brokers string
+	partitions           int
+	naive, batch1        int
+	messages, relayRows  int
+	ceilingSeconds       float64
+	conns                int
+	rate                 float64
+	latencySeconds       float64
+	orders               bool
+	backlog, backlogBat  int
+	only                 string
+	profileDir           string
+	keep                 bool
+}
+
+func main() {
+	if len(os.Args) == 3 && os.Args[1] == "-child" {
+		os.Exit(runChild(os.Args[2]))
+	}
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL server (default $DATABASE_URL); a fresh database is created on it for the run and dropped after")
+	fs.StringVar(&o.brokers, "brokers", os.Getenv("KAFKA_BOOTSTRAP_SERVERS"), "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS); fresh topics per phase, deleted after")
+	fs.IntVar(&o.partitions, "partitions", 3, "partitions of every topic (examples/orders' default)")
+	fs.IntVar(&o.naive, "naive-messages", 5000, "backlog drained by the naive loop")
+	fs.IntVar(&o.batch1, "batch1-messages", 5000, "backlog drained by kafkatx with Batch.Size 1")
+	fs.IntVar(&o.messages, "messages", 100000, "backlog drained by kafkatx with Batch.Size >= 100")
+	fs.IntVar(&o.relayRows, "relay-rows", 100000, "outbox rows pre-filled for the relay")
+	fs.Float64Var(&o.ceilingSeconds, "ceiling-seconds", 5, "duration of each PostgreSQL ceiling variant, seconds")
+	fs.IntVar(&o.conns, "ceiling-conns", 2, "connections of the PostgreSQL ceiling")
+	fs.Float64Var(&o.rate, "rate", 5000, "offered load for the latency measurement, msgs/s (capped at 80% of each phase's drain rate)")
+	fs.Float64Var(&o.latencySeconds, "latency-seconds", 5, "duration of the offered load, seconds (0: no latency measurement)")
+	fs.BoolVar(&o.orders, "orders", true, "also run kafkatx as examples/orders does: Batch.Size 500 with the relay in-process")
+	fs.IntVar(&o.backlog, "backlog", 0, "also drain a backlog of N messages (e.g. 1000000) with kafkatx and report its peak RSS (slow: off by default)")
+	fs.IntVar(&o.backlogBat, "backlog-batch", 500, "Batch.Size for -backlog")
+	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,orders,relay,backlog); default all")
+	fs.StringVar(&o.profileDir, "cpuprofile-dir", "", "write a CPU profile (pprof) of each phase's drain to DIR/<phase>.pprof")
+	fs.BoolVar(&o.keep, "keep", false, "keep the database and topics")
+	_ = fs.Parse(os.Args[1:])
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	rep, err := run(ctx, o)
+	if rep != nil {
+		rep.print(os.Stdout)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench %s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func run(ctx context.Context, o options) (*report, error) {
+	if o.databaseURL == "" || o.brokers == "" {
+		return nil, errors.New("needs --database-url (or DATABASE_URL) and --brokers (or KAFKA_BOOTSTRAP_SERVERS); `make bench` starts both with scripts/dev-services")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	want := map[string]bool{}
+	for _, p := range strings.Split(o.only, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			want[p] = true
+		}
+	}
+	on := func(p string) bool { return len(want) == 0 || want[p] }
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+
+	base, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer base.Close()
+	dbName := fmt.Sprintf("kafkatx_bench_%d", time.Now().Unix())
+	if _, err := base.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database %s: %w", dbName, err)
+	}
+	progress("database %s created", dbName)
+	if !o.keep {
+		defer func() {
+			if _, err := base.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
+				progress("drop database %s: %v", dbName, err)
+			}
+		}()
+	}
+	cfg, err := pgxpool.ParseConfig(o.databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.Database = dbName
+	cfg.ConnConfig.RuntimeParams["application_name"] = "kafkatx-bench/parent"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+
+	rep := newReport(ctx, base, o)
+	b := &bench{o: o, self: self, db: dbName, pool: pool, rep: rep, broker: brokerPID(o.brokers), suffix: strconv.FormatInt(time.Now().Unix(), 36)}
+	rep.KafkaVersion = brokerVersion(b.broker)
+	defer func() {
+		if !o.keep {
+			if err := deleteTopics(context.WithoutCancel(ctx), o.brokers, b.topics); err != nil {
+				progress("delete topics: %v", err)
+			}
+		}
+	}()
+
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"ceiling", b.ceiling},
+		{"naive", func(ctx context.Context) error { return b.consumer(ctx, "naive", "naive", 1, o.naive, false) }},
+		{"kafkatx-1", func(ctx context.Context) error { return b.consumer(ctx, "kafkatx-1", "kafkatx", 1, o.batch1, false) }},
+		{"kafkatx-100", func(ctx context.Context) error {
+			return b.consumer(ctx, "kafkatx-100", "kafkatx", 100, o.messages, false)
+		}},
+		{"kafkatx-1000", func(ctx context.Context) error {
+			return b.consumer(ctx, "kafkatx-1000", "kafkatx", 1000, o.messages, false)
+		}},
+		{"orders", func(ctx context.Context) error {
+			if !o.orders && len(want) == 0 {
+				return nil
+			}
+			return b.consumer(ctx, "orders-500+relay", "kafkatx", 500, o.messages, true)
+		}},
+		{"relay", b.relay},
+		{"backlog", func(ctx context.Context) error {
+			if o.backlog <= 0 {
+				return nil
+			}
+			return b.consumer(ctx, fmt.Sprintf("backlog-%d", o.backlog), "kafkatx", o.backlogBat, o.backlog, false)
+		}},
+	}
+	for _, st := range steps {
+		if !on(st.name) {
+			continue
+		}
+		if err := st.run(ctx); err != nil {
+			rep.finish()
+			return rep, fmt.Errorf("%s: %w", st.name, err)
+		}
+	}
+	rep.finish()
+	return rep, nil
+}
+
+type bench struct {
+	o      options
+	self   string
+	db     string
+	pool   *pgxpool.Pool
+	rep    *report
+	broker int
+	suffix string
+	topics []string
+}
+
+func (b *bench) spec(phase, name string) spec {
+	slug := strings.NewReplacer("+", "_", "-", "_").Replace(name)
+	s := spec{Phase: phase, Name: name, DatabaseURL: b.o.databaseURL, Database: b.db, Brokers: b.o.brokers,
+		Schema: "b_" + slug, Topic: "bench-" + name + "-" + b.suffix, EventsTopic: "bench-" + name + "-events-" + b.suffix,
+		Group: "bench-" + name + "-" + b.suffix, Timeout: 1200}
+	s.Topic = strings.ReplaceAll(s.Topic, "+", "_")
+	s.EventsTopic = strings.ReplaceAll(s.EventsTopic, "+", "_")
+	if b.o.profileDir != "" {
+		s.CPUProfile = fmt.Sprintf("%s/%s.pprof", b.o.profileDir, strings.ReplaceAll(name, "+", "_"))
+	}
+	return s
+}
+
+// child runs one phase's child process. onDrained, called when the child reports its drain,
+// returns the line to send it (the count of stamped messages produced).
+func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event) (string, error)) (result event, err error) {
+	raw, _ := json.Marshal(s)
+	cmd := exec.CommandContext(ctx, b.self, "-child", string(raw))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return event{}, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return event{}, err
+	}
+	r.Load1 = loadAvg()[0]
+	brokerCPU0, _ := procCPU(b.broker)
+	if err := cmd.Start(); err != nil {
+		return event{}, err
+	}
+	defer func() {
+		stdin.Close()
+		werr := cmd.Wait()
+		if err == nil && werr != nil {
+			err = fmt.Errorf("child: %w", werr)
+		}
+	}()
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return event{}, fmt.Errorf("child said %q: %w", sc.Text(), err)
+		}
+		switch e.Event {
+		case "error":
+			return event{}, errors.New(e.Error)
+		case "drained":
+			if c, ok := procCPU(b.broker); ok && b.broker != 0 {
+				r.BrokerCPU = (c - brokerCPU0).Seconds()
+			}
+			r.fromDrain(e)
+			progress("%s: drained %d in %.2fs: %.0f msgs/s", s.Name, e.Messages, e.Seconds, e.Rate)
+			line, err := onDrained(e)
+			if err != nil {
+				return event{}, err
+			}
+			if _, err := io.WriteString(stdin, line+"\n"); err != nil {
+				return event{}, fmt.Errorf("tell child: %w", err)
+			}
+		case "result":
+			r.PeakRSSMB = e.PeakRSSMB
+			_, _ = io.Copy(io.Discard, stdout)
+			return e, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return event{}, err
+	}
+	return event{}, errors.New("child ended without a result")
+}
+
+func (b *bench) ceiling(ctx context.Context) error {
+	s := b.spec("ceiling", "ceiling")
+	s.Seconds, s.Conns = b.o.ceilingSeconds, b.o.conns
+	progress("ceiling: PostgreSQL alone, %d connections, %.0fs per variant", s.Conns, s.Seconds)
+	var r row
+	res, err := b.child(ctx, s, &r, nil)
+	if err != nil {
+		return err
+	}
+	for _, v := range res.Variants {
+		progress("ceiling %s: %.0f msgs/s", v.Name, v.Rate)
+		b.rep.add(row{Name: "pg ceiling " + v.Name, Kind: "ceiling", Batch: atoiLast(v.Name), Messages: v.Rows, Rate: v.Rate,
+			P50: v.P50, P99: v.P99, DrainSeconds: v.Seconds, ProcCPU: v.ProcCPU, PGCPU: v.PGCPU, PeakRSSMB: r.PeakRSSMB, Load1: r.Load1,
+			Note: map[bool]string{true: "tx time; handler + kafkatx outbox", false: "tx time; 05-throughput SQL, plain tables"}[strings.HasPrefix(v.Name, "handler")]})
+	}
+	return nil
+}
+
+func atoiLast(s string) int {
+	f := strings.Fields(s)
+	n, _ := strconv.Atoi(f[len(f)-1])
+	return n
+}
+
+// consumer runs a naive or kafkatx phase: produce n messages, drain them in a child, then
+// offer stamped messages at the latency rate.
+func (b *bench) consumer(ctx context.Context, name, phase string, batch, n int, withRelay bool) error {
+	s := b.spec(phase, name)
+	s.Batch, s.Messages, s.WithRelay = batch, n, withRelay
+	b.topics = append(b.topics, s.Topic, s.EventsTopic, s.Topic+".dlq")
+	if err := createTopics(ctx, b.o.brokers, []string{s.Topic, s.EventsTopic, s.Topic + ".dlq"}, b.o.partitions); err != nil {
+		return err
+	}
+	pr, err := newProducer(b.o.brokers, s.Topic)
+	if err != nil {
+		return err
+	}
+	defer pr.close()
+	t0 := time.Now()
+	if err := pr.backlog(ctx, n); err != nil {
+		return err
+	}
+	progress("%s: produced %d in %s; draining (Batch.Size %d)", name, n, time.Since(t0).Round(time.Millisecond), batch)
+	r := row{Name: name, Kind: phase, Batch: batch}
+	if withRelay {
+		r.Note = "relay in-process"
+	}
+	if n >= 1_000_000 {
+		r.Note = "backlog drain, bounded memory"
+	}
+	res, err := b.child(ctx, s, &r, func(e event) (string, error) {
+		if b.o.latencySeconds <= 0 || n >= 1_000_000 {
+			return "0", nil
+		}
+		rate := b.o.rate
+		if e.Rate > 0 {
+			rate = math.Min(rate, math.Floor(0.8*e.Rate))
+		}
+		r.Offered = rate
+		sent, err := pr.paced(ctx, rate, time.Duration(b.o.latencySeconds*float64(time.Second)))
+		if err != nil {
+			return "", err
+		}
+		return strconv.Itoa(sent), nil
+	})
+	if err != nil {
+		return err
+	}
+	r.fromResult(res)
+	if r.LatencyN > 0 {
+		progress("%s: latency at %.0f msgs/s offered: p50 %.1f ms, p99 %.1f ms (%d messages)", name, r.Offered, r.P50, r.P99, r.LatencyN)
+	}
+	progress("%s: peak RSS %.0f MB", name, r.PeakRSSMB)
+	b.rep.add(r)
+	return nil
+}
+
+func (b *bench) relay(ctx context.Context) error {
+	s := b.spec("relay", "relay")
+	s.Messages = b.o.relayRows
+	b.topics = append(b.topics, s.EventsTopic)
+	// LogAppendTime: a record's timestamp is when the broker appended it, the relay's latency's end.
+	err := topics.Ensure(ctx, kafka.ConfigMap{"bootstrap.servers": b.o.brokers}, []string{s.EventsTopic}, b.o.partitions, 1,
+		map[string]string{"message.timestamp.type": "LogAppendTime"}, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := fillOutbox(ctx, b.pool, s.Schema, s.EventsTopic, s.Messages); err != nil {
+		return err
+	}
+	progress("relay: %d outbox rows written in %s; draining", s.Messages, time.Since(t0).Round(time.Millisecond))
+	r := row{Name: "relay", Kind: "relay", Batch: 1000}
+	res, err := b.child(ctx, s, &r, func(e event) (string, error) {
+		if b.o.latencySeconds <= 0 {
+			return "0", nil
+		}
+		rate := b.o.rate
+		if e.Rate > 0 {
+			rate = math.Min(rate, math.Floor(0.8*e.Rate))
+		}
+		r.Offered = rate
+		sent, err := paceOutbox(ctx, b.pool, s.Schema, s.EventsTopic, rate, time.Duration(b.o.latencySeconds*float64(time.Second)))
+		if err != nil {
+			return "", err
+		}
+		return strconv.Itoa(sent), nil
+	})
+	if err != nil {
+		return err
+	}
+	r.fromResult(res)
+	if r.Offered > 0 {
+		lat, err := appendLatencies(ctx, b.o.brokers, s.EventsTopic, b.o.partitions)
+		if err != nil {
+			return fmt.Errorf("read back the relay's records: %w", err)
+		}
+		r.LatencyN, r.P50, r.P99, r.MaxMs = len(lat), quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
+	}
+	r.Note = "latency: row INSERT -> broker append time"
+	progress("relay: latency at %.0f rows/s offered: p50 %.1f ms, p99 %.1f ms; peak RSS %.0f MB", r.Offered, r.P50, r.P99, r.PeakRSSMB)
+	b.rep.add(r)
+	return nil
+}

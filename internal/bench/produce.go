@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kafkatx/kafkatx/internal/topics"
+)
+
+// producer sends orders the way examples/orders --generate does: idempotent, acks=all,
+// linger.ms=5, keyed by order id.
+type producer struct {
+	p      *kafka.Producer
+	topic  string
+	run    string
+	next   int
+	failed atomic.Int64
+	first  atomic.Pointer[error]
+	done   chan struct{}
+}
+
+func newProducer(brokers, topic string) (*producer, error) {
+	p, err := kafka.NewProducer(&kafka.ConfigMap{
+		"bootstrap.servers": brokers, "enable.idempotence": true, "acks": "all", "linger.ms": 5,
+		"go.logs.channel.enable": false,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("producer: %w", err)
+	}
+	pr := &producer{p: p, topic: topic, run: strconv.FormatInt(time.Now().UnixNano(), 36), done: make(chan struct{})}
+	go func() {
+		defer close(pr.done)
+		for e := range p.Events() {
+			if m, ok := e.(*kafka.Message); ok && m.TopicPartition.Error != nil {
+				pr.failed.Add(1)
+				err := m.TopicPartition.Error
+				pr.first.CompareAndSwap(nil, &err)
+			}
+		}
+	}()
+	return pr, nil
+}
+
+// send produces one order; stamp adds headerProduced with the time of the call.
+func (pr *producer) send(stamp bool) error {
+	pr.next++
+	key, value := orderValue(pr.run, pr.next)
+	m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &pr.topic, Partition: kafka.PartitionAny}, Key: key, Value: value}
+	for {
+		if stamp {
+			m.Headers = []kafka.Header{{Key: headerProduced, Value: strconv.AppendInt(nil, time.Now().UnixNano(), 10)}}
+		}
+		err := pr.p.Produce(m, nil)
+		if err == nil {
+			return nil
+		}
+		var kerr kafka.Error
+		if errors.As(err, &kerr) && kerr.Code() == kafka.ErrQueueFull {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		return fmt.Errorf("produce: %w", err)
+	}
+}
+
+// backlog produces n orders as fast as the producer takes them and waits for every delivery.
+func (pr *producer) backlog(ctx context.Context, n int) error {
+	for i := 0; i < n; i++ {
+		if err := pr.send(false); err != nil {
+			return err
+		}
+	}
+	return pr.flush(ctx)
+}
+
+// paced produces rate orders per second for d, stamped with their produce time, and waits
+// for every delivery. It returns how many it produced.
+func (pr *producer) paced(ctx context.Context, rate float64, d time.Duration) (int, error) {
+	total := int(rate * d.Seconds())
+	start := time.Now()
+	sent := 0
+	for sent < total {
+		due := min(total, int(time.Since(start).Seconds()*rate)+1)
+		for ; sent < due; sent++ {
+			if err := pr.send(true); err != nil {
+				return sent, err
+			}
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	return sent, pr.flush(ctx)
+}
+
+func (pr *producer) flush(ctx context.Context) error {
+	for pr.p.Flush(1000) > 0 {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	if e := pr.first.Load(); e != nil {
+		return fmt.Errorf("delivery (%d failed): %w", pr.failed.Load(), *e)
+	}
+	return nil
+}
+
+func (pr *producer) close() {
+	pr.p.Close()
+	<-pr.done
+}
+
+// createTopics creates fresh topics with partitions partitions (replication 1).
+func createTopics(ctx context.Context, brokers string, names []string, partitions int) error {
+	return topics.Ensure(ctx, kafka.ConfigMap{"bootstrap.servers": brokers}, names, partitions, 1, nil, 30*time.Second)
+}
+
+// deleteTopics removes the run's topics; errors are reported, not fatal.
+func deleteTopics(ctx context.Context, brokers string, names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := admin.DeleteTopics(ctx, names)
+	if err != nil {
+		return err
+	}
+	for _, r := range res {
+		if r.Error.Code() != kafka.ErrNoError && r.Error.Code() != kafka.ErrUnknownTopicOrPart {
+			return fmt.Errorf("delete topic %s: %w", r.Topic, r.Error)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// row is one line of the table: a phase (or a ceiling variant) and its figures.
+type row struct {
+	Name         string  `json:"name"`
+	Kind         string  `json:"kind"` // ceiling, naive, kafkatx, relay
+	Batch        int     `json:"batch"`
+	Messages     int64   `json:"messages"`
+	Rate         float64 `json:"msgs_per_s"`
+	DrainSeconds float64 `json:"drain_s"`
+	StartupSec   float64 `json:"startup_s,omitempty"` // child start to first commit (group join)
+	Offered      float64 `json:"offered_per_s,omitempty"`
+	LatencyN     int     `json:"latency_n,omitempty"`
+	P50          float64 `json:"p50_ms"`
+	P99          float64 `json:"p99_ms"`
+	MaxMs        float64 `json:"max_ms,omitempty"`
+	PeakRSSMB    float64 `json:"peak_rss_mb"`
+	GoSysMB      float64 `json:"go_sys_mb,omitempty"`
+	ProcCPU      float64 `json:"proc_cpu_s"`             // the phase's process, until drained
+	PGCPU        float64 `json:"pg_cpu_s"`               // its PostgreSQL backends, until drained
+	BrokerCPU    float64 `json:"broker_cpu_s,omitempty"` // the broker process, during the phase until drained
+	Load1        float64 `json:"load1"`
+	VsCeiling    float64 `json:"vs_ceiling,omitempty"`
+	VsCeiling05  float64 `json:"vs_ceiling_05,omitempty"`
+	VsNaive      float64 `json:"vs_naive,omitempty"`
+	Note         string  `json:"note,omitempty"`
+}
+
+func (r *row) fromDrain(e event) {
+	r.Messages, r.Rate, r.DrainSeconds, r.StartupSec = e.Messages, e.Rate, e.Seconds, e.StartupSec
+	r.ProcCPU, r.PGCPU, r.GoSysMB = e.ProcCPU, e.PGCPU, e.GoHeapMB
+}
+
+func (r *row) fromResult(e event) {
+	r.LatencyN, r.P50, r.P99, r.MaxMs = e.Latency, e.P50, e.P99, e.MaxMs
+}
+
+// report is the run's output: the machine, the services' settings and the rows.
+type report struct {
+	Bench        string            `json:"bench"`
+	Started      time.Time         `json:"started"`
+	Seconds      float64           `json:"seconds"`
+	NProc        int               `json:"nproc"`
+	CPU          string            `json:"cpu"`
+	MemMB        int               `json:"mem_mb"`
+	GoVersion    string            `json:"go"`
+	Commit       string            `json:"commit,omitempty"`
+	KafkaVersion string            `json:"kafka_version"`
+	Postgres     map[string]string `json:"postgres"`
+	Partitions   int               `json:"partitions"`
+	LoadStart    [3]float64        `json:"load_start"`
+	LoadEnd      [3]float64        `json:"load_end"`
+	Rows         []row             `json:"phases"`
+	Ceiling      float64           `json:"ceiling_msgs_per_s"`    // best "handler" ceiling
+	Ceiling05    float64           `json:"ceiling_05_msgs_per_s"` // 05-throughput's SQL, 100 per tx
+	Naive        float64           `json:"naive_msgs_per_s"`
+	Goals        []goal            `json:"goals"`
+}
+
+type goal struct {
+	Goal   string  `json:"goal"`
+	Figure float64 `json:"figure"`
+	Met    bool    `json:"met"`
+	Row    string  `json:"row,omitempty"`
+}
+
+func newReport(ctx context.Context, base *pgxpool.Pool, o options) *report {
+	r := &report{Bench: "kafkatx", Started: time.Now().UTC(), NProc: runtime.NumCPU(), CPU: cpuModel(), MemMB: memTotalMB(),
+		GoVersion: runtime.Version(), Partitions: o.partitions, LoadStart: loadAvg(), Postgres: map[string]string{}}
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		r.Commit = strings.TrimSpace(string(out))
+	}
+	rows, err := base.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings
+		WHERE name IN ('server_version', 'fsync', 'synchronous_commit', 'full_page_writes', 'wal_level', 'shared_buffers',
+		               'max_wal_size', 'commit_delay', 'wal_sync_method', 'max_connections', 'checkpoint_timeout')`)
+	if err == nil {
+		for rows.Next() {
+			var k, v string
+			if rows.Scan(&k, &v) == nil {
+				r.Postgres[k] = v
+			}
+		}
+		rows.Close()
+	}
+	return r
+}
+
+func (r *report) add(x row) { r.Rows = append(r.Rows, x) }
+
+// finish computes the ceilings, the ratios and the goals of issue 6.
+func (r *report) finish() {
+	r.LoadEnd = loadAvg()
+	r.Seconds = time.Since(r.Started).Seconds()
+	for _, x := range r.Rows {
+		switch {
+		case x.Kind == "ceiling" && strings.Contains(x.Name, "handler"):
+			r.Ceiling = max(r.Ceiling, x.Rate)
+		case x.Kind == "ceiling" && x.Name == "pg ceiling sql 100":
+			r.Ceiling05 = x.Rate
+		case x.Kind == "naive":
+			r.Naive = x.Rate
+		}
+	}
+	var best *row
+	for i := range r.Rows {
+		x := &r.Rows[i]
+		if x.Kind != "kafkatx" {
+			continue
+		}
+		if r.Ceiling > 0 {
+			x.VsCeiling = x.Rate / r.Ceiling
+		}
+		if r.Ceiling05 > 0 {
+			x.VsCeiling05 = x.Rate / r.Ceiling05
+		}
+		if r.Naive > 0 {
+			x.VsNaive = x.Rate / r.Naive
+		}
+		if x.Messages < 1_000_000 && (best == nil || x.Rate > best.Rate) {
+			best = x
+		}
+	}
+	r.Goals = nil
+	if best != nil && r.Ceiling > 0 {
+		r.Goals = append(r.Goals, goal{Goal: "exactly-once >= 0.7 x PostgreSQL ceiling (same writes)", Figure: round3(best.VsCeiling), Met: best.VsCeiling >= 0.7, Row: best.Name})
+	}
+	if best != nil && r.Naive > 0 {
+		r.Goals = append(r.Goals, goal{Goal: "exactly-once >= 20 x naive loop", Figure: round3(best.VsNaive), Met: best.VsNaive >= 20, Row: best.Name})
+	}
+	for _, x := range r.Rows {
+		switch {
+		case x.Kind == "relay":
+			r.Goals = append(r.Goals, goal{Goal: "relay >= 20000 records/s", Figure: round3(x.Rate), Met: x.Rate >= 20000, Row: x.Name})
+		case x.Kind == "kafkatx" && x.Offered >= 5000 && x.LatencyN > 0:
+			r.Goals = append(r.Goals, goal{Goal: "p99 <= 250 ms at 5000 msgs/s offered", Figure: x.P99, Met: x.P99 <= 250, Row: x.Name})
+		case x.Kind == "kafkatx" && x.Messages >= 1_000_000:
+			r.Goals = append(r.Goals, goal{Goal: "peak RSS <= 200 MB draining 1,000,000 messages", Figure: x.PeakRSSMB, Met: x.PeakRSSMB <= 200, Row: x.Name})
+		}
+	}
+}
+
+func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
+
+// print writes the human table, then one JSON line with every figure.
+func (r *report) print(w io.Writer) {
+	fmt.Fprintf(w, "kafkatx bench: %d CPUs (%s), %d MiB RAM, PostgreSQL %s (fsync=%s, synchronous_commit=%s), Kafka %s, %d partitions\n",
+		r.NProc, r.CPU, r.MemMB, r.Postgres["server_version"], r.Postgres["fsync"], r.Postgres["synchronous_commit"], r.KafkaVersion, r.Partitions)
+	fmt.Fprintf(w, "load average %.2f %.2f %.2f at start, %.2f %.2f %.2f at end; %.0fs\n\n",
+		r.LoadStart[0], r.LoadStart[1], r.LoadStart[2], r.LoadEnd[0], r.LoadEnd[1], r.LoadEnd[2], r.Seconds)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tmsgs\tmsgs/s\tp50 ms\tp99 ms\tat msgs/s\tpeak RSS MB\tCPU s proc/pg/broker\tload1\tvs ceiling\tvs naive\t")
+	for _, x := range r.Rows {
+		at := "-"
+		if x.Offered > 0 {
+			at = fmt.Sprintf("%.0f", x.Offered)
+		} else if x.Kind == "ceiling" {
+			at = "tx"
+		}
+		lat50, lat99 := fmt.Sprintf("%.1f", x.P50), fmt.Sprintf("%.1f", x.P99)
+		if x.P50 == 0 && x.P99 == 0 {
+			lat50, lat99 = "-", "-"
+		}
+		ratio := func(f float64) string {
+			if f == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", f)
+		}
+		cpu := fmt.Sprintf("%.1f/%.1f/%.1f", x.ProcCPU, x.PGCPU, x.BrokerCPU)
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%.0f\t%s\t%.2f\t%s\t%s\t\n", x.Name, x.Messages, x.Rate, lat50, lat99, at,
+			x.PeakRSSMB, cpu, x.Load1, ratio(x.VsCeiling), ratio(x.VsNaive))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nceiling (best handler variant) %.0f msgs/s; 05-throughput's SQL ceiling %.0f msgs/s; naive %.0f msgs/s\n", r.Ceiling, r.Ceiling05, r.Naive)
+	for _, g := range r.Goals {
+		met := "MET"
+		if !g.Met {
+			met = "NOT MET"
+		}
+		fmt.Fprintf(w, "goal %-48s %10.3f  %-8s (%s)\n", g.Goal+":", g.Figure, met, g.Row)
+	}
+	fmt.Fprintln(w)
+	b, _ := json.Marshal(r)
+	fmt.Fprintln(w, string(b))
+}
