@@ -38,3 +38,11 @@ demo:
 ## lint: static checks
 lint:
 	$(GO) vet ./...
+
+## bench: kafkatx's throughput, latency and memory against the PostgreSQL ceiling for the same
+## writes and a naive loop, in one run on this machine (docs/benchmarks.md). Not a CI test.
+## Flags through BENCHFLAGS, e.g. BENCHFLAGS='-backlog 1000000 -cpuprofile-dir /tmp/prof'.
+.PHONY: bench
+bench: services-up
+	eval "$$(scripts/dev-services env)"; \
+	$(GO) run ./internal/bench $(BENCHFLAGS)
