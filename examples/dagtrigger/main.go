@@ -29,8 +29,8 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
+	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/internal/topics"
-	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
 type options struct {
@@ -141,30 +141,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	// The relay publishes the dead letters that the consumer writes to the outbox to
-	// <topic>.dlq; it runs in-process here (`kafkatx relay` runs it as a sidecar).
-	rl, err := relay.New(pool, &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": o.brokers}, Schema: o.schema, Logger: log})
-	if err != nil {
-		return err
-	}
-	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- rl.Run(relayCtx) }()
-	defer func() {
-		stopRelay()
-		if err := <-relayDone; err != nil {
-			log.Warn("relay", zap.Error(err))
-		}
-	}()
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	if o.exitWhenIdle > 0 {
-		go watchIdle(runCtx, cancel, c, rl, o.exitWhenIdle, log)
-	}
-	err = <-done
+	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.brokers, Schema: o.schema, ExitWhenIdle: o.exitWhenIdle, Logger: log})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{
 		"processed":       s.Processed,
@@ -178,41 +155,4 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	})
 	fmt.Println(string(b))
 	return err
-}
-
-// watchIdle cancels the consumer once, for d, no message arrived, nothing is in flight and
-// the outbox holds nothing to publish. The clock starts at the first assignment; with none
-// within two minutes it gives up.
-func watchIdle(ctx context.Context, cancel context.CancelFunc, c *kafkatx.Consumer, rl *relay.Relay, d time.Duration, log *zap.Logger) {
-	start := time.Now()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s := c.Stats()
-		if s.FirstAssignedAt.IsZero() {
-			if time.Since(start) > 2*time.Minute {
-				log.Warn("no partition assigned within 2 minutes; exiting")
-				cancel()
-				return
-			}
-			continue
-		}
-		last := s.FirstAssignedAt
-		if s.LastMessageAt.After(last) {
-			last = s.LastMessageAt
-		}
-		if s.InFlight == 0 && time.Since(last) >= d {
-			if backlog, _, err := rl.Backlog(ctx); err != nil || backlog > 0 {
-				continue
-			}
-			log.Info("idle; exiting", zap.Duration("idle", time.Since(last)))
-			cancel()
-			return
-		}
-	}
 }

@@ -23,9 +23,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/internal/topics"
 	"github.com/kafkatx/kafkatx/outbox"
-	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
 type options struct {
@@ -127,7 +127,7 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 	if err := migrate(ctx, pool); err != nil {
 		return err
 	}
-	svc := &service{eventsTopic: o.eventsTopic, outbox: outbox.Writer{Schema: o.schema}}
+	svc := &orderService{eventsTopic: o.eventsTopic, outbox: outbox.Writer{Schema: o.schema}}
 	kcfg := kafka.ConfigMap{"bootstrap.servers": o.brokers, "group.id": o.group}
 	if o.instanceID != "" {
 		kcfg["group.instance.id"] = o.instanceID
@@ -146,70 +146,9 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 	if err != nil {
 		return err
 	}
-	// The relay publishes the order events and dead letters that the consumer writes to the
-	// outbox; it runs in-process here (`kafkatx relay` runs it as a sidecar).
-	rl, err := relay.New(pool, &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": o.brokers}, Schema: o.schema, Logger: log})
-	if err != nil {
-		return err
-	}
-	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- rl.Run(relayCtx) }()
-	defer func() {
-		stopRelay()
-		if err := <-relayDone; err != nil {
-			log.Warn("relay", zap.Error(err))
-		}
-	}()
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	if o.exitWhenIdle > 0 {
-		go watchIdle(runCtx, cancel, c, rl, o.exitWhenIdle, log)
-	}
-	err = <-done
+	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.brokers, Schema: o.schema, ExitWhenIdle: o.exitWhenIdle, Logger: log})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{"processed": s.Processed, "duplicates": s.Duplicates, "retries": s.Retries, "dead_lettered": s.DeadLettered})
 	fmt.Println(string(b))
 	return err
-}
-
-// watchIdle cancels the consumer once, for d, no message arrived, nothing is in flight and
-// the outbox holds nothing to publish. The clock starts at the first assignment; with none
-// within two minutes it gives up.
-func watchIdle(ctx context.Context, cancel context.CancelFunc, c *kafkatx.Consumer, rl *relay.Relay, d time.Duration, log *zap.Logger) {
-	start := time.Now()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s := c.Stats()
-		if s.FirstAssignedAt.IsZero() {
-			if time.Since(start) > 2*time.Minute {
-				log.Warn("no partition assigned within 2 minutes; exiting")
-				cancel()
-				return
-			}
-			continue
-		}
-		last := s.FirstAssignedAt
-		if s.LastMessageAt.After(last) {
-			last = s.LastMessageAt
-		}
-		if s.InFlight == 0 && time.Since(last) >= d {
-			backlog, _, err := rl.Backlog(ctx)
-			if err != nil || backlog > 0 {
-				continue
-			}
-			log.Info("idle; exiting", zap.Duration("idle", time.Since(last)))
-			cancel()
-			return
-		}
-	}
 }

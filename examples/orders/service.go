@@ -44,7 +44,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-type service struct {
+type orderService struct {
 	eventsTopic string
 	outbox      outbox.Writer
 }
@@ -60,7 +60,7 @@ type orderApplied struct {
 // rows in one multi-row INSERT (an order id seen before is skipped), then the customers'
 // counters aggregated and sorted by customer, so partitions running in parallel lock hot
 // customer rows in the same order and do not deadlock. An invalid order fails alone.
-func (s *service) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
+func (s *orderService) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
 	n := len(msgs)
 	ids, customers, items := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	qty, totals := make([]int64, 0, n), make([]int64, 0, n)
