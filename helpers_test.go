@@ -11,6 +11,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -21,7 +22,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
-	os.Exit(m.Run())
+	// Every goroutine the consumer starts is owned by Run and gone when it returns.
+	goleak.VerifyTestMain(m)
 }
 
 // testBundle is one test's world: a fresh schema, a fresh topic and group on the real
