@@ -52,7 +52,7 @@ func run() int {
 	fs.StringVar(&o.topic, "topic", "orders", "topic to produce to and consume from")
 	fs.StringVar(&o.group, "group", "orders-processor", "consumer group id")
 	fs.IntVar(&o.partitions, "partitions", 3, "partitions of topics created if missing")
-	fs.StringVar(&o.eventsTopic, "events-topic", "order-events", "topic for one event per applied order (through the outbox)")
+	fs.StringVar(&o.eventsTopic, "events-topic", "order-events", "topic for one event per applied order (through the outbox); empty: no events")
 	fs.StringVar(&o.schema, "schema", "kafkatx", "schema of kafkatx's tables")
 	fs.StringVar(&o.produceFile, "produce", "", "produce each non-blank line of FILE as one message before consuming (key = order_id when the line is JSON with one)")
 	fs.IntVar(&o.generate, "generate", 0, "produce N synthetic orders (ids unique across runs) before consuming")
@@ -90,7 +90,11 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		log.Info("no --brokers and no KAFKA_BOOTSTRAP_SERVERS: using an in-process broker", zap.String("brokers", b))
 	}
 	base := kafka.ConfigMap{"bootstrap.servers": o.brokers}
-	if err := topics.Ensure(ctx, base, []string{o.topic, o.topic + ".dlq", o.eventsTopic}, o.partitions, 1, nil, 30*time.Second); err != nil {
+	names := []string{o.topic, o.topic + ".dlq"}
+	if o.eventsTopic != "" {
+		names = append(names, o.eventsTopic)
+	}
+	if err := topics.Ensure(ctx, base, names, o.partitions, 1, nil, 30*time.Second); err != nil {
 		return err
 	}
 	if o.produceFile != "" || o.generate > 0 {

@@ -88,8 +88,10 @@ func (s *orderService) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafka
 			rows.Close()
 			return fmt.Errorf("insert orders: %w", err)
 		}
-		ev, _ := json.Marshal(orderApplied{OrderID: id, Customer: c, TotalCents: cents})
-		events = append(events, outbox.Record{Topic: s.eventsTopic, Key: []byte(id), Value: ev})
+		if s.eventsTopic != "" {
+			ev, _ := json.Marshal(orderApplied{OrderID: id, Customer: c, TotalCents: cents})
+			events = append(events, outbox.Record{Topic: s.eventsTopic, Key: []byte(id), Value: ev})
+		}
 		if byCustomer[c] == nil {
 			byCustomer[c] = &sum{}
 		}
