@@ -186,7 +186,6 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	}
 
 	wait := time.Duration(0)
-	lastCheck := time.Now()
 	for ctx.Err() == nil {
 		if p.fatal.Load() {
 			r.log.Error("producer hit a fatal error; creating a new one")
@@ -214,12 +213,10 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 			wait = 0
 		}
 		if err == nil && res.full {
-			// More rows wait: go on at once, but make sure the lock's session is still alive.
-			if time.Since(lastCheck) > r.cfg.StandbyInterval {
-				if err := conn.Ping(ctx); err != nil {
-					return lostLeadership(ctx, err)
-				}
-				lastCheck = time.Now()
+			// More rows wait: go on at once, once the lock's session answered (one round trip
+			// per round, so a deposed leader stops after at most the round it was in).
+			if err := conn.Ping(ctx); err != nil {
+				return lostLeadership(ctx, err)
 			}
 			continue
 		}
@@ -229,7 +226,6 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 		if err != nil && !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
 			return lostLeadership(ctx, err)
 		}
-		lastCheck = time.Now()
 	}
 	return nil
 }
