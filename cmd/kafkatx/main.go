@@ -22,6 +22,14 @@ type Globals struct {
 	Brokers     string `name:"brokers" env:"KAFKA_BOOTSTRAP_SERVERS" help:"Kafka bootstrap servers, host:port[,host:port]."`
 	Schema      string `name:"schema" default:"kafkatx" help:"Schema of kafkatx's tables."`
 	LogLevel    string `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr)."`
+
+	DatabaseURLFile  string   `name:"database-url-file" env:"KAFKATX_DATABASE_URL_FILE" type:"path" help:"Read the PostgreSQL URL from this file (overrides --database-url; keeps the password out of the environment and the process list)."`
+	KafkaConfigFile  string   `name:"kafka-config-file" env:"KAFKATX_KAFKA_CONFIG_FILE" type:"path" help:"librdkafka properties file, one key=value per line (# comments): security.protocol, sasl.*, ssl.*, ... May hold secrets; values are never logged."`
+	KafkaConfig      []string `name:"kafka-config" short:"X" sep:"none" help:"librdkafka property key=value (repeatable; after --kafka-config-file). Put secrets in files, not here."`
+	SecurityProtocol string   `name:"security-protocol" env:"KAFKATX_SECURITY_PROTOCOL" help:"security.protocol: plaintext, ssl, sasl_plaintext or sasl_ssl."`
+	SASLMechanism    string   `name:"sasl-mechanism" env:"KAFKATX_SASL_MECHANISM" help:"sasl.mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER."`
+	SASLUsername     string   `name:"sasl-username" env:"KAFKATX_SASL_USERNAME" help:"sasl.username."`
+	SASLPasswordFile string   `name:"sasl-password-file" env:"KAFKATX_SASL_PASSWORD_FILE" type:"path" help:"Read sasl.password from this file (trailing newline dropped)."`
 }
 
 // CLI is the whole command line. Each subcommand lives in its own file.
@@ -84,8 +92,15 @@ func (g *Globals) logger() *zap.Logger {
 	return log
 }
 
-// pool connects to --database-url.
+// pool connects to --database-url (or the URL in --database-url-file).
 func (g *Globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	if g.DatabaseURLFile != "" {
+		u, err := readSecretFile(g.DatabaseURLFile)
+		if err != nil {
+			return nil, err
+		}
+		g.DatabaseURL = u
+	}
 	if g.DatabaseURL == "" {
 		return nil, errors.New("no database: pass --database-url or set DATABASE_URL")
 	}

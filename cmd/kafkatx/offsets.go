@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
@@ -31,11 +30,11 @@ type OffsetsCmd struct {
 func (g *Globals) offsetsOperator(ctx context.Context, withKafka bool) (*offsets.Operator, func(), error) {
 	var k *offsets.Kafka
 	if withKafka {
-		brokers, err := g.requireBrokers()
+		cfg, err := g.kafkaConfig("kafkatx-offsets")
 		if err != nil {
 			return nil, nil, err
 		}
-		if k, err = offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": brokers}); err != nil {
+		if k, err = offsets.NewKafka(cfg); err != nil {
 			return nil, nil, err
 		}
 	}

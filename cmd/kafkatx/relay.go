@@ -1,19 +1,15 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -26,24 +22,17 @@ import (
 
 // RelayCmd runs the outbox relay as a standalone sidecar process.
 type RelayCmd struct {
-	DatabaseURLFile  string        `name:"database-url-file" env:"KAFKATX_DATABASE_URL_FILE" type:"path" help:"Read the PostgreSQL URL from this file (overrides --database-url; keeps the password out of the environment)."`
-	KafkaConfigFile  string        `name:"kafka-config-file" env:"KAFKATX_KAFKA_CONFIG_FILE" type:"path" help:"librdkafka properties file, one key=value per line (# comments): security.protocol, sasl.*, ssl.*, ... May hold secrets; values are never logged."`
-	KafkaConfig      []string      `name:"kafka-config" short:"X" sep:"none" help:"librdkafka property key=value (repeatable; after --kafka-config-file). Put secrets in files, not here."`
-	SecurityProtocol string        `name:"security-protocol" env:"KAFKATX_SECURITY_PROTOCOL" help:"security.protocol: plaintext, ssl, sasl_plaintext or sasl_ssl."`
-	SASLMechanism    string        `name:"sasl-mechanism" env:"KAFKATX_SASL_MECHANISM" help:"sasl.mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER."`
-	SASLUsername     string        `name:"sasl-username" env:"KAFKATX_SASL_USERNAME" help:"sasl.username."`
-	SASLPasswordFile string        `name:"sasl-password-file" env:"KAFKATX_SASL_PASSWORD_FILE" type:"path" help:"Read sasl.password from this file (trailing newline dropped)."`
-	HealthAddr       string        `name:"health-addr" env:"KAFKATX_HEALTH_ADDR" help:"Serve /healthz, /readyz and /metrics (Prometheus) on this host:port. Off when empty."`
-	ExitWhenIdle     time.Duration `name:"exit-when-idle" help:"Exit 0 once the outbox has had no row waiting for this long (0: run until SIGTERM)."`
-	Migrate          bool          `name:"migrate" help:"Apply kafkatx's migrations before starting (otherwise they must have been applied)."`
-	BatchSize        int           `name:"batch-size" default:"1000" help:"Rows read, produced and marked per round."`
-	PollInterval     time.Duration `name:"poll-interval" default:"1s" help:"Read the outbox this often when no NOTIFY arrives."`
-	StandbyInterval  time.Duration `name:"standby-interval" default:"1s" help:"A standby relay tries to take over this often."`
-	ShutdownTimeout  time.Duration `name:"shutdown-timeout" default:"30s" help:"On SIGTERM, wait this long for in-flight deliveries."`
-	NoJanitor        bool          `name:"no-janitor" help:"Do not delete old rows (published outbox rows, attempts, resolved dead letters)."`
-	KeepPublished    time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
-	AttemptsRet      time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
-	DeadLetterRet    time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
+	HealthAddr      string        `name:"health-addr" env:"KAFKATX_HEALTH_ADDR" help:"Serve /healthz, /readyz and /metrics (Prometheus) on this host:port. Off when empty."`
+	ExitWhenIdle    time.Duration `name:"exit-when-idle" help:"Exit 0 once the outbox has had no row waiting for this long (0: run until SIGTERM)."`
+	Migrate         bool          `name:"migrate" help:"Apply kafkatx's migrations before starting (otherwise they must have been applied)."`
+	BatchSize       int           `name:"batch-size" default:"1000" help:"Rows read, produced and marked per round."`
+	PollInterval    time.Duration `name:"poll-interval" default:"1s" help:"Read the outbox this often when no NOTIFY arrives."`
+	StandbyInterval time.Duration `name:"standby-interval" default:"1s" help:"A standby relay tries to take over this often."`
+	ShutdownTimeout time.Duration `name:"shutdown-timeout" default:"30s" help:"On SIGTERM, wait this long for in-flight deliveries."`
+	NoJanitor       bool          `name:"no-janitor" help:"Do not delete old rows (published outbox rows, attempts, resolved dead letters)."`
+	KeepPublished   time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
+	AttemptsRet     time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
+	DeadLetterRet   time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
 }
 
 // Help is shown under the command's usage.
@@ -57,14 +46,7 @@ deliveries, mark them, exit 0. On exit it prints {"published":N,"parked":N,"retr
 func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	log := g.logger()
 	defer log.Sync() //nolint:errcheck
-	if c.DatabaseURLFile != "" {
-		u, err := readSecretFile(c.DatabaseURLFile)
-		if err != nil {
-			return err
-		}
-		g.DatabaseURL = u
-	}
-	kcfg, err := c.kafkaConfig(g)
+	kcfg, err := g.kafkaConfig("kafkatx-relay")
 	if err != nil {
 		return err
 	}
@@ -132,78 +114,6 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "retried": s.Retried})
 	fmt.Println(string(out))
 	return runErr
-}
-
-// kafkaConfig builds the producer settings: bootstrap servers, then the properties file, then
-// -X properties, then the security flags. Values are never printed.
-func (c *RelayCmd) kafkaConfig(g *Globals) (kafka.ConfigMap, error) {
-	brokers, err := g.requireBrokers()
-	if err != nil {
-		return nil, err
-	}
-	cfg := kafka.ConfigMap{"bootstrap.servers": brokers, "client.id": "kafkatx-relay"}
-	if c.KafkaConfigFile != "" {
-		if err := readProperties(c.KafkaConfigFile, cfg); err != nil {
-			return nil, err
-		}
-	}
-	for _, kv := range c.KafkaConfig {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || strings.TrimSpace(k) == "" {
-			return nil, fmt.Errorf("--kafka-config %q: want key=value", strings.SplitN(kv, "=", 2)[0])
-		}
-		cfg[strings.TrimSpace(k)] = v
-	}
-	set := func(k, v string) {
-		if v != "" {
-			cfg[k] = v
-		}
-	}
-	set("security.protocol", c.SecurityProtocol)
-	set("sasl.mechanism", c.SASLMechanism)
-	set("sasl.username", c.SASLUsername)
-	if c.SASLPasswordFile != "" {
-		pw, err := readSecretFile(c.SASLPasswordFile)
-		if err != nil {
-			return nil, err
-		}
-		cfg["sasl.password"] = pw
-	}
-	return cfg, nil
-}
-
-// readProperties reads key=value lines into cfg. Errors name the file and line, never a value.
-func readProperties(path string, cfg kafka.ConfigMap) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("kafka config file: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "!") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok || strings.TrimSpace(k) == "" {
-			return fmt.Errorf("kafka config file %s line %d: want key=value", path, n)
-		}
-		cfg[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("kafka config file %s: %w", path, err)
-	}
-	return nil
-}
-
-// readSecretFile returns the file's content without its trailing newline.
-func readSecretFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("secret file: %w", err) // the path, never the content
-	}
-	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // checkOutboxTable fails with a helpful message when the outbox table is missing.
