@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,13 +39,15 @@ var ceilingSQLStatements = []string{
 //   - "handler N": examples/orders' handleBatch over N synthetic orders per transaction,
 //     kafkatx's outbox table (with its commit trigger) included — the very writes of the
 //     kafkatx phases, minus kafkatx's own (watermark, in-flight mark);
+//   - "handler-plain N": the same, with the events in a plain (topic, key, value) table instead
+//     of kafkatx's outbox, which prices that table (its defaults, indexes and triggers);
 //   - "sql N": 05-throughput's pgbench script with N orders per transaction.
 func runCeiling(ctx context.Context, s spec) error {
 	var cells []cell
 	for _, v := range []struct {
 		kind  string
 		batch int
-	}{{"handler", 100}, {"handler", 1000}, {"sql", 100}, {"sql", 1000}} {
+	}{{"handler", 100}, {"handler", 1000}, {"handler-plain", 100}, {"sql", 100}, {"sql", 1000}} {
 		c, err := ceilingVariant(ctx, s, v.kind, v.batch)
 		if err != nil {
 			return fmt.Errorf("ceiling %s %d: %w", v.kind, v.batch, err)
@@ -58,7 +61,7 @@ func runCeiling(ctx context.Context, s spec) error {
 func ceilingVariant(ctx context.Context, s spec, kind string, batch int) (cell, error) {
 	vs := s
 	vs.Name = fmt.Sprintf("%s/%s-%d", s.Name, kind, batch)
-	schema := fmt.Sprintf("%s_%s%d", s.Schema, kind, batch)
+	schema := fmt.Sprintf("%s_%s%d", s.Schema, strings.ReplaceAll(kind, "-", "_"), batch)
 	conns := max(1, s.Conns)
 	pool, err := openPool(ctx, vs, schema, nil, int32(conns+1))
 	if err != nil {
@@ -67,11 +70,17 @@ func ceilingVariant(ctx context.Context, s spec, kind string, batch int) (cell, 
 	defer pool.Close()
 	var step func(ctx context.Context, tx pgx.Tx, worker, n int) error
 	switch kind {
-	case "handler":
+	case "handler", "handler-plain":
 		if err := prepareOrders(ctx, pool, schema); err != nil {
 			return cell{}, err
 		}
 		svc := &service{eventsTopic: s.EventsTopic, outbox: outbox.Writer{Schema: schema}}
+		if kind == "handler-plain" {
+			if _, err := pool.Exec(ctx, ceilingSQLTables); err != nil {
+				return cell{}, err
+			}
+			svc.plainOutbox = "ceil_outbox"
+		}
 		run := strconv.FormatInt(time.Now().UnixNano(), 36)
 		step = func(ctx context.Context, tx pgx.Tx, worker, n int) error {
 			msgs := make([]*kafkatx.Message, batch)

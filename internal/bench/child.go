@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	_ "net/http/pprof" // KAFKATX_BENCH_PPROF
 	"os"
 	"os/signal"
 	"runtime"
@@ -26,22 +28,23 @@ import (
 // child, so the child's peak RSS (getrusage's ru_maxrss, read by the parent) is that phase's
 // alone, and producing (done by the parent) does not count against the consumer.
 type spec struct {
-	Phase       string  `json:"phase"` // ceiling, naive, kafkatx, relay
-	Name        string  `json:"name"`  // row label, also the PostgreSQL application_name suffix
-	DatabaseURL string  `json:"database_url"`
-	Database    string  `json:"database"`
-	Brokers     string  `json:"brokers"`
-	Schema      string  `json:"schema"`
-	Topic       string  `json:"topic"`
-	EventsTopic string  `json:"events_topic"`
-	Group       string  `json:"group"`
-	Batch       int     `json:"batch"`
-	Messages    int     `json:"messages"`   // backlog to drain
-	WithRelay   bool    `json:"with_relay"` // kafkatx: relay in-process, as examples/orders runs it
-	Seconds     float64 `json:"seconds"`    // ceiling: duration of each variant
-	Conns       int     `json:"conns"`      // ceiling: connections
-	CPUProfile  string  `json:"cpu_profile"`
-	Timeout     float64 `json:"timeout"` // seconds
+	Phase       string            `json:"phase"` // ceiling, naive, kafkatx, relay
+	Name        string            `json:"name"`  // row label, also the PostgreSQL application_name suffix
+	DatabaseURL string            `json:"database_url"`
+	Database    string            `json:"database"`
+	Brokers     string            `json:"brokers"`
+	Schema      string            `json:"schema"`
+	Topic       string            `json:"topic"`
+	EventsTopic string            `json:"events_topic"`
+	Group       string            `json:"group"`
+	Batch       int               `json:"batch"`
+	Messages    int               `json:"messages"`   // backlog to drain
+	WithRelay   bool              `json:"with_relay"` // kafkatx: relay in-process, as examples/orders runs it
+	Seconds     float64           `json:"seconds"`    // ceiling: duration of each variant
+	Conns       int               `json:"conns"`      // ceiling: connections
+	CPUProfile  string            `json:"cpu_profile"`
+	KafkaExtra  map[string]string `json:"kafka_extra,omitempty"` // kafkatx: extra librdkafka settings
+	Timeout     float64           `json:"timeout"`               // seconds
 }
 
 func (s spec) app() string { return "kafkatx-bench/" + s.Name }
@@ -67,6 +70,8 @@ type event struct {
 	Variants   []cell  `json:"variants,omitempty"`    // ceiling
 	StartupSec float64 `json:"startup_s,omitempty"`   // child start to first commit
 	PeakRSSMB  float64 `json:"peak_rss_mb,omitempty"` // VmHWM when the event was written
+	Batches    int64   `json:"batches,omitempty"`     // kafkatx: batch transactions committed
+	BatchSec   float64 `json:"batch_s,omitempty"`     // kafkatx: their total time, all partitions
 	Extra      string  `json:"note,omitempty"`
 }
 
@@ -101,6 +106,10 @@ func runChild(raw string) int {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(s.Timeout*float64(time.Second)))
 		defer cancel()
+	}
+	if addr := os.Getenv("KAFKATX_BENCH_PPROF"); addr != "" {
+		// Live profiles of the child (goroutines, blocking) while it runs, for investigations.
+		go func() { _ = http.ListenAndServe(addr, nil) }()
 	}
 	var err error
 	switch s.Phase {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
@@ -43,16 +44,22 @@ func runConsumer(ctx context.Context, s spec) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 2)
+	reg := prometheus.NewRegistry()
 	switch s.Phase {
 	case "naive":
 		go func() { errc <- naiveLoop(runCtx, pool, svc, s) }()
 	default:
+		kcfg := kafka.ConfigMap{"bootstrap.servers": s.Brokers, "group.id": s.Group}
+		for k, v := range s.KafkaExtra {
+			kcfg[k] = v
+		}
 		c, err := kafkatx.NewBatchConsumer(pool, svc.handleBatch, &kafkatx.Config{
-			Kafka:  kafka.ConfigMap{"bootstrap.servers": s.Brokers, "group.id": s.Group},
-			Topics: []string{s.Topic},
-			Schema: s.Schema,
-			Logger: log,
-			Batch:  kafkatx.BatchConfig{Size: s.Batch},
+			Kafka:      kcfg,
+			Topics:     []string{s.Topic},
+			Schema:     s.Schema,
+			Logger:     log,
+			Batch:      kafkatx.BatchConfig{Size: s.Batch},
+			Registerer: reg,
 		})
 		if err != nil {
 			return err
@@ -83,6 +90,7 @@ func runConsumer(ctx context.Context, s spec) error {
 	if d, ok := backendCPU(ctx, pool, s.app()); ok {
 		drained.PGCPU = d.Seconds()
 	}
+	drained.Batches, drained.BatchSec = batchHistogram(reg)
 	emit(drained)
 
 	n, _, err := readLatencyCount(ctx)
@@ -155,4 +163,24 @@ func naiveLoop(ctx context.Context, pool *pgxpool.Pool, svc *service, s spec) er
 		}
 	}
 	return nil
+}
+
+// batchHistogram reads kafkatx_batch_duration_seconds: how many batch transactions committed
+// and their total time (summed over partitions).
+func batchHistogram(reg *prometheus.Registry) (int64, float64) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "kafkatx_batch_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil {
+				return int64(h.GetSampleCount()), h.GetSampleSum()
+			}
+		}
+	}
+	return 0, 0
 }

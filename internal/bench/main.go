@@ -57,6 +57,7 @@ type options struct {
 	only                 string
 	profileDir           string
 	keep                 bool
+	kafkaExtra           string
 }
 
 func main() {
@@ -69,7 +70,7 @@ func main() {
 	fs.StringVar(&o.brokers, "brokers", os.Getenv("KAFKA_BOOTSTRAP_SERVERS"), "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS); fresh topics per phase, deleted after")
 	fs.IntVar(&o.partitions, "partitions", 3, "partitions of every topic (examples/orders' default)")
 	fs.IntVar(&o.naive, "naive-messages", 5000, "backlog drained by the naive loop")
-	fs.IntVar(&o.batch1, "batch1-messages", 5000, "backlog drained by kafkatx with Batch.Size 1")
+	fs.IntVar(&o.batch1, "batch1-messages", 2000, "backlog drained by kafkatx with Batch.Size 1")
 	fs.IntVar(&o.messages, "messages", 100000, "backlog drained by kafkatx with Batch.Size >= 100")
 	fs.IntVar(&o.relayRows, "relay-rows", 100000, "outbox rows pre-filled for the relay")
 	fs.Float64Var(&o.ceilingSeconds, "ceiling-seconds", 5, "duration of each PostgreSQL ceiling variant, seconds")
@@ -82,6 +83,7 @@ func main() {
 	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,orders,relay,backlog); default all")
 	fs.StringVar(&o.profileDir, "cpuprofile-dir", "", "write a CPU profile (pprof) of each phase's drain to DIR/<phase>.pprof")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database and topics")
+	fs.StringVar(&o.kafkaExtra, "kafka-config", "", "extra librdkafka settings for the kafkatx consumer, k=v,k=v (for tuning experiments)")
 	_ = fs.Parse(os.Args[1:])
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -219,6 +221,14 @@ func (b *bench) spec(phase, name string) spec {
 		Group: "bench-" + name + "-" + b.suffix, Timeout: 1200}
 	s.Topic = strings.ReplaceAll(s.Topic, "+", "_")
 	s.EventsTopic = strings.ReplaceAll(s.EventsTopic, "+", "_")
+	if s.Phase == "kafkatx" && b.o.kafkaExtra != "" {
+		s.KafkaExtra = map[string]string{}
+		for _, kv := range strings.Split(b.o.kafkaExtra, ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				s.KafkaExtra[strings.TrimSpace(k)] = strings.TrimSpace(v)
+			}
+		}
+	}
 	if b.o.profileDir != "" {
 		s.CPUProfile = fmt.Sprintf("%s/%s.pprof", b.o.profileDir, strings.ReplaceAll(name, "+", "_"))
 	}
@@ -267,6 +277,10 @@ func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event)
 			}
 			r.fromDrain(e)
 			progress("%s: drained %d in %.2fs: %.0f msgs/s", s.Name, e.Messages, e.Seconds, e.Rate)
+			if e.Batches > 0 {
+				progress("%s: %d batch transactions, %.1f messages each, %.2fs in them (%.0f%% of %d partitions' time)", s.Name, e.Batches,
+					float64(e.Messages)/float64(e.Batches), e.BatchSec, 100*e.BatchSec/(e.Seconds*float64(b.o.partitions)), b.o.partitions)
+			}
 			line, err := onDrained(e)
 			if err != nil {
 				return event{}, err
@@ -299,9 +313,15 @@ func (b *bench) ceiling(ctx context.Context) error {
 		progress("ceiling %s: %.0f msgs/s", v.Name, v.Rate)
 		b.rep.add(row{Name: "pg ceiling " + v.Name, Kind: "ceiling", Batch: atoiLast(v.Name), Messages: v.Rows, Rate: v.Rate,
 			P50: v.P50, P99: v.P99, DrainSeconds: v.Seconds, ProcCPU: v.ProcCPU, PGCPU: v.PGCPU, PeakRSSMB: r.PeakRSSMB, Load1: r.Load1,
-			Note: map[bool]string{true: "tx time; handler + kafkatx outbox", false: "tx time; 05-throughput SQL, plain tables"}[strings.HasPrefix(v.Name, "handler")]})
+			Note: ceilingNotes[strings.Fields(v.Name)[0]]})
 	}
 	return nil
+}
+
+var ceilingNotes = map[string]string{
+	"handler":       "examples/orders' handler, kafkatx's outbox table; latency = transaction time",
+	"handler-plain": "the handler with a plain events table; latency = transaction time",
+	"sql":           "05-throughput's pgbench SQL, plain tables; latency = transaction time",
 }
 
 func atoiLast(s string) int {

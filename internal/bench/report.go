@@ -33,6 +33,8 @@ type row struct {
 	ProcCPU      float64 `json:"proc_cpu_s"`             // the phase's process, until drained
 	PGCPU        float64 `json:"pg_cpu_s"`               // its PostgreSQL backends, until drained
 	BrokerCPU    float64 `json:"broker_cpu_s,omitempty"` // the broker process, during the phase until drained
+	Batches      int64   `json:"batches,omitempty"`      // kafkatx: batch transactions in the drain
+	BatchSec     float64 `json:"batch_tx_s,omitempty"`   // kafkatx: their summed duration
 	Load1        float64 `json:"load1"`
 	VsCeiling    float64 `json:"vs_ceiling,omitempty"`
 	VsCeiling05  float64 `json:"vs_ceiling_05,omitempty"`
@@ -43,6 +45,7 @@ type row struct {
 func (r *row) fromDrain(e event) {
 	r.Messages, r.Rate, r.DrainSeconds, r.StartupSec = e.Messages, e.Rate, e.Seconds, e.StartupSec
 	r.ProcCPU, r.PGCPU, r.GoSysMB = e.ProcCPU, e.PGCPU, e.GoHeapMB
+	r.Batches, r.BatchSec = e.Batches, e.BatchSec
 }
 
 func (r *row) fromResult(e event) {
@@ -107,7 +110,7 @@ func (r *report) finish() {
 	r.Seconds = time.Since(r.Started).Seconds()
 	for _, x := range r.Rows {
 		switch {
-		case x.Kind == "ceiling" && strings.Contains(x.Name, "handler"):
+		case x.Kind == "ceiling" && strings.HasPrefix(x.Name, "pg ceiling handler "):
 			r.Ceiling = max(r.Ceiling, x.Rate)
 		case x.Kind == "ceiling" && x.Name == "pg ceiling sql 100":
 			r.Ceiling05 = x.Rate
