@@ -62,6 +62,7 @@ type report struct {
 	MemMB        int               `json:"mem_mb"`
 	GoVersion    string            `json:"go"`
 	Commit       string            `json:"commit,omitempty"`
+	Modified     []string          `json:"modified,omitempty"` // tracked Go files changed since Commit (git status)
 	KafkaVersion string            `json:"kafka_version"`
 	Postgres     map[string]string `json:"postgres"`
 	Partitions   int               `json:"partitions"`
@@ -86,6 +87,14 @@ func newReport(ctx context.Context, base *pgxpool.Pool, o options) *report {
 		GoVersion: runtime.Version(), Partitions: o.partitions, LoadStart: loadAvg(), Postgres: map[string]string{}}
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		r.Commit = strings.TrimSpace(string(out))
+	}
+	// Figures belong to the code that ran: name the tracked Go files that differ from Commit.
+	if out, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil {
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && strings.HasSuffix(f[len(f)-1], ".go") {
+				r.Modified = append(r.Modified, f[len(f)-1])
+			}
+		}
 	}
 	rows, err := base.Query(ctx, `SELECT name, current_setting(name) FROM pg_settings
 		WHERE name IN ('server_version', 'fsync', 'synchronous_commit', 'full_page_writes', 'wal_level', 'shared_buffers',
@@ -162,6 +171,13 @@ func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
 func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "kafkatx bench: %d CPUs (%s), %d MiB RAM, PostgreSQL %s (fsync=%s, synchronous_commit=%s), Kafka %s, %d partitions\n",
 		r.NProc, r.CPU, r.MemMB, r.Postgres["server_version"], r.Postgres["fsync"], r.Postgres["synchronous_commit"], r.KafkaVersion, r.Partitions)
+	if r.Commit != "" {
+		fmt.Fprintf(w, "code: commit %s", r.Commit)
+		if len(r.Modified) > 0 {
+			fmt.Fprintf(w, " with uncommitted changes to %s", strings.Join(r.Modified, ", "))
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "load average %.2f %.2f %.2f at start, %.2f %.2f %.2f at end; %.0fs\n\n",
 		r.LoadStart[0], r.LoadStart[1], r.LoadStart[2], r.LoadEnd[0], r.LoadEnd[1], r.LoadEnd[2], r.Seconds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
