@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -64,6 +65,7 @@ type report struct {
 	Commit       string            `json:"commit,omitempty"`
 	Modified     []string          `json:"modified,omitempty"` // tracked Go files changed since Commit (git status)
 	KafkaVersion string            `json:"kafka_version"`
+	Librdkafka   string            `json:"librdkafka"`
 	Postgres     map[string]string `json:"postgres"`
 	Partitions   int               `json:"partitions"`
 	LoadStart    [3]float64        `json:"load_start"`
@@ -85,6 +87,7 @@ type goal struct {
 func newReport(ctx context.Context, base *pgxpool.Pool, o options) *report {
 	r := &report{Bench: "kafkatx", Started: time.Now().UTC(), NProc: runtime.NumCPU(), CPU: cpuModel(), MemMB: memTotalMB(),
 		GoVersion: runtime.Version(), Partitions: o.partitions, LoadStart: loadAvg(), Postgres: map[string]string{}}
+	_, r.Librdkafka = kafka.LibraryVersion()
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
 		r.Commit = strings.TrimSpace(string(out))
 	}
@@ -169,8 +172,8 @@ func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
 
 // print writes the human table, then one JSON line with every figure.
 func (r *report) print(w io.Writer) {
-	fmt.Fprintf(w, "kafkatx bench: %d CPUs (%s), %d MiB RAM, PostgreSQL %s (fsync=%s, synchronous_commit=%s), Kafka %s, %d partitions\n",
-		r.NProc, r.CPU, r.MemMB, r.Postgres["server_version"], r.Postgres["fsync"], r.Postgres["synchronous_commit"], r.KafkaVersion, r.Partitions)
+	fmt.Fprintf(w, "kafkatx bench: %d CPUs (%s), %d MiB RAM, PostgreSQL %s (fsync=%s, synchronous_commit=%s), Kafka %s (librdkafka %s), %d partitions\n",
+		r.NProc, r.CPU, r.MemMB, r.Postgres["server_version"], r.Postgres["fsync"], r.Postgres["synchronous_commit"], r.KafkaVersion, r.Librdkafka, r.Partitions)
 	if r.Commit != "" {
 		fmt.Fprintf(w, "code: commit %s", r.Commit)
 		if len(r.Modified) > 0 {
