@@ -84,6 +84,12 @@ type Config struct {
 	// librdkafka's fetch limits and the broker's message.max.bytes.
 	MaxValueBytes int
 
+	// MaxBufferedBytes bounds the messages the consumer holds in memory beyond librdkafka's
+	// own queue (queued.max.messages.kbytes), counting keys, values, headers and 256 bytes
+	// per message: above it, partitions whose workers fall behind are paused until it is
+	// half empty. Defaults to 64 MiB.
+	MaxBufferedBytes int
+
 	// Registerer receives the consumer's Prometheus metrics. Defaults to none (metrics are
 	// still kept and readable with Stats).
 	Registerer prometheus.Registerer
@@ -223,6 +229,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if r.Jitter <= 0 || r.Jitter >= 1 {
 		r.Jitter = 0.2
+	}
+	if out.MaxBufferedBytes <= 0 {
+		out.MaxBufferedBytes = 64 << 20
 	}
 	if out.Batch.Size <= 0 {
 		out.Batch.Size = 500

@@ -49,6 +49,7 @@ type partition struct {
 	// Read from any goroutine.
 	dispatchedEnd atomic.Int64 // next, for the worker's in-flight marker
 	pendingLen    atomic.Int64
+	bytes         atomic.Int64 // messageBytes of every message held (queued, kept, in a batch)
 	busy          atomic.Int64 // messages the worker holds (in a batch or a backoff)
 	watermark     atomic.Int64
 	epoch         int // replay epoch: scopes business idempotency keys
@@ -152,6 +153,11 @@ func (p *partition) run() {
 		p.busy.Store(int64(len(batch)))
 		err := p.process(batch)
 		p.busy.Store(0)
+		var held int64
+		for _, m := range batch {
+			held += messageBytes(m)
+		}
+		p.bytes.Add(-held)
 		switch {
 		case err == nil:
 		case errors.Is(err, errStopped):
