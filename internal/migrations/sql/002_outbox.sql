@@ -83,28 +83,30 @@ CREATE TRIGGER outbox_written AFTER INSERT ON {{schema}}.outbox
 -- locks the transaction's keys (advisory transaction locks, in hash order, so two committers
 -- never deadlock), and those locks are held until the commit is visible: a second transaction
 -- writing the same key gets its number only after the first committed. So for one
--- (topic, key), commit_seq order is commit order. A transaction with more than 32 keyed rows
--- takes one exclusive lock instead (bounded lock-table use); the others share it.
+-- (topic, key), commit_seq order is commit order. A transaction with more than 512 distinct
+-- keys takes one exclusive lock instead, which serializes such commits (bounded use of the
+-- shared lock table, sized max_locks_per_transaction × max_connections); the others share it,
+-- so transactions with disjoint keys commit in parallel. 512 covers a consumer batch of the
+-- default size writing one keyed record per message.
 CREATE OR REPLACE FUNCTION {{schema}}.outbox_sequence() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_hashes integer[];
-    v_hash integer;
+    v_key_space integer;
     v_rows bigint;
 BEGIN
-    SELECT array_agg(DISTINCT k.kh), count(*) INTO v_hashes, v_rows FROM (
-        SELECT hashtext(encode(sha256(convert_to(o.topic, 'UTF8') || '\x00'::bytea || o.key), 'hex')) AS kh
+    SELECT array_agg(k.kh ORDER BY k.kh), count(*) INTO v_hashes, v_rows FROM (
+        SELECT DISTINCT hashtext(encode(sha256(convert_to(o.topic, 'UTF8') || '\x00'::bytea || o.key), 'hex')) AS kh
           FROM {{schema}}.outbox o
          WHERE o.txid = NEW.txid AND o.state IN ('pending', 'parked') AND o.key IS NOT NULL
-         LIMIT 33
+         LIMIT 513
     ) k;
-    IF v_rows > 32 THEN
+    IF v_rows > 512 THEN
         PERFORM pg_advisory_xact_lock(hashtext('kafkatx.outbox.commit.' || TG_TABLE_SCHEMA), 0);
     ELSIF v_rows > 0 THEN
         PERFORM pg_advisory_xact_lock_shared(hashtext('kafkatx.outbox.commit.' || TG_TABLE_SCHEMA), 0);
-        FOREACH v_hash IN ARRAY v_hashes LOOP
-            PERFORM pg_advisory_xact_lock(hashtext('kafkatx.outbox.keys.' || TG_TABLE_SCHEMA), v_hash);
-        END LOOP;
+        v_key_space := hashtext('kafkatx.outbox.keys.' || TG_TABLE_SCHEMA);
+        PERFORM pg_advisory_xact_lock(v_key_space, h) FROM unnest(v_hashes) AS h ORDER BY h;
     END IF;
     UPDATE {{schema}}.outbox_commits
        SET commit_seq = nextval(format('%I.outbox_commit_seq', TG_TABLE_SCHEMA)::regclass)
