@@ -86,8 +86,9 @@ type Config struct {
 
 	// MaxBufferedBytes bounds the messages the consumer holds in memory beyond librdkafka's
 	// own queue (queued.max.messages.kbytes), counting keys, values, headers and 256 bytes
-	// per message: above it, partitions whose workers fall behind are paused until it is
-	// half empty. Defaults to 64 MiB.
+	// per message. Each assigned partition gets an equal share: a partition holding more is
+	// paused (it stops fetching, the others go on) until it holds half its share. Raise it
+	// for consumers with many partitions each. Defaults to 32 MiB.
 	MaxBufferedBytes int
 
 	// Registerer receives the consumer's Prometheus metrics. Defaults to none (metrics are
@@ -231,7 +232,7 @@ func (c *Config) withDefaults() (*Config, error) {
 		r.Jitter = 0.2
 	}
 	if out.MaxBufferedBytes <= 0 {
-		out.MaxBufferedBytes = 64 << 20
+		out.MaxBufferedBytes = 32 << 20
 	}
 	if out.Batch.Size <= 0 {
 		out.Batch.Size = 500

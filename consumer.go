@@ -255,9 +255,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // dispatch hands a polled message to its partition worker without blocking the poll loop.
-// When the worker's queue is full the message is kept in memory. Once the consumer holds
-// more than Config.MaxBufferedBytes, a partition that keeps messages is paused, and paused
-// partitions resume when it holds less than half. Pausing is the exception, not the flow
+// When the worker's queue is full the message is kept in memory. A partition holding more
+// than its share of Config.MaxBufferedBytes is paused, and resumed once it holds half of it. Pausing is the exception, not the flow
 // control of every batch: a resumed partition waits for a new fetch (measured here: about
 // 0.4 s, which halved the drain rate when partitions paused every few batches). librdkafka
 // resumes a paused partition at the offset after the last message it returned, so nothing
@@ -288,7 +287,7 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 	}
 	p.pending = append(p.pending, m)
 	p.pendingLen.Store(int64(len(p.pending)))
-	if !p.paused && c.bufferedBytes() > int64(c.cfg.MaxBufferedBytes) {
+	if !p.paused && p.bytes.Load() > c.bufferShare() {
 		if err := c.kc.Pause([]kafka.TopicPartition{p.ktp()}); err != nil {
 			c.log.Warn("pause partition", zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition), zap.Error(err))
 			return
@@ -307,18 +306,16 @@ func messageBytes(m *kafka.Message) int64 {
 	return n
 }
 
-// bufferedBytes is the size of every message the consumer holds (queued, kept or in a batch).
-func (c *Consumer) bufferedBytes() int64 {
-	var n int64
-	for _, p := range c.parts {
-		n += p.bytes.Load()
-	}
-	return n
+// bufferShare is each assigned partition's part of Config.MaxBufferedBytes, in bytes. A
+// per-partition share keeps a partition whose worker is in a long backoff from pausing the
+// others: only it stops fetching.
+func (c *Consumer) bufferShare() int64 {
+	return int64(c.cfg.MaxBufferedBytes) / int64(max(1, len(c.parts)))
 }
 
-// servicePartitions moves kept messages into worker queues, resumes paused partitions once
-// the consumer holds less than half of Config.MaxBufferedBytes, and serves resync requests
-// from fenced workers. It reports whether messages are still kept, so the poll loop comes
+// servicePartitions moves kept messages into worker queues, resumes paused partitions that
+// hold half their share of Config.MaxBufferedBytes or less, and serves resync requests from
+// fenced workers. It reports whether messages are still kept, so the poll loop comes
 // back quickly to feed the workers.
 func (c *Consumer) servicePartitions() (kept bool) {
 	for {
@@ -330,7 +327,7 @@ func (c *Consumer) servicePartitions() (kept bool) {
 		}
 		break
 	}
-	resume := c.bufferedBytes() < int64(c.cfg.MaxBufferedBytes)/2
+	share := c.bufferShare()
 	for _, p := range c.parts {
 		n := 0
 	feed:
@@ -351,7 +348,7 @@ func (c *Consumer) servicePartitions() (kept bool) {
 			p.pendingLen.Store(int64(len(p.pending)))
 		}
 		kept = kept || len(p.pending) > 0
-		if p.paused && resume {
+		if p.paused && p.bytes.Load() <= share/2 {
 			if err := c.kc.Resume([]kafka.TopicPartition{p.ktp()}); err != nil {
 				c.log.Warn("resume partition", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Error(err))
 				continue
