@@ -91,6 +91,9 @@ type Config struct {
 	// for consumers with many partitions each. Defaults to 32 MiB.
 	MaxBufferedBytes int
 
+	// startAt is the user's auto.offset.reset, applied to partitions seen for the first time.
+	startAt string
+
 	// Registerer receives the consumer's Prometheus metrics. Defaults to none (metrics are
 	// still kept and readable with Stats).
 	Registerer prometheus.Registerer
@@ -202,7 +205,15 @@ func (c *Config) withDefaults() (*Config, error) {
 		}
 	}
 	setDefault("partition.assignment.strategy", "cooperative-sticky")
-	setDefault("auto.offset.reset", "earliest")
+	// kafkatx resolves the user's auto.offset.reset itself for partitions seen for the first
+	// time; librdkafka's own reset (a fetch out of range: retention passed the watermark)
+	// always goes to the earliest offset, so the gap it leaves is exactly the records that
+	// retention removed, which the loop then audits.
+	out.startAt = "earliest"
+	if v, ok := out.Kafka["auto.offset.reset"]; ok {
+		out.startAt = fmt.Sprint(v)
+	}
+	out.Kafka["auto.offset.reset"] = "earliest"
 	setDefault("group.protocol", "classic")
 	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
 	// partition set), so a large backlog does not grow the process without bound.

@@ -404,6 +404,25 @@ func (c *Consumer) updateLag() {
 	}
 }
 
+// LogRangeError is returned by Run when a partition's database watermark is past the end of
+// its log: the topic was deleted and recreated, or an unclean leader election truncated it.
+// Nothing is processed: replay the new log with `kafkatx offsets reset --to-earliest --mode
+// replay`, or skip to its end with `--to-latest --mode skip`.
+type LogRangeError struct {
+	Group            string
+	Topic            string
+	Partition        int32
+	Watermark        int64 // the database's next offset to process
+	LogStart, LogEnd int64 // the partition's log start and end offsets
+}
+
+func (e *LogRangeError) Error() string {
+	return fmt.Sprintf("kafkatx: group %q %s[%d]: the database watermark %d is past the log end %d (log start %d): "+
+		"the topic was recreated or its log truncated; nothing processed. Replay it with "+
+		"`kafkatx offsets reset --to-earliest --mode replay` or skip with `--to-latest --mode skip`",
+		e.Group, e.Topic, e.Partition, e.Watermark, e.LogEnd, e.LogStart)
+}
+
 // fail stops the consumer with err (the first one wins); Run returns it.
 func (c *Consumer) fail(err error) {
 	err = fmt.Errorf("kafkatx: %w", err)

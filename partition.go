@@ -141,11 +141,13 @@ func (p *partition) run() {
 	defer p.abortWork()
 	for {
 		if p.stopping() {
+			p.clearInflight()
 			return
 		}
 		var first *kafka.Message
 		select {
 		case <-p.stopCh:
+			p.clearInflight()
 			return
 		case first = <-p.in:
 		}
@@ -161,6 +163,7 @@ func (p *partition) run() {
 		switch {
 		case err == nil:
 		case errors.Is(err, errStopped):
+			p.clearInflight()
 			return
 		case errors.Is(err, offsetstore.ErrFenced):
 			if !p.refence() {
@@ -173,6 +176,23 @@ func (p *partition) run() {
 			return
 		}
 	}
+}
+
+// clearInflight removes the in-flight marker when the worker stops cleanly: the messages it
+// covered but never ran are not attempts, so the next owner runs them as a normal batch. A
+// worker whose transaction was aborted (lost partition, shutdown timeout) keeps it: its
+// handler may have run.
+func (p *partition) clearInflight() {
+	if p.workCtx.Err() != nil || p.inflightEnd <= p.w {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.c.store.MarkInflight(ctx, p.c.pool, p.c.group, p.tp, p.w, p.w); err != nil {
+		p.log.Debug("clear the in-flight marker", zap.Error(err))
+		return
+	}
+	p.inflightEnd = p.w
 }
 
 // collect takes up to Batch.Size messages: those already queued, and more for up to
@@ -451,6 +471,9 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 	for _, km := range msgs {
 		hook("handled", int64(km.TopicPartition.Offset))
 	}
+	if err := p.auditGap(ctx, tx, int64(msgs[0].TopicPartition.Offset)); err != nil {
+		return -1, nil, err
+	}
 	ahead := max(end, p.dispatchedEnd.Load())
 	if err := p.c.store.Advance(ctx, tx, p.c.group, p.tp, p.w, end, ahead); err != nil {
 		return -1, nil, err
@@ -465,6 +488,32 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 	p.committed(end, len(fresh), 0)
 	p.duplicates(dups)
 	return -1, nil, nil
+}
+
+// auditGap records in tx, as an unexplained skip, the offsets below first that the log no
+// longer holds: retention overtook the watermark while the partition was assigned, and
+// librdkafka reset the fetch to the log start (kafkatx sets its auto.offset.reset to
+// earliest, so the gap is exactly [watermark, log start)). Other gaps — compaction,
+// transaction markers — are offsets without records and are not audited.
+func (p *partition) auditGap(ctx context.Context, tx pgx.Tx, first int64) error {
+	if first <= p.w {
+		return nil
+	}
+	low, _, err := p.c.kc.GetWatermarkOffsets(p.tp.Topic, p.tp.Partition)
+	if err != nil || low <= p.w {
+		return nil
+	}
+	to := min(low, first)
+	p.log.Error("records removed from the log before they were processed (retention or delete-records); auditing the gap",
+		zap.Int64("from", p.w), zap.Int64("to", to))
+	_, err = p.c.store.InsertEvent(ctx, tx, offsetstore.Event{Group: p.c.group, Topic: p.tp.Topic, Partition: p.tp.Partition,
+		Kind: offsetstore.KindUnexplainedSkip, From: p.w, To: to, Actor: "kafkatx.consumer",
+		Reason: fmt.Sprintf("log start %d passed the watermark %d while the partition was assigned", low, p.w)})
+	if err == nil {
+		p.c.stats.skipped.Add(to - p.w)
+		p.c.metrics.skipped.WithLabelValues(p.c.group, p.tp.Topic, offsetstore.KindUnexplainedSkip).Add(float64(to - p.w))
+	}
+	return err
 }
 
 // claim claims the business idempotency keys of msgs in tx and returns the messages whose
@@ -685,6 +734,9 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return err, nil
 	}
 	hook("handled", off)
+	if err := p.auditGap(ctx, tx, off); err != nil {
+		return nil, err
+	}
 	if err := p.c.store.DeleteAttempts(ctx, tx, p.c.group, p.tp, off, off+1); err != nil {
 		return nil, err
 	}
@@ -762,6 +814,9 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int
 		}
 	}
 	hook("dead-letter", off)
+	if err := p.auditGap(ctx, tx, off); err != nil {
+		return err
+	}
 	if err := p.c.store.DeleteAttempts(ctx, tx, p.c.group, p.tp, off, off+1); err != nil {
 		return err
 	}

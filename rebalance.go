@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -40,7 +41,9 @@ func (c *Consumer) onAssigned(ctx context.Context, assigned []kafka.TopicPartiti
 		if err == nil {
 			break
 		}
-		if _, halt := err.(*OffsetAheadError); halt || ctx.Err() != nil {
+		var ahead *OffsetAheadError
+		var outside *LogRangeError
+		if errors.As(err, &ahead) || errors.As(err, &outside) || ctx.Err() != nil {
 			c.fatal = err
 			if ctx.Err() != nil {
 				c.fatal = nil
@@ -89,13 +92,50 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 		k, hasK := kOf[tp]
 		log := c.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition))
 		partLabel := strconv.Itoa(int(tp.Partition))
+		low, high, err := c.kc.QueryWatermarkOffsets(tp.Topic, tp.Partition, 10000)
+		if err != nil {
+			return nil, fmt.Errorf("query log offsets of %s: %w", tp, err)
+		}
+		if hasK && k > high {
+			// A committed offset past the log end names offsets that do not exist: following
+			// it would skip records not yet written. The database decides instead.
+			log.Error("Kafka committed offset is past the log end; ignoring it", zap.Int64("committed", k), zap.Int64("log_end", high))
+			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+				Kind: offsetstore.KindKafkaOutOfRange, From: k, To: k, Actor: "kafkatx.consumer",
+				Reason: fmt.Sprintf("committed offset %d past the log end %d; ignored", k, high)}); err != nil {
+				return nil, err
+			}
+			hasK = false
+		}
+		if hasW && w.Next > high {
+			// The log is shorter than what was processed: the topic was deleted and recreated,
+			// or an unclean leader election truncated it. Which records are new cannot be told,
+			// so nothing is processed until an operator decides.
+			e := &LogRangeError{Group: c.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, LogStart: low, LogEnd: high}
+			log.Error("database watermark past the log end; halting", zap.Int64("watermark", w.Next), zap.Int64("log_end", high))
+			_, _ = c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+				Kind: offsetstore.KindHalt, From: high, To: w.Next, Actor: "kafkatx.consumer", Reason: e.Error()})
+			return nil, e
+		}
+		if hasW && w.Next < low {
+			// Retention (or delete-records) removed records before they were processed.
+			log.Error("records removed from the log before they were processed; following the log start",
+				zap.Int64("watermark", w.Next), zap.Int64("log_start", low), zap.Int64("lost", low-w.Next))
+			if _, err := c.follow(ctx, tp, w.Next, low, fmt.Sprintf("log start %d passed the watermark %d: records removed by retention or delete-records before they were processed", low, w.Next)); err != nil {
+				return nil, err
+			}
+			c.metrics.skipped.WithLabelValues(c.group, tp.Topic, offsetstore.KindUnexplainedSkip).Add(float64(low - w.Next))
+			c.stats.skipped.Add(low - w.Next)
+			w.Next, w.InflightEnd = low, -1
+		}
 		var start int64
 		switch {
 		case !hasW:
 			start = k
 			if !hasK {
-				if start, err = c.resetOffset(tp); err != nil {
-					return nil, err
+				start = low
+				if c.startsAtEnd() {
+					start = high
 				}
 			}
 			w, err = c.firstRun(ctx, tp, start, hasK)
@@ -138,7 +178,7 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 					Kind: offsetstore.KindHalt, From: w.Next, To: k, Actor: "kafkatx.consumer", Reason: "Kafka ahead of the database; policy halt"})
 				return nil, e
 			}
-			kind, err := c.followKafka(ctx, tp, w.Next, k)
+			kind, err := c.follow(ctx, tp, w.Next, k, "Kafka committed offset ahead of the database watermark with no kafkatx command on record")
 			if err != nil {
 				return nil, err
 			}
@@ -210,8 +250,10 @@ func startSource(hasK bool) string {
 	return "auto.offset.reset"
 }
 
-// followKafka moves the watermark from w to k and records why in the same transaction.
-func (c *Consumer) followKafka(ctx context.Context, tp offsetstore.TP, w, k int64) (string, error) {
+// follow moves the watermark from w to k and records why in the same transaction: as the
+// operator skip a kafkatx command left pending for exactly [w, k), else as an unexplained
+// skip with reason.
+func (c *Consumer) follow(ctx context.Context, tp offsetstore.TP, w, k int64, reason string) (string, error) {
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("follow Kafka on %s: %w", tp, err)
@@ -228,7 +270,7 @@ func (c *Consumer) followKafka(ctx context.Context, tp offsetstore.TP, w, k int6
 			return "", err
 		}
 	} else if _, err := c.store.InsertEvent(ctx, tx, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
-		Kind: kind, From: w, To: k, Actor: "kafkatx.consumer", Reason: "Kafka committed offset ahead of the database watermark with no kafkatx command on record"}); err != nil {
+		Kind: kind, From: w, To: k, Actor: "kafkatx.consumer", Reason: reason}); err != nil {
 		return "", err
 	}
 	if err := c.store.Advance(ctx, tx, c.group, tp, w, k, -1); err != nil {
@@ -243,19 +285,14 @@ func (c *Consumer) followKafka(ctx context.Context, tp offsetstore.TP, w, k int6
 	return kind, nil
 }
 
-// resetOffset resolves auto.offset.reset for a partition with no watermark and no
-// committed offset: earliest (the default, so nothing is lost) or latest.
-func (c *Consumer) resetOffset(tp offsetstore.TP) (int64, error) {
-	low, high, err := c.kc.QueryWatermarkOffsets(tp.Topic, tp.Partition, 10000)
-	if err != nil {
-		return 0, fmt.Errorf("query log offsets of %s: %w", tp, err)
-	}
-	switch fmt.Sprint(c.cfg.Kafka["auto.offset.reset"]) {
+// startsAtEnd reports whether the user's auto.offset.reset starts new partitions at the log
+// end (latest) rather than the start (earliest, the default: nothing is lost).
+func (c *Consumer) startsAtEnd() bool {
+	switch c.cfg.startAt {
 	case "latest", "largest", "end":
-		return high, nil
-	default:
-		return low, nil
+		return true
 	}
+	return false
 }
 
 // onRevoked stops the revoked partitions' workers (their in-flight transactions finish,

@@ -151,3 +151,98 @@ func TestKafkaAheadUnderHaltPolicyStopsWithBothOffsets(t *testing.T) {
 		t.Fatalf("watermark moved to %d under the halt policy", w)
 	}
 }
+
+// deleteRecordsBefore removes partition 0's records below offset, as retention would.
+func (b *testBundle) deleteRecordsBefore(t *testing.T, offset int64) {
+	t.Helper()
+	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": b.brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := admin.DeleteRecords(ctx, []kafka.TopicPartition{{Topic: &b.topic, Partition: 0, Offset: kafka.Offset(offset)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.DeleteRecordsResults {
+		if r.TopicPartition.Error != nil {
+			t.Fatal(r.TopicPartition.Error)
+		}
+	}
+}
+
+func TestRecordsRemovedBeforeProcessingAreAuditedNotCountedAsProcessed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.deleteRecordsBefore(t, 15) // retention overtook the watermark 10
+	b.runUntilWatermark(t, b.handler(), b.config(t), 20)
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" >= 15`); n != 5 {
+		t.Fatalf("%d effects at or above the log start, want 5", n)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'unexplained_skip' AND from_offset = 10 AND to_offset = 15"); n != 1 {
+		t.Fatal("no unexplained_skip audit row for the removed records [10, 15)")
+	}
+}
+
+func TestWatermarkPastTheLogEndHaltsWithBothOffsets(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
+	// As after the topic was deleted and recreated with fewer records: the database is ahead of the log.
+	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf("UPDATE %s SET next_offset = 100", pgx.Identifier{b.schema, "watermarks"}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewConsumer(b.pool, b.handler(), b.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	var lre *LogRangeError
+	if !errors.As(err, &lre) || lre.Watermark != 100 || lre.LogEnd != 10 {
+		t.Fatalf("Run returned %v, want a *LogRangeError naming watermark 100 and log end 10", err)
+	}
+}
+
+func TestCommittedOffsetPastTheLogEndIsIgnored(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
+	b.setCommitted(t, 500)
+	produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint(i) }))
+	b.runUntilWatermark(t, b.handler(), b.config(t), 15)
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied = 1"); n != 15 {
+		t.Fatalf("%d effects, want 15: a committed offset past the log end was followed", n)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'kafka_out_of_range' AND from_offset = 500"); n != 1 {
+		t.Fatal("no kafka_out_of_range audit row")
+	}
+}
+
+func TestGracefulStopClearsTheInFlightMarker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(400, 0, func(i int) string { return fmt.Sprint(i) }))
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		time.Sleep(2 * time.Millisecond)
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	cfg := b.config(t)
+	cfg.Batch.Size = 20
+	r := b.start(t, h, cfg)
+	waitFor(t, 60*time.Second, "some progress", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") >= 100 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.watermarks WHERE inflight_end > next_offset"); n != 0 {
+		t.Fatal("a clean stop left an in-flight marker: the next start would count a crash")
+	}
+}
