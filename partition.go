@@ -627,6 +627,10 @@ func toMessage(km *kafka.Message, attempt int) *Message {
 func describe(err error) (class, msg, stack string) {
 	class = errorClass(err)
 	msg = err.Error()
+	var perm *PermanentError
+	if errors.As(err, &perm) {
+		msg = perm.Err.Error() // the class already says "permanent"
+	}
 	var pe *panicError
 	if errors.As(err, &pe) {
 		stack = string(pe.stack)

@@ -45,7 +45,7 @@ type DeadLetter struct {
 	Partition      int32
 	Offset         int64
 	Key            []byte // nil for a nil key
-	Value          []byte
+	Value          []byte // nil for a nil value (a tombstone)
 	Headers        []Header
 	Timestamp      time.Time // the original record's timestamp
 	ErrorClass     string
@@ -75,15 +75,11 @@ func InsertTx(ctx context.Context, tx pgx.Tx, schema string, d *DeadLetter) (id 
 	if !d.Timestamp.IsZero() {
 		ts = &d.Timestamp
 	}
-	value := d.Value
-	if value == nil {
-		value = []byte{}
-	}
 	err = tx.QueryRow(ctx, `INSERT INTO `+t.DeadLetters+` (group_id, topic, partition, "offset", key, value, header_keys, header_values,
 			message_time, error_class, error_message, stack, attempts, first_failure_at, last_failure_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 		ON CONFLICT (group_id, topic, partition, "offset") DO NOTHING RETURNING id`,
-		d.Group, d.Topic, d.Partition, d.Offset, d.Key, value, hk, hv, ts,
+		d.Group, d.Topic, d.Partition, d.Offset, d.Key, d.Value, hk, hv, ts,
 		SanitizeText(d.ErrorClass, 64), SanitizeText(d.ErrorMessage, MaxErrorMessageBytes), nullIfEmpty(SanitizeText(d.Stack, MaxStackBytes)),
 		d.Attempts, d.FirstFailureAt, d.LastFailureAt).Scan(&id)
 	if err == pgx.ErrNoRows {

@@ -34,11 +34,14 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8090", "HOST:PORT to listen on")
-	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
+	dbURL := flag.String("database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
 	schema := flag.String("schema", "kafkatx", "schema of kafkatx's tables")
 	retention := flag.Duration("retention", 24*time.Hour, "how long a response is replayed for its Idempotency-Key")
 	taskDelay := flag.Duration("task-delay", 0, "time each task takes (to try a repeat while the first call runs: 409)")
 	flag.Parse()
+	if *dbURL == "" { // read after parsing, so --help never prints a password
+		*dbURL = os.Getenv("DATABASE_URL")
+	}
 
 	logCfg := zap.NewProductionConfig()
 	logCfg.OutputPaths, logCfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}

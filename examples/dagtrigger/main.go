@@ -48,8 +48,8 @@ func main() {
 func run() int {
 	var o options
 	fs := flag.NewFlagSet("dagtrigger", flag.ExitOnError)
-	fs.StringVar(&o.brokers, "brokers", os.Getenv("KAFKA_BOOTSTRAP_SERVERS"), "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
-	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
+	fs.StringVar(&o.brokers, "brokers", "", "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
+	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
 	fs.StringVar(&o.topic, "topic", "", "topic of Debezium change events to consume (required)")
 	fs.StringVar(&o.group, "group", "dagtrigger", "consumer group id")
 	fs.IntVar(&o.partitions, "partitions", 3, "partitions of topics created if missing")
@@ -65,6 +65,13 @@ func run() int {
 	fs.IntVar(&o.batchSize, "batch-size", 20, "most events of one partition per transaction (each costs one Airflow request)")
 	fs.DurationVar(&o.keyRetention, "key-retention", 7*24*time.Hour, "how long an event's source position is remembered to skip re-published copies")
 	_ = fs.Parse(os.Args[1:])
+	// Environment defaults are read after parsing, so --help never prints a password.
+	if o.brokers == "" {
+		o.brokers = os.Getenv("KAFKA_BOOTSTRAP_SERVERS")
+	}
+	if o.databaseURL == "" {
+		o.databaseURL = os.Getenv("DATABASE_URL")
+	}
 
 	logCfg := zap.NewProductionConfig()
 	logCfg.OutputPaths, logCfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}

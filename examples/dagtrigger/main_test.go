@@ -250,6 +250,7 @@ func TestKillBetweenAirflowCallAndCommit(t *testing.T) {
 	var mu sync.Mutex
 	var victim *exec.Cmd
 	killAt := map[int]bool{3: true, 11: true}
+	f.mu.Lock() // ServeHTTP reads onCreate under f.mu
 	f.onCreate = func(created int) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -258,6 +259,7 @@ func TestKillBetweenAirflowCallAndCommit(t *testing.T) {
 			delete(killAt, created)
 		}
 	}
+	f.mu.Unlock()
 	kills := 0
 	for run := 0; run < 2; run++ {
 		cmd, _ := e.start(t, run)

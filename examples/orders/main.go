@@ -47,8 +47,8 @@ func main() {
 func run() int {
 	var o options
 	fs := flag.NewFlagSet("orders", flag.ExitOnError)
-	fs.StringVar(&o.brokers, "brokers", os.Getenv("KAFKA_BOOTSTRAP_SERVERS"), "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS; none: an in-process broker for the demo)")
-	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
+	fs.StringVar(&o.brokers, "brokers", "", "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS; none: an in-process broker for the demo)")
+	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
 	fs.StringVar(&o.topic, "topic", "orders", "topic to produce to and consume from")
 	fs.StringVar(&o.group, "group", "orders-processor", "consumer group id")
 	fs.IntVar(&o.partitions, "partitions", 3, "partitions of topics created if missing")
@@ -64,6 +64,13 @@ func run() int {
 	fs.StringVar(&o.instanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
 	fs.IntVar(&o.batchSize, "batch-size", 500, "most messages of one partition per transaction")
 	_ = fs.Parse(os.Args[1:])
+	// Environment defaults are read after parsing, so --help never prints a password.
+	if o.brokers == "" {
+		o.brokers = os.Getenv("KAFKA_BOOTSTRAP_SERVERS")
+	}
+	if o.databaseURL == "" {
+		o.databaseURL = os.Getenv("DATABASE_URL")
+	}
 
 	logCfg := zap.NewProductionConfig()
 	logCfg.OutputPaths, logCfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}

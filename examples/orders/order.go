@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // order is one order message. price is a JSON decimal; it is converted to integer cents
@@ -20,7 +21,12 @@ type order struct {
 	TotalCents int64  `json:"-"`
 }
 
-var priceRe = regexp.MustCompile(`^(0|[1-9][0-9]{0,11})(\.([0-9]+))?$`)
+// priceRe accepts up to 999,999,999.99: with at most 1,000,000 items an order's total stays
+// far below the int64 limit of the cents columns.
+var priceRe = regexp.MustCompile(`^(0|[1-9][0-9]{0,8})(\.([0-9]+))?$`)
+
+// maxTextBytes bounds order_id, customer and item.
+const maxTextBytes = 200
 
 // parseOrder parses one order strictly: a JSON object with a non-empty order_id and
 // customer, an item, a positive integer quantity and a non-negative decimal price with at
@@ -52,6 +58,11 @@ func parseOrder(value []byte) (order, error) {
 		return order{}, errors.New("quantity missing")
 	case raw.Price == nil:
 		return order{}, errors.New("price missing")
+	}
+	for name, v := range map[string]string{"order_id": *raw.OrderID, "customer": *raw.Customer, "item": *raw.Item} {
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) || len(v) > maxTextBytes {
+			return order{}, fmt.Errorf("%s is not valid UTF-8 text without NUL of at most %d bytes", name, maxTextBytes)
+		}
 	}
 	qty, err := strconv.ParseInt(raw.Quantity.String(), 10, 64)
 	if err != nil || qty <= 0 || qty > 1_000_000 {

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Refuse a configuration librdkafka refuses (an unknown property, a bad value) now,
+	// instead of retrying it forever in Run. The client is closed at once.
+	kp, err := kafka.NewProducer(&c.Kafka)
+	if err != nil {
+		return nil, fmt.Errorf("relay: Kafka configuration: %w", err) // names the setting, never its value
+	}
+	kp.Close()
 	return &Relay{
 		pool:    pool,
 		cfg:     c,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
@@ -470,5 +471,16 @@ func TestPublishedRowsAreDeletedAndTriggerlessRowsAdopted(t *testing.T) {
 	waitFor(t, 10*time.Second, "the adopted row published", func() bool { return r.Stats().Published == 4 })
 	if n := topicCount(t, b.brokers, topic); n != 4 {
 		t.Fatalf("topic holds %d records, want 4", n)
+	}
+}
+
+func TestNewRefusesAConfigurationLibrdkafkaRefuses(t *testing.T) {
+	for _, bad := range []kafka.ConfigMap{
+		{"bootstrap.servers": "127.0.0.1:1", "bogus.property": "1"},
+		{"bootstrap.servers": "127.0.0.1:1", "sasl.mechanism": "BOGUS", "security.protocol": "sasl_plaintext"},
+	} {
+		if _, err := New(new(pgxpool.Pool), &Config{Kafka: bad}); err == nil {
+			t.Errorf("New accepted %v", bad)
+		}
 	}
 }

@@ -1,0 +1,35 @@
+package main
+
+import "testing"
+
+func TestParseOrderIsStrictAndExact(t *testing.T) {
+	good := map[string]int64{
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":9.99}`:               1998,
+		`{"order_id":"A","customer":"c","item":"w","quantity":3,"price":14.75}`:              4425,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":39.00}`:              3900,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":24.5}`:               2450,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1000000,"price":999999999.99}`: 99999999999000000,
+	}
+	for in, cents := range good {
+		o, err := parseOrder([]byte(in))
+		if err != nil || o.TotalCents != cents {
+			t.Errorf("parseOrder(%s) = %d, %v; want %d", in, o.TotalCents, err, cents)
+		}
+	}
+	for _, in := range []string{
+		`malformed_message`,
+		``,
+		`null`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1e308}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":-1,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.001}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1000000,"price":999999999999.99}`, // would overflow int64 cents
+		`{"order_id":"A\u0000B","customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00} trailing`,
+		`{"customer":"c","item":"w","quantity":1,"price":1.00}`,
+	} {
+		if _, err := parseOrder([]byte(in)); err == nil {
+			t.Errorf("parseOrder(%q) accepted a bad order", in)
+		}
+	}
+}
