@@ -12,9 +12,10 @@ import (
 
 // Exit statuses of the offsets commands (besides 0 and 1 for errors).
 const (
-	offsetsExitDrift  = 3 // offsets status: Kafka and the database disagree
-	offsetsExitGap    = 4 // offsets account: a watermark move nothing explains
-	offsetsExitActive = 5 // offsets reset: the group has active members
+	offsetsExitDrift   = 3 // offsets status: Kafka and the database disagree
+	offsetsExitGap     = 4 // offsets account: a watermark move nothing explains
+	offsetsExitActive  = 5 // offsets reset: the group has active members
+	offsetsExitUnknown = 7 // offsets status: the group has no watermark and no committed offset
 )
 
 // OffsetsCmd groups the offset commands: the database leads, Kafka follows (docs/offsets.md).

@@ -28,11 +28,15 @@ state, and the last offset audit event.
 States: aligned; kafka_ahead (an offset move with Kafka's own tools, or a database restored
 from an older backup: the consumer follows it and audits the skipped range); kafka_behind (a
 lost commit or a rewind with Kafka's tools: the consumer re-commits the watermark);
-kafka_missing (the group's offsets expired or were deleted); no_watermark and unused (not
-drift).
+kafka_missing (the group's offsets expired or were deleted); watermark_past_log_end (the
+topic was recreated or truncated: the consumer refuses to start), watermark_below_log_start
+(retention removed unprocessed records), kafka_past_log_end (the consumer ignores it);
+no_watermark and unused (not drift).
 
 Exit status: 0 when every partition is aligned (or has no watermark), 3 when any partition
-drifts (kafka_ahead, kafka_behind, kafka_missing), 1 on an error.`
+drifts (kafka_ahead, kafka_behind, kafka_missing, watermark_past_log_end,
+watermark_below_log_start, kafka_past_log_end), 7 when the group has no watermark and no
+committed offset (a mistyped group), 1 on an error.`
 }
 
 func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
@@ -99,6 +103,10 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	if drifted > 0 {
 		return &exitError{code: offsetsExitDrift}
+	}
+	if len(sts) == 0 {
+		// A mistyped group name must not look healthy to a monitoring check.
+		return &exitError{code: offsetsExitUnknown}
 	}
 	return nil
 }

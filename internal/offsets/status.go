@@ -27,6 +27,15 @@ const (
 	StateNoWatermark = "no_watermark"
 	// StateUnused: neither side has an offset. Not drift.
 	StateUnused = "unused"
+	// StateWatermarkPastLogEnd: the watermark is past the log end — the topic was deleted and
+	// recreated, or its log truncated; the consumer refuses to start (LogRangeError). Drift.
+	StateWatermarkPastLogEnd = "watermark_past_log_end"
+	// StateWatermarkBelowLogStart: retention removed records below the log start before they
+	// were processed; the consumer will audit them as an unexplained skip. Drift.
+	StateWatermarkBelowLogStart = "watermark_below_log_start"
+	// StateKafkaPastLogEnd: Kafka's committed offset is past the log end; the consumer will
+	// ignore it. Drift.
+	StateKafkaPastLogEnd = "kafka_past_log_end"
 )
 
 // PartitionStatus is one partition's view of both sides. Offsets are Kafka offsets; the
@@ -63,7 +72,7 @@ type PartitionStatus struct {
 // audit on its next assignment: Kafka ahead, behind, or missing.
 func (s PartitionStatus) Drifted() bool {
 	switch s.State {
-	case StateKafkaAhead, StateKafkaBehind, StateKafkaMissing:
+	case StateKafkaAhead, StateKafkaBehind, StateKafkaMissing, StateWatermarkPastLogEnd, StateWatermarkBelowLogStart, StateKafkaPastLogEnd:
 		return true
 	}
 	return false
@@ -154,6 +163,15 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 			s.State, s.Lag = StateNoWatermark, s.LogEnd-k
 		default:
 			s.State, s.Lag = StateUnused, s.LogEnd-s.LogStart
+		}
+		// Offsets outside the log override the comparison: they are what needs an operator.
+		switch {
+		case hasW && w.Next > s.LogEnd:
+			s.State = StateWatermarkPastLogEnd
+		case hasW && w.Next < s.LogStart:
+			s.State = StateWatermarkBelowLogStart
+		case hasK && k > s.LogEnd:
+			s.State = StateKafkaPastLogEnd
 		}
 		out = append(out, s)
 	}
