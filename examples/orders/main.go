@@ -62,7 +62,7 @@ func run() int {
 	fs.DurationVar(&o.sessionTimeout, "session-timeout", 0, "session.timeout.ms of the classic group protocol (default librdkafka's 45s)")
 	fs.IntVar(&o.maxAttempts, "max-attempts", 5, "tries, crashes included, before a message is dead-lettered")
 	fs.StringVar(&o.instanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
-	fs.IntVar(&o.batchSize, "batch-size", 500, "most messages of one partition per transaction")
+	fs.IntVar(&o.batchSize, "batch-size", 1000, "most messages of one partition per transaction (the library default is 500; a bulk order service takes more)")
 	_ = fs.Parse(os.Args[1:])
 	// Environment defaults are read after parsing, so --help never prints a password.
 	if o.brokers == "" {
