@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/internal/topics"
 	"github.com/kafkatx/kafkatx/outbox"
@@ -135,10 +136,10 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 	if err := kafkatx.Migrate(ctx, pool, o.schema); err != nil {
 		return err
 	}
-	if err := migrate(ctx, pool); err != nil {
+	if err := order.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	svc := &orderService{eventsTopic: o.eventsTopic, outbox: outbox.Writer{Schema: o.schema}}
+	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.schema}.Write}
 	kcfg := kafka.ConfigMap{"bootstrap.servers": o.brokers, "group.id": o.group}
 	if o.instanceID != "" {
 		kcfg["group.instance.id"] = o.instanceID
@@ -146,7 +147,7 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 	if o.sessionTimeout > 0 {
 		kcfg["session.timeout.ms"] = int(o.sessionTimeout.Milliseconds())
 	}
-	c, err := kafkatx.NewBatchConsumer(pool, svc.handleBatch, &kafkatx.Config{
+	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, &kafkatx.Config{
 		Kafka:  kcfg,
 		Topics: []string{o.topic},
 		Schema: o.schema,

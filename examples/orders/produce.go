@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kafkatx/kafkatx/examples/orders/order"
 )
 
 type produceSummary struct {
@@ -63,7 +65,7 @@ func produce(ctx context.Context, base kafka.ConfigMap, o options) (produceSumma
 
 	var sum produceSummary
 	for _, r := range recs {
-		if o, err := parseOrder(r.value); err == nil {
+		if o, err := order.Parse(r.value); err == nil {
 			sum.Valid++
 			sum.TotalCents += o.TotalCents
 		} else {

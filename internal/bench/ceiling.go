@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -74,12 +75,12 @@ func ceilingVariant(ctx context.Context, s spec, kind string, batch int) (cell, 
 		if err := prepareOrders(ctx, pool, schema); err != nil {
 			return cell{}, err
 		}
-		svc := &service{eventsTopic: s.EventsTopic, outbox: outbox.Writer{Schema: schema}}
+		svc := &order.Service{EventsTopic: s.EventsTopic, WriteEvents: outbox.Writer{Schema: schema}.Write}
 		if kind == "handler-plain" {
 			if _, err := pool.Exec(ctx, ceilingSQLTables); err != nil {
 				return cell{}, err
 			}
-			svc.plainOutbox = "ceil_outbox"
+			svc.WriteEvents = plainEvents("ceil_outbox")
 		}
 		run := strconv.FormatInt(time.Now().UnixNano(), 36)
 		step = func(ctx context.Context, tx pgx.Tx, worker, n int) error {
@@ -88,7 +89,7 @@ func ceilingVariant(ctx context.Context, s spec, kind string, batch int) (cell, 
 				k, v := orderValue(run+"-"+strconv.Itoa(worker), n*batch+i)
 				msgs[i] = &kafkatx.Message{Topic: s.Topic, Offset: int64(n*batch + i), Key: k, Value: v}
 			}
-			return svc.handleBatch(ctx, tx, msgs)
+			return svc.HandleBatch(ctx, tx, msgs)
 		}
 	case "sql":
 		if _, err := pool.Exec(ctx, ceilingSQLTables); err != nil {

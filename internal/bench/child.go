@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/orders/order"
 )
 
 // spec is what the parent asks one child process to measure. Each phase runs in its own
@@ -176,7 +177,7 @@ func prepareOrders(ctx context.Context, pool *pgxpool.Pool, schema string) error
 	if err := kafkatx.Migrate(ctx, pool, schema); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, ordersSQL); err != nil {
+	if _, err := pool.Exec(ctx, order.SchemaSQL); err != nil {
 		return fmt.Errorf("create order tables: %w", err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
@@ -33,7 +34,8 @@ func runConsumer(ctx context.Context, s spec) error {
 	if err := prepareOrders(ctx, pool, s.Schema); err != nil {
 		return err
 	}
-	svc := &service{eventsTopic: s.EventsTopic, outbox: outbox.Writer{Schema: s.Schema}, probe: probe}
+	svc := &order.Service{EventsTopic: s.EventsTopic, WriteEvents: outbox.Writer{Schema: s.Schema}.Write}
+	handle := handler(svc, probe)
 
 	stopProfile, err := startProfile(s.CPUProfile)
 	if err != nil {
@@ -47,13 +49,13 @@ func runConsumer(ctx context.Context, s spec) error {
 	reg := prometheus.NewRegistry()
 	switch s.Phase {
 	case "naive":
-		go func() { errc <- naiveLoop(runCtx, pool, svc, s) }()
+		go func() { errc <- naiveLoop(runCtx, pool, handle, s) }()
 	default:
 		kcfg := kafka.ConfigMap{"bootstrap.servers": s.Brokers, "group.id": s.Group}
 		for k, v := range s.KafkaExtra {
 			kcfg[k] = v
 		}
-		c, err := kafkatx.NewBatchConsumer(pool, svc.handleBatch, &kafkatx.Config{
+		c, err := kafkatx.NewBatchConsumer(pool, handle, &kafkatx.Config{
 			Kafka:      kcfg,
 			Topics:     []string{s.Topic},
 			Schema:     s.Schema,
@@ -124,7 +126,7 @@ func runConsumer(ctx context.Context, s spec) error {
 
 // naiveLoop is the loop users write by hand with confluent-kafka-go: for each message, one
 // database transaction with the order service's writes, then a synchronous offset commit.
-func naiveLoop(ctx context.Context, pool *pgxpool.Pool, svc *service, s spec) error {
+func naiveLoop(ctx context.Context, pool *pgxpool.Pool, handle kafkatx.BatchHandler, s spec) error {
 	kc, err := kafka.NewConsumer(&kafka.ConfigMap{
 		"bootstrap.servers": s.Brokers, "group.id": s.Group,
 		"enable.auto.commit": false, "auto.offset.reset": "earliest",
@@ -151,7 +153,7 @@ func naiveLoop(ctx context.Context, pool *pgxpool.Pool, svc *service, s spec) er
 		if err != nil {
 			return fmt.Errorf("naive: begin: %w", err)
 		}
-		if err := svc.handleBatch(ctx, tx, []*kafkatx.Message{m}); err != nil {
+		if err := handle(ctx, tx, []*kafkatx.Message{m}); err != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 			return fmt.Errorf("naive: handle offset %d: %w", m.Offset, err)
 		}

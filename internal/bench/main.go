@@ -9,7 +9,7 @@
 //  2. naive: confluent-kafka-go with one transaction and one synchronous offset commit per
 //     message;
 //  3. kafkatx: kafkatx.NewBatchConsumer with examples/orders' handler, Batch.Size 1, 100,
-//     1000, and 500 with the relay in-process as examples/orders runs it;
+//     1000, and 1000 with the relay in-process as examples/orders runs it;
 //  4. relay: outbox/relay draining pre-filled outbox rows.
 //
 // Consumers drain a backlog produced beforehand (msgs/s from the first commit to the last,
@@ -77,7 +77,7 @@ func main() {
 	fs.IntVar(&o.conns, "ceiling-conns", 2, "connections of the PostgreSQL ceiling")
 	fs.Float64Var(&o.rate, "rate", 5000, "offered load for the latency measurement, msgs/s (capped at 80% of each phase's drain rate)")
 	fs.Float64Var(&o.latencySeconds, "latency-seconds", 5, "duration of the offered load, seconds (0: no latency measurement)")
-	fs.BoolVar(&o.orders, "orders", true, "also run kafkatx as examples/orders does: Batch.Size 500 with the relay in-process")
+	fs.BoolVar(&o.orders, "orders", true, "also run kafkatx as examples/orders does: Batch.Size 1000 with the relay in-process")
 	fs.IntVar(&o.backlog, "backlog", 0, "also drain a backlog of N messages (e.g. 1000000) with kafkatx and report its peak RSS (slow: off by default)")
 	fs.IntVar(&o.backlogBat, "backlog-batch", 500, "Batch.Size for -backlog")
 	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,orders,relay,backlog); default all")
@@ -180,7 +180,7 @@ func run(ctx context.Context, o options) (*report, error) {
 			if !o.orders && len(want) == 0 {
 				return nil
 			}
-			return b.consumer(ctx, "orders-500+relay", "kafkatx", 500, o.messages, true)
+			return b.consumer(ctx, "orders-1000+relay", "kafkatx", 1000, o.messages, true)
 		}},
 		{"relay", b.relay},
 		{"backlog", func(ctx context.Context) error {

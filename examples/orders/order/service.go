@@ -1,4 +1,4 @@
-package main
+package order
 
 import (
 	"context"
@@ -13,7 +13,8 @@ import (
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
-const schemaSQL = `
+// SchemaSQL creates the service's tables in the database's default schema.
+const SchemaSQL = `
 CREATE TABLE IF NOT EXISTS order_totals (
     order_id    text PRIMARY KEY,
     customer    text   NOT NULL,
@@ -27,7 +28,8 @@ CREATE TABLE IF NOT EXISTS customer_totals (
     total_cents bigint NOT NULL
 );`
 
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// Migrate creates the service's tables, serialized across processes by an advisory lock.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -38,34 +40,38 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtext('kafkatx.example.orders'))") //nolint:errcheck
-	if _, err := conn.Exec(ctx, schemaSQL); err != nil {
+	if _, err := conn.Exec(ctx, SchemaSQL); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	return nil
 }
 
-type orderService struct {
-	eventsTopic string
-	outbox      outbox.Writer
+// Service applies orders.
+type Service struct {
+	// EventsTopic receives one event per applied order; empty: no events.
+	EventsTopic string
+	// WriteEvents writes the events in the batch's transaction. Defaults to
+	// outbox.Writer{}.Write (schema kafkatx).
+	WriteEvents func(ctx context.Context, tx pgx.Tx, events ...outbox.Record) ([]int64, error)
 }
 
-// orderApplied is the event published to --events-topic for each applied order.
-type orderApplied struct {
+// Applied is the event published to --events-topic for each applied order.
+type Applied struct {
 	OrderID    string `json:"order_id"`
 	Customer   string `json:"customer"`
 	TotalCents int64  `json:"total_cents"`
 }
 
-// handleBatch applies a batch of orders with three statements whatever its size: the order
+// HandleBatch applies a batch of orders with three statements whatever its size: the order
 // rows in one multi-row INSERT (an order id seen before is skipped), then the customers'
 // counters aggregated and sorted by customer, so partitions running in parallel lock hot
 // customer rows in the same order and do not deadlock. An invalid order fails alone.
-func (s *orderService) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
+func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
 	n := len(msgs)
 	ids, customers, items := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	qty, totals := make([]int64, 0, n), make([]int64, 0, n)
 	for _, m := range msgs {
-		o, err := parseOrder(m.Value)
+		o, err := Parse(m.Value)
 		if err != nil {
 			return kafkatx.FailMessage(m, kafkatx.Permanent(err))
 		}
@@ -88,9 +94,9 @@ func (s *orderService) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafka
 			rows.Close()
 			return fmt.Errorf("insert orders: %w", err)
 		}
-		if s.eventsTopic != "" {
-			ev, _ := json.Marshal(orderApplied{OrderID: id, Customer: c, TotalCents: cents})
-			events = append(events, outbox.Record{Topic: s.eventsTopic, Key: []byte(id), Value: ev})
+		if s.EventsTopic != "" {
+			ev, _ := json.Marshal(Applied{OrderID: id, Customer: c, TotalCents: cents})
+			events = append(events, outbox.Record{Topic: s.EventsTopic, Key: []byte(id), Value: ev})
 		}
 		if byCustomer[c] == nil {
 			byCustomer[c] = &sum{}
@@ -105,7 +111,11 @@ func (s *orderService) handleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafka
 		return nil
 	}
 	// One event per applied order, published by the relay if and only if this commits.
-	if _, err := s.outbox.Write(ctx, tx, events...); err != nil {
+	write := s.WriteEvents
+	if write == nil {
+		write = outbox.Writer{}.Write
+	}
+	if _, err := write(ctx, tx, events...); err != nil {
 		return fmt.Errorf("write order events: %w", err)
 	}
 	names := make([]string, 0, len(byCustomer))

@@ -1,4 +1,4 @@
-package main
+package order
 
 import "testing"
 
@@ -11,9 +11,9 @@ func TestParseOrderIsStrictAndExact(t *testing.T) {
 		`{"order_id":"A","customer":"c","item":"w","quantity":1000000,"price":999999999.99}`: 99999999999000000,
 	}
 	for in, cents := range good {
-		o, err := parseOrder([]byte(in))
+		o, err := Parse([]byte(in))
 		if err != nil || o.TotalCents != cents {
-			t.Errorf("parseOrder(%s) = %d, %v; want %d", in, o.TotalCents, err, cents)
+			t.Errorf("Parse(%s) = %d, %v; want %d", in, o.TotalCents, err, cents)
 		}
 	}
 	for _, in := range []string{
@@ -28,8 +28,8 @@ func TestParseOrderIsStrictAndExact(t *testing.T) {
 		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00} trailing`,
 		`{"customer":"c","item":"w","quantity":1,"price":1.00}`,
 	} {
-		if _, err := parseOrder([]byte(in)); err == nil {
-			t.Errorf("parseOrder(%q) accepted a bad order", in)
+		if _, err := Parse([]byte(in)); err == nil {
+			t.Errorf("Parse(%q) accepted a bad order", in)
 		}
 	}
 }

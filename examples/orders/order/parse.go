@@ -1,4 +1,7 @@
-package main
+// Package order is the example order service's domain: strict parsing of an order message
+// and the batch handler that applies orders (the order row, the customer's running counter,
+// one outbox event per applied order). examples/orders runs it; internal/bench measures it.
+package order
 
 import (
 	"bytes"
@@ -11,9 +14,9 @@ import (
 	"unicode/utf8"
 )
 
-// order is one order message. price is a JSON decimal; it is converted to integer cents
+// Order is one order message. price is a JSON decimal; it is converted to integer cents
 // without floating point.
-type order struct {
+type Order struct {
 	OrderID    string `json:"order_id"`
 	Customer   string `json:"customer"`
 	Item       string `json:"item"`
@@ -28,10 +31,10 @@ var priceRe = regexp.MustCompile(`^(0|[1-9][0-9]{0,8})(\.([0-9]+))?$`)
 // maxTextBytes bounds order_id, customer and item.
 const maxTextBytes = 200
 
-// parseOrder parses one order strictly: a JSON object with a non-empty order_id and
+// Parse parses one order strictly: a JSON object with a non-empty order_id and
 // customer, an item, a positive integer quantity and a non-negative decimal price with at
 // most two significant decimals.
-func parseOrder(value []byte) (order, error) {
+func Parse(value []byte) (Order, error) {
 	var raw struct {
 		OrderID  *string      `json:"order_id"`
 		Customer *string      `json:"customer"`
@@ -42,37 +45,37 @@ func parseOrder(value []byte) (order, error) {
 	dec := json.NewDecoder(bytes.NewReader(value))
 	dec.UseNumber()
 	if err := dec.Decode(&raw); err != nil {
-		return order{}, fmt.Errorf("not a JSON order: %w", err)
+		return Order{}, fmt.Errorf("not a JSON order: %w", err)
 	}
 	if dec.More() {
-		return order{}, errors.New("not a JSON order: trailing data")
+		return Order{}, errors.New("not a JSON order: trailing data")
 	}
 	switch {
 	case raw.OrderID == nil || strings.TrimSpace(*raw.OrderID) == "":
-		return order{}, errors.New("order_id missing")
+		return Order{}, errors.New("order_id missing")
 	case raw.Customer == nil || *raw.Customer == "":
-		return order{}, errors.New("customer missing")
+		return Order{}, errors.New("customer missing")
 	case raw.Item == nil:
-		return order{}, errors.New("item missing")
+		return Order{}, errors.New("item missing")
 	case raw.Quantity == nil:
-		return order{}, errors.New("quantity missing")
+		return Order{}, errors.New("quantity missing")
 	case raw.Price == nil:
-		return order{}, errors.New("price missing")
+		return Order{}, errors.New("price missing")
 	}
 	for name, v := range map[string]string{"order_id": *raw.OrderID, "customer": *raw.Customer, "item": *raw.Item} {
 		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) || len(v) > maxTextBytes {
-			return order{}, fmt.Errorf("%s is not valid UTF-8 text without NUL of at most %d bytes", name, maxTextBytes)
+			return Order{}, fmt.Errorf("%s is not valid UTF-8 text without NUL of at most %d bytes", name, maxTextBytes)
 		}
 	}
 	qty, err := strconv.ParseInt(raw.Quantity.String(), 10, 64)
 	if err != nil || qty <= 0 || qty > 1_000_000 {
-		return order{}, fmt.Errorf("quantity %q is not a positive integer up to 1000000", raw.Quantity.String())
+		return Order{}, fmt.Errorf("quantity %q is not a positive integer up to 1000000", raw.Quantity.String())
 	}
 	cents, err := priceCents(raw.Price.String())
 	if err != nil {
-		return order{}, err
+		return Order{}, err
 	}
-	return order{OrderID: *raw.OrderID, Customer: *raw.Customer, Item: *raw.Item, Quantity: qty, TotalCents: qty * cents}, nil
+	return Order{OrderID: *raw.OrderID, Customer: *raw.Customer, Item: *raw.Item, Quantity: qty, TotalCents: qty * cents}, nil
 }
 
 // priceCents converts a decimal such as "24.50" to 2450 exactly.
