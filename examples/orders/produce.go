@@ -93,7 +93,7 @@ func produce(ctx context.Context, base kafka.ConfigMap, o options) (produceSumma
 		}
 		errs <- first
 	}()
-	topic := o.topic
+	topic := o.Topic
 	for _, r := range recs {
 		msg := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny}, Key: r.key, Value: r.value}
 		for {

@@ -1,0 +1,68 @@
+package service
+
+import (
+	"flag"
+	"os"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+)
+
+// Flags are the command-line options every consuming example takes (EXAMPLES.md, "Common to
+// every consuming binary").
+type Flags struct {
+	Brokers, DatabaseURL, Topic, Group, Schema, InstanceID string
+	Partitions, MaxAttempts, BatchSize                     int
+	ExitWhenIdle, SessionTimeout                           time.Duration
+}
+
+// Register defines the flags on fs with the defaults in def (Topic, Group, BatchSize,
+// MaxAttempts, Partitions, Schema); what describes the unit of work in help texts.
+func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
+	fs.StringVar(&f.Brokers, "brokers", "", "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
+	fs.StringVar(&f.DatabaseURL, "database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
+	fs.StringVar(&f.Topic, "topic", def.Topic, "topic to consume")
+	fs.StringVar(&f.Group, "group", def.Group, "consumer group id")
+	fs.IntVar(&f.Partitions, "partitions", def.Partitions, "partitions of topics created if missing")
+	fs.StringVar(&f.Schema, "schema", def.Schema, "schema of kafkatx's tables")
+	fs.DurationVar(&f.ExitWhenIdle, "exit-when-idle", 0, "exit once, for this long, no "+what+" arrived and nothing is in flight, in backoff or waiting in the outbox (clock starts at the first assignment; none within 2m: exit 0)")
+	fs.DurationVar(&f.SessionTimeout, "session-timeout", 0, "session.timeout.ms of the classic group protocol (default librdkafka's 45s)")
+	fs.IntVar(&f.MaxAttempts, "max-attempts", def.MaxAttempts, "tries, crashes included, before a "+what+" is dead-lettered")
+	fs.StringVar(&f.InstanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
+	fs.IntVar(&f.BatchSize, "batch-size", def.BatchSize, "most "+what+"s of one partition per transaction")
+}
+
+// FromEnv fills Brokers and DatabaseURL from KAFKA_BOOTSTRAP_SERVERS and DATABASE_URL when
+// not given. Called after parsing, so --help never prints a password.
+func (f *Flags) FromEnv() {
+	if f.Brokers == "" {
+		f.Brokers = os.Getenv("KAFKA_BOOTSTRAP_SERVERS")
+	}
+	if f.DatabaseURL == "" {
+		f.DatabaseURL = os.Getenv("DATABASE_URL")
+	}
+}
+
+// KafkaConfig is the consumer's librdkafka configuration from the flags.
+func (f *Flags) KafkaConfig() kafka.ConfigMap {
+	cfg := kafka.ConfigMap{"bootstrap.servers": f.Brokers, "group.id": f.Group}
+	if f.InstanceID != "" {
+		cfg["group.instance.id"] = f.InstanceID
+	}
+	if f.SessionTimeout > 0 {
+		cfg["session.timeout.ms"] = int(f.SessionTimeout.Milliseconds())
+	}
+	return cfg
+}
+
+// Logger is the examples' logger: JSON on stderr (stdout carries only summary lines).
+func Logger() *zap.Logger {
+	cfg := zap.NewProductionConfig()
+	cfg.OutputPaths, cfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
+	log, err := cfg.Build()
+	if err != nil {
+		return zap.NewNop()
+	}
+	return log
+}
