@@ -418,9 +418,10 @@ type LogRangeError struct {
 
 func (e *LogRangeError) Error() string {
 	return fmt.Sprintf("kafkatx: group %q %s[%d]: the database watermark %d is past the log end %d (log start %d): "+
-		"the topic was recreated or its log truncated; nothing processed. Replay it with "+
-		"`kafkatx offsets reset --to-earliest --mode replay` or skip with `--to-latest --mode skip`",
-		e.Group, e.Topic, e.Partition, e.Watermark, e.LogEnd, e.LogStart)
+		"the topic was recreated or its log truncated; nothing processed. With the consumer stopped, replay the log with "+
+		"`kafkatx offsets reset --group %s --topic %s --partition %d --to-earliest --mode replay --reason TEXT --execute` "+
+		"or skip to its end with `--to-latest --mode skip`",
+		e.Group, e.Topic, e.Partition, e.Watermark, e.LogEnd, e.LogStart, e.Group, e.Topic, e.Partition)
 }
 
 // fail stops the consumer with err (the first one wins); Run returns it.

@@ -117,6 +117,7 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 				Kind: offsetstore.KindHalt, From: high, To: w.Next, Actor: "kafkatx.consumer", Reason: e.Error()})
 			return nil, e
 		}
+		retentionFrom := int64(-1) // the watermark before a retention follow, if any
 		if hasW && w.Next < low {
 			// Retention (or delete-records) removed records before they were processed.
 			log.Error("records removed from the log before they were processed; following the log start",
@@ -126,6 +127,7 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 			}
 			c.metrics.skipped.WithLabelValues(c.group, tp.Topic, offsetstore.KindUnexplainedSkip).Add(float64(low - w.Next))
 			c.stats.skipped.Add(low - w.Next)
+			retentionFrom = w.Next
 			w.Next, w.InflightEnd = low, -1
 		}
 		var start int64
@@ -159,6 +161,10 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 			c.commits.enqueue(tp, start)
 		case k == w.Next:
 			start = w.Next
+		case k < w.Next && retentionFrom >= 0 && k >= retentionFrom:
+			// Behind only because the watermark just followed the log start: no lost commit.
+			start = w.Next
+			c.commits.enqueue(tp, start)
 		case k < w.Next:
 			start = w.Next
 			log.Warn("Kafka committed offset behind the database watermark; starting at the watermark and re-committing it",

@@ -187,6 +187,9 @@ func TestRecordsRemovedBeforeProcessingAreAuditedNotCountedAsProcessed(t *testin
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'unexplained_skip' AND from_offset = 10 AND to_offset = 15"); n != 1 {
 		t.Fatal("no unexplained_skip audit row for the removed records [10, 15)")
 	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'kafka_behind'"); n != 0 {
+		t.Fatal("the retention follow was also audited as a lost Kafka commit")
+	}
 }
 
 func TestWatermarkPastTheLogEndHaltsWithBothOffsets(t *testing.T) {

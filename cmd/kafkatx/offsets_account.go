@@ -21,7 +21,7 @@ type OffsetsAccountCmd struct {
 func (OffsetsAccountCmd) Help() string {
 	return `Proves, per partition, that every offset from the first recorded one up to the watermark
 is processed (by the handler), dead-lettered, or skipped (by a kafkatx command, or unexplained:
-Kafka moved ahead with no command on record, listed separately). It reads only the database.
+skipped with no command on record: Kafka moved ahead, or retention removed records first; listed separately). It reads only the database.
 
 A gap is a watermark move nothing explains, for example an UPDATE of kafkatx.watermarks by
 hand: a trigger records such moves as unexplained_move (see docs/offsets.md).
@@ -80,7 +80,7 @@ func offsetsPrintAccount(a offsets.Account) {
 	fmt.Printf("  operator-skipped    %d\n", a.OperatorSkipped)
 	fmt.Printf("  unexplained skips   %d\n", a.UnexplainedSkipped)
 	for _, s := range a.UnexplainedSkips {
-		fmt.Printf("    [%d, %d) %d offset(s), audit row %d: Kafka moved ahead with no kafkatx command on record\n", s.From, s.To, s.Len(), s.EventID)
+		fmt.Printf("    [%d, %d) %d offset(s), audit row %d: skipped with no kafkatx command on record (see `kafkatx offsets audit` for its reason)\n", s.From, s.To, s.Len(), s.EventID)
 	}
 	for _, s := range a.Segments {
 		if s.Kind == offsets.SegOperatorSkip {

@@ -82,7 +82,7 @@ func Parse(value []byte) (Order, error) {
 func priceCents(s string) (int64, error) {
 	m := priceRe.FindStringSubmatch(s)
 	if m == nil {
-		return 0, fmt.Errorf("price %q is not a non-negative decimal", s)
+		return 0, fmt.Errorf("price %q is not a decimal from 0 to 999999999.99", s)
 	}
 	whole, _ := strconv.ParseInt(m[1], 10, 64)
 	frac := strings.TrimRight(m[3], "0")

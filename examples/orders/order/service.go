@@ -3,10 +3,13 @@ package order
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"sort"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx"
@@ -70,10 +73,14 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	n := len(msgs)
 	ids, customers, items := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	qty, totals := make([]int64, 0, n), make([]int64, 0, n)
+	msgOf := make(map[string]*kafkatx.Message, n)
 	for _, m := range msgs {
 		o, err := Parse(m.Value)
 		if err != nil {
 			return kafkatx.FailMessage(m, kafkatx.Permanent(err))
+		}
+		if msgOf[o.OrderID] == nil {
+			msgOf[o.OrderID] = m
 		}
 		ids, customers, items = append(ids, o.OrderID), append(customers, o.Customer), append(items, o.Item)
 		qty, totals = append(qty, o.Quantity), append(totals, o.TotalCents)
@@ -101,8 +108,13 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 		if byCustomer[c] == nil {
 			byCustomer[c] = &sum{}
 		}
-		byCustomer[c].orders++
-		byCustomer[c].cents += cents
+		sum := byCustomer[c]
+		if sum.cents > math.MaxInt64-cents {
+			rows.Close()
+			return kafkatx.FailMessage(msgOf[id], kafkatx.Permanent(fmt.Errorf("customer %s: total would pass the bigint range", c)))
+		}
+		sum.orders++
+		sum.cents += cents
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("insert orders: %w", err)
@@ -132,6 +144,13 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 		ON CONFLICT (customer) DO UPDATE SET orders = customer_totals.orders + excluded.orders,
 			total_cents = customer_totals.total_cents + excluded.total_cents`, names, counts, cents)
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "22003" && len(msgs) == 1 {
+			// numeric_value_out_of_range: this order takes its customer's running total past
+			// bigint. No retry can change that. (In a larger batch the error does not say which
+			// order; kafkatx then runs the batch one message per transaction.)
+			return kafkatx.Permanent(fmt.Errorf("add to customer: %w", err))
+		}
 		return fmt.Errorf("add to customers: %w", err)
 	}
 	return nil
