@@ -35,9 +35,10 @@ services-status:
 demo:
 	scripts/demo $(DEMO_DATA)
 
-## lint: static checks
+## lint: static checks (go vet and staticcheck, pinned)
 lint:
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 ## bench: kafkatx's throughput, latency and memory against the PostgreSQL ceiling for the same
 ## writes and a naive loop, in one run on this machine (docs/benchmarks.md). Not a CI test.

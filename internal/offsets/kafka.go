@@ -176,17 +176,18 @@ func (k *Kafka) DescribeGroup(ctx context.Context, group string) (Group, error) 
 	if err != nil {
 		return Group{}, fmt.Errorf("describe group %s: %w", group, err)
 	}
-	for _, d := range res.ConsumerGroupDescriptions {
-		if d.Error.Code() != kafka.ErrNoError && d.Error.Code() != kafka.ErrGroupIDNotFound {
-			return Group{}, fmt.Errorf("describe group %s: %w", group, d.Error)
-		}
-		g := Group{State: d.State.String()}
-		for _, m := range d.Members {
-			g.Members = append(g.Members, fmt.Sprintf("%s on %s (%s)", m.ClientID, m.Host, m.ConsumerID))
-		}
-		return g, nil
+	if len(res.ConsumerGroupDescriptions) == 0 {
+		return Group{State: "Dead"}, nil
 	}
-	return Group{State: "Dead"}, nil
+	d := res.ConsumerGroupDescriptions[0] // one group asked, one answer
+	if d.Error.Code() != kafka.ErrNoError && d.Error.Code() != kafka.ErrGroupIDNotFound {
+		return Group{}, fmt.Errorf("describe group %s: %w", group, d.Error)
+	}
+	g := Group{State: d.State.String()}
+	for _, m := range d.Members {
+		g.Members = append(g.Members, fmt.Sprintf("%s on %s (%s)", m.ClientID, m.Host, m.ConsumerID))
+	}
+	return g, nil
 }
 
 // Commit sets the group's committed offsets (Kafka AlterConsumerGroupOffsets, what
