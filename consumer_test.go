@@ -15,13 +15,18 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 3)
 	produce(t, b.brokers, b.topic, values(300, -1, func(i int) string { return fmt.Sprintf(`{"n":%d}`, i) }))
-	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }, b.config(t))
+	cfg := b.config(t)
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }, cfg)
 	waitFor(t, 60*time.Second, "300 effects", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 300 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -41,6 +46,13 @@ func TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase(t *testing.T) 
 	}
 	if s := r.c.Stats(); s.Processed != 300 || s.DeadLettered != 0 {
 		t.Fatalf("stats %+v", s)
+	}
+	// The same figures for Prometheus: processed, and a drift gauge per assigned partition.
+	if got := testutil.ToFloat64(r.c.metrics.processed.WithLabelValues(b.group, b.topic)); got != 300 {
+		t.Fatalf("kafkatx_messages_processed_total = %v, want 300", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "kafkatx_offset_drift"); err != nil || n != 3 {
+		t.Fatalf("kafkatx_offset_drift series: %d (%v), want one per partition (3)", n, err)
 	}
 }
 

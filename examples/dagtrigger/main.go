@@ -25,6 +25,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
@@ -112,18 +113,21 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		log:       log.Named("dagtrigger"),
 	}
 	kcfg := o.KafkaConfig()
+	reg := prometheus.NewRegistry()
 	c, err := kafkatx.NewConsumer(pool, t.handle, &kafkatx.Config{
-		Kafka:  kcfg,
-		Topics: []string{o.Topic},
-		Schema: o.Schema,
-		Logger: log,
-		Retry:  kafkatx.RetryPolicy{MaxAttempts: o.MaxAttempts},
-		Batch:  kafkatx.BatchConfig{Size: o.BatchSize},
+		Kafka:      kcfg,
+		Topics:     []string{o.Topic},
+		Schema:     o.Schema,
+		Logger:     log,
+		Registerer: reg,
+		Retry:      kafkatx.RetryPolicy{MaxAttempts: o.MaxAttempts},
+		Batch:      kafkatx.BatchConfig{Size: o.BatchSize},
 	})
 	if err != nil {
 		return err
 	}
-	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema, ExitWhenIdle: o.ExitWhenIdle, Logger: log})
+	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
+		ExitWhenIdle: o.ExitWhenIdle, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{
 		"processed":       s.Processed,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
@@ -121,18 +122,21 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 	}
 	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.Write}
 	kcfg := o.KafkaConfig()
+	reg := prometheus.NewRegistry()
 	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, &kafkatx.Config{
-		Kafka:  kcfg,
-		Topics: []string{o.Topic},
-		Schema: o.Schema,
-		Logger: log,
-		Retry:  kafkatx.RetryPolicy{MaxAttempts: o.MaxAttempts},
-		Batch:  kafkatx.BatchConfig{Size: o.BatchSize},
+		Kafka:      kcfg,
+		Topics:     []string{o.Topic},
+		Schema:     o.Schema,
+		Logger:     log,
+		Registerer: reg,
+		Retry:      kafkatx.RetryPolicy{MaxAttempts: o.MaxAttempts},
+		Batch:      kafkatx.BatchConfig{Size: o.BatchSize},
 	})
 	if err != nil {
 		return err
 	}
-	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema, ExitWhenIdle: o.ExitWhenIdle, Logger: log})
+	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
+		ExitWhenIdle: o.ExitWhenIdle, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{"processed": s.Processed, "duplicates": s.Duplicates, "retries": s.Retries, "dead_lettered": s.DeadLettered})
 	fmt.Println(string(b))

@@ -13,8 +13,10 @@ import (
 // every consuming binary").
 type Flags struct {
 	Brokers, DatabaseURL, Topic, Group, Schema, InstanceID string
-	Partitions, MaxAttempts, BatchSize                     int
-	ExitWhenIdle, SessionTimeout                           time.Duration
+	// MetricsAddr serves Prometheus metrics (consumer and relay) on host:port/metrics.
+	MetricsAddr                        string
+	Partitions, MaxAttempts, BatchSize int
+	ExitWhenIdle, SessionTimeout       time.Duration
 }
 
 // Register defines the flags on fs with the defaults in def (Topic, Group, BatchSize,
@@ -31,6 +33,7 @@ func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.IntVar(&f.MaxAttempts, "max-attempts", def.MaxAttempts, "tries, crashes included, before a "+what+" is dead-lettered")
 	fs.StringVar(&f.InstanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
 	fs.IntVar(&f.BatchSize, "batch-size", def.BatchSize, "most "+what+"s of one partition per transaction")
+	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (processed, dead letters, drift and lag per partition, outbox backlog) on HOST:PORT/metrics; off when empty")
 }
 
 // FromEnv fills Brokers and DatabaseURL from KAFKA_BOOTSTRAP_SERVERS and DATABASE_URL when

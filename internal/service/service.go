@@ -5,10 +5,15 @@ package service
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"net/http"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
@@ -29,6 +34,10 @@ type Options struct {
 	// NoAssignmentTimeout defaults to 2 minutes.
 	NoAssignmentTimeout time.Duration
 	Logger              *zap.Logger
+	// Registry, when set, receives the relay's metrics; MetricsAddr serves it (and whatever
+	// the consumer registered in it) on /metrics.
+	Registry    *prometheus.Registry
+	MetricsAddr string
 }
 
 // Run runs the relay and the consumer until ctx is cancelled, the consumer fails, or it is
@@ -38,9 +47,22 @@ func Run(ctx context.Context, o Options) error {
 	if o.NoAssignmentTimeout <= 0 {
 		o.NoAssignmentTimeout = 2 * time.Minute
 	}
-	rl, err := relay.New(o.Pool, &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": o.Brokers}, Schema: o.Schema, Logger: o.Logger})
+	rcfg := &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": o.Brokers}, Schema: o.Schema, Logger: o.Logger}
+	if o.Registry != nil {
+		rcfg.Registerer = o.Registry
+	}
+	rl, err := relay.New(o.Pool, rcfg)
 	if err != nil {
 		return err
+	}
+	if o.MetricsAddr != "" && o.Registry != nil {
+		srv := &http.Server{Addr: o.MetricsAddr, Handler: promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+		ln, err := net.Listen("tcp", o.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
 	}
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	relayDone := make(chan error, 1)
