@@ -112,17 +112,8 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		retention: o.keyRetention,
 		log:       log.Named("dagtrigger"),
 	}
-	kcfg := o.KafkaConfig()
 	reg := prometheus.NewRegistry()
-	c, err := kafkatx.NewConsumer(pool, t.handle, &kafkatx.Config{
-		Kafka:      kcfg,
-		Topics:     []string{o.Topic},
-		Schema:     o.Schema,
-		Logger:     log,
-		Registerer: reg,
-		Retry:      kafkatx.RetryPolicy{MaxAttempts: o.MaxAttempts},
-		Batch:      kafkatx.BatchConfig{Size: o.BatchSize},
-	})
+	c, err := kafkatx.NewConsumer(pool, t.handle, o.ConsumerConfig(log, reg))
 	if err != nil {
 		return err
 	}

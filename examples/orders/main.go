@@ -121,17 +121,8 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 		return err
 	}
 	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.Write}
-	kcfg := o.KafkaConfig()
 	reg := prometheus.NewRegistry()
-	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, &kafkatx.Config{
-		Kafka:      kcfg,
-		Topics:     []string{o.Topic},
-		Schema:     o.Schema,
-		Logger:     log,
-		Registerer: reg,
-		Retry:      kafkatx.RetryPolicy{MaxAttempts: o.MaxAttempts},
-		Batch:      kafkatx.BatchConfig{Size: o.BatchSize},
-	})
+	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, o.ConsumerConfig(log, reg))
 	if err != nil {
 		return err
 	}

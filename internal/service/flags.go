@@ -6,7 +6,10 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx"
 )
 
 // Flags are the command-line options every consuming example takes (EXAMPLES.md, "Common to
@@ -57,6 +60,20 @@ func (f *Flags) KafkaConfig() kafka.ConfigMap {
 		cfg["session.timeout.ms"] = int(f.SessionTimeout.Milliseconds())
 	}
 	return cfg
+}
+
+// ConsumerConfig is the kafkatx.Config the flags describe: Kafka settings, topic, schema,
+// max attempts and batch size, with log and reg for logs and metrics.
+func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafkatx.Config {
+	return &kafkatx.Config{
+		Kafka:      f.KafkaConfig(),
+		Topics:     []string{f.Topic},
+		Schema:     f.Schema,
+		Logger:     log,
+		Registerer: reg,
+		Retry:      kafkatx.RetryPolicy{MaxAttempts: f.MaxAttempts},
+		Batch:      kafkatx.BatchConfig{Size: f.BatchSize},
+	}
 }
 
 // Logger is the examples' logger: JSON on stderr (stdout carries only summary lines).
