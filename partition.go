@@ -447,11 +447,11 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 		return -1, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, dups, failed, herr, err := p.claim(ctx, tx, msgs)
+	fresh, dups, failed, herr, err := p.claim(ctx, tx, toMessages(msgs, 1))
 	if err != nil || herr != nil {
 		return failed, herr, err
 	}
-	if err := p.call(ctx, tx, fresh, 1); err != nil {
+	if err := p.call(ctx, tx, fresh); err != nil {
 		if retryableDB(err) || ctx.Err() != nil {
 			return -1, nil, err
 		}
@@ -519,15 +519,14 @@ func (p *partition) auditGap(ctx context.Context, tx pgx.Tx, first int64) error 
 // claim claims the business idempotency keys of msgs in tx and returns the messages whose
 // handler must run: those without a key and those claiming theirs first. A key function
 // error fails its message (herr at msgs[failed]) as a permanent error.
-func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message) (fresh []*kafka.Message, dups, failed int, herr, err error) {
+func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (fresh []*Message, dups, failed int, herr, err error) {
 	idem := p.c.cfg.Idempotency
 	if idem.Disabled {
 		return msgs, 0, -1, nil, nil
 	}
 	var keys []string
 	var keyed []int
-	for i, km := range msgs {
-		m := toMessage(km, 1)
+	for i, m := range msgs {
 		k, ok, kerr := idem.Key(idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header})
 		if kerr != nil {
 			return nil, 0, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
@@ -553,10 +552,10 @@ func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message)
 			skip[keyed[j]] = true
 		}
 	}
-	fresh = make([]*kafka.Message, 0, len(msgs)-len(skip))
-	for i, km := range msgs {
+	fresh = make([]*Message, 0, len(msgs)-len(skip))
+	for i, m := range msgs {
 		if !skip[i] {
-			fresh = append(fresh, km)
+			fresh = append(fresh, m)
 		}
 	}
 	return fresh, len(skip), -1, nil, nil
@@ -588,20 +587,26 @@ func (p *partition) commit(ctx context.Context, tx pgx.Tx, end int64) error {
 }
 
 // call runs the handler over msgs, recovering a panic as an error with its stack.
-func (p *partition) call(ctx context.Context, tx pgx.Tx, kms []*kafka.Message, attempt int) (err error) {
+func (p *partition) call(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &panicError{value: r, stack: debug.Stack()}
 		}
 	}()
-	if len(kms) == 0 {
+	if len(msgs) == 0 {
 		return nil // every message was a duplicate by its business key
 	}
+	return p.c.handler(ctx, tx, msgs)
+}
+
+// toMessages converts the records of one transaction, once for the key claims and the
+// handler.
+func toMessages(kms []*kafka.Message, attempt int) []*Message {
 	msgs := make([]*Message, len(kms))
 	for i, km := range kms {
 		msgs[i] = toMessage(km, attempt)
 	}
-	return p.c.handler(ctx, tx, msgs)
+	return msgs
 }
 
 func toMessage(km *kafka.Message, attempt int) *Message {
@@ -723,11 +728,11 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, dups, _, herr, err := p.claim(ctx, tx, []*kafka.Message{km})
+	fresh, dups, _, herr, err := p.claim(ctx, tx, toMessages([]*kafka.Message{km}, attempt))
 	if err != nil || herr != nil {
 		return herr, err
 	}
-	if err := p.call(ctx, tx, fresh, attempt); err != nil {
+	if err := p.call(ctx, tx, fresh); err != nil {
 		if retryableDB(err) || ctx.Err() != nil {
 			return nil, err
 		}
