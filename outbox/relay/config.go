@@ -17,8 +17,9 @@ type Config struct {
 	// Kafka is passed to librdkafka's producer as is (bootstrap.servers is required; security
 	// settings such as security.protocol, sasl.* and ssl.* pass through). The relay sets, unless
 	// given here: enable.idempotence=true, acks=all, partitioner=murmur2_random (the Java
-	// client's partitioner, so keys land where Java producers put them), linger.ms=5 and
-	// message.timeout.ms=60000. enable.idempotence=false and acks other than all/-1 are refused.
+	// client's partitioner, so keys land where Java producers put them), linger.ms=5,
+	// message.timeout.ms=60000 and go.delivery.report.fields=none (delivery reports carry no
+	// copy of the key and value). enable.idempotence=false and acks other than all/-1 are refused.
 	Kafka kafka.ConfigMap
 
 	// Schema holds the outbox table. Defaults to "kafkatx".
@@ -128,6 +129,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	setDefault("linger.ms", 5)
 	setDefault("message.timeout.ms", 60000)
 	setDefault("go.logs.channel.enable", false)
+	// A delivery report needs only the error and the Opaque row index: copying each record's
+	// key and value back into Go (confluent-kafka-go's default, "key,value") is wasted work.
+	setDefault("go.delivery.report.fields", "none")
 	if out.Schema == "" {
 		out.Schema = "kafkatx"
 	}
