@@ -9,6 +9,10 @@ func TestParseOrderIsStrictAndExact(t *testing.T) {
 		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":39.00}`:              3900,
 		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":24.5}`:               2450,
 		`{"order_id":"A","customer":"c","item":"w","quantity":1000000,"price":999999999.99}`: 99999999999000000,
+		`{"order_id":"A","customer":"c","item":"","quantity":3,"price":0}`:                   0,
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":0.1}`:                20,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":7.1000}`:             710,
+		` {"quantity":1,"price":1.05,"item":"w","customer":"c","order_id":"A"} `:             105,
 	}
 	for in, cents := range good {
 		o, err := Parse([]byte(in))
@@ -27,9 +31,34 @@ func TestParseOrderIsStrictAndExact(t *testing.T) {
 		`{"order_id":"A\u0000B","customer":"c","item":"w","quantity":1,"price":1.00}`,
 		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00} trailing`,
 		`{"customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":" ","customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"A","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"A","customer":"c","quantity":1,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":null,"quantity":1,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":0,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1.5,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":-1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1e2}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1000000000}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":"abc"}`,
+		`{"order_id":"A","customer":"c","item":"\xff","quantity":1,"price":1.00}`,
+		`[{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00}]`,
 	} {
 		if _, err := Parse([]byte(in)); err == nil {
 			t.Errorf("Parse(%q) accepted a bad order", in)
+		}
+	}
+}
+
+// BenchmarkParse measures the handler's per-message parsing (go test -bench Parse).
+func BenchmarkParse(b *testing.B) {
+	msg := []byte(`{"order_id":"o-1732999999-000123","customer":"c-7","item":"widget","quantity":3,"price":24.50}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(msg); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
