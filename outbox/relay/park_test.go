@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -146,4 +147,60 @@ func TestUnknownTopicParksAfterTimeoutWhileOthersFlow(t *testing.T) {
 	// Later rows to the missing topic with a new key go straight to parked.
 	more := b.write(t, outbox.Record{Topic: missing, Key: []byte("k2"), Value: []byte("later")})
 	waitFor(t, 10*time.Second, "a later row for the missing topic parked", func() bool { return b.states(t)[more[0]] == "parked" })
+}
+
+// A transaction larger than a relay round is published over several rounds, in write order,
+// with a parked row in its middle: the rows of other keys after it flow, the rows of its key
+// wait behind it, and they go once the parked row is discarded.
+func TestTransactionLargerThanARoundWithAParkedRowInItsMiddle(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.TopicWithConfig(t, b.brokers, 1, map[string]string{"max.message.bytes": "4000"})
+	cfg := b.config(t)
+	cfg.BatchSize = 10
+	cfg.KeepPublished = 0 // published rows are deleted, as by default
+	r, _ := b.start(t, cfg)
+	var recs []outbox.Record
+	var want []string
+	for i := 0; i < 95; i++ {
+		v := fmt.Sprintf("a%02d", i)
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte(v)})
+		want = append(want, v)
+		if i == 40 {
+			recs = append(recs, outbox.Record{Topic: topic, Key: []byte("b"), Value: bytes.Repeat([]byte("x"), 8000)})
+		}
+		if i > 40 && i%10 == 0 {
+			recs = append(recs, outbox.Record{Topic: topic, Key: []byte("b"), Value: []byte(fmt.Sprintf("b%02d", i))})
+		}
+	}
+	ids := b.write(t, recs...)
+	waitFor(t, 30*time.Second, "the 95 rows of key a published", func() bool { return r.Stats().Published >= 95 })
+	var got []string
+	for _, m := range readAll(t, b.brokers, topic) {
+		got = append(got, string(m.Value))
+	}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("published %v,\nwant %v (key a in write order, nothing of key b)", got, want)
+	}
+	parked, err := b.w.Parked(context.Background(), b.pool, 10)
+	if err != nil || len(parked) != 1 || parked[0].Waiting != 5 {
+		t.Fatalf("Parked() = %+v, %v; want the large row with the 5 rows of key b waiting", parked, err)
+	}
+	err = pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		return b.w.Discard(context.Background(), tx, parked[0].ID, "too large for the topic", "test")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the rows of key b published after the discard", func() bool { return r.Stats().Published >= 100 })
+	got = got[:0]
+	for _, m := range readAll(t, b.brokers, topic) {
+		got = append(got, string(m.Value))
+	}
+	if tail := strings.Join(got[95:], ","); tail != "b50,b60,b70,b80,b90" {
+		t.Fatalf("after the discard published %s, want b50,b60,b70,b80,b90", tail)
+	}
+	if len(ids) != 101 {
+		t.Fatalf("wrote %d rows, want 101", len(ids))
+	}
 }
