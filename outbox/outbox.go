@@ -78,6 +78,7 @@ func (w Writer) Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int6
 		return nil, nil
 	}
 	schema := w.schema()
+	// The rows are inserted in the records' order, so the ids nextval assigns ascend with it.
 	n := len(records)
 	topics := make([]string, n)
 	keys := make([][]byte, n)
@@ -104,16 +105,27 @@ func (w Writer) Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int6
 		}
 		hTo[i] = int32(len(hKeys))
 	}
-	if hKeys == nil {
-		hKeys, hValues = [][]byte{}, [][]byte{}
+	var rows pgx.Rows
+	var err error
+	if hKeys == nil && !anyPartition(partitions) {
+		// The common case: no headers, no explicit partition. Three arrays instead of eight,
+		// and no per-row array slicing on the server.
+		rows, err = tx.Query(ctx, `INSERT INTO `+tables.For(schema).Outbox+` (topic, key, value)
+			SELECT r.topic, r.key, r.value
+			  FROM unnest($1::text[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(topic, key, value, ord)
+			 ORDER BY r.ord
+			RETURNING id`, topics, keys, values)
+	} else {
+		if hKeys == nil {
+			hKeys, hValues = [][]byte{}, [][]byte{}
+		}
+		rows, err = tx.Query(ctx, `INSERT INTO `+tables.For(schema).Outbox+` (topic, key, value, partition, header_keys, header_values)
+			SELECT r.topic, r.key, r.value, r.part, ($5::bytea[])[r.hfrom:r.hto], ($6::bytea[])[r.hfrom:r.hto]
+			  FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::integer[], $7::integer[], $8::integer[])
+			       WITH ORDINALITY AS r(topic, key, value, part, hfrom, hto, ord)
+			 ORDER BY r.ord
+			RETURNING id`, topics, keys, values, partitions, hKeys, hValues, hFrom, hTo)
 	}
-	// The rows are inserted in the records' order, so the ids nextval assigns ascend with it.
-	rows, err := tx.Query(ctx, `INSERT INTO `+tables.For(schema).Outbox+` (topic, key, value, partition, header_keys, header_values)
-		SELECT r.topic, r.key, r.value, r.part, ($5::bytea[])[r.hfrom:r.hto], ($6::bytea[])[r.hfrom:r.hto]
-		  FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::integer[], $7::integer[], $8::integer[])
-		       WITH ORDINALITY AS r(topic, key, value, part, hfrom, hto, ord)
-		 ORDER BY r.ord
-		RETURNING id`, topics, keys, values, partitions, hKeys, hValues, hFrom, hTo)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: %w", n, err)
 	}
@@ -126,4 +138,14 @@ func (w Writer) Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int6
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// anyPartition reports whether a record names an explicit partition.
+func anyPartition(ps []*int32) bool {
+	for _, p := range ps {
+		if p != nil {
+			return true
+		}
+	}
+	return false
 }
