@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -318,5 +319,86 @@ func TestOutboxBuildsWithoutCgo(t *testing.T) {
 	}
 	if strings.Contains(string(out), "confluent-kafka-go") {
 		t.Fatalf("package outbox depends on confluent-kafka-go:\n%s", out)
+	}
+}
+
+// Past 512 keyed rows a transaction takes the exclusive commit lock (without hashing its
+// keys): while it is being committed no other outbox writer can take a commit number, and it
+// waits for a committer of a few keys that holds the shared lock. 512 keyed rows still lock
+// their keys one by one.
+func TestManyKeyedRowsCommitAloneAmongOutboxWriters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := outbox.Writer{Schema: b.schema}
+	rows := func(n int, prefix string) []outbox.Record {
+		recs := make([]outbox.Record, n)
+		for i := range recs {
+			recs[i] = outbox.Record{Topic: "t", Key: []byte(fmt.Sprintf("%s-%d", prefix, i)), Value: []byte("x")}
+		}
+		return recs
+	}
+	// hold writes recs and sequences them now; the locks stay until the returned tx ends.
+	hold := func(recs []outbox.Record) pgx.Tx {
+		tx, err := b.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		if _, err := w.Write(ctx, tx, recs...); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	commitsWithin := func(recs []outbox.Record, d time.Duration) (chan error, bool) {
+		done := make(chan error, 1)
+		go func() {
+			done <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, err := w.Write(ctx, tx, recs...); return err })
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return nil, true
+		case <-time.After(d):
+			return done, false
+		}
+	}
+
+	big := hold(rows(513, "big"))
+	waiting, ok := commitsWithin(rows(1, "other"), 500*time.Millisecond)
+	if ok {
+		t.Fatal("a writer of an unrelated key committed while a 513-row transaction held the exclusive commit lock")
+	}
+	if err := big.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; err != nil {
+		t.Fatal(err)
+	}
+
+	small := hold(rows(1, "small"))
+	waiting, ok = commitsWithin(rows(600, "many"), 500*time.Millisecond)
+	if ok {
+		t.Fatal("a 600-row transaction committed while another outbox writer held the shared commit lock")
+	}
+	if err := small.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waiting; err != nil {
+		t.Fatal(err)
+	}
+
+	// 512 keyed rows: per-key locks, so a writer of an unrelated key is not held up.
+	perKey := hold(rows(512, "perkey"))
+	if _, ok := commitsWithin(rows(1, "free"), 10*time.Second); !ok {
+		t.Fatal("a writer of an unrelated key waited for a 512-row transaction")
+	}
+	if err := perKey.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
