@@ -1,18 +1,23 @@
 package order
 
-import "testing"
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+)
 
 func TestParseOrderIsStrictAndExact(t *testing.T) {
 	good := map[string]int64{
-		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":9.99}`:               1998,
-		`{"order_id":"A","customer":"c","item":"w","quantity":3,"price":14.75}`:              4425,
-		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":39.00}`:              3900,
-		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":24.5}`:               2450,
-		`{"order_id":"A","customer":"c","item":"w","quantity":1000000,"price":999999999.99}`: 99999999999000000,
-		`{"order_id":"A","customer":"c","item":"","quantity":3,"price":0}`:                   0,
-		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":0.1}`:                20,
-		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":7.1000}`:             710,
-		` {"quantity":1,"price":1.05,"item":"w","customer":"c","order_id":"A"} `:             105,
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":9.99}`:                            1998,
+		`{"order_id":"A","customer":"c","item":"w","quantity":3,"price":14.75}`:                           4425,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":39.00}`:                           3900,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":24.5}`:                            2450,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1000000,"price":999999999.99}`:              99999999999000000,
+		`{"order_id":"A","customer":"c","item":"","quantity":3,"price":0}`:                                0,
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":0.1}`:                             20,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":7.1000}`:                          710,
+		` {"quantity":1,"price":1.05,"item":"w","customer":"c","order_id":"A"} `:                          105,
+		`{"order_id":"A\u00e9","customer":"c","item":"w","quantity":1,"price":1.05,"note":{"x":[1,"y"]}}`: 105,
 	}
 	for in, cents := range good {
 		o, err := Parse([]byte(in))
@@ -45,6 +50,12 @@ func TestParseOrderIsStrictAndExact(t *testing.T) {
 		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":"abc"}`,
 		`{"order_id":"A","customer":"c","item":"\xff","quantity":1,"price":1.00}`,
 		`[{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00}]`,
+		"{\"order_id\":\"A\",\"customer\":\"c\",\"item\":\"\xff\",\"quantity\":1,\"price\":1.00}", // raw invalid UTF-8
+		"{\"order_id\":\"A\",\"customer\":\"c\tc\",\"item\":\"w\",\"quantity\":1,\"price\":1.00}", // raw control character
+		`{"order_id":"A","customer":"c","item":"w","quantity":"1","price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00,"price":2.00}`,
+		`{"order_id":7,"customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":01,"price":1.00}`,
 	} {
 		if _, err := Parse([]byte(in)); err == nil {
 			t.Errorf("Parse(%q) accepted a bad order", in)
@@ -61,4 +72,30 @@ func BenchmarkParse(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// FuzzParseIsNoMoreLenientThanEncodingJSON: whatever Parse accepts, encoding/json reads as
+// the same order (go test -fuzz FuzzParse ./examples/orders/order/).
+func FuzzParseIsNoMoreLenientThanEncodingJSON(f *testing.F) {
+	f.Add([]byte(`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":9.99}`))
+	f.Add([]byte(`{"order_id":"A\u00e9\n","customer":"c\"","item":"","quantity":1,"price":0.10,"x":[null]}`))
+	f.Add([]byte(`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00} x`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		o, err := Parse(b)
+		if err != nil {
+			return
+		}
+		var raw struct {
+			OrderID  string      `json:"order_id"`
+			Customer string      `json:"customer"`
+			Item     string      `json:"item"`
+			Quantity json.Number `json:"quantity"`
+		}
+		if err := json.Unmarshal(b, &raw); err != nil {
+			t.Fatalf("Parse accepted %q, encoding/json refuses it: %v", b, err)
+		}
+		if raw.OrderID != o.OrderID || raw.Customer != o.Customer || raw.Item != o.Item || raw.Quantity.String() != strconv.FormatInt(o.Quantity, 10) {
+			t.Fatalf("Parse(%q) = %+v, encoding/json reads %+v", b, o, raw)
+		}
+	})
 }
