@@ -73,34 +73,35 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	n := len(msgs)
 	ids, customers, items := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
 	qty, totals := make([]int64, 0, n), make([]int64, 0, n)
-	msgOf := make(map[string]*kafkatx.Message, n)
+	first := make(map[string]int, n) // order id -> index of its first message: the one inserted
 	for _, m := range msgs {
 		o, err := Parse(m.Value)
 		if err != nil {
 			return kafkatx.FailMessage(m, kafkatx.Permanent(err))
 		}
-		if msgOf[o.OrderID] == nil {
-			msgOf[o.OrderID] = m
+		if _, seen := first[o.OrderID]; !seen {
+			first[o.OrderID] = len(ids)
 		}
 		ids, customers, items = append(ids, o.OrderID), append(customers, o.Customer), append(items, o.Item)
 		qty, totals = append(qty, o.Quantity), append(totals, o.TotalCents)
 	}
 	rows, err := tx.Query(ctx, `INSERT INTO order_totals (order_id, customer, item, quantity, total_cents)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
-		ON CONFLICT (order_id) DO NOTHING RETURNING order_id, customer, total_cents`, ids, customers, items, qty, totals)
+		ON CONFLICT (order_id) DO NOTHING RETURNING order_id`, ids, customers, items, qty, totals)
 	if err != nil {
 		return fmt.Errorf("insert orders: %w", err)
 	}
 	type sum struct{ orders, cents int64 }
 	byCustomer := map[string]*sum{}
-	var events []outbox.Record
+	events := make([]outbox.Record, 0, n)
 	for rows.Next() {
-		var id, c string
-		var cents int64
-		if err := rows.Scan(&id, &c, &cents); err != nil {
+		var id string
+		if err := rows.Scan(&id); err != nil {
 			rows.Close()
 			return fmt.Errorf("insert orders: %w", err)
 		}
+		i := first[id]
+		c, cents := customers[i], totals[i]
 		if s.EventsTopic != "" {
 			ev, _ := json.Marshal(Applied{OrderID: id, Customer: c, TotalCents: cents})
 			events = append(events, outbox.Record{Topic: s.EventsTopic, Key: []byte(id), Value: ev})
@@ -111,7 +112,7 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 		sum := byCustomer[c]
 		if sum.cents > math.MaxInt64-cents {
 			rows.Close()
-			return kafkatx.FailMessage(msgOf[id], kafkatx.Permanent(fmt.Errorf("customer %s: total would pass the bigint range", c)))
+			return kafkatx.FailMessage(msgs[i], kafkatx.Permanent(fmt.Errorf("customer %s: total would pass the bigint range", c)))
 		}
 		sum.orders++
 		sum.cents += cents
