@@ -48,7 +48,7 @@ func runCeiling(ctx context.Context, s spec) error {
 	for _, v := range []struct {
 		kind  string
 		batch int
-	}{{"handler", 100}, {"handler", 1000}, {"handler-plain", 100}, {"sql", 100}, {"sql", 1000}} {
+	}{{"handler", 100}, {"handler", 1000}, {"handler", order.DefaultBatchSize}, {"handler-plain", 100}, {"sql", 100}, {"sql", 1000}} {
 		c, err := ceilingVariant(ctx, s, v.kind, v.batch)
 		if err != nil {
 			return fmt.Errorf("ceiling %s %d: %w", v.kind, v.batch, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
@@ -21,6 +22,9 @@ import (
 // waits for the stamped messages the parent produces at an offered rate and reports their
 // produce -> commit latencies.
 func runConsumer(ctx context.Context, s spec) error {
+	if s.WithRelay {
+		service.TuneGC() // as examples/orders runs
+	}
 	started := time.Now()
 	cpu0 := selfCPU()
 	log := childLogger(s.Name)

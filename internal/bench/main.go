@@ -3,13 +3,14 @@
 // docs/benchmarks.md). `make bench` runs it; `go run ./internal/bench -h` lists the flags.
 //
 // Phases, each in its own child process (so that its peak RSS is its own):
-//  1. ceiling: PostgreSQL alone doing the order service's writes, batched 100 and 1000 per
+//  1. ceiling: PostgreSQL alone doing the order service's writes, batched 100, 1000 and 5000 per
 //     transaction on 2 connections — through examples/orders' handler and kafkatx's outbox
 //     table, and as 05-throughput's pgbench script (plain tables);
 //  2. naive: confluent-kafka-go with one transaction and one synchronous offset commit per
 //     message;
 //  3. kafkatx: kafkatx.NewBatchConsumer with examples/orders' handler, Batch.Size 1, 100,
-//     1000, and 1000 with the relay in-process as examples/orders runs it;
+//     1000 and 5000, and as examples/orders runs it (order.DefaultBatchSize with the relay
+//     in-process and its garbage-collector setting);
 //  4. relay: outbox/relay draining pre-filled outbox rows.
 //
 // Consumers drain a backlog produced beforehand (msgs/s from the first commit to the last,
@@ -40,6 +41,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/internal/topics"
 )
 
@@ -77,10 +79,10 @@ func main() {
 	fs.IntVar(&o.conns, "ceiling-conns", 2, "connections of the PostgreSQL ceiling")
 	fs.Float64Var(&o.rate, "rate", 5000, "offered load for the latency measurement, msgs/s (capped at 80% of each phase's drain rate)")
 	fs.Float64Var(&o.latencySeconds, "latency-seconds", 5, "duration of the offered load, seconds (0: no latency measurement)")
-	fs.BoolVar(&o.orders, "orders", true, "also run kafkatx as examples/orders does: Batch.Size 1000 with the relay in-process")
+	fs.BoolVar(&o.orders, "orders", true, "also run kafkatx as examples/orders does: order.DefaultBatchSize with the relay in-process")
 	fs.IntVar(&o.backlog, "backlog", 0, "also drain a backlog of N messages (e.g. 1000000) with kafkatx and report its peak RSS (slow: off by default)")
 	fs.IntVar(&o.backlogBat, "backlog-batch", 500, "Batch.Size for -backlog")
-	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,orders,relay,backlog); default all")
+	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,kafkatx-5000,orders,relay,backlog); default all")
 	fs.StringVar(&o.profileDir, "cpuprofile-dir", "", "write a CPU profile (pprof) of each phase's drain to DIR/<phase>.pprof")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database and topics")
 	fs.StringVar(&o.kafkaExtra, "kafka-config", "", "extra librdkafka settings for the kafkatx consumer, k=v,k=v (for tuning experiments)")
@@ -176,11 +178,14 @@ func run(ctx context.Context, o options) (*report, error) {
 		{"kafkatx-1000", func(ctx context.Context) error {
 			return b.consumer(ctx, "kafkatx-1000", "kafkatx", 1000, o.messages, false)
 		}},
+		{"kafkatx-5000", func(ctx context.Context) error {
+			return b.consumer(ctx, "kafkatx-5000", "kafkatx", 5000, o.messages, false)
+		}},
 		{"orders", func(ctx context.Context) error {
 			if !o.orders && len(want) == 0 {
 				return nil
 			}
-			return b.consumer(ctx, "orders-1000+relay", "kafkatx", 1000, o.messages, true)
+			return b.consumer(ctx, fmt.Sprintf("orders-%d+relay", order.DefaultBatchSize), "kafkatx", order.DefaultBatchSize, o.messages, true)
 		}},
 		{"relay", b.relay},
 		{"backlog", func(ctx context.Context) error {

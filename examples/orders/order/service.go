@@ -49,6 +49,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// DefaultBatchSize is examples/orders' --batch-size default: orders per transaction. The
+// library's default is 500; a bulk order service takes more: 5,000 orders per transaction
+// drained a 300,000-order backlog at about 66k/s against 50k/s at 1,000 (docs/benchmarks.md).
+const DefaultBatchSize = 5000
+
 // Service applies orders.
 type Service struct {
 	// EventsTopic receives one event per applied order; empty: no events.
