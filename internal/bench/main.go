@@ -3,9 +3,9 @@
 // docs/benchmarks.md). `make bench` runs it; `go run ./internal/bench -h` lists the flags.
 //
 // Phases, each in its own child process (so that its peak RSS is its own):
-//  1. ceiling: PostgreSQL alone doing the order service's writes, batched 100, 1000 and 5000 per
-//     transaction on 2 connections — through examples/orders' handler and kafkatx's outbox
-//     table, and as 05-throughput's pgbench script (plain tables);
+//  1. ceiling: PostgreSQL alone doing the order service's writes on 2 connections — through
+//     examples/orders' handler and kafkatx's outbox table (100, 1000 and 5000 orders per
+//     transaction), and as 05-throughput's pgbench script (plain tables, 100 and 1000);
 //  2. naive: confluent-kafka-go with one transaction and one synchronous offset commit per
 //     message;
 //  3. kafkatx: kafkatx.NewBatchConsumer with examples/orders' handler, Batch.Size 1, 100,

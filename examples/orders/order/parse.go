@@ -4,6 +4,7 @@
 package order
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -36,15 +37,21 @@ var parsers fastjson.ParserPool
 
 // Parse parses one order strictly: a JSON object with a non-empty order_id and
 // customer, an item, a positive integer quantity and a non-negative decimal price with at
-// most two significant decimals. Strings must be valid UTF-8 (no replacement character is
-// substituted), each field may appear once, and nothing may follow the object. It uses
-// valyala/fastjson, a validator and parser without reflection: 0.4 µs per order against
+// most two significant decimals. Strings must be valid UTF-8 and their escapes valid UTF-16
+// (no replacement character is substituted), each field may appear once (names match
+// case-insensitively, as with encoding/json), and nothing may follow the object. It uses
+// valyala/fastjson, a validator and parser without reflection: 0.6 µs per order against
 // 1.4 µs with encoding/json (BenchmarkParse), on the handler's hot path.
 func Parse(value []byte) (Order, error) {
 	// Parse is lenient with some malformed input (an unknown escape such as \x is kept);
 	// ValidateBytes is strict RFC 8259 (escapes, numbers, control characters, trailing data).
 	if err := fastjson.ValidateBytes(value); err != nil {
 		return Order{}, fmt.Errorf("not a JSON order: %w", err)
+	}
+	// fastjson keeps a lone UTF-16 surrogate escape (\ud800) as text, and can drop the escape
+	// after it; encoding/json would substitute U+FFFD. Neither is the sender's text: refuse.
+	if loneSurrogate(value) {
+		return Order{}, errors.New(`not a JSON order: a \u escape is a lone UTF-16 surrogate`)
 	}
 	p := parsers.Get()
 	defer parsers.Put(p)
@@ -59,7 +66,8 @@ func Parse(value []byte) (Order, error) {
 	var f [5]*fastjson.Value // order_id, customer, item, quantity, price
 	var dup string
 	obj.Visit(func(k []byte, v *fastjson.Value) {
-		i := slices.Index(fieldNames[:], string(k))
+		// Field names match case-insensitively, as with encoding/json.
+		i := slices.IndexFunc(fieldNames[:], func(name string) bool { return bytes.EqualFold(k, []byte(name)) })
 		if i < 0 {
 			return // other fields are ignored
 		}
@@ -115,6 +123,39 @@ func Parse(value []byte) (Order, error) {
 		return Order{}, err
 	}
 	return Order{OrderID: text[0], Customer: text[1], Item: text[2], Quantity: qty, TotalCents: qty * cents}, nil
+}
+
+// loneSurrogate reports whether a \u escape in value (already validated JSON) is a UTF-16
+// surrogate that is not part of a high-low pair.
+func loneSurrogate(value []byte) bool {
+	hex4 := func(b []byte) rune {
+		r, _ := strconv.ParseUint(string(b), 16, 16) // validated: four hex digits
+		return rune(r)
+	}
+	for i := 0; i < len(value); i++ {
+		if value[i] != '\\' {
+			continue
+		}
+		if value[i+1] != 'u' { // validated JSON: an escape is never the last byte
+			i++
+			continue
+		}
+		r := hex4(value[i+2 : i+6])
+		i += 5
+		switch {
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return true
+		case r >= 0xD800 && r <= 0xDBFF:
+			if i+6 >= len(value) || value[i+1] != '\\' || value[i+2] != 'u' {
+				return true
+			}
+			if lo := hex4(value[i+3 : i+7]); lo < 0xDC00 || lo > 0xDFFF {
+				return true
+			}
+			i += 6
+		}
+	}
+	return false
 }
 
 // fieldNames are the order's fields, in the order Parse keeps them.

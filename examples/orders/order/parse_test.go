@@ -54,6 +54,11 @@ func TestParseOrderIsStrictAndExact(t *testing.T) {
 		"{\"order_id\":\"A\",\"customer\":\"c\tc\",\"item\":\"w\",\"quantity\":1,\"price\":1.00}", // raw control character
 		`{"order_id":"A","customer":"c","item":"w","quantity":"1","price":1.00}`,
 		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00,"price":2.00}`,
+		`{"order_id":"A","ORDER_ID":"B","customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"a\ud800\u0041b","customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"a\udc00b","customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"a","customer":"c\ud83d","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00}]`,
 		`{"order_id":7,"customer":"c","item":"w","quantity":1,"price":1.00}`,
 		`{"order_id":"A","customer":"c","item":"w","quantity":01,"price":1.00}`,
 	} {
@@ -80,6 +85,8 @@ func FuzzParseIsNoMoreLenientThanEncodingJSON(f *testing.F) {
 	f.Add([]byte(`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":9.99}`))
 	f.Add([]byte(`{"order_id":"A\u00e9\n","customer":"c\"","item":"","quantity":1,"price":0.10,"x":[null]}`))
 	f.Add([]byte(`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1.00} x`))
+	f.Add([]byte(`{"order_id":"a\ud800\u0041b","customer":"c","item":"w","quantity":1,"price":1.00}`))
+	f.Add([]byte(`{"order_id":"a\ud83d\ude00","Customer":"c","item":"w\\u","quantity":1,"price":1.00}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		o, err := Parse(b)
 		if err != nil {

@@ -4,13 +4,15 @@
 -- 15, 2 cores). Now (0.46 ms for that batch; 0.69 ms to hash 1,000 keys when needed):
 --   * past 512 keyed rows (not distinct keys: counting rows needs no hash) the transaction
 --     takes the exclusive lock at once. A transaction writing many rows for few keys now
---     serializes its commit with the others; correct, and rare.
+--     serializes its commit with the others (correct; large consumer batches did already).
 --   * otherwise a key's lock is hashtext(topic || ':' || hex(key)): hex is independent of
 --     bytea_output and of the client encoding, so every session computes the same lock for
 --     the same (topic, key). A collision only makes two commits with different keys wait for
 --     each other; it never lets two commits of one key interleave.
--- A commit running the old function while this migration commits can take its number
--- without waiting for one running the new function; the window is the migration's own commit.
+-- Upgrade window: a transaction already open when this migration commits may still run the
+-- old (cached) function at its commit, and an old-hash and a new-hash commit of one key do not
+-- exclude each other. For strict per-key order across the upgrade, apply it while no outbox
+-- writer is mid-transaction (kafkatx migrate up before starting the new version).
 -- {{schema}} is replaced with the quoted schema name (pgx.Identifier).
 
 CREATE OR REPLACE FUNCTION {{schema}}.outbox_sequence() RETURNS trigger
