@@ -412,3 +412,53 @@ func TestBackoffPausesOnlyItsPartition(t *testing.T) {
 	}
 	t.Logf("partition 1 drained in %s while partition 0 waited", time.Since(start).Round(time.Millisecond))
 }
+
+// TestInflightMarkerReachesAtMostOneBatchAhead: while a batch runs, the durable in-flight
+// marker covers that batch and at most one more, however many messages are already
+// dispatched to the worker — after a crash every offset under the marker runs one message
+// per transaction, so the marker's reach is the crash's price.
+func TestInflightMarkerReachesAtMostOneBatchAhead(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	const n, size = 600, 20
+	produce(t, b.brokers, b.topic, values(n, 0, func(i int) string { return fmt.Sprint(i) }))
+	var mu sync.Mutex
+	var worst, batches int64
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*Message) error {
+		// The marker was committed before the handler runs; read it in this transaction.
+		var next, inflight int64
+		if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT next_offset, inflight_end FROM %s WHERE topic = $1`,
+			pgx.Identifier{b.schema, "watermarks"}.Sanitize()), b.topic).Scan(&next, &inflight); err != nil {
+			return err
+		}
+		mu.Lock()
+		worst, batches = max(worst, inflight-next), batches+1
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond) // let the poll loop dispatch far ahead
+		for _, m := range msgs {
+			if err := applyEffect(ctx, tx, b.schema, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	cfg := b.config(t)
+	cfg.Batch.Size = size
+	c, err := NewBatchConsumer(b.pool, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 60*time.Second, "every message applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == n })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if worst > 2*size || worst < size {
+		t.Fatalf("in-flight marker reached %d offsets past the watermark (over %d batches), want between %d and %d", worst, batches, size, 2*size)
+	}
+}
