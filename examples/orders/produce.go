@@ -26,6 +26,11 @@ type record struct {
 	key, value []byte
 }
 
+// maxLineBytes bounds a --produce line: Kafka's default record limit is about 1 MB (librdkafka
+// message.max.bytes 1,000,000; the broker's message.max.bytes 1,048,588), and the line's dead
+// letter carries kafkatx.dlq.* headers on top, which must fit too or the relay parks it.
+const maxLineBytes = 900_000
+
 // produce sends the --produce file's lines or --generate's synthetic orders with an
 // idempotent producer (acks=all) and waits for every delivery report.
 func produce(ctx context.Context, base kafka.ConfigMap, o options) (produceSummary, error) {
@@ -36,11 +41,18 @@ func produce(ctx context.Context, base kafka.ConfigMap, o options) (produceSumma
 			return produceSummary{}, fmt.Errorf("--produce: %w", err)
 		}
 		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 1<<20), 16<<20)
-		for sc.Scan() {
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		for n := 1; sc.Scan(); n++ {
 			line := strings.TrimSuffix(sc.Text(), "\r")
 			if strings.TrimSpace(line) == "" {
 				continue
+			}
+			if len(line) > maxLineBytes {
+				// Refused before anything is produced: a half-produced file would be replayed
+				// whole after the fix, dead-lettering its bad lines twice.
+				f.Close()
+				return produceSummary{}, fmt.Errorf("--produce %s: line %d is %d bytes, more than %d (Kafka's 1 MB record limit, less room for its dead letter's headers); nothing was produced",
+					o.produceFile, n, len(line), maxLineBytes)
 			}
 			recs = append(recs, record{key: jsonOrderKey([]byte(line)), value: []byte(line)})
 		}
