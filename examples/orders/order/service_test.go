@@ -19,14 +19,7 @@ import (
 // permanent error, instead of wrapping around.
 func TestHandleBatchRefusesACustomerTotalPastBigint(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := migrated(t)
 	var msgs []*kafkatx.Message
 	for i := range 100 {
 		v := fmt.Sprintf(`{"order_id":"W-%d","customer":"whale","item":"w","quantity":1000000,"price":999999999.99}`, i)
@@ -48,14 +41,7 @@ func TestHandleBatchRefusesACustomerTotalPastBigint(t *testing.T) {
 // message of an order id is the one applied, and its event and counter carry its values.
 func TestHandleBatchAppliesTheFirstOfTwoMessagesWithOneOrderID(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := migrated(t)
 	var msgs []*kafkatx.Message
 	for i, v := range []string{
 		`{"order_id":"D-1","customer":"first","item":"w","quantity":1,"price":1.00}`,
@@ -93,4 +79,18 @@ func TestHandleBatchAppliesTheFirstOfTwoMessagesWithOneOrderID(t *testing.T) {
 	if len(events) != 2 || got["D-1"] != `{"order_id":"D-1","customer":"first","total_cents":100}` {
 		t.Fatalf("events %v, want one per order id, D-1 with the first message's values", got)
 	}
+}
+
+// migrated returns a pool on a fresh database with the service's tables.
+func migrated(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testenv.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }
