@@ -13,11 +13,15 @@
 package outbox
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
@@ -67,7 +71,9 @@ func Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
 
 // Write writes records into w.Schema's outbox table in the caller's transaction, which it
 // never commits or rolls back, and returns the rows' ids in the records' order. All records
-// go in one INSERT statement, one round trip whatever their number. It returns an error,
+// go in one INSERT statement (one round trip) — or, from 1,000 records without headers or
+// explicit partitions, in one COPY after one query for their ids and timestamps (two round
+// trips; 6.0 instead of 9.5 µs per record at 5,000). It returns an error,
 // and writes nothing, when a record has no topic or a negative partition; a database error
 // leaves the transaction aborted, as any failed statement does.
 func (w Writer) Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
@@ -105,11 +111,14 @@ func (w Writer) Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int6
 		}
 		hTo[i] = int32(len(hKeys))
 	}
+	if hKeys == nil && !anyPartition(partitions) && n >= copyMinRecords {
+		return w.copyRecords(ctx, tx, topics, keys, values)
+	}
 	var rows pgx.Rows
 	var err error
 	if hKeys == nil && !anyPartition(partitions) {
-		// The common case: no headers, no explicit partition. Three arrays instead of eight,
-		// and no per-row array slicing on the server.
+		// No headers, no explicit partition: three arrays instead of eight, and no per-row
+		// array slicing on the server.
 		rows, err = tx.Query(ctx, `INSERT INTO `+tables.For(schema).Outbox+` (topic, key, value)
 			SELECT r.topic, r.key, r.value
 			  FROM unnest($1::text[], $2::bytea[], $3::bytea[]) WITH ORDINALITY AS r(topic, key, value, ord)
@@ -148,4 +157,60 @@ func anyPartition(ps []*int32) bool {
 		}
 	}
 	return false
+}
+
+// copyMinRecords is the smallest Write that goes through COPY instead of INSERT. COPY costs a
+// second round trip (ids and timestamps are taken first) and saves per row: measured on one
+// connection (PostgreSQL 15, 2 cores), 17.3 against 14.6 µs per record at 64 records, even at
+// 1,000 (9.6 each), 6.0 against 9.5 at 5,000 (the example's batch).
+const copyMinRecords = 1000
+
+// copyRecords writes records without headers or explicit partitions with COPY: it takes
+// their ids from the table's sequence and their created_at from the database clock in one
+// query, generates their outbox_id (random, version 4, as gen_random_uuid does) and copies the
+// rows. With every volatile default given, PostgreSQL inserts the rows in multi-row batches.
+// The statement trigger runs for COPY as for INSERT, so commit order is kept the same way.
+func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, keys, values [][]byte) ([]int64, error) {
+	n := len(topics)
+	schema := w.schema()
+	// The sequence is looked up once (MATERIALIZED), not once per row.
+	rows, err := tx.Query(ctx, `WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence($1, 'id')::regclass AS seq)
+		SELECT nextval(s.seq), clock_timestamp() FROM s, generate_series(1, $2)`,
+		tables.For(schema).Outbox, n)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert %d records: take ids: %w", n, err)
+	}
+	ids := make([]int64, 0, n)
+	created := make([]time.Time, 0, n)
+	for rows.Next() {
+		var id int64
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("outbox: insert %d records: take ids: %w", n, err)
+		}
+		ids, created = append(ids, id), append(created, at)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: insert %d records: take ids: %w", n, err)
+	}
+	if len(ids) != n {
+		return nil, fmt.Errorf("outbox: insert %d records: got %d ids", n, len(ids))
+	}
+	random := bufio.NewReaderSize(rand.Reader, 16*n)
+	uuids := make([]uuid.UUID, n)
+	for i := range uuids {
+		if uuids[i], err = uuid.NewRandomFromReader(random); err != nil {
+			return nil, fmt.Errorf("outbox: insert %d records: outbox_id: %w", n, err)
+		}
+	}
+	_, err = tx.CopyFrom(ctx, pgx.Identifier{schema, "outbox"}, []string{"id", "outbox_id", "topic", "key", "value", "created_at"},
+		pgx.CopyFromSlice(n, func(i int) ([]any, error) {
+			return []any{ids[i], [16]byte(uuids[i]), topics[i], keys[i], values[i], created[i]}, nil
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: insert %d records: %w", n, err)
+	}
+	slices.Sort(ids) // nextval ascends in one session; sorted all the same
+	return ids, nil
 }

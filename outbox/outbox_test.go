@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -400,5 +401,88 @@ func TestManyKeyedRowsCommitAloneAmongOutboxWriters(t *testing.T) {
 	}
 	if err := perKey.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A Write of many records without headers or partitions goes through COPY: the rows must be
+// the same as INSERT writes them — ids ascending in record order, nil and empty keys and
+// values kept apart, a distinct version-4 outbox_id, created_at by the database clock, the
+// writing transaction's txid and a commit sequence — and a rollback must leave none.
+func TestWriteManyRecordsByCopyStoresTheSameRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	w := outbox.Writer{Schema: b.schema}
+	const n = 1500 // at least copyMinRecords
+	recs := make([]outbox.Record, n)
+	for i := range recs {
+		recs[i] = outbox.Record{Topic: fmt.Sprintf("t%d", i%3), Key: []byte(fmt.Sprintf("k%d", i)), Value: []byte{byte(i), 0, 0xff}}
+	}
+	recs[1].Key, recs[2].Key, recs[3].Value, recs[4].Value = nil, []byte{}, nil, []byte{}
+	var ids []int64
+	var txid string
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		if ids, err = w.Write(ctx, tx, recs...); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&txid)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != n || !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != n {
+		t.Fatalf("%d ids, want %d distinct ascending", len(ids), n)
+	}
+	rows, err := b.pool.Query(ctx, `SELECT o.id, o.topic, o.key, o.value, o.outbox_id::text, o.txid::text, o.state,
+			extract(epoch FROM clock_timestamp() - o.created_at)::float8, c.commit_seq
+		FROM `+b.t.Outbox+` o LEFT JOIN `+b.commits+` c USING (txid) WHERE o.id = ANY($1) ORDER BY o.id`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	uuids := map[string]bool{}
+	i := 0
+	for ; rows.Next(); i++ {
+		var id int64
+		var topic, oid, rowTx, state string
+		var key, value []byte
+		var age float64
+		var seq *int64
+		if err := rows.Scan(&id, &topic, &key, &value, &oid, &rowTx, &state, &age, &seq); err != nil {
+			t.Fatal(err)
+		}
+		r := recs[i]
+		if id != ids[i] || topic != r.Topic || (key == nil) != (r.Key == nil) || !bytes.Equal(key, r.Key) || (value == nil) != (r.Value == nil) || !bytes.Equal(value, r.Value) {
+			t.Fatalf("row %d (id %d): %s %v %v, want id %d %+v", i, id, topic, key, value, ids[i], r)
+		}
+		if len(oid) != 36 || oid[14] != '4' || uuids[oid] {
+			t.Fatalf("row %d: outbox_id %s, want a new version-4 UUID", i, oid)
+		}
+		uuids[oid] = true
+		if rowTx != txid || state != "pending" || seq == nil || age < 0 || age > 60 {
+			t.Fatalf("row %d: txid %s (want %s), state %s, commit_seq %v, created %.1fs ago", i, rowTx, txid, state, seq, age)
+		}
+	}
+	if err := rows.Err(); err != nil || i != n {
+		t.Fatalf("read %d rows (%v), want %d", i, err, n)
+	}
+
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range recs {
+		recs[i].Topic = "rolled-back"
+	}
+	if _, err := w.Write(ctx, tx, recs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+b.t.Outbox+` WHERE topic = 'rolled-back'`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("rolled-back records stored: %d, %v", left, err)
 	}
 }
