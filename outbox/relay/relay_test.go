@@ -429,6 +429,10 @@ func TestPublishedRowsAreDeletedAndTriggerlessRowsAdopted(t *testing.T) {
 	cfg := b.config(t)
 	cfg.KeepPublished = 0
 	cfg.Kafka["message.max.bytes"] = 10000
+	// The test runs the janitor's pass itself (r.Clean): a periodic pass — the first runs when
+	// leadership is taken, and under load it ran late, adopting the triggerless row below
+	// before the check that nothing publishes it without the janitor.
+	cfg.Janitor.Disabled = true
 	r, _ := b.start(t, cfg)
 	b.write(t, outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte("1")}, outbox.Record{Topic: topic, Value: []byte("2")})
 	b.write(t, outbox.Record{Topic: topic, Key: []byte("b"), Value: []byte("3")})
