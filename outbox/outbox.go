@@ -165,11 +165,12 @@ func anyPartition(ps []*int32) bool {
 // 1,000 (9.6 each), 6.0 against 9.5 at 5,000 (the example's batch).
 const copyMinRecords = 1000
 
-// copyRecords writes records without headers or explicit partitions with COPY: it takes
-// their ids from the table's sequence and their created_at from the database clock in one
-// query, generates their outbox_id (random, version 4, as gen_random_uuid does) and copies the
-// rows. With every volatile default given, PostgreSQL inserts the rows in multi-row batches.
-// The statement trigger runs for COPY as for INSERT, so commit order is kept the same way.
+// copyRecords writes records without headers or explicit partitions with COPY, which cannot
+// return the ids it assigns: so it first takes the rows' ids from the table's sequence (and
+// their created_at from the database clock) in one query, generates their outbox_id (random,
+// version 4, as gen_random_uuid does) and copies the rows. The statement trigger runs for COPY
+// as for INSERT, so commit order is kept the same way. created_at is read a few milliseconds
+// before the rows are written.
 func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, keys, values [][]byte) ([]int64, error) {
 	n := len(topics)
 	schema := w.schema()
@@ -183,13 +184,17 @@ func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, key
 	ids := make([]int64, 0, n)
 	created := make([]time.Time, 0, n)
 	for rows.Next() {
-		var id int64
+		var id *int64
 		var at time.Time
 		if err := rows.Scan(&id, &at); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("outbox: insert %d records: take ids: %w", n, err)
 		}
-		ids, created = append(ids, id), append(created, at)
+		if id == nil {
+			rows.Close()
+			return nil, fmt.Errorf("outbox: insert %d records: %s.id has no sequence (the table is not kafkatx's)", n, tables.For(schema).Outbox)
+		}
+		ids, created = append(ids, *id), append(created, at)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: take ids: %w", n, err)
@@ -197,6 +202,10 @@ func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, key
 	if len(ids) != n {
 		return nil, fmt.Errorf("outbox: insert %d records: got %d ids", n, len(ids))
 	}
+	// Record i gets the i-th smallest id, so the ids ascend with the records' order whatever
+	// order the query returned them in (nextval ascends within one session anyway).
+	slices.Sort(ids)
+	slices.SortFunc(created, func(a, b time.Time) int { return a.Compare(b) })
 	random := bufio.NewReaderSize(rand.Reader, 16*n)
 	uuids := make([]uuid.UUID, n)
 	for i := range uuids {
@@ -211,6 +220,5 @@ func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, key
 	if err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: %w", n, err)
 	}
-	slices.Sort(ids) // nextval ascends in one session; sorted all the same
 	return ids, nil
 }
