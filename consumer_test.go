@@ -263,9 +263,7 @@ func TestZombieCannotCommitPastAFencedWatermark(t *testing.T) {
 	b.start(t, h, cfg)
 	<-entered
 	// Another owner advanced the watermark to 8 while this one was mid-batch.
-	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf("UPDATE %s SET next_offset = 8", pgx.Identifier{b.schema, "watermarks"}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
+	b.exec(t, "UPDATE {{schema}}.watermarks SET next_offset = 8")
 	close(release)
 	waitFor(t, 60*time.Second, "watermark 20", func() bool {
 		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 20
@@ -448,12 +446,9 @@ func TestInflightMarkerReachesAtMostOneBatchAhead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
+	r := run(t, c)
 	waitFor(t, 60*time.Second, "every message applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == n })
-	cancel()
-	if err := <-done; err != nil {
+	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()

@@ -129,6 +129,11 @@ func (b *testBundle) start(t *testing.T, h Handler, cfg *Config) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return run(t, c)
+}
+
+// run runs c until the test ends or stop is called.
+func run(t *testing.T, c *Consumer) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{c: c, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- c.Run(ctx) }()
@@ -148,6 +153,15 @@ func (r *running) stop(t *testing.T) error {
 	case <-time.After(60 * time.Second):
 		t.Fatal("consumer did not stop within 60s")
 		return nil
+	}
+}
+
+// exec runs a statement, with {{schema}} replaced as in q.
+func (b *testBundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	sql = strings.ReplaceAll(sql, "{{schema}}", pgx.Identifier{b.schema}.Sanitize())
+	if _, err := b.pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
 }
 

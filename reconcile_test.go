@@ -125,12 +125,8 @@ func TestKafkaAheadUnderHaltPolicyStopsWithBothOffsets(t *testing.T) {
 	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
 	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
 	// A database restored from an older backup: the watermark goes back to 4.
-	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf("UPDATE %s SET next_offset = 4", pgx.Identifier{b.schema, "watermarks"}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf(`DELETE FROM %s WHERE "offset" >= 4`, pgx.Identifier{b.schema, "effects"}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
+	b.exec(t, "UPDATE {{schema}}.watermarks SET next_offset = 4")
+	b.exec(t, `DELETE FROM {{schema}}.effects WHERE "offset" >= 4`)
 	cfg := b.config(t)
 	cfg.OnKafkaAhead = AheadHalt
 	c, err := NewConsumer(b.pool, b.handler(), cfg)
@@ -198,9 +194,7 @@ func TestWatermarkPastTheLogEndHaltsWithBothOffsets(t *testing.T) {
 	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint(i) }))
 	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
 	// As after the topic was deleted and recreated with fewer records: the database is ahead of the log.
-	if _, err := b.pool.Exec(context.Background(), fmt.Sprintf("UPDATE %s SET next_offset = 100", pgx.Identifier{b.schema, "watermarks"}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
+	b.exec(t, "UPDATE {{schema}}.watermarks SET next_offset = 100")
 	c, err := NewConsumer(b.pool, b.handler(), b.config(t))
 	if err != nil {
 		t.Fatal(err)
