@@ -365,10 +365,7 @@ func (b *bench) consumer(ctx context.Context, name, phase string, batch, n int, 
 		if b.o.latencySeconds <= 0 || n >= 1_000_000 {
 			return "0", nil
 		}
-		rate := b.o.rate
-		if e.Rate > 0 {
-			rate = math.Min(rate, math.Floor(0.8*e.Rate))
-		}
+		rate := b.offeredRate(e)
 		r.Offered = rate
 		sent, err := pr.paced(ctx, rate, time.Duration(b.o.latencySeconds*float64(time.Second)))
 		if err != nil {
@@ -386,6 +383,15 @@ func (b *bench) consumer(ctx context.Context, name, phase string, batch, n int, 
 	progress("%s: peak RSS %.0f MB", name, r.PeakRSSMB)
 	b.rep.add(r)
 	return nil
+}
+
+// offeredRate is the latency phase's offered load after a drain reported in e: -rate, but at
+// most 80% of the phase's drain rate, so the offered load never queues up by itself.
+func (b *bench) offeredRate(e event) float64 {
+	if e.Rate > 0 {
+		return math.Min(b.o.rate, math.Floor(0.8*e.Rate))
+	}
+	return b.o.rate
 }
 
 func (b *bench) relay(ctx context.Context) error {
@@ -408,10 +414,7 @@ func (b *bench) relay(ctx context.Context) error {
 		if b.o.latencySeconds <= 0 {
 			return "0", nil
 		}
-		rate := b.o.rate
-		if e.Rate > 0 {
-			rate = math.Min(rate, math.Floor(0.8*e.Rate))
-		}
+		rate := b.offeredRate(e)
 		r.Offered = rate
 		sent, err := paceOutbox(ctx, b.pool, s.Schema, s.EventsTopic, rate, time.Duration(b.o.latencySeconds*float64(time.Second)))
 		if err != nil {
