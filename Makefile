@@ -7,8 +7,8 @@ GO ?= go
 # stays well inside CI's budget on 2 cores.
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
 PKGS ?= ./...
-# Orders for the demo; ../shared/ sits beside the clone.
-DEMO_DATA ?= ../shared/data/orders.jsonl
+# Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
+DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
 .PHONY: test services-up services-down services-status demo lint
 

@@ -15,7 +15,7 @@ import (
 )
 
 // AheadPolicy says what the consumer does when Kafka's committed offset K is ahead of the
-// database watermark W on assignment (DESIGN.md, "Offsets: the database leads").
+// database watermark W on assignment (docs/design.md, "Offsets: the database leads, Kafka follows").
 type AheadPolicy int
 
 const (
@@ -154,7 +154,7 @@ type DeadLetterConfig struct {
 	Topic func(topic string) string
 }
 
-// IdempotencyConfig configures business idempotency keys (DESIGN.md, "Terms"). The key is
+// IdempotencyConfig configures business idempotency keys (docs/design.md, "Terms"). The key is
 // claimed in the message's transaction (table idempotency_keys, scope "<group>/<replay
 // epoch>"); a message whose key is already claimed is skipped — its handler does not run, its
 // offset is passed — and counted as a duplicate. An operator replay opens a new epoch, so a

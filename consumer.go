@@ -260,7 +260,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 // control of every batch: a resumed partition waits for a new fetch (measured here: about
 // 0.4 s, which halved the drain rate when partitions paused every few batches). librdkafka
 // resumes a paused partition at the offset after the last message it returned, so nothing
-// is skipped (DESIGN.md: pause/resume positions).
+// is skipped (docs/design.md, "Pausing moves the fetch position").
 func (c *Consumer) dispatch(m *kafka.Message) {
 	tp := offsetstore.TP{Topic: *m.TopicPartition.Topic, Partition: m.TopicPartition.Partition}
 	p := c.parts[tp]

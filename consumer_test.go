@@ -383,7 +383,7 @@ func TestPausedPartitionsResumeWithoutSkipping(t *testing.T) {
 
 // TestBackoffPausesOnlyItsPartition holds partition 0 in a long retry backoff while
 // partition 1 has a backlog far larger than the memory budget: partition 1 must drain in the
-// meantime (DESIGN.md: blocking retries pause only the affected partition).
+// meantime (docs/design.md, "Poison pills and retries": blocking retries pause only the affected partition).
 func TestBackoffPausesOnlyItsPartition(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)

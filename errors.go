@@ -66,7 +66,7 @@ func errorClass(err error) string {
 
 // retryableDB reports whether err is a database condition that means "run the transaction
 // again": serialization failure (40001), deadlock (40P01), or a lost or refused connection.
-// Such errors never count as attempts (DESIGN.md, "Details that decide correctness").
+// Such errors never count as attempts (docs/design.md, "Retry without an attempt").
 func retryableDB(err error) bool {
 	if err == nil {
 		return false

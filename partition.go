@@ -272,7 +272,7 @@ func (p *partition) refence() bool {
 }
 
 // needsCare reports whether offset must run alone in its own transaction: it failed
-// before, or it was in flight when a previous owner crashed (DESIGN.md: no bisection by
+// before, or it was in flight when a previous owner crashed (docs/design.md: no bisection by
 // repeated crashes).
 func (p *partition) needsCare(km *kafka.Message) bool {
 	offset := int64(km.TopicPartition.Offset)
@@ -443,7 +443,7 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 // the messages already dispatched to the worker, at most one batch beyond end. Marking ahead
 // spares the next batch its own marker write (it is covered by the previous commit);
 // bounding it bounds what a crash costs, since every offset under the marker then runs one
-// message per transaction (DESIGN.md). Unbounded, a crash with 25,000 messages dispatched per
+// message per transaction (docs/design.md, "No bisection by crashing"). Unbounded, a crash with 25,000 messages dispatched per
 // partition cost about 45 s of one-per-transaction recovery.
 func (p *partition) markAhead(end int64) int64 {
 	return max(end, min(p.dispatchedEnd.Load(), end+int64(p.c.cfg.Batch.Size)))
@@ -582,7 +582,7 @@ func (p *partition) duplicates(n int) {
 }
 
 // commit commits tx that moves the watermark to end. After a lost COMMIT reply, a
-// watermark that already equals end means the commit happened (DESIGN.md).
+// watermark that already equals end means the commit happened (docs/design.md, "Compare-and-set").
 func (p *partition) commit(ctx context.Context, tx pgx.Tx, end int64) error {
 	err := tx.Commit(ctx)
 	if err == nil {

@@ -25,7 +25,7 @@ func (c *Consumer) rebalance(ctx context.Context, ev kafka.Event) error {
 }
 
 // onAssigned reconciles each partition's database watermark W with Kafka's committed
-// offset K (DESIGN.md, "Offsets: the database leads, Kafka follows"), starts a worker per
+// offset K (docs/design.md, "Offsets: the database leads, Kafka follows"), starts a worker per
 // partition and assigns the partitions at the chosen start offsets.
 func (c *Consumer) onAssigned(ctx context.Context, assigned []kafka.TopicPartition) error {
 	if len(assigned) == 0 {

@@ -3,7 +3,7 @@
 // byte, attempts, first and last failure, error class and message, bounded stack).
 //
 // The consumer writes dead letters with InsertTx in the same transaction that advances the
-// partition's watermark (DESIGN.md, invariant 4). The package does not import Kafka.
+// partition's watermark (docs/design.md#invariant-4). The package does not import Kafka.
 package dlq
 
 import (

@@ -7,7 +7,7 @@ import (
 	"github.com/kafkatx/kafkatx/dlq"
 )
 
-// Headers added to a dead letter published through the outbox (DESIGN.md, "Poison pills and
+// Headers added to a dead letter published through the outbox (docs/design.md, "Poison pills and
 // retries"). Numbers are decimal text; times are Unix epoch milliseconds, decimal text, as
 // Kafka record timestamps are.
 const (

@@ -1,5 +1,5 @@
 // Package outbox writes Kafka records into PostgreSQL in the caller's transaction, so a
-// record is published if and only if that transaction commits (DESIGN.md, invariant 7). The
+// record is published if and only if that transaction commits (docs/design.md#invariant-7). The
 // relay (package outbox/relay, or the `kafkatx relay` sidecar) publishes the rows.
 //
 // The package does not import Kafka: a service that only writes to the outbox builds with

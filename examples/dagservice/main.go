@@ -5,7 +5,7 @@
 // Airflow with the same key, {dag_id}/{run_id}/{task_id}/{map_index}, gets the first answer
 // back (Idempotent-Replayed: true) and writes nothing twice.
 //
-// Usage: dagservice --addr HOST:PORT --database-url URL. Its contract is in EXAMPLES.md.
+// Usage: dagservice --addr HOST:PORT --database-url URL. Its contract is in docs/examples.md.
 // Logs go to stderr.
 package main
 

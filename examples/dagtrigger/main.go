@@ -8,7 +8,7 @@
 // success. The event's key is claimed in the consumer's transaction, so a copy of the event
 // re-published at another offset is skipped without calling Airflow.
 //
-// Its command-line contract is in EXAMPLES.md. stdout carries only the JSON summary line;
+// Its command-line contract is in docs/examples.md. stdout carries only the JSON summary line;
 // logs go to stderr.
 package main
 

@@ -2,7 +2,7 @@
 // message in one PostgreSQL transaction with the watermark advance, records the order and
 // adds it to a per-customer running counter. Non-JSON or invalid orders are dead letters.
 //
-// Its command-line contract is in EXAMPLES.md: --produce FILE / --generate N produce
+// Its command-line contract is in docs/examples.md: --produce FILE / --generate N produce
 // orders, then the service consumes until SIGTERM or --exit-when-idle, and prints one JSON
 // summary line on stdout. Logs go to stderr.
 package main

@@ -1,5 +1,5 @@
 // Package offsets holds the operator side of "the database leads, Kafka follows"
-// (DESIGN.md): per-partition status of the processed watermark against Kafka's committed
+// (docs/design.md, "Offsets: the database leads, Kafka follows"): per-partition status of the processed watermark against Kafka's committed
 // offset, lockstep resets of both sides (skip, replay, align) with an audit row each, and the
 // offset accounting report that proves every offset below the watermark was processed,
 // dead-lettered or skipped (invariant 2). The kafkatx command is a thin shell around it.

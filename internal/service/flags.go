@@ -12,8 +12,8 @@ import (
 	"github.com/kafkatx/kafkatx"
 )
 
-// Flags are the command-line options every consuming example takes (EXAMPLES.md, "Common to
-// every consuming binary").
+// Flags are the command-line options every consuming example takes (docs/examples.md, "Every
+// consuming binary").
 type Flags struct {
 	Brokers, DatabaseURL, Topic, Group, Schema, InstanceID string
 	// MetricsAddr serves Prometheus metrics (consumer and relay) on host:port/metrics.

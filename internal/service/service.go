@@ -1,6 +1,6 @@
 // Package service runs a kafkatx consumer the way the example binaries do: with the outbox
 // relay in-process (it publishes what the handlers and the dead letters write to the outbox)
-// and an optional exit once idle, as EXAMPLES.md defines it.
+// and an optional exit once idle, as docs/examples.md defines it.
 package service
 
 import (

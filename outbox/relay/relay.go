@@ -1,4 +1,4 @@
-// Package relay publishes the rows of kafkatx's outbox table to Kafka (DESIGN.md, invariant 7
+// Package relay publishes the rows of kafkatx's outbox table to Kafka (docs/design.md#invariant-7
 // and "Outbox and relay"). Run it in-process (New, then Run) or as the `kafkatx relay`
 // sidecar; both are the same code.
 //
