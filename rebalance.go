@@ -91,117 +91,17 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 		w, hasW := ws[tp]
 		k, hasK := kOf[tp]
 		log := c.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition))
-		partLabel := strconv.Itoa(int(tp.Partition))
 		low, high, err := c.kc.QueryWatermarkOffsets(tp.Topic, tp.Partition, 10000)
 		if err != nil {
 			return nil, fmt.Errorf("query log offsets of %s: %w", tp, err)
 		}
-		if hasK && k > high {
-			// A committed offset past the log end names offsets that do not exist: following
-			// it would skip records not yet written. The database decides instead.
-			log.Error("Kafka committed offset is past the log end; ignoring it", zap.Int64("committed", k), zap.Int64("log_end", high))
-			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
-				Kind: offsetstore.KindKafkaOutOfRange, From: k, To: k, Actor: "kafkatx.consumer",
-				Reason: fmt.Sprintf("committed offset %d past the log end %d; ignored", k, high)}); err != nil {
-				return nil, err
-			}
-			hasK = false
+		d := decideStart(assignedOffsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high,
+			StartAtEnd: c.startsAtEnd(), OnAhead: c.cfg.OnKafkaAhead})
+		w, err = c.applyStart(ctx, tp, w, k, low, high, d, log)
+		if err != nil {
+			return nil, err
 		}
-		if hasW && w.Next > high {
-			// The log is shorter than what was processed: the topic was deleted and recreated,
-			// or an unclean leader election truncated it. Which records are new cannot be told,
-			// so nothing is processed until an operator decides.
-			e := &LogRangeError{Group: c.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, LogStart: low, LogEnd: high}
-			log.Error("database watermark past the log end; halting", zap.Int64("watermark", w.Next), zap.Int64("log_end", high))
-			_, _ = c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
-				Kind: offsetstore.KindHalt, From: high, To: w.Next, Actor: "kafkatx.consumer", Reason: e.Error()})
-			return nil, e
-		}
-		retentionFrom := int64(-1) // the watermark before a retention follow, if any
-		if hasW && w.Next < low {
-			// Retention (or delete-records) removed records before they were processed.
-			log.Error("records removed from the log before they were processed; following the log start",
-				zap.Int64("watermark", w.Next), zap.Int64("log_start", low), zap.Int64("lost", low-w.Next))
-			if _, err := c.follow(ctx, tp, w.Next, low, fmt.Sprintf("log start %d passed the watermark %d: records removed by retention or delete-records before they were processed", low, w.Next)); err != nil {
-				return nil, err
-			}
-			c.metrics.skipped.WithLabelValues(c.group, tp.Topic, offsetstore.KindUnexplainedSkip).Add(float64(low - w.Next))
-			c.stats.skipped.Add(low - w.Next)
-			retentionFrom = w.Next
-			w.Next, w.InflightEnd = low, -1
-		}
-		var start int64
-		switch {
-		case !hasW:
-			start = k
-			if !hasK {
-				start = low
-				if c.startsAtEnd() {
-					start = high
-				}
-			}
-			w, err = c.firstRun(ctx, tp, start, hasK)
-			if err != nil {
-				return nil, err
-			}
-			if w.Next != start { // another member recorded it first; compare again next time
-				return nil, fmt.Errorf("watermark of %s appeared concurrently", tp)
-			}
-			log.Info("first run on partition", zap.Int64("offset", start), zap.Bool("kafka_committed", hasK))
-			if !hasK {
-				c.commits.enqueue(tp, start)
-			}
-		case !hasK:
-			start = w.Next
-			log.Warn("no committed offset in Kafka; starting at the database watermark and re-committing it", zap.Int64("watermark", w.Next))
-			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
-				Kind: offsetstore.KindKafkaMissing, From: w.Next, To: w.Next, Actor: "kafkatx.consumer", Reason: "no committed offset in Kafka (expired or deleted); database leads"}); err != nil {
-				return nil, err
-			}
-			c.commits.enqueue(tp, start)
-		case k == w.Next:
-			start = w.Next
-		case k < w.Next && retentionFrom >= 0 && k >= retentionFrom:
-			// Behind only because the watermark just followed the log start: no lost commit.
-			start = w.Next
-			c.commits.enqueue(tp, start)
-		case k < w.Next:
-			start = w.Next
-			log.Warn("Kafka committed offset behind the database watermark; starting at the watermark and re-committing it",
-				zap.Int64("committed", k), zap.Int64("watermark", w.Next))
-			c.metrics.drift.WithLabelValues(c.group, tp.Topic, partLabel).Set(float64(k - w.Next))
-			if _, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
-				Kind: offsetstore.KindKafkaBehind, From: k, To: w.Next, Actor: "kafkatx.consumer", Reason: "Kafka commit lost or rewound; database leads"}); err != nil {
-				return nil, err
-			}
-			c.commits.enqueue(tp, start)
-		default: // k > w.Next
-			c.metrics.drift.WithLabelValues(c.group, tp.Topic, partLabel).Set(float64(k - w.Next))
-			if c.cfg.OnKafkaAhead == AheadHalt {
-				e := &OffsetAheadError{Group: c.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k}
-				log.Error("Kafka committed offset ahead of the database watermark; halting", zap.Int64("committed", k), zap.Int64("watermark", w.Next))
-				_, _ = c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
-					Kind: offsetstore.KindHalt, From: w.Next, To: k, Actor: "kafkatx.consumer", Reason: "Kafka ahead of the database; policy halt"})
-				return nil, e
-			}
-			kind, err := c.follow(ctx, tp, w.Next, k, "Kafka committed offset ahead of the database watermark with no kafkatx command on record")
-			if err != nil {
-				return nil, err
-			}
-			if kind == offsetstore.KindUnexplainedSkip {
-				log.Error("Kafka committed offset ahead of the database watermark with no kafkatx command on record: following Kafka, offsets skipped unexplained",
-					zap.Int64("from", w.Next), zap.Int64("to", k), zap.Int64("skipped", k-w.Next))
-			} else {
-				log.Warn("following an operator skip", zap.Int64("from", w.Next), zap.Int64("to", k))
-			}
-			c.metrics.skipped.WithLabelValues(c.group, tp.Topic, kind).Add(float64(k - w.Next))
-			c.stats.skipped.Add(k - w.Next)
-			w.Next, w.InflightEnd = k, -1
-			start = k
-		}
-		if start == w.Next {
-			c.metrics.drift.WithLabelValues(c.group, tp.Topic, partLabel).Set(0)
-		}
+		start := d.Start
 		atts, err := c.store.Attempts(ctx, c.pool, c.group, tp, w.Next)
 		if err != nil {
 			return nil, err
@@ -223,6 +123,93 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 	}
 	c.mu.Unlock()
 	return starts, nil
+}
+
+// applyStart carries out decision d for partition tp, whose stored watermark is w, Kafka's
+// committed offset k and log range [low, high): the audit rows, logs, metrics, watermark moves
+// and Kafka commits that docs/offsets.md lists for d's case. It returns the watermark the
+// worker starts from, or the error that halts the consumer (*LogRangeError,
+// *OffsetAheadError) or makes the caller retry.
+func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.Watermark, k, low, high int64,
+	d startDecision, log *zap.Logger) (offsetstore.Watermark, error) {
+	drift := c.metrics.drift.WithLabelValues(c.group, tp.Topic, strconv.Itoa(int(tp.Partition)))
+	audit := func(kind string, from, to int64, reason string) error {
+		_, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
+			Kind: kind, From: from, To: to, Actor: "kafkatx.consumer", Reason: reason})
+		return err
+	}
+	if d.IgnoreK {
+		log.Error("Kafka committed offset is past the log end; ignoring it", zap.Int64("committed", k), zap.Int64("log_end", high))
+		if err := audit(offsetstore.KindKafkaOutOfRange, k, k, fmt.Sprintf("committed offset %d past the log end %d; ignored", k, high)); err != nil {
+			return w, err
+		}
+	}
+	if d.Case == caseWatermarkPastLogEnd {
+		e := &LogRangeError{Group: c.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, LogStart: low, LogEnd: high}
+		log.Error("database watermark past the log end; halting", zap.Int64("watermark", w.Next), zap.Int64("log_end", high))
+		_ = audit(offsetstore.KindHalt, high, w.Next, e.Error())
+		return w, e
+	}
+	if d.RetentionFrom >= 0 {
+		log.Error("records removed from the log before they were processed; following the log start",
+			zap.Int64("watermark", w.Next), zap.Int64("log_start", low), zap.Int64("lost", low-w.Next))
+		if _, err := c.follow(ctx, tp, w.Next, low, fmt.Sprintf("log start %d passed the watermark %d: records removed by retention or delete-records before they were processed", low, w.Next)); err != nil {
+			return w, err
+		}
+		c.metrics.skipped.WithLabelValues(c.group, tp.Topic, offsetstore.KindUnexplainedSkip).Add(float64(low - w.Next))
+		c.stats.skipped.Add(low - w.Next)
+		w.Next, w.InflightEnd = low, -1
+	}
+	switch d.Case {
+	case caseFirstRun:
+		hasK := !d.Commit
+		nw, err := c.firstRun(ctx, tp, d.Start, hasK)
+		if err != nil {
+			return w, err
+		}
+		if nw.Next != d.Start { // another member recorded it first; compare again next time
+			return w, fmt.Errorf("watermark of %s appeared concurrently", tp)
+		}
+		log.Info("first run on partition", zap.Int64("offset", d.Start), zap.Bool("kafka_committed", hasK))
+		w = nw
+	case caseKafkaMissing:
+		log.Warn("no committed offset in Kafka; starting at the database watermark and re-committing it", zap.Int64("watermark", w.Next))
+		if err := audit(offsetstore.KindKafkaMissing, w.Next, w.Next, "no committed offset in Kafka (expired or deleted); database leads"); err != nil {
+			return w, err
+		}
+	case caseAligned, caseBehindAfterRetention:
+	case caseKafkaBehind:
+		log.Warn("Kafka committed offset behind the database watermark; starting at the watermark and re-committing it",
+			zap.Int64("committed", k), zap.Int64("watermark", w.Next))
+		if err := audit(offsetstore.KindKafkaBehind, k, w.Next, "Kafka commit lost or rewound; database leads"); err != nil {
+			return w, err
+		}
+	case caseAheadHalt:
+		e := &OffsetAheadError{Group: c.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k}
+		log.Error("Kafka committed offset ahead of the database watermark; halting", zap.Int64("committed", k), zap.Int64("watermark", w.Next))
+		_ = audit(offsetstore.KindHalt, w.Next, k, "Kafka ahead of the database; policy halt")
+		drift.Set(float64(d.Drift))
+		return w, e
+	case caseAheadFollow:
+		kind, err := c.follow(ctx, tp, w.Next, k, "Kafka committed offset ahead of the database watermark with no kafkatx command on record")
+		if err != nil {
+			return w, err
+		}
+		if kind == offsetstore.KindUnexplainedSkip {
+			log.Error("Kafka committed offset ahead of the database watermark with no kafkatx command on record: following Kafka, offsets skipped unexplained",
+				zap.Int64("from", w.Next), zap.Int64("to", k), zap.Int64("skipped", k-w.Next))
+		} else {
+			log.Warn("following an operator skip", zap.Int64("from", w.Next), zap.Int64("to", k))
+		}
+		c.metrics.skipped.WithLabelValues(c.group, tp.Topic, kind).Add(float64(k - w.Next))
+		c.stats.skipped.Add(k - w.Next)
+		w.Next, w.InflightEnd = k, -1
+	}
+	if d.Commit {
+		c.commits.enqueue(tp, d.Start)
+	}
+	drift.Set(float64(d.Drift))
+	return w, nil
 }
 
 // firstRun records a partition's first watermark at start and its first_run audit row in
