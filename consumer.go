@@ -166,6 +166,7 @@ func (c *Consumer) Stats() Stats {
 		Retries:         c.stats.retries.Load(),
 		DeadLettered:    c.stats.deadLettered.Load(),
 		SkippedOffsets:  c.stats.skipped.Load(),
+		Pauses:          c.stats.pauses.Load(),
 		FirstAssignedAt: unixNanoTime(c.stats.firstAssigned.Load()),
 		LastMessageAt:   unixNanoTime(c.stats.lastMessage.Load()),
 	}
@@ -293,6 +294,7 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 			return
 		}
 		p.paused = true
+		c.stats.pauses.Add(1)
 	}
 }
 

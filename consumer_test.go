@@ -371,8 +371,13 @@ func TestPausedPartitionsResumeWithoutSkipping(t *testing.T) {
 	cfg := b.config(t)
 	cfg.MaxBufferedBytes = 1
 	cfg.Batch.Size = 10
-	b.start(t, b.handler(), cfg)
+	r := b.start(t, b.handler(), cfg)
 	waitFor(t, 120*time.Second, "every message applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == n })
+	// With a 1-byte budget every partition pauses as soon as it holds a message its worker
+	// has not taken: the test is about those pauses, so they must have happened.
+	if p := r.c.Stats().Pauses; p < 3 {
+		t.Fatalf("partitions paused %d times; want at least one pause per partition (3)", p)
+	}
 	if d := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); d != 0 {
 		t.Fatalf("%d duplicate effects", d)
 	}
@@ -400,11 +405,16 @@ func TestBackoffPausesOnlyItsPartition(t *testing.T) {
 	cfg.MaxBufferedBytes = 256 << 10 // ~800 messages: partition 1 must pause and resume too
 	cfg.Batch.Size = 50
 	cfg.Retry = RetryPolicy{MaxAttempts: 3, InitialBackoff: 20 * time.Second, MaxBackoff: 20 * time.Second}
-	b.start(t, h, cfg)
+	r := b.start(t, h, cfg)
 	start := time.Now()
 	waitFor(t, 35*time.Second, "partition 1 drained while partition 0 backs off", func() bool {
 		return b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE partition = 1") == 3000
 	})
+	// Partition 0 holds 5 small messages, far below its 128 KiB share: every pause is
+	// partition 1's, which must have stopped fetching and resumed to drain 3,000 messages.
+	if p := r.c.Stats().Pauses; p == 0 {
+		t.Fatal("partition 1 never paused: the test did not exercise pause and resume under a backoff")
+	}
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE partition = 0"); n != 1 {
 		t.Fatalf("partition 0 applied %d messages during its backoff, want 1 (the one before the failing message)", n)
 	}

@@ -20,6 +20,9 @@ type Stats struct {
 	DeadLettered int64
 	// SkippedOffsets counts offsets skipped by following Kafka (operator or unexplained).
 	SkippedOffsets int64
+	// Pauses counts the times a partition stopped fetching because the messages held for it
+	// exceeded its share of Config.MaxBufferedBytes (it resumes at half its share).
+	Pauses int64
 	// Assigned is the number of partitions currently assigned.
 	Assigned int
 	// InFlight is the number of received messages not yet committed, dead-lettered or
@@ -32,7 +35,7 @@ type Stats struct {
 }
 
 type counters struct {
-	processed, duplicates, retries, deadLettered, skipped atomic.Int64
+	processed, duplicates, retries, deadLettered, skipped, pauses atomic.Int64
 	firstAssigned, lastMessage                            atomic.Int64 // unix nanos
 }
 
