@@ -216,6 +216,7 @@ func (b *testBundle) checkExact(t *testing.T, total int64, dead []int64) {
 
 func TestSIGKILLAtEachStepLeavesAnExactEndState(t *testing.T) {
 	t.Parallel()
+	requireServices(t)
 	for _, step := range []string{"polled", "handled", "db-committed", "dead-letter"} {
 		t.Run(step, func(t *testing.T) {
 			t.Parallel()

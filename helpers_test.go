@@ -208,3 +208,12 @@ func (b *testBundle) committedOffsets(t *testing.T, partitions int) map[int32]in
 	}
 	return out
 }
+
+// requireServices stops a parent test (see testenv.Unavailable) before it starts subtests that
+// need PostgreSQL and Kafka, so that a run without them reports the parent as skipped too, not
+// as a pass made of skipped subtests.
+func requireServices(t *testing.T) {
+	t.Helper()
+	testenv.Postgres(t)
+	testenv.Brokers(t)
+}

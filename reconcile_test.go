@@ -68,6 +68,7 @@ func (b *testBundle) handler() Handler {
 
 func TestKafkaBehindOrMissingResumesFromTheWatermark(t *testing.T) {
 	t.Parallel()
+	requireServices(t)
 	for _, tc := range []struct {
 		name string
 		move func(b *testBundle, t *testing.T)

@@ -131,6 +131,7 @@ func TestClaimAnyBytes(t *testing.T) {
 // open transaction waits for it, then sees its outcome.
 func TestClaimWaitsForConcurrentTransaction(t *testing.T) {
 	t.Parallel()
+	testenv.Postgres(t) // the parent skips too when PostgreSQL is missing, not only its subtests
 	for _, commit := range []bool{true, false} {
 		name := map[bool]string{true: "first commits", false: "first rolls back"}[commit]
 		t.Run(name, func(t *testing.T) {
