@@ -30,7 +30,7 @@ type testBundle struct {
 	t       tables.Names
 }
 
-func setup(t *testing.T) *testBundle {
+func setup(t testing.TB) *testBundle {
 	t.Helper()
 	pool := testenv.Postgres(t)
 	brokers := testenv.Brokers(t)
@@ -44,7 +44,7 @@ func setup(t *testing.T) *testBundle {
 }
 
 // config returns a relay config for the bundle with test-friendly intervals.
-func (b *testBundle) config(t *testing.T) *Config {
+func (b *testBundle) config(t testing.TB) *Config {
 	return &Config{
 		Kafka:           kafka.ConfigMap{"bootstrap.servers": b.brokers},
 		Schema:          b.schema,
@@ -58,7 +58,7 @@ func (b *testBundle) config(t *testing.T) *Config {
 }
 
 // start runs a relay until the test ends (or stop is called) and checks that Run returns nil.
-func (b *testBundle) start(t *testing.T, cfg *Config) (*Relay, func()) {
+func (b *testBundle) start(t testing.TB, cfg *Config) (*Relay, func()) {
 	t.Helper()
 	r, err := New(b.pool, cfg)
 	if err != nil {
@@ -86,7 +86,7 @@ func (b *testBundle) start(t *testing.T, cfg *Config) (*Relay, func()) {
 }
 
 // write writes records in one transaction and returns their row ids.
-func (b *testBundle) write(t *testing.T, recs ...outbox.Record) []int64 {
+func (b *testBundle) write(t testing.TB, recs ...outbox.Record) []int64 {
 	t.Helper()
 	var ids []int64
 	err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
@@ -135,7 +135,7 @@ func (b *testBundle) outboxIDs(t *testing.T) map[int64]string {
 }
 
 // waitFor polls cond every 50ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -147,14 +147,14 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // topicCount returns the number of records in topic (sum of high minus low watermarks).
-func topicCount(t *testing.T, brokers, topic string) int64 {
+func topicCount(t testing.TB, brokers, topic string) int64 {
 	t.Helper()
 	c := newReader(t, brokers)
 	defer c.Close()
 	return countIn(t, c, topic)
 }
 
-func countIn(t *testing.T, c *kafka.Consumer, topic string) int64 {
+func countIn(t testing.TB, c *kafka.Consumer, topic string) int64 {
 	md, err := c.GetMetadata(&topic, false, 10000)
 	if err != nil {
 		t.Fatalf("metadata %s: %v", topic, err)
@@ -178,7 +178,7 @@ func waitCount(t *testing.T, brokers, topic string, n int64, timeout time.Durati
 	waitFor(t, timeout, fmt.Sprintf("%d records in %s", n, topic), func() bool { return countIn(t, c, topic) >= n })
 }
 
-func newReader(t *testing.T, brokers string) *kafka.Consumer {
+func newReader(t testing.TB, brokers string) *kafka.Consumer {
 	t.Helper()
 	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": brokers, "group.id": "kafkatx-test-reader",
 		"enable.auto.commit": false, "go.logs.channel.enable": false})
