@@ -1,7 +1,6 @@
 package kafkatx
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -91,9 +90,6 @@ func retryableDB(err error) bool {
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
 		return true
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return false
 	}
 	// pgx reports a closed or broken connection with these messages.
 	msg := strings.ToLower(err.Error())

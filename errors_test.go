@@ -1,0 +1,53 @@
+package kafkatx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TestRetryableDB needs no services: the conditions that re-run a transaction without an
+// attempt (docs/design.md, "Retry without an attempt"), and the ones that must not.
+func TestRetryableDB(t *testing.T) {
+	pg := func(code string) error { return fmt.Errorf("commit: %w", &pgconn.PgError{Code: code, Message: "x"}) }
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"serialization failure 40001", pg("40001"), true},
+		{"deadlock 40P01", pg("40P01"), true},
+		{"admin shutdown 57P01", pg("57P01"), true},
+		{"crash shutdown 57P02", pg("57P02"), true},
+		{"cannot connect now 57P03", pg("57P03"), true},
+		{"connection failure 08006", pg("08006"), true},
+		{"connection does not exist 08003", pg("08003"), true},
+		{"unique violation 23505 (the handler's bug, an attempt)", pg("23505"), false},
+		{"undefined table 42P01", pg("42P01"), false},
+		{"insufficient privilege 42501", pg("42501"), false},
+		{"check violation 23514", pg("23514"), false},
+		{"net.OpError", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{"connection reset text", errors.New("read tcp: connection reset by peer"), true},
+		{"broken pipe text", errors.New("write: broken pipe"), true},
+		{"conn closed", errors.New("conn closed"), true},
+		{"unexpected EOF text", fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF), true},
+		// A statement that ran past its deadline: the database did not answer in time. The
+		// worker's own shutdown is told apart through its context, before this is asked.
+		{"deadline exceeded", fmt.Errorf("exec: %w", context.DeadlineExceeded), true},
+		{"plain handler error", errors.New("bad order"), false},
+		{"permanent", Permanent(errors.New("bad")), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := retryableDB(tc.err); got != tc.want {
+				t.Errorf("retryableDB(%v) = %v; want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
