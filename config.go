@@ -52,6 +52,14 @@ type Config struct {
 	// Schema holds kafkatx's tables. Defaults to "kafkatx".
 	Schema string
 
+	// SkipMigrations makes Run use Schema as it is instead of applying kafkatx's embedded
+	// migrations first: for a database role that may not create or alter tables (least
+	// privilege), with migrations applied by `kafkatx migrate up`, by Migrate, or by your own
+	// tool from MigrationSQL. Run then checks that every migration of this build is applied
+	// and returns a *MigrationsMissingError naming the missing versions otherwise. Defaults
+	// to false: Run migrates.
+	SkipMigrations bool
+
 	// Logger receives the consumer's logs, named "kafkatx.consumer". Message values are
 	// never logged. Defaults to zap.NewNop().
 	Logger *zap.Logger

@@ -127,6 +127,10 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("kafkatx: %w", err)
+	}
 	return &Consumer{
 		pool:    pool,
 		handler: handler,
@@ -134,7 +138,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 		group:   c.groupID(),
 		store:   offsetstore.New(c.Schema),
 		log:     c.Logger.With(zap.String("group", c.groupID())),
-		metrics: newMetrics(c.Registerer),
+		metrics: m,
 		parts:   map[offsetstore.TP]*partition{},
 	}, nil
 }
@@ -147,6 +151,36 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	}
 	_, err := migrations.Apply(ctx, pool, schema)
 	return err
+}
+
+// MigrationsMissingError is Run's error when Config.SkipMigrations is set and Schema lacks
+// migrations this build of kafkatx needs.
+type MigrationsMissingError struct {
+	Schema  string
+	Missing []int // versions not recorded in Schema.schema_migrations, in order
+}
+
+func (e *MigrationsMissingError) Error() string {
+	return fmt.Sprintf("kafkatx: schema %q lacks migrations %v (Config.SkipMigrations is set): apply them with `kafkatx migrate up --schema %s` or Migrate",
+		e.Schema, e.Missing, pgx.Identifier{e.Schema}.Sanitize())
+}
+
+// prepareSchema applies the migrations, or with Config.SkipMigrations checks them.
+func (c *Consumer) prepareSchema(ctx context.Context) error {
+	if !c.cfg.SkipMigrations {
+		if err := Migrate(ctx, c.pool, c.cfg.Schema); err != nil {
+			return fmt.Errorf("kafkatx: %w", err)
+		}
+		return nil
+	}
+	missing, err := migrations.Missing(ctx, c.pool, c.cfg.Schema)
+	if err != nil {
+		return fmt.Errorf("kafkatx: %w", err)
+	}
+	if len(missing) > 0 {
+		return &MigrationsMissingError{Schema: c.cfg.Schema, Missing: missing}
+	}
+	return nil
 }
 
 // MigrationSQL returns the SQL that Migrate applies, for teams that run their own
@@ -180,16 +214,33 @@ func (c *Consumer) Stats() Stats {
 }
 
 // Run joins the consumer group and processes messages until ctx is cancelled or a fatal
-// error occurs. On cancellation it stops polling, lets in-flight transactions finish within
-// Config.ShutdownTimeout (then aborts them), commits the final offsets and leaves the group
-// (a static member, with group.instance.id, stays until its session times out). It returns
-// nil after a clean shutdown, an *OffsetAheadError under AheadHalt, or the fatal error.
+// error occurs. In order, it:
+//
+//  1. applies kafkatx's embedded migrations to Config.Schema under an advisory lock (or,
+//     with Config.SkipMigrations, only checks that they are applied);
+//  2. creates the librdkafka consumer and subscribes to Config.Topics;
+//  3. on each assignment reconciles the database watermark with Kafka's committed offset
+//     (docs/offsets.md) and starts one worker per partition;
+//  4. on cancellation stops polling, lets in-flight transactions finish within
+//     Config.ShutdownTimeout (then aborts them), commits the final offsets and leaves the
+//     group (a static member, with group.instance.id, stays until its session times out).
+//
+// It returns nil after a clean shutdown, or:
+//   - *MigrationsMissingError: Config.SkipMigrations is set and the schema lacks versions;
+//   - an error wrapping the migration, consumer-creation or subscription failure;
+//   - *OffsetAheadError: Kafka's offset is ahead of the watermark under AheadHalt;
+//   - *LogRangeError: a watermark is past its partition's log end (topic recreated or
+//     truncated);
+//   - an error wrapping a fatal kafka.Error (librdkafka's IsFatal);
+//   - an error naming a partition whose worker stopped on an unexpected error.
+//
+// Calling Run twice returns an error.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("kafkatx: Consumer.Run called twice")
 	}
-	if err := Migrate(ctx, c.pool, c.cfg.Schema); err != nil {
-		return fmt.Errorf("kafkatx: %w", err)
+	if err := c.prepareSchema(ctx); err != nil {
+		return err
 	}
 	kc, err := kafka.NewConsumer(&c.cfg.Kafka)
 	if err != nil {

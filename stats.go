@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kafkatx/kafkatx/internal/promreg"
 )
 
 // Stats is a snapshot of a Consumer's counters since Run started.
@@ -36,7 +38,7 @@ type Stats struct {
 
 type counters struct {
 	processed, duplicates, retries, deadLettered, skipped, pauses atomic.Int64
-	firstAssigned, lastMessage                            atomic.Int64 // unix nanos
+	firstAssigned, lastMessage                                    atomic.Int64 // unix nanos
 }
 
 func unixNanoTime(n int64) time.Time {
@@ -58,7 +60,9 @@ type metrics struct {
 	batchSeconds prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics creates the consumer's collectors and registers them with reg (nil: none). A
+// collector reg already holds is shared; any other refusal is returned.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		processed:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_processed_total", Help: "Messages whose handler effects committed."}, []string{"group", "topic"}),
 		duplicates:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_duplicate_total", Help: "Messages dropped because they were already below the watermark."}, []string{"group", "topic"}),
@@ -70,10 +74,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kafkatx_batch_duration_seconds", Help: "Time to run and commit one batch transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.retries, m.deadLetters, m.skipped, m.drift, m.lag, m.batchSeconds} {
-			_ = reg.Register(c)
-		}
+	var err error
+	promreg.Into(reg, &m.processed, &err)
+	promreg.Into(reg, &m.duplicates, &err)
+	promreg.Into(reg, &m.retries, &err)
+	promreg.Into(reg, &m.deadLetters, &err)
+	promreg.Into(reg, &m.skipped, &err)
+	promreg.Into(reg, &m.drift, &err)
+	promreg.Into(reg, &m.lag, &err)
+	promreg.Into(reg, &m.batchSeconds, &err)
+	if err != nil {
+		return nil, err
 	}
-	return m
+	return m, nil
 }

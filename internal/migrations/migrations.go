@@ -141,3 +141,33 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 	}
 	return done, nil
 }
+
+// Missing returns the embedded versions that schema's schema_migrations does not record, in
+// order: every version when the schema or the table does not exist yet. It only reads.
+func Missing(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migrations: look for %s.schema_migrations: %w", schema, err)
+	}
+	applied := map[int]bool{}
+	if exists {
+		rows, err := pool.Query(ctx, fmt.Sprintf("SELECT version FROM %s.schema_migrations", pgx.Identifier{schema}.Sanitize()))
+		if err != nil {
+			return nil, fmt.Errorf("migrations: read applied versions: %w", err)
+		}
+		vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			return nil, fmt.Errorf("migrations: read applied versions: %w", err)
+		}
+		for _, v := range vs {
+			applied[v] = true
+		}
+	}
+	var missing []int
+	for _, m := range All() {
+		if !applied[m.Version] {
+			missing = append(missing, m.Version)
+		}
+	}
+	return missing, nil
+}

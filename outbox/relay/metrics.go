@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kafkatx/kafkatx/internal/promreg"
 )
 
 // Stats are the relay's counters since New. Safe to call from any goroutine.
@@ -39,7 +41,9 @@ type metrics struct {
 	deleted   *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, schema string) *metrics {
+// newMetrics creates the relay's collectors and registers them with reg (nil: none). A
+// collector reg already holds is shared; any other refusal is returned.
+func newMetrics(reg prometheus.Registerer, schema string) (*metrics, error) {
 	l := prometheus.Labels{"schema": schema}
 	m := &metrics{
 		backlog: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kafkatx_outbox_backlog_rows", ConstLabels: l,
@@ -62,10 +66,18 @@ func newMetrics(reg prometheus.Registerer, schema string) *metrics {
 		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_janitor_deleted_rows_total", ConstLabels: l,
 			Help: "Rows deleted by the retention janitor, by table."}, []string{"table"}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.backlog, m.oldest, m.parkedNow, m.leader, m.published, m.parked, m.retried, m.latency, m.deleted} {
-			_ = reg.Register(c)
-		}
+	var err error
+	promreg.Into(reg, &m.backlog, &err)
+	promreg.Into(reg, &m.oldest, &err)
+	promreg.Into(reg, &m.parkedNow, &err)
+	promreg.Into(reg, &m.leader, &err)
+	promreg.Into(reg, &m.published, &err)
+	promreg.Into(reg, &m.parked, &err)
+	promreg.Into(reg, &m.retried, &err)
+	promreg.Into(reg, &m.latency, &err)
+	promreg.Into(reg, &m.deleted, &err)
+	if err != nil {
+		return nil, err
 	}
-	return m
+	return m, nil
 }

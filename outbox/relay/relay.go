@@ -60,7 +60,8 @@ type Relay struct {
 }
 
 // New returns a relay for pool's database. It checks cfg and starts nothing: Run does.
-// It returns an error when cfg is nil or its Kafka settings are refused (see Config.Kafka).
+// It returns an error when cfg is nil or its Kafka settings are refused (see Config.Kafka),
+// or when Config.Registerer refuses a metric (one of the same name with other labels).
 func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("relay: nil pool")
@@ -76,6 +77,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: Kafka configuration: %w", err) // names the setting, never its value
 	}
 	kp.Close()
+	m, err := newMetrics(c.Registerer, c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
 	return &Relay{
 		pool:    pool,
 		cfg:     c,
@@ -83,7 +88,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		t:       tables.For(c.Schema),
 		commits: pgx.Identifier{c.Schema, "outbox_commits"}.Sanitize(),
 		channel: pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
-		m:       newMetrics(c.Registerer, c.Schema),
+		m:       m,
 		isolate: map[int64]bool{},
 	}, nil
 }
