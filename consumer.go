@@ -132,12 +132,12 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 		return nil, err
 	}
 	return &Consumer{
-		pool:    pool,
-		handler: handler,
-		cfg:     c,
-		group:   c.groupID(),
-		store:   offsetstore.New(c.Schema),
-		log:     c.Logger.With(zap.String("group", c.groupID())),
+		pool:      pool,
+		handler:   handler,
+		cfg:       c,
+		group:     c.groupID(),
+		store:     offsetstore.New(c.Schema),
+		log:       c.Logger.With(zap.String("group", c.groupID())),
 		metrics:   newMetrics(c.Registerer),
 		parts:     map[offsetstore.TP]*partition{},
 		probeWake: make(chan struct{}, 1),
