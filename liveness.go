@@ -176,8 +176,7 @@ func (c *Consumer) onKafkaError(e kafka.Error) error {
 	case e.IsFatal():
 		err := fmt.Errorf("kafkatx: fatal Kafka error: %w", e)
 		h.set(func(h *health) { h.fatal = err })
-		c.log.Error("fatal Kafka error; stopping the consumer", zap.String("code", code.String()), zap.Error(e))
-		return err
+		return err // Run returns it (and logs "consumer stopping" with it as the cause)
 	case hasCode(authenticationCodes, code) || hasCode(authorizationCodes, code):
 		h.set(func(h *health) {
 			if h.authErr == "" {
