@@ -43,7 +43,9 @@ type Config struct {
 	// enable.auto.commit=false and enable.auto.offset.store=false and refuses either set to
 	// true. Unless set here: partition.assignment.strategy=cooperative-sticky,
 	// auto.offset.reset=earliest, group.protocol=classic. group.instance.id (KIP-345 static
-	// membership) passes through.
+	// membership) passes through. librdkafka's log lines are written to Logger (named
+	// "kafkatx.consumer.librdkafka", with their facility and syslog level) unless
+	// go.logs.channel.enable is set here.
 	Kafka kafka.ConfigMap
 
 	// Topics to subscribe to. Required.
@@ -75,6 +77,17 @@ type Config struct {
 	// roll back. Defaults to 30s.
 	ShutdownTimeout time.Duration
 
+	// Transaction bounds every database transaction the consumer opens, the handler's
+	// included, so that a frozen or partitioned process cannot hold its row locks and stall
+	// the partitions' new owners.
+	Transaction TransactionConfig
+
+	// CloseTimeout bounds how long Run waits for the Kafka client to close (leave the group,
+	// destroy the handle) once its workers stopped. librdkafka's close can wait forever after a
+	// fatal error (a fenced static member); past the timeout Run returns anyway and the client
+	// is left to the process's exit. Defaults to 10s.
+	CloseTimeout time.Duration
+
 	// OnKafkaAhead is the policy when Kafka's committed offset is ahead of the database
 	// watermark on assignment. Defaults to AheadFollow.
 	OnKafkaAhead AheadPolicy
@@ -101,6 +114,8 @@ type Config struct {
 
 	// startAt is the user's auto.offset.reset, applied to partitions seen for the first time.
 	startAt string
+	// routeLogs: Run routes librdkafka's logs into Logger.
+	routeLogs bool
 
 	// Registerer receives the consumer's Prometheus metrics. Defaults to none (metrics are
 	// still kept and readable with Stats).
@@ -152,6 +167,41 @@ type BatchConfig struct {
 	// Wait is how long a partition worker waits for more messages to fill a batch once it
 	// holds one. Defaults to 0: take what has arrived and go.
 	Wait time.Duration
+}
+
+// TransactionConfig sets PostgreSQL's per-transaction timeouts (SET LOCAL, one round trip
+// with BEGIN) on every transaction the consumer opens. A timeout that ends a transaction —
+// lock_timeout (SQLSTATE 55P03), the session ended by idle_in_transaction_session_timeout
+// (25P03) — is retried with backoff and is not an attempt; a statement_timeout (57014) in the
+// handler is the handler's failure and counts as one. A handler that calls out (an HTTP API,
+// an orchestrator) keeps each call's own timeout well under IdleTimeout and does any long
+// wait outside the transaction. A negative value leaves the server's setting alone.
+type TransactionConfig struct {
+	// IdleTimeout is idle_in_transaction_session_timeout: a transaction idle for longer (its
+	// process frozen, stopped by SIGSTOP or cut off by a network partition) has its session
+	// ended by the server, which releases its row locks; its late commit then fails and the
+	// watermark stays fenced. Defaults to 10s.
+	IdleTimeout time.Duration
+	// LockTimeout is lock_timeout: the longest one statement waits for a row or table lock.
+	// Defaults to 10s.
+	LockTimeout time.Duration
+	// StatementTimeout is statement_timeout: the longest one statement runs. Defaults to 60s.
+	StatementTimeout time.Duration
+}
+
+// beginSQL is the BEGIN of a consumer transaction with the bounds of t (filled in by
+// withDefaults), sent as one simple-protocol query.
+func (t TransactionConfig) beginSQL() string {
+	q := "BEGIN"
+	for _, s := range []struct {
+		name string
+		d    time.Duration
+	}{{"idle_in_transaction_session_timeout", t.IdleTimeout}, {"lock_timeout", t.LockTimeout}, {"statement_timeout", t.StatementTimeout}} {
+		if s.d >= 0 {
+			q += fmt.Sprintf("; SET LOCAL %s = %d", s.name, max(s.d.Milliseconds(), 1))
+		}
+	}
+	return q
 }
 
 // DeadLetterConfig configures publishing dead letters to Kafka through the outbox.
@@ -226,7 +276,11 @@ func (c *Config) withDefaults() (*Config, error) {
 	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
 	// partition set), so a large backlog does not grow the process without bound.
 	setDefault("queued.max.messages.kbytes", 16384)
-	setDefault("go.logs.channel.enable", false)
+	// librdkafka's own log lines go to Logger (Run reads them from go.logs.channel) instead of
+	// raw text on stderr, unless the user decides with go.logs.channel.enable.
+	if _, ok := out.Kafka["go.logs.channel.enable"]; !ok {
+		out.routeLogs = true
+	}
 	if out.Schema == "" {
 		out.Schema = "kafkatx"
 	}
@@ -258,6 +312,17 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.ShutdownTimeout <= 0 {
 		out.ShutdownTimeout = 30 * time.Second
+	}
+	if out.CloseTimeout <= 0 {
+		out.CloseTimeout = 10 * time.Second
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&out.Transaction.IdleTimeout, 10 * time.Second}, {&out.Transaction.LockTimeout, 10 * time.Second}, {&out.Transaction.StatementTimeout, 60 * time.Second}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
 	}
 	if out.Idempotency.Key == nil {
 		out.Idempotency.Key = idempotency.FromOutboxID()

@@ -79,6 +79,10 @@ type Consumer struct {
 	resyncs chan resyncRequest
 	fatal   error
 	eager   bool
+
+	health    health        // what Readiness reports
+	probeWake chan struct{} // wakes the topic probe
+	beginSQL  string        // BEGIN with Config.Transaction's bounds
 }
 
 // NewConsumer validates cfg and returns a Consumer that runs handler once per message.
@@ -132,15 +136,23 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 		return nil, fmt.Errorf("kafkatx: %w", err)
 	}
 	return &Consumer{
-		pool:    pool,
-		handler: handler,
-		cfg:     c,
-		group:   c.groupID(),
-		store:   offsetstore.New(c.Schema),
-		log:     c.Logger.With(zap.String("group", c.groupID())),
-		metrics: m,
-		parts:   map[offsetstore.TP]*partition{},
+		pool:      pool,
+		handler:   handler,
+		cfg:       c,
+		group:     c.groupID(),
+		store:     offsetstore.New(c.Schema),
+		log:       c.Logger.With(zap.String("group", c.groupID())),
+		metrics:   m,
+		parts:     map[offsetstore.TP]*partition{},
+		probeWake: make(chan struct{}, 1),
+		beginSQL:  c.Transaction.beginSQL(),
 	}, nil
+}
+
+// begin opens a consumer transaction bounded by Config.Transaction: the one place the loop's
+// transactions begin.
+func (c *Consumer) begin(ctx context.Context) (pgx.Tx, error) {
+	return c.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: c.beginSQL})
 }
 
 // Migrate applies kafkatx's embedded migrations to schema ("" means "kafkatx") under an
@@ -235,6 +247,11 @@ func (c *Consumer) Stats() Stats {
 //   - an error naming a partition whose worker stopped on an unexpected error.
 //
 // Calling Run twice returns an error.
+//
+// Closing the Kafka client takes at most Config.CloseTimeout more. A fatal librdkafka error
+// (for example a static member fenced by another process with its group.instance.id) is
+// returned wrapped as "kafkatx: fatal Kafka error: ...". Authentication failures are not
+// fatal: librdkafka retries them, and Readiness reports them with the time they started.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("kafkatx: Consumer.Run called twice")
@@ -242,10 +259,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.prepareSchema(ctx); err != nil {
 		return err
 	}
-	kc, err := kafka.NewConsumer(&c.cfg.Kafka)
+	km := c.cfg.Kafka
+	var logs chan kafka.LogEvent
+	if c.cfg.routeLogs {
+		km = kafka.ConfigMap{}
+		for k, v := range c.cfg.Kafka {
+			km[k] = v
+		}
+		logs = make(chan kafka.LogEvent, 1000)
+		km["go.logs.channel.enable"], km["go.logs.channel"] = true, logs
+	}
+	kc, err := kafka.NewConsumer(&km)
 	if err != nil {
 		return fmt.Errorf("kafkatx: create Kafka consumer: %w", err)
 	}
+	quitAux := make(chan struct{}) // stops the log router and the topic probe
+	var aux sync.WaitGroup
+	if logs != nil {
+		aux.Add(1)
+		go func() { defer aux.Done(); c.routeLogs(logs, quitAux) }()
+	}
+	stopAux := func() { close(quitAux); aux.Wait() }
 	c.kc = kc
 	c.resyncs = make(chan resyncRequest, 16)
 	c.commits = newCommitter(kc, c.log)
@@ -258,9 +292,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		c.commits.stop()
 		<-commitDone
-		_ = kc.Close()
+		_ = closeWithin(kc, c.cfg.CloseTimeout)
+		stopAux()
 		return fmt.Errorf("kafkatx: subscribe %v: %w", c.cfg.Topics, err)
 	}
+	c.health.set(func(h *health) { h.running = true })
+	probeQuit := make(chan struct{})
+	probeDone := make(chan struct{})
+	go func() { defer close(probeDone); c.probeTopics(probeQuit) }()
 	c.log.Info("consumer started", zap.Strings("topics", c.cfg.Topics),
 		zap.Int("batch_size", c.cfg.Batch.Size), zap.Int("max_attempts", c.cfg.Retry.MaxAttempts))
 
@@ -284,14 +323,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case *kafka.Message:
 			c.dispatch(e)
 		case kafka.Error:
-			if e.IsFatal() {
-				c.fatal = fmt.Errorf("kafkatx: fatal Kafka error: %w", e)
-			} else if e.Code() == kafka.ErrAllBrokersDown || e.Code() == kafka.ErrTransport {
-				c.log.Warn("kafka", zap.Error(e))
-			} else {
-				c.log.Debug("kafka", zap.Error(e))
+			if err := c.onKafkaError(e); err != nil {
+				c.fatal = err
 			}
 		}
+	}
+	if c.fatal != nil {
+		c.health.set(func(h *health) {
+			if h.fatal == nil {
+				h.fatal = c.fatal
+			}
+		})
 	}
 	c.log.Info("consumer stopping", zap.NamedError("cause", c.fatal))
 	// Stop every worker (in-flight transactions finish within the shutdown timeout), then
@@ -299,9 +341,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.revokeAll(false)
 	c.commits.stop()
 	<-commitDone
-	if err := kc.Close(); err != nil {
+	close(probeQuit)
+	<-probeDone
+	if err := closeWithin(kc, c.cfg.CloseTimeout); err != nil {
 		c.log.Warn("close Kafka consumer", zap.Error(err))
 	}
+	stopAux()
+	c.health.set(func(h *health) { h.running, h.joined = false, false })
 	c.log.Info("consumer stopped")
 	return c.fatal
 }

@@ -64,8 +64,10 @@ func errorClass(err error) string {
 }
 
 // retryableDB reports whether err is a database condition that means "run the transaction
-// again": serialization failure (40001), deadlock (40P01), or a lost or refused connection.
-// Such errors never count as attempts (docs/design.md, "Retry without an attempt").
+// again": serialization failure (40001), deadlock (40P01), a lock wait past lock_timeout
+// (55P03), a session ended by idle_in_transaction_session_timeout (25P03) or
+// idle_session_timeout (57P05), or a lost or refused connection. Such errors never count as
+// attempts (docs/design.md, "Retry without an attempt"; Config.Transaction sets the timeouts).
 func retryableDB(err error) bool {
 	if err == nil {
 		return false
@@ -74,6 +76,8 @@ func retryableDB(err error) bool {
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case "40001", "40P01", // serialization_failure, deadlock_detected
+			"55P03",          // lock_not_available: lock_timeout passed (a frozen holder, Config.Transaction)
+			"25P03", "57P05", // idle_in_transaction_session_timeout, idle_session_timeout: the session was ended
 			"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
 			"08000", "08003", "08006", "08001", "08004": // connection exceptions
 			return true

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
+	if mode := os.Getenv(liveChildEnv); mode != "" {
+		os.Exit(liveChildMain(mode))
+	}
 	// Every goroutine the consumer starts is owned by Run and gone when it returns.
 	goleak.VerifyTestMain(m)
 }

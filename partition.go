@@ -343,6 +343,7 @@ func (p *partition) committed(next int64, processed, dead int) {
 	p.w = next
 	p.watermark.Store(next)
 	p.c.commits.enqueue(p.tp, next)
+	p.c.stats.lastCommit.Store(time.Now().UnixNano())
 	if processed > 0 {
 		p.c.stats.processed.Add(int64(processed))
 		p.c.metrics.processed.WithLabelValues(p.c.group, p.tp.Topic).Add(float64(processed))
@@ -452,7 +453,7 @@ func (p *partition) markAhead(end int64) int64 {
 // batchTx runs the handler over msgs in one transaction and advances the watermark to end.
 // herr is a handler failure at msgs[failed]; err is a database or fencing error.
 func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (failed int, herr, err error) {
-	tx, err := p.c.pool.Begin(ctx)
+	tx, err := p.c.begin(ctx)
 	if err != nil {
 		return -1, nil, fmt.Errorf("begin: %w", err)
 	}
@@ -733,7 +734,7 @@ func (p *partition) runOne(km *kafka.Message) error {
 // oneTx runs one message's try in its own transaction.
 func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
 	off := int64(km.TopicPartition.Offset)
-	tx, err := p.c.pool.Begin(ctx)
+	tx, err := p.c.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
@@ -814,7 +815,7 @@ func (p *partition) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 }
 
 func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int64) error {
-	tx, err := p.c.pool.Begin(ctx)
+	tx, err := p.c.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}

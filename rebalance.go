@@ -29,6 +29,8 @@ func (c *Consumer) rebalance(ctx context.Context, ev kafka.Event) error {
 // partition and assigns the partitions at the chosen start offsets.
 func (c *Consumer) onAssigned(ctx context.Context, assigned []kafka.TopicPartition) error {
 	if len(assigned) == 0 {
+		c.joined()
+		c.log.Info("rebalance: no partitions added", zap.Int("assigned_partitions", c.assignedCount()))
 		if c.eager {
 			return c.kc.Assign(assigned)
 		}
@@ -59,6 +61,8 @@ func (c *Consumer) onAssigned(ctx context.Context, assigned []kafka.TopicPartiti
 		}
 	}
 	c.stats.firstAssigned.CompareAndSwap(0, time.Now().UnixNano())
+	c.joined()
+	c.log.Info("partitions assigned", zap.Strings("partitions", tpOffsets(starts)), zap.Int("assigned_partitions", c.assignedCount()))
 	if c.eager {
 		// Eager protocols hand over the whole assignment each time.
 		return c.kc.Assign(starts)
@@ -215,7 +219,7 @@ func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetst
 // firstRun records a partition's first watermark at start and its first_run audit row in
 // one transaction, and returns the stored row (another member's, if it was first).
 func (c *Consumer) firstRun(ctx context.Context, tp offsetstore.TP, start int64, hasK bool) (offsetstore.Watermark, error) {
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.begin(ctx)
 	if err != nil {
 		return offsetstore.Watermark{}, fmt.Errorf("record first watermark %s: %w", tp, err)
 	}
@@ -247,7 +251,7 @@ func startSource(hasK bool) string {
 // operator skip a kafkatx command left pending for exactly [w, k), else as an unexplained
 // skip with reason.
 func (c *Consumer) follow(ctx context.Context, tp offsetstore.TP, w, k int64, reason string) (string, error) {
-	tx, err := c.pool.Begin(ctx)
+	tx, err := c.begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("follow Kafka on %s: %w", tp, err)
 	}
@@ -306,9 +310,14 @@ func (c *Consumer) onRevoked(revoked []kafka.TopicPartition, lost bool) error {
 	c.stopPartitions(ps, lost)
 	if lost {
 		c.commits.drop(only)
-		c.log.Warn("partitions lost; in-flight transactions aborted", zap.Int("partitions", len(revoked)))
+		c.health.set(func(h *health) { h.joined = false })
+		c.log.Warn("partitions lost (the group moved on without this member); in-flight transactions aborted",
+			zap.Strings("partitions", finalOffsets(ps)))
 	} else {
 		_ = c.commits.flush(only)
+		if len(ps) > 0 {
+			c.log.Info("partitions revoked", zap.Strings("partitions", finalOffsets(ps)))
+		}
 	}
 	c.mu.Lock()
 	for tp := range only {
@@ -324,6 +333,23 @@ func (c *Consumer) onRevoked(revoked []kafka.TopicPartition, lost bool) error {
 	return c.kc.IncrementalUnassign(revoked)
 }
 
+// joined records that the member holds an assignment (possibly empty) from the group, and
+// clears a group or cluster authorization failure.
+func (c *Consumer) joined() {
+	c.health.set(func(h *health) {
+		h.joined = true
+		if h.authErr != "" && hasCode(authorizationCodes, h.authCode) {
+			h.authErr, h.authSince = "", time.Time{}
+		}
+	})
+}
+
+func (c *Consumer) assignedCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.parts)
+}
+
 // revokeAll stops every worker and commits their watermarks (used on shutdown).
 func (c *Consumer) revokeAll(lost bool) {
 	c.mu.Lock()
@@ -337,6 +363,19 @@ func (c *Consumer) revokeAll(lost bool) {
 	c.mu.Lock()
 	c.parts = map[offsetstore.TP]*partition{}
 	c.mu.Unlock()
+	if len(ps) > 0 {
+		c.log.Info("partitions revoked", zap.Strings("partitions", finalOffsets(ps)), zap.String("why", "consumer stopping"))
+	}
+}
+
+// finalOffsets names stopped partitions with their watermarks, "topic[partition]@offset".
+func finalOffsets(ps []*partition) []string {
+	tps := make([]kafka.TopicPartition, len(ps))
+	for i, p := range ps {
+		tps[i] = p.ktp()
+		tps[i].Offset = kafka.Offset(p.watermark.Load())
+	}
+	return tpOffsets(tps)
 }
 
 func (c *Consumer) stopPartitions(ps []*partition, lost bool) {

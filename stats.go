@@ -38,7 +38,7 @@ type Stats struct {
 
 type counters struct {
 	processed, duplicates, retries, deadLettered, skipped, pauses atomic.Int64
-	firstAssigned, lastMessage                                    atomic.Int64 // unix nanos
+	firstAssigned, lastMessage, lastCommit                        atomic.Int64 // unix nanos
 }
 
 func unixNanoTime(n int64) time.Time {

@@ -32,9 +32,9 @@ import (
 
 type options struct {
 	service.Flags
-	eventsTopic, produceFile string
-	generate, poisonEvery    int
-	produceOnly              bool
+	eventsTopic, produceFile     string
+	generate, poisonEvery        int
+	produceOnly, inProcessBroker bool
 }
 
 func main() {
@@ -45,7 +45,7 @@ func run() int {
 	var o options
 	fs := flag.NewFlagSet("orders", flag.ExitOnError)
 	o.Register(fs, service.Flags{Topic: "orders", Group: "orders-processor", Partitions: 3, Schema: "kafkatx", MaxAttempts: 5, BatchSize: order.DefaultBatchSize}, "message")
-	fs.Lookup("brokers").Usage += "; none: an in-process broker (the zero-setup demo)"
+	fs.BoolVar(&o.inProcessBroker, "in-process-broker", false, "run on an in-process Kafka broker (the zero-setup demo, `make demo`) instead of --brokers; its data is gone when the process exits")
 	fs.Lookup("topic").Usage = "topic to produce to and consume from"
 	fs.StringVar(&o.eventsTopic, "events-topic", "order-events", "topic for one event per applied order (through the outbox); empty: no events")
 	fs.StringVar(&o.produceFile, "produce", "", "produce each non-blank line of FILE as one message before consuming (key = order_id when the line is JSON with one)")
@@ -54,6 +54,14 @@ func run() int {
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
 	_ = fs.Parse(os.Args[1:])
 	o.FromEnv()
+	switch {
+	case o.Brokers == "" && !o.inProcessBroker:
+		fmt.Fprintln(os.Stderr, "orders: no Kafka: pass --brokers HOST:PORT or set KAFKA_BOOTSTRAP_SERVERS (or --in-process-broker for the demo broker); see --help")
+		return 2
+	case o.Brokers != "" && o.inProcessBroker:
+		fmt.Fprintln(os.Stderr, "orders: --in-process-broker and a broker address (--brokers or KAFKA_BOOTSTRAP_SERVERS) exclude each other; see --help")
+		return 2
+	}
 	service.TuneGC()
 
 	log := service.Logger()
@@ -69,14 +77,14 @@ func run() int {
 }
 
 func serve(ctx context.Context, o options, log *zap.Logger) error {
-	if o.Brokers == "" {
+	if o.inProcessBroker {
 		b, closeBroker, err := startEmbedded(log)
 		if err != nil {
 			return err
 		}
 		defer closeBroker()
 		o.Brokers = b
-		log.Info("no --brokers and no KAFKA_BOOTSTRAP_SERVERS: using an in-process broker", zap.String("brokers", b))
+		log.Warn("--in-process-broker: running on an in-process Kafka broker; nothing is read from or written to a real cluster", zap.String("brokers", b))
 	}
 	base := kafka.ConfigMap{"bootstrap.servers": o.Brokers}
 	names := []string{o.Topic, o.Topic + ".dlq"}

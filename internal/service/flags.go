@@ -36,7 +36,7 @@ func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.IntVar(&f.MaxAttempts, "max-attempts", def.MaxAttempts, "tries, crashes included, before a "+what+" is dead-lettered")
 	fs.StringVar(&f.InstanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
 	fs.IntVar(&f.BatchSize, "batch-size", def.BatchSize, "most "+what+"s of one partition per transaction")
-	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (processed, dead letters, drift and lag per partition, outbox backlog) on HOST:PORT/metrics; off when empty")
+	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (processed, dead letters, drift and lag per partition, outbox backlog) on HOST:PORT/metrics, /healthz (200 while the process runs) and /readyz (200 once joined to the group with an assignment, possibly empty, Kafka and the database reachable, no fatal error; else 503 with a JSON reason); off when empty")
 }
 
 // FromEnv fills Brokers and DatabaseURL from KAFKA_BOOTSTRAP_SERVERS and DATABASE_URL when

@@ -1,10 +1,13 @@
 // Package service runs a kafkatx consumer the way the example binaries do: with the outbox
-// relay in-process (it publishes what the handlers and the dead letters write to the outbox)
-// and an optional exit once idle, as docs/examples.md defines it.
+// relay in-process (it publishes what the handlers and the dead letters write to the outbox),
+// /metrics, /healthz and /readyz on --metrics-addr, an exit when Kafka authentication keeps
+// failing, and an optional exit once idle, as docs/examples.md defines it.
 package service
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -35,10 +38,18 @@ type Options struct {
 	NoAssignmentTimeout time.Duration
 	Logger              *zap.Logger
 	// Registry, when set, receives the relay's metrics; MetricsAddr serves it (and whatever
-	// the consumer registered in it) on /metrics.
+	// the consumer registered in it) on /metrics, with /healthz (200 while the process runs)
+	// and /readyz (the consumer's Readiness as JSON: 200 when ready, else 503).
 	Registry    *prometheus.Registry
 	MetricsAddr string
+	// AuthFailureExit ends Run with an error once Kafka authentication or authorization has
+	// failed for this long without a success in between (Readiness.AuthErrorSince). Defaults
+	// to 30s; negative: never.
+	AuthFailureExit time.Duration
 }
+
+// DefaultAuthFailureExit is Options.AuthFailureExit's default.
+const DefaultAuthFailureExit = 30 * time.Second
 
 // Run runs the relay and the consumer until ctx is cancelled, the consumer fails, or it is
 // idle (Options.ExitWhenIdle). It returns the consumer's error; the relay is stopped after
@@ -46,6 +57,9 @@ type Options struct {
 func Run(ctx context.Context, o Options) error {
 	if o.NoAssignmentTimeout <= 0 {
 		o.NoAssignmentTimeout = 2 * time.Minute
+	}
+	if o.AuthFailureExit == 0 {
+		o.AuthFailureExit = DefaultAuthFailureExit
 	}
 	rcfg := &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": o.Brokers}, Schema: o.Schema, Logger: o.Logger}
 	if o.Registry != nil {
@@ -55,8 +69,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	if o.MetricsAddr != "" && o.Registry != nil {
-		srv := &http.Server{Addr: o.MetricsAddr, Handler: promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	if o.MetricsAddr != "" {
+		srv := &http.Server{Addr: o.MetricsAddr, Handler: Handler(o.Consumer, o.Registry), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", o.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("--metrics-addr: %w", err)
@@ -81,8 +95,75 @@ func Run(ctx context.Context, o Options) error {
 	if o.ExitWhenIdle > 0 {
 		go watchIdle(runCtx, cancel, o, rl)
 	}
-	return <-done
+	authErr := make(chan error, 1)
+	if o.AuthFailureExit > 0 {
+		go func() { authErr <- watchAuth(runCtx, cancel, o) }()
+	}
+	err = <-done
+	cancel()
+	if o.AuthFailureExit > 0 {
+		if aerr := <-authErr; aerr != nil && err == nil {
+			err = aerr
+		}
+	}
+	return err
 }
+
+// Handler serves /metrics (reg, when set), /healthz (200: the process runs) and /readyz
+// (c's Readiness as JSON: 200 when ready, 503 otherwise).
+func Handler(c *kafkatx.Consumer, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	if reg != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		rd := c.Readiness(r.Context())
+		body, _ := json.Marshal(rd)
+		w.Header().Set("Content-Type", "application/json")
+		if !rd.Ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_, _ = w.Write(append(body, '\n'))
+	})
+	return mux
+}
+
+// watchAuth stops the consumer and returns an error once Kafka authentication or
+// authorization has failed for o.AuthFailureExit (the library keeps retrying; the binary
+// decides to exit). It returns nil when ctx ends first.
+func watchAuth(ctx context.Context, cancel context.CancelFunc, o Options) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		rd := o.Consumer.Readiness(ctx)
+		if rd.AuthError != "" && time.Since(rd.AuthErrorSince) >= o.AuthFailureExit {
+			cancel()
+			return &AuthError{Since: rd.AuthErrorSince, Err: errors.New(rd.AuthError)}
+		}
+	}
+}
+
+// AuthError is Run's error when Kafka authentication or authorization kept failing for
+// Options.AuthFailureExit.
+type AuthError struct {
+	Since time.Time
+	Err   error
+}
+
+func (e *AuthError) Error() string {
+	return fmt.Sprintf("Kafka authentication or authorization failing for %s (since %s): %v",
+		time.Since(e.Since).Round(time.Second), e.Since.UTC().Format(time.RFC3339), e.Err)
+}
+
+func (e *AuthError) Unwrap() error { return e.Err }
 
 // watchIdle cancels the consumer once it is idle as Options.ExitWhenIdle says.
 func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *relay.Relay) {
