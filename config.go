@@ -91,6 +91,11 @@ type Config struct {
 	// for consumers with many partitions each. Defaults to 32 MiB.
 	MaxBufferedBytes int
 
+	// UnavailableMaxWait is how long a partition waits, for one message, for a dependency its
+	// handler reported Unavailable before further Unavailable answers count as ordinary
+	// failures (attempts). Defaults to DefaultUnavailableMaxWait (30 minutes).
+	UnavailableMaxWait time.Duration
+
 	// startAt is the user's auto.offset.reset, applied to partitions seen for the first time.
 	startAt string
 
@@ -244,6 +249,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.MaxBufferedBytes <= 0 {
 		out.MaxBufferedBytes = 32 << 20
+	}
+	if out.UnavailableMaxWait <= 0 {
+		out.UnavailableMaxWait = DefaultUnavailableMaxWait
 	}
 	if out.Batch.Size <= 0 {
 		out.Batch.Size = 500
