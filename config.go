@@ -112,6 +112,11 @@ type Config struct {
 	// for consumers with many partitions each. Defaults to 32 MiB.
 	MaxBufferedBytes int
 
+	// UnavailableMaxWait is how long a partition waits, for one message, for a dependency its
+	// handler reported Unavailable before further Unavailable answers count as ordinary
+	// failures (attempts). Defaults to DefaultUnavailableMaxWait (30 minutes).
+	UnavailableMaxWait time.Duration
+
 	// startAt is the user's auto.offset.reset, applied to partitions seen for the first time.
 	startAt string
 	// routeLogs: Run routes librdkafka's logs into Logger.
@@ -306,6 +311,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.MaxBufferedBytes <= 0 {
 		out.MaxBufferedBytes = 32 << 20
+	}
+	if out.UnavailableMaxWait <= 0 {
+		out.UnavailableMaxWait = DefaultUnavailableMaxWait
 	}
 	if out.Batch.Size <= 0 {
 		out.Batch.Size = 500

@@ -215,11 +215,15 @@ func (c *Consumer) Stats() Stats {
 		Pauses:          c.stats.pauses.Load(),
 		FirstAssignedAt: unixNanoTime(c.stats.firstAssigned.Load()),
 		LastMessageAt:   unixNanoTime(c.stats.lastMessage.Load()),
+		Unavailable:     c.stats.unavailable.Load(),
 	}
 	c.mu.Lock()
 	s.Assigned = len(c.parts)
 	for _, p := range c.parts {
 		s.InFlight += p.inFlight()
+		if p.waiting.Load() {
+			s.Waiting++
+		}
 	}
 	c.mu.Unlock()
 	return s

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -86,6 +87,12 @@ func retryableDB(err error) bool {
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
 		return true
+	}
+	// An HTTP client's failure (net/http reports every one as a *url.Error, itself a
+	// net.Error) is the handler's own, never the loop's database: it is a handler error.
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		return false
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) {

@@ -60,6 +60,12 @@ type partition struct {
 	crashedUntil int64 // offsets below had a marker when loaded: a crash counts one attempt each
 	attempts     map[int64]offsetstore.Attempt
 
+	// Owned by the worker: a wait for a dependency the handler reported Unavailable.
+	unavailSince   time.Time // zero when not waiting
+	unavailN       int       // Unavailable answers since unavailSince
+	unavailExpired bool      // Config.UnavailableMaxWait passed: answers count as attempts
+	waiting        atomic.Bool
+
 	stopOnce  sync.Once
 	stopCh    chan struct{} // closed: finish the current transaction and return
 	workCtx   context.Context
@@ -139,6 +145,7 @@ func (p *partition) stopAndWait(lost bool) {
 func (p *partition) run() {
 	defer close(p.done)
 	defer p.abortWork()
+	defer p.available(false)
 	for {
 		if p.stopping() {
 			p.clearInflight()
@@ -340,6 +347,7 @@ const unattributed = -2
 // committed records a database commit that moved the watermark to next and hands the new
 // watermark to the Kafka committer.
 func (p *partition) committed(next int64, processed, dead int) {
+	p.available(true)
 	p.w = next
 	p.watermark.Store(next)
 	p.c.commits.enqueue(p.tp, next)
@@ -406,15 +414,22 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 		}
 		start := time.Now()
 		failed, herr, err := p.batchTx(ctx, msgs, end)
+		var waited *errWaited
 		switch {
 		case err == nil && herr == nil:
 			p.c.metrics.batchSeconds.Observe(time.Since(start).Seconds())
 			return -1, nil
+		case errors.As(err, &waited):
+			if err := p.waitUnavailable(int64(msgs[0].TopicPartition.Offset), waited.cause); err != nil {
+				return -1, err
+			}
 		case herr != nil && failed == unattributed:
+			p.availableUnless(herr)
 			p.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
 				zap.Int("messages", len(msgs)), zap.String("error", dlq.SanitizeText(herr.Error(), 512)))
 			return unattributed, nil
 		case herr != nil:
+			p.availableUnless(herr)
 			m := msgs[failed]
 			class, msg, stack := describe(herr)
 			p.log.Info("handler failed in a batch; isolating the message", zap.Int64("offset", int64(m.TopicPartition.Offset)),
@@ -465,6 +480,9 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 	if err := p.call(ctx, tx, fresh); err != nil {
 		if retryableDB(err) || ctx.Err() != nil {
 			return -1, nil, err
+		}
+		if p.unavailable(err) {
+			return -1, nil, &errWaited{cause: err}
 		}
 		var me *MessageError
 		if errors.As(err, &me) {
@@ -702,7 +720,14 @@ func (p *partition) runOne(km *kafka.Message) error {
 		p.attempts[off] = a
 		herr, err := p.oneTx(ctx, km, n)
 		for t := 1; err != nil; t++ {
-			if err := p.afterDBError(t, err); err != nil {
+			var waited *errWaited
+			if errors.As(err, &waited) {
+				// The same try: waiting for an unavailable dependency is not an attempt.
+				if err := p.waitUnavailable(off, waited.cause); err != nil {
+					return err
+				}
+				t = 0
+			} else if err := p.afterDBError(t, err); err != nil {
 				return err
 			}
 			herr, err = p.oneTx(ctx, km, n) // the same try: database trouble is not an attempt
@@ -711,6 +736,7 @@ func (p *partition) runOne(km *kafka.Message) error {
 			delete(p.attempts, off)
 			return nil
 		}
+		p.availableUnless(herr)
 		class, msg, stack := describe(herr)
 		p.log.Info("handler failed", zap.Int64("offset", off), zap.Int("attempt", n), zap.String("error_class", class), zap.String("error", dlq.SanitizeText(msg, 512)))
 		for t := 1; ; t++ {
@@ -746,6 +772,9 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 	if err := p.call(ctx, tx, fresh); err != nil {
 		if retryableDB(err) || ctx.Err() != nil {
 			return nil, err
+		}
+		if p.unavailable(err) {
+			return nil, &errWaited{cause: err}
 		}
 		var me *MessageError
 		if errors.As(err, &me) {

@@ -34,10 +34,17 @@ type Stats struct {
 	FirstAssignedAt time.Time
 	// LastMessageAt is when the last message arrived from Kafka (zero before).
 	LastMessageAt time.Time
+	// Unavailable counts handler answers of Unavailable that the loop waited out (each a
+	// rolled-back try that counted no attempt).
+	Unavailable int64
+	// Waiting is the number of assigned partitions now waiting for a dependency their handler
+	// reported Unavailable (their messages count in InFlight).
+	Waiting int
 }
 
 type counters struct {
 	processed, duplicates, retries, deadLettered, skipped, pauses atomic.Int64
+	unavailable                                                   atomic.Int64
 	firstAssigned, lastMessage, lastCommit                        atomic.Int64 // unix nanos
 }
 
@@ -58,6 +65,8 @@ type metrics struct {
 	drift        *prometheus.GaugeVec
 	lag          *prometheus.GaugeVec
 	batchSeconds prometheus.Histogram
+	unavailable  *prometheus.CounterVec
+	waiting      *prometheus.GaugeVec
 }
 
 // newMetrics creates the consumer's collectors and registers them with reg (nil: none). A
@@ -73,6 +82,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_lag", Help: "Log end offset minus database watermark, in messages."}, []string{"group", "topic", "partition"}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kafkatx_batch_duration_seconds", Help: "Time to run and commit one batch transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dependency_unavailable_total", Help: "Handler answers of Unavailable waited out (tries rolled back, no attempt counted)."}, []string{"group", "topic"}),
+		waiting:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_waiting", Help: "1 while the partition waits for a dependency its handler reported Unavailable."}, []string{"group", "topic", "partition"}),
 	}
 	var err error
 	promreg.Into(reg, &m.processed, &err)
@@ -83,6 +94,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	promreg.Into(reg, &m.drift, &err)
 	promreg.Into(reg, &m.lag, &err)
 	promreg.Into(reg, &m.batchSeconds, &err)
+	promreg.Into(reg, &m.unavailable, &err)
+	promreg.Into(reg, &m.waiting, &err)
 	if err != nil {
 		return nil, err
 	}

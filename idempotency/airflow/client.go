@@ -3,15 +3,25 @@
 // that starting the run for one key twice is a no-op: Airflow refuses the second create with
 // 409 Conflict, which this client reports as success (Result.Created == false).
 //
-// Requests carry JSON with a Content-Length (never a chunked body) and a bearer token only
-// when one is configured. Each attempt has a timeout; failed attempts that may succeed later
+// Requests carry JSON with a Content-Length (never a chunked body) and a bearer token when
+// one is configured: a fixed Token, a TokenFile re-read before every request and after a 401,
+// or a Username and PasswordFile exchanged at Airflow's POST /auth/token and refreshed before
+// the token expires. Each attempt has a timeout; failed attempts that may succeed soon
 // (network errors, 408, 425, 429, 5xx) are retried a bounded number of times with
 // exponential backoff and jitter (github.com/cenkalti/backoff/v5), honouring Retry-After.
+//
+// Failures of Airflow rather than of the request — refused or expired credentials (401, 403),
+// a DAG Airflow does not know (404: not parsed yet), Airflow down or failing (network errors,
+// timeouts, 5xx after the retries) — are returned wrapped in kafkatx.Unavailable, so a kafkatx
+// handler that returns them makes its partition wait and retry without spending the event's
+// attempts (kafkatx.UnavailableError). Other answers (400, 422: Airflow refuses this run) are
+// plain *StatusError values.
 package airflow
 
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,27 +31,39 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx"
 )
 
 // Config configures a Client.
 type Config struct {
 	// BaseURL is the Airflow API server's base URL, for example http://airflow:8080; the
-	// client appends /api/v2/dags/{dag_id}/dagRuns. Required.
+	// client appends /api/v2/dags/{dag_id}/dagRuns (and /auth/token). Required.
 	BaseURL string
 
 	// Token is a bearer token sent as "Authorization: Bearer <token>" (for example read from
 	// an environment variable by the caller). Defaults to none.
 	Token string
 
-	// TokenFile is a file holding the bearer token, re-read before every request so a
-	// rotated token (Airflow 3 issues JWTs that expire) is picked up; surrounding white
-	// space is ignored. It takes precedence over Token. With neither, no Authorization
-	// header is sent. Defaults to none.
+	// TokenFile is a file holding the bearer token, re-read before every request and once more
+	// after a 401 or 403, so a rotated token (Airflow 3 issues JWTs that expire, 24 h by
+	// default) is picked up; surrounding white space is ignored. It takes precedence over
+	// Token. Defaults to none.
 	TokenFile string
+
+	// Username and PasswordFile make the client obtain its own tokens: it posts
+	// {"username", "password"} to BaseURL + /auth/token (Airflow 3's SimpleAuthManager and
+	// FAB auth manager answer with {"access_token": JWT}), with the password read from
+	// PasswordFile at every exchange, and exchanges again once 80% of the token's lifetime
+	// (its JWT iat and exp claims) has passed, at the latest a minute before it expires, and
+	// after a 401 or 403. Both or neither; they exclude Token and TokenFile. With no
+	// credentials at all no Authorization header is sent.
+	Username, PasswordFile string
 
 	// HTTPClient sends the requests. Defaults to a client with RequestTimeout as its
 	// timeout.
@@ -50,7 +72,8 @@ type Config struct {
 	// RequestTimeout bounds one attempt (connect, send, read the answer). Defaults to 10s.
 	RequestTimeout time.Duration
 
-	// MaxAttempts is the most attempts per trigger, the first included. Defaults to 5.
+	// MaxAttempts is the most attempts per trigger for temporary failures, the first
+	// included. Defaults to 5.
 	MaxAttempts int
 
 	// InitialBackoff is the wait before the second attempt; it grows 2× per attempt with
@@ -60,11 +83,12 @@ type Config struct {
 	// MaxBackoff caps the wait between attempts, Retry-After included. Defaults to 5s.
 	MaxBackoff time.Duration
 
-	// RunIDPrefix starts the run ids derived by RunID. Defaults to DefaultRunIDPrefix.
+	// RunIDPrefix starts the run ids derived by RunID; it must pass ValidateRunIDPrefix.
+	// Defaults to DefaultRunIDPrefix.
 	RunIDPrefix string
 
-	// Logger receives retry logs, named "kafkatx.airflow". Tokens and conf are never
-	// logged. Defaults to zap.NewNop().
+	// Logger receives retry logs, named "kafkatx.airflow". Tokens, passwords and conf are
+	// never logged. Defaults to zap.NewNop().
 	Logger *zap.Logger
 }
 
@@ -74,6 +98,11 @@ type Client struct {
 	base *url.URL
 	http *http.Client
 	log  *zap.Logger
+
+	mu        sync.Mutex // guards the exchanged token
+	token     string
+	expires   time.Time // zero: no exp claim
+	refreshAt time.Time
 }
 
 // New validates cfg and returns a Client. It sends nothing.
@@ -86,7 +115,18 @@ func New(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("airflow: Config.BaseURL %q is not an http(s) URL", cfg.BaseURL)
 	}
 	if u.User != nil {
-		return nil, errors.New("airflow: Config.BaseURL must not carry credentials; use Token or TokenFile")
+		return nil, errors.New("airflow: Config.BaseURL must not carry credentials; use Token, TokenFile or Username and PasswordFile")
+	}
+	if (cfg.Username == "") != (cfg.PasswordFile == "") {
+		return nil, errors.New("airflow: Config.Username and Config.PasswordFile go together")
+	}
+	if cfg.Username != "" && (cfg.Token != "" || cfg.TokenFile != "") {
+		return nil, errors.New("airflow: Config.Username and PasswordFile exclude Token and TokenFile")
+	}
+	if cfg.RunIDPrefix != "" {
+		if err := ValidateRunIDPrefix(cfg.RunIDPrefix); err != nil {
+			return nil, fmt.Errorf("Config.RunIDPrefix: %w", err)
+		}
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Second
@@ -148,12 +188,14 @@ type StatusError struct {
 	StatusCode int
 	// Detail is the start of the answer's body (at most 512 bytes, valid UTF-8).
 	Detail string
+	// Endpoint is the path requested (/api/v2/dags/…/dagRuns or /auth/token).
+	Endpoint string
 
 	retryAfter *backoff.RetryAfterError
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("airflow answered %d %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Detail)
+	return fmt.Sprintf("airflow answered %d %s to POST %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Endpoint, e.Detail)
 }
 
 // Unwrap exposes a Retry-After delay to the backoff loop.
@@ -164,13 +206,25 @@ func (e *StatusError) Unwrap() error {
 	return e.retryAfter
 }
 
-// Temporary reports whether a later attempt may succeed: 408, 425, 429 and 5xx.
+// Temporary reports whether a later attempt may succeed soon: 408, 425, 429 and 5xx.
 func (e *StatusError) Temporary() bool {
 	switch e.StatusCode {
 	case http.StatusRequestTimeout, http.StatusTooEarly, http.StatusTooManyRequests:
 		return true
 	}
 	return e.StatusCode >= 500
+}
+
+// Auth reports whether Airflow refused the credentials: 401 (missing, invalid or expired
+// token, or a wrong password at /auth/token) or 403.
+func (e *StatusError) Auth() bool {
+	return e.StatusCode == http.StatusUnauthorized || e.StatusCode == http.StatusForbidden
+}
+
+// unavailable reports whether the answer is a failure of Airflow rather than of the request
+// (see the package documentation).
+func (e *StatusError) unavailable() bool {
+	return e.Auth() || e.StatusCode == http.StatusNotFound || e.Temporary()
 }
 
 type postBody struct {
@@ -180,9 +234,13 @@ type postBody struct {
 	Note        string     `json:"note,omitempty"`
 }
 
-// TriggerDAGRun starts the run described by t, or finds it already started. It returns a
-// *StatusError for an answer other than success or 409 (after the retries, for a temporary
-// one), the context's error when ctx ends, or the last network error.
+// TriggerDAGRun starts the run described by t, or finds it already started. Errors:
+//   - wrapped in kafkatx.Unavailable (kafkatx.IsUnavailable reports true) when Airflow, not
+//     the request, failed: a *StatusError for 401, 403 or 404, or for 408, 425, 429 or 5xx
+//     after the retries; the last network error (refused connection, timeout) after the
+//     retries; an unreadable token or password file; a failed token exchange;
+//   - a plain *StatusError for any other answer (400, 422: Airflow refuses this run);
+//   - the context's error when ctx ends.
 func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	if t.DAGID == "" {
 		return Result{}, errors.New("airflow: Trigger.DAGID is required")
@@ -209,37 +267,96 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("airflow: encode request: %w", err)
 	}
-	endpoint := c.base.JoinPath("api", "v2", "dags", t.DAGID, "dagRuns").String()
+	endpoint := c.base.JoinPath("api", "v2", "dags", t.DAGID, "dagRuns")
 	attempts := 0
 	bo := &backoff.ExponentialBackOff{InitialInterval: c.cfg.InitialBackoff, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: c.cfg.MaxBackoff}
 	created, err := backoff.Retry(ctx, func() (bool, error) {
 		attempts++
-		return c.post(ctx, endpoint, body)
+		return c.postRun(ctx, endpoint, body)
 	},
 		backoff.WithBackOff(bo),
 		backoff.WithMaxTries(uint(c.cfg.MaxAttempts)),
 		backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, d time.Duration) {
-			c.log.Warn("trigger DAG run: retrying", zap.String("dag_id", t.DAGID), zap.String("run_id", runID),
+			c.log.Warn("trigger DAG run: HTTP request failed; retrying", zap.String("dag_id", t.DAGID), zap.String("run_id", runID),
 				zap.Int("attempt", attempts), zap.Duration("backoff", d), zap.Error(err))
 		}))
 	if err != nil {
-		return Result{RunID: runID, Attempts: attempts}, fmt.Errorf("airflow: trigger %s run %s: %w", t.DAGID, runID, err)
+		if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
+			return Result{RunID: runID, Attempts: attempts}, err
+		}
+		err = fmt.Errorf("airflow: trigger %s run %s: %w", t.DAGID, runID, err)
+		if unavailable(err) {
+			err = kafkatx.Unavailable(err)
+		}
+		return Result{RunID: runID, Attempts: attempts}, err
 	}
 	return Result{RunID: runID, Created: created, Attempts: attempts}, nil
 }
 
-// post sends one attempt; it reports created, or a permanent or retryable error.
-func (c *Client) post(ctx context.Context, endpoint string, body []byte) (bool, error) {
-	token, err := c.token()
-	if err != nil {
-		return false, err // retryable: the file may be mid-rotation
+// unavailable classifies the error a trigger ended with (see TriggerDAGRun).
+func unavailable(err error) bool {
+	var se *StatusError
+	if errors.As(err, &se) {
+		return se.unavailable()
 	}
+	var ce *credentialError
+	var ue *url.Error
+	return errors.As(err, &ce) || errors.As(err, &ue)
+}
+
+// credentialError is a token or password file that could not be read, or a token exchange
+// that failed for a reason other than Airflow's answer.
+type credentialError struct{ err error }
+
+func (e *credentialError) Error() string { return e.err.Error() }
+func (e *credentialError) Unwrap() error { return e.err }
+
+// postRun sends one attempt; it reports created, or a permanent or retryable error. A 401 or
+// 403 with renewable credentials (a token file, or username and password) is followed by
+// one more request with fresh credentials.
+func (c *Client) postRun(ctx context.Context, endpoint *url.URL, body []byte) (bool, error) {
+	for renewed := false; ; renewed = true {
+		token, err := c.bearer(ctx, renewed)
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, backoff.Permanent(context.Cause(ctx))
+			}
+			return false, backoff.Permanent(err)
+		}
+		status, head, hdr, err := c.send(ctx, endpoint, body, token)
+		if err != nil {
+			return false, err
+		}
+		switch {
+		case status >= 200 && status < 300:
+			return true, nil
+		case status == http.StatusConflict:
+			return false, nil
+		}
+		se := &StatusError{StatusCode: status, Detail: head, Endpoint: "/" + strings.TrimLeft(endpoint.Path, "/")}
+		if se.Auth() && !renewed && c.renewable() {
+			c.log.Info("Airflow refused the token; renewing it", zap.Int("status", status), zap.String("detail", head))
+			continue
+		}
+		if !se.Temporary() {
+			return false, backoff.Permanent(se)
+		}
+		if d, ok := retryAfter(hdr.Get("Retry-After")); ok {
+			se.retryAfter = &backoff.RetryAfterError{Duration: min(d, c.cfg.MaxBackoff)}
+		}
+		return false, se
+	}
+}
+
+// send posts body as JSON to endpoint once and returns the status, the start of the body and
+// the headers; err is a network error (retryable) or the context's (permanent).
+func (c *Client) send(ctx context.Context, endpoint *url.URL, body []byte, token string) (int, string, http.Header, error) {
 	actx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, endpoint, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, endpoint.String(), bytes.NewReader(body))
 	if err != nil {
-		return false, backoff.Permanent(err)
+		return 0, "", nil, backoff.Permanent(err)
 	}
 	req.ContentLength = int64(len(body)) // set by NewRequest for a *bytes.Reader; explicit: never chunked
 	req.Header.Set("Content-Type", "application/json")
@@ -251,42 +368,133 @@ func (c *Client) post(ctx context.Context, endpoint string, body []byte) (bool, 
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return false, backoff.Permanent(context.Cause(ctx))
+			return 0, "", nil, backoff.Permanent(context.Cause(ctx))
 		}
-		return false, err
+		return 0, "", nil, err
 	}
 	defer resp.Body.Close()
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		return true, nil
-	case resp.StatusCode == http.StatusConflict:
-		return false, nil
-	}
-	se := &StatusError{StatusCode: resp.StatusCode, Detail: strings.ToValidUTF8(string(head), "?")}
-	if !se.Temporary() && !(resp.StatusCode == http.StatusUnauthorized && c.cfg.TokenFile != "") {
-		return false, backoff.Permanent(se)
-	}
-	if d, ok := retryAfter(resp.Header.Get("Retry-After")); ok {
-		se.retryAfter = &backoff.RetryAfterError{Duration: min(d, c.cfg.MaxBackoff)}
-	}
-	return false, se
+	return resp.StatusCode, strings.ToValidUTF8(string(head), "?"), resp.Header, nil
 }
 
-func (c *Client) token() (string, error) {
-	if c.cfg.TokenFile == "" {
-		return c.cfg.Token, nil
+// renewable reports whether new credentials can come without a restart.
+func (c *Client) renewable() bool { return c.cfg.TokenFile != "" || c.cfg.Username != "" }
+
+// bearer returns the token to send ("" for none). renew drops an exchanged token first.
+func (c *Client) bearer(ctx context.Context, renew bool) (string, error) {
+	switch {
+	case c.cfg.Username != "":
+		return c.exchanged(ctx, renew)
+	case c.cfg.TokenFile != "":
+		b, err := os.ReadFile(c.cfg.TokenFile)
+		if err != nil {
+			return "", &credentialError{fmt.Errorf("read token file: %w", err)}
+		}
+		t := strings.TrimSpace(string(b))
+		if t == "" {
+			return "", &credentialError{fmt.Errorf("token file %s is empty", c.cfg.TokenFile)}
+		}
+		return t, nil
 	}
-	b, err := os.ReadFile(c.cfg.TokenFile)
+	return c.cfg.Token, nil
+}
+
+// exchanged returns a token obtained at /auth/token, exchanging the password for a new one
+// when none is held, when renew is set, or when the held one is due for refresh. A failed
+// refresh keeps a token that has not expired yet.
+func (c *Client) exchanged(ctx context.Context, renew bool) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if renew {
+		c.token = ""
+	}
+	if c.token != "" && (c.refreshAt.IsZero() || now.Before(c.refreshAt)) {
+		return c.token, nil
+	}
+	tok, err := c.exchange(ctx)
 	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
+		if c.token != "" && (c.expires.IsZero() || now.Before(c.expires)) {
+			c.log.Warn("token refresh at /auth/token failed; using the current token until it expires",
+				zap.Time("expires", c.expires), zap.Error(err))
+			return c.token, nil
+		}
+		return "", err
 	}
-	t := strings.TrimSpace(string(b))
-	if t == "" {
-		return "", fmt.Errorf("token file %s is empty", c.cfg.TokenFile)
+	c.token = tok
+	c.expires, c.refreshAt = refreshTimes(tok, now)
+	c.log.Info("obtained an Airflow token at /auth/token", zap.String("username", c.cfg.Username), zap.Time("expires", c.expires))
+	return tok, nil
+}
+
+// exchange posts the username and password to /auth/token and returns the access token.
+func (c *Client) exchange(ctx context.Context) (string, error) {
+	pw, err := os.ReadFile(c.cfg.PasswordFile)
+	if err != nil {
+		return "", &credentialError{fmt.Errorf("read password file: %w", err)}
 	}
-	return t, nil
+	body, _ := json.Marshal(map[string]string{"username": c.cfg.Username, "password": strings.TrimRight(string(pw), "\r\n")})
+	endpoint := c.base.JoinPath("auth", "token")
+	actx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, endpoint.String(), bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "kafkatx-airflow/1")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", context.Cause(ctx)
+		}
+		return "", fmt.Errorf("token exchange: %w", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		// The body is Airflow's error detail; the request's password is never in it.
+		return "", &StatusError{StatusCode: resp.StatusCode, Detail: strings.ToValidUTF8(string(b[:min(len(b), 512)]), "?"), Endpoint: "/" + strings.TrimLeft(endpoint.Path, "/")}
+	}
+	var out struct {
+		AccessToken string `json:"access_token"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil || out.AccessToken == "" {
+		return "", &credentialError{fmt.Errorf("token exchange: %d answer without an access_token", resp.StatusCode)}
+	}
+	return out.AccessToken, nil
+}
+
+// refreshTimes reads a JWT's iat and exp claims (without verifying it: the server does) and
+// returns when it expires and when to refresh it: after 80% of its lifetime, at the latest a
+// minute before it expires. A token without exp is refreshed only after a 401 or 403.
+func refreshTimes(tok string, now time.Time) (expires, refreshAt time.Time) {
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 {
+		return time.Time{}, time.Time{}
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return time.Time{}, time.Time{}
+	}
+	var claims struct {
+		Exp, Iat float64
+	}
+	if json.Unmarshal(payload, &claims) != nil || claims.Exp <= 0 {
+		return time.Time{}, time.Time{}
+	}
+	expires = time.Unix(int64(claims.Exp), 0)
+	issued := now
+	if claims.Iat > 0 {
+		issued = time.Unix(int64(claims.Iat), 0)
+	}
+	refreshAt = issued.Add(expires.Sub(issued) * 4 / 5)
+	if last := expires.Add(-time.Minute); refreshAt.After(last) {
+		refreshAt = last
+	}
+	return expires, refreshAt
 }
 
 // retryAfter parses a Retry-After value (RFC 9110 §10.2.3): delay-seconds or an HTTP date.
