@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // AheadPolicy says what the consumer does when Kafka's committed offset K is ahead of the
@@ -230,8 +231,8 @@ type IdempotencyConfig struct {
 	Key idempotency.KeyFunc
 	// Disabled turns business keys off; the watermark still makes each offset effective once.
 	Disabled bool
-	// Retention is how long a claimed key is remembered. Defaults to 7 days
-	// (idempotency.DefaultRetention).
+	// Retention is how long a claimed key is remembered; pg.KeepForever (any negative
+	// duration) keeps keys forever. Defaults to 7 days (idempotency.DefaultRetention).
 	Retention time.Duration
 }
 
@@ -286,9 +287,7 @@ func (c *Config) withDefaults() (*Config, error) {
 	if _, ok := out.Kafka["go.logs.channel.enable"]; !ok {
 		out.routeLogs = true
 	}
-	if out.Schema == "" {
-		out.Schema = "kafkatx"
-	}
+	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
 		out.Logger = zap.NewNop()
 	}
@@ -335,7 +334,7 @@ func (c *Config) withDefaults() (*Config, error) {
 	if out.Idempotency.Key == nil {
 		out.Idempotency.Key = idempotency.FromOutboxID()
 	}
-	if out.Idempotency.Retention <= 0 {
+	if out.Idempotency.Retention == 0 {
 		out.Idempotency.Retention = idempotency.DefaultRetention
 	}
 	if out.DeadLetter.Topic == nil {

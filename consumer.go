@@ -17,6 +17,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Handler processes one message inside the transaction that also advances the partition's
@@ -158,9 +159,7 @@ func (c *Consumer) begin(ctx context.Context) (pgx.Tx, error) {
 // Migrate applies kafkatx's embedded migrations to schema ("" means "kafkatx") under an
 // advisory lock; it is safe to run from several processes at once and to run again.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if schema == "" {
-		schema = "kafkatx"
-	}
+	schema = pg.SchemaOr(schema)
 	_, err := migrations.Apply(ctx, pool, schema)
 	return err
 }
@@ -198,9 +197,7 @@ func (c *Consumer) prepareSchema(ctx context.Context) error {
 // MigrationSQL returns the SQL that Migrate applies, for teams that run their own
 // migration tool (goose, atlas, tern).
 func MigrationSQL(schema string) string {
-	if schema == "" {
-		schema = "kafkatx"
-	}
+	schema = pg.SchemaOr(schema)
 	return migrations.Script(schema)
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 var errStopped = errors.New("partition worker stopped")
@@ -426,14 +427,14 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 		case herr != nil && failed == unattributed:
 			p.availableUnless(herr)
 			p.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
-				zap.Int("messages", len(msgs)), zap.String("error", dlq.SanitizeText(herr.Error(), 512)))
+				zap.Int("messages", len(msgs)), zap.String("error", pg.SanitizeText(herr.Error(), 512)))
 			return unattributed, nil
 		case herr != nil:
 			p.availableUnless(herr)
 			m := msgs[failed]
 			class, msg, stack := describe(herr)
 			p.log.Info("handler failed in a batch; isolating the message", zap.Int64("offset", int64(m.TopicPartition.Offset)),
-				zap.Int("attempt", 1), zap.String("error_class", class), zap.String("error", dlq.SanitizeText(msg, 512)))
+				zap.Int("attempt", 1), zap.String("error_class", class), zap.String("error", pg.SanitizeText(msg, 512)))
 			for t := 1; ; t++ {
 				err := p.c.store.RecordFailure(ctx, p.c.pool, p.c.group, p.tp, int64(m.TopicPartition.Offset), 1, class, msg, stack)
 				if err == nil {
@@ -571,7 +572,7 @@ func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (fres
 	if len(keys) == 0 {
 		return msgs, 0, -1, nil, nil
 	}
-	first, err := idempotency.ClaimManyTx(ctx, tx, p.c.cfg.Schema, p.scope(), keys, idem.Retention)
+	first, err := idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention}.ClaimManyTx(ctx, tx, p.scope(), keys)
 	if err != nil {
 		return nil, 0, -1, nil, err
 	}
@@ -669,7 +670,7 @@ func describe(err error) (class, msg, stack string) {
 	if errors.As(err, &pe) {
 		stack = string(pe.stack)
 	}
-	return class, dlq.SanitizeText(msg, dlq.MaxErrorMessageBytes), dlq.SanitizeText(stack, dlq.MaxStackBytes)
+	return class, pg.SanitizeText(msg, dlq.MaxErrorMessageBytes), pg.SanitizeText(stack, dlq.MaxStackBytes)
 }
 
 func (p *partition) oversized(km *kafka.Message) bool {
@@ -738,7 +739,7 @@ func (p *partition) runOne(km *kafka.Message) error {
 		}
 		p.availableUnless(herr)
 		class, msg, stack := describe(herr)
-		p.log.Info("handler failed", zap.Int64("offset", off), zap.Int("attempt", n), zap.String("error_class", class), zap.String("error", dlq.SanitizeText(msg, 512)))
+		p.log.Info("handler failed", zap.Int64("offset", off), zap.Int("attempt", n), zap.String("error_class", class), zap.String("error", pg.SanitizeText(msg, 512)))
 		for t := 1; ; t++ {
 			err := p.c.store.RecordFailure(ctx, p.c.pool, p.c.group, p.tp, off, n, class, msg, stack)
 			if err == nil {
@@ -839,7 +840,7 @@ func (p *partition) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 	p.c.stats.deadLettered.Add(1)
 	p.c.metrics.deadLetters.WithLabelValues(p.c.group, p.tp.Topic, d.ErrorClass).Inc()
 	p.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
-		zap.String("error_class", d.ErrorClass), zap.String("error", dlq.SanitizeText(d.ErrorMessage, 512)))
+		zap.String("error_class", d.ErrorClass), zap.String("error", pg.SanitizeText(d.ErrorMessage, 512)))
 	return nil
 }
 
@@ -857,8 +858,8 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int
 		// Published through the outbox in this transaction: the dead-letter record exists
 		// if and only if the dead letter does (invariant 4).
 		d.ID = id
-		rec := outbox.DeadLetterRecord(p.c.cfg.DeadLetter.Topic(d.Topic), d)
-		if _, err := (outbox.Writer{Schema: p.c.cfg.Schema}).Write(ctx, tx, rec); err != nil {
+		rec := dlq.Record(p.c.cfg.DeadLetter.Topic(d.Topic), d)
+		if _, err := (outbox.Writer{Schema: p.c.cfg.Schema}).WriteTx(ctx, tx, rec); err != nil {
 			return fmt.Errorf("publish dead letter through the outbox: %w", err)
 		}
 	}

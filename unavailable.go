@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // UnavailableError is a handler error saying that a dependency outside the message is
@@ -86,7 +86,7 @@ func (p *partition) unavailable(herr error) bool {
 	if !p.unavailExpired {
 		p.unavailExpired = true
 		p.log.Warn("dependency still unavailable after the partition's wait window; the message's tries now count as attempts",
-			zap.Duration("window", p.c.cfg.UnavailableMaxWait), zap.String("error", dlq.SanitizeText(herr.Error(), 512)))
+			zap.Duration("window", p.c.cfg.UnavailableMaxWait), zap.String("error", pg.SanitizeText(herr.Error(), 512)))
 	}
 	return false
 }
@@ -107,7 +107,7 @@ func (p *partition) waitUnavailable(offset int64, cause error) error {
 	p.c.stats.unavailable.Add(1)
 	p.c.metrics.unavailable.WithLabelValues(p.c.group, p.tp.Topic).Inc()
 	p.log.Warn("dependency unavailable; the partition waits and runs the message again (not an attempt)",
-		zap.Int64("offset", offset), zap.String("cause", dlq.SanitizeText(cause.Error(), 512)),
+		zap.Int64("offset", offset), zap.String("cause", pg.SanitizeText(cause.Error(), 512)),
 		zap.Duration("waited", time.Since(p.unavailSince)), zap.Duration("backoff", d))
 	return p.waitRetry(d)
 }

@@ -9,13 +9,12 @@ package dlq
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Status values of a dead letter.
@@ -80,7 +79,7 @@ func InsertTx(ctx context.Context, tx pgx.Tx, schema string, d *DeadLetter) (id 
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 		ON CONFLICT (group_id, topic, partition, "offset") DO NOTHING RETURNING id`,
 		d.Group, d.Topic, d.Partition, d.Offset, d.Key, d.Value, hk, hv, ts,
-		SanitizeText(d.ErrorClass, 64), SanitizeText(d.ErrorMessage, MaxErrorMessageBytes), nullIfEmpty(SanitizeText(d.Stack, MaxStackBytes)),
+		pg.SanitizeText(d.ErrorClass, 64), pg.SanitizeText(d.ErrorMessage, MaxErrorMessageBytes), nullIfEmpty(pg.SanitizeText(d.Stack, MaxStackBytes)),
 		d.Attempts, d.FirstFailureAt, d.LastFailureAt).Scan(&id)
 	if err == pgx.ErrNoRows {
 		err = tx.QueryRow(ctx, `SELECT id FROM `+t.DeadLetters+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" = $4`,
@@ -94,24 +93,6 @@ func InsertTx(ctx context.Context, tx pgx.Tx, schema string, d *DeadLetter) (id 
 		return 0, false, fmt.Errorf("dlq: insert dead letter %s[%d]@%d: %w", d.Topic, d.Partition, d.Offset, err)
 	}
 	return id, true, nil
-}
-
-// SanitizeText makes s storable in a PostgreSQL text column: invalid UTF-8 becomes U+FFFD,
-// NUL becomes U+2400 (␀), and the result is cut to at most max bytes at a rune boundary.
-func SanitizeText(s string, max int) string {
-	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) && len(s) <= max {
-		return s
-	}
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "\u2400")
-	if len(s) > max {
-		cut := max
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut]
-	}
-	return s
 }
 
 func nullIfEmpty(s string) any {

@@ -7,19 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
-// Querier is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// ErrNotFound is returned by Get, MarkReplayed and Discard for an id with no dead letter.
+// ErrNotFound is returned by Get, MarkReplayedTx and DiscardTx for an id with no dead letter.
 var ErrNotFound = errors.New("dlq: no such dead letter")
 
 // Filter selects dead letters for List. Empty fields match everything.
@@ -38,7 +31,7 @@ const columns = `id, group_id, topic, partition, "offset", key, value, header_ke
 	error_class, error_message, coalesce(stack, ''), attempts, first_failure_at, last_failure_at, status, created_at, resolved_at`
 
 // List returns the dead letters matching f, lowest id first.
-func List(ctx context.Context, q Querier, schema string, f Filter) ([]DeadLetter, error) {
+func List(ctx context.Context, q pg.Querier, schema string, f Filter) ([]DeadLetter, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
@@ -56,11 +49,11 @@ func List(ctx context.Context, q Querier, schema string, f Filter) ([]DeadLetter
 }
 
 // Get returns the dead letter id, or an error wrapping ErrNotFound.
-func Get(ctx context.Context, q Querier, schema string, id int64) (*DeadLetter, error) {
+func Get(ctx context.Context, q pg.Querier, schema string, id int64) (*DeadLetter, error) {
 	return get(ctx, q, schema, id, "")
 }
 
-func get(ctx context.Context, q Querier, schema string, id int64, suffix string) (*DeadLetter, error) {
+func get(ctx context.Context, q pg.Querier, schema string, id int64, suffix string) (*DeadLetter, error) {
 	rows, err := q.Query(ctx, `SELECT `+columns+` FROM `+tables.For(schema).DeadLetters+` WHERE id = $1`+suffix, id)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: read dead letter %d: %w", id, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Operator actions on a dead letter, as recorded in the dlq_audit table.
@@ -17,7 +18,7 @@ const (
 	ActionDiscard = "discard"
 )
 
-// ErrResolved is returned by MarkReplayed and Discard for a dead letter that is no longer
+// ErrResolved is returned by MarkReplayedTx and DiscardTx for a dead letter that is no longer
 // StatusNew (already replayed or discarded), unless Action.Again is set.
 var ErrResolved = errors.New("dlq: dead letter already resolved")
 
@@ -47,18 +48,18 @@ type AuditEntry struct {
 	At           time.Time `json:"at"`
 }
 
-// MarkReplayed sets dead letter id to StatusReplayed and records the replay in the audit
+// MarkReplayedTx sets dead letter id to StatusReplayed and records the replay in the audit
 // table, in the caller's transaction (which it never commits): the same transaction that
 // writes the replayed record to the outbox. It returns an error wrapping ErrNotFound, or
 // ErrResolved when the dead letter is not new (replayed again only with a.Again).
-func MarkReplayed(ctx context.Context, tx pgx.Tx, schema string, id int64, a Action) error {
+func MarkReplayedTx(ctx context.Context, tx pgx.Tx, schema string, id int64, a Action) error {
 	return resolve(ctx, tx, schema, id, ActionReplay, StatusReplayed, a)
 }
 
-// Discard sets dead letter id to StatusDiscarded and records it in the audit table, in the
+// DiscardTx sets dead letter id to StatusDiscarded and records it in the audit table, in the
 // caller's transaction. It returns an error wrapping ErrNotFound, or ErrResolved when the
 // dead letter is not new.
-func Discard(ctx context.Context, tx pgx.Tx, schema string, id int64, a Action) error {
+func DiscardTx(ctx context.Context, tx pgx.Tx, schema string, id int64, a Action) error {
 	a.Again = false
 	return resolve(ctx, tx, schema, id, ActionDiscard, StatusDiscarded, a)
 }
@@ -81,7 +82,7 @@ func resolve(ctx context.Context, tx pgx.Tx, schema string, id int64, action, st
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "dlq_audit"}.Sanitize()+`
 		(dead_letter_id, action, to_topic, outbox_row, reason, actor) VALUES ($1, $2, $3, $4, $5, $6)`,
-		id, action, nullIfEmpty(a.ToTopic), outboxRow, SanitizeText(a.Reason, 1024), SanitizeText(a.Actor, 256))
+		id, action, nullIfEmpty(a.ToTopic), outboxRow, pg.SanitizeText(a.Reason, 1024), pg.SanitizeText(a.Actor, 256))
 	if err != nil {
 		return fmt.Errorf("dlq: audit %s of dead letter %d: %w", action, id, err)
 	}
@@ -89,7 +90,7 @@ func resolve(ctx context.Context, tx pgx.Tx, schema string, id int64, action, st
 }
 
 // Audit returns the audit trail of dead letter id, oldest first.
-func Audit(ctx context.Context, q Querier, schema string, id int64) ([]AuditEntry, error) {
+func Audit(ctx context.Context, q pg.Querier, schema string, id int64) ([]AuditEntry, error) {
 	rows, err := q.Query(ctx, `SELECT id, dead_letter_id, action, coalesce(to_topic, ''), coalesce(outbox_row, 0), reason, actor, at
 		FROM `+pgx.Identifier{schema, "dlq_audit"}.Sanitize()+` WHERE dead_letter_id = $1 ORDER BY id`, id)
 	if err != nil {

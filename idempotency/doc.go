@@ -3,7 +3,7 @@
 // header such as idempotency-key, a payload field, a CDC source position, an outbox id) takes
 // effect once even when the same event arrives twice at different offsets.
 //
-// A key is claimed with Claim (or ClaimTx, or Store.Claim) in the transaction that does the
+// A key is claimed with Store.ClaimTx (or ClaimManyTx for a batch) in the transaction that does the
 // work: the claim is an INSERT ... ON CONFLICT into the idempotency_keys table of kafkatx's
 // schema, so it commits or rolls back with the work. "Claimed" therefore means "done": a
 // claim that returns first == false means an earlier transaction with the same scope and key

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // JanitorConfig configures a Janitor. A nil *JanitorConfig means all defaults.
@@ -39,9 +41,7 @@ func NewJanitor(pool *pgxpool.Pool, cfg *JanitorConfig) *Janitor {
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.Schema == "" {
-		c.Schema = DefaultSchema
-	}
+	c.Schema = pg.SchemaOr(c.Schema)
 	if c.Interval <= 0 {
 		c.Interval = time.Minute
 	}

@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-)
 
-// OutboxIDHeader is the record header that kafkatx's outbox relay sets to the outbox row's
-// unique id, so a consumer can drop a copy re-published after a relay crash.
-const OutboxIDHeader = "kafkatx-outbox-id"
+	"github.com/kafkatx/kafkatx/outbox"
+)
 
 // Message is the part of a Kafka record that a KeyFunc reads. The root kafkatx package
 // builds one from its own Message (this package does not import it):
@@ -61,7 +59,7 @@ func FromHeader(name string) KeyFunc {
 // offsets) carries the same id, so its second copy is skipped. A missing header gives
 // ok == false.
 func FromOutboxID() KeyFunc {
-	h := FromHeader(OutboxIDHeader)
+	h := FromHeader(outbox.HeaderOutboxID)
 	return func(m Message) (string, bool, error) {
 		id, ok, err := h(m)
 		if !ok || err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // sample reads a Debezium change event from testdata (shaped after the Debezium reference
@@ -191,7 +192,7 @@ func TestRepublishedEventAppliedOnce(t *testing.T) {
 			t.Fatal(ok, err)
 		}
 		err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			first, err := idempotency.ClaimTx(ctx, tx, b.schema, "orders-group/0", key, 0)
+			first, err := idempotency.Store{Schema: b.schema, Retention: pg.KeepForever}.ClaimTx(ctx, tx, "orders-group/0", key)
 			if first {
 				applied++
 			}

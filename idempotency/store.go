@@ -9,17 +9,15 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-)
 
-// DefaultSchema is the schema that holds kafkatx's tables when none is given.
-const DefaultSchema = "kafkatx"
+	"github.com/kafkatx/kafkatx/pg"
+)
 
 // DefaultRetention is how long Store keeps a claimed key when Store.Retention is zero:
 // 7 days. A redelivery or re-publication later than that is treated as new work.
 const DefaultRetention = 7 * 24 * time.Hour
 
-// MaxKeyBytes is the longest key Claim accepts, in bytes; MaxScopeBytes the longest scope.
+// MaxKeyBytes is the longest key ClaimTx accepts, in bytes; MaxScopeBytes the longest scope.
 // Together they keep the (scope, key) primary-key entry below PostgreSQL's B-tree limit of
 // about 2,700 bytes per index tuple.
 const (
@@ -30,41 +28,60 @@ const (
 // ErrEmptyKey is returned when a claim is made with an empty key.
 var ErrEmptyKey = errors.New("idempotency: empty key")
 
-// Querier runs SQL: a pgx.Tx, a *pgx.Conn or a *pgxpool.Pool.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Store claims business idempotency keys in the idempotency_keys table of Schema. The zero
 // value is ready to use: schema "kafkatx", keys kept for DefaultRetention.
 type Store struct {
 	// Schema holds kafkatx's tables. Defaults to "kafkatx".
 	Schema string
 	// Retention is how long a claimed key is remembered; once it has passed, the key counts
-	// as never claimed and the Janitor deletes it. Negative keeps keys forever. Defaults to
-	// DefaultRetention (7 days).
+	// as never claimed and the Janitor deletes it. pg.KeepForever (any negative duration)
+	// keeps keys forever. Defaults to DefaultRetention (7 days).
 	Retention time.Duration
 }
 
-// Claim records key in scope inside tx and reports whether this is the first claim: true
+// ClaimTx records key in scope inside tx and reports whether this is the first claim: true
 // means no committed transaction claimed (scope, key) before (or its claim expired) and the
-// caller should do the work in tx; false means the work was done and must be skipped. The
-// claim commits or rolls back with tx. See ClaimTx for cost and concurrency.
-func (s Store) Claim(ctx context.Context, tx pgx.Tx, scope, key string) (first bool, err error) {
+// caller should do the work in tx; false means the work was done and must be skipped. It
+// joins tx and never commits or rolls it back, so the claim is durable exactly when the
+// caller's work is.
+//
+// It costs one statement, INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE expired,
+// prepared once per connection by pgx, so it is cheap enough to call per message inside a
+// batch transaction. If another open transaction claimed the same key, the statement waits
+// for it to end: first == false if it committed, true if it rolled back (READ COMMITTED).
+// Under REPEATABLE READ or SERIALIZABLE that case fails with SQLSTATE 40001 instead; retry
+// the transaction.
+//
+// scope separates independent users of the table (for example "<group>/<replay epoch>" in
+// a consumer, so that an operator's replay runs handlers again). Scope must be valid UTF-8
+// without NUL bytes and at most MaxScopeBytes; key may hold any bytes, 1 to MaxKeyBytes.
+func (s Store) ClaimTx(ctx context.Context, tx pgx.Tx, scope, key string) (first bool, err error) {
+	if err := checkScopeKey(scope, key); err != nil {
+		return false, err
+	}
+	tag, err := tx.Exec(ctx, claimSQL(s.schema()), scope, []byte(key), s.ttlMicros())
+	if err != nil {
+		return false, fmt.Errorf("idempotency: claim key: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ttlMicros is the claim's lifetime for the SQL, in microseconds; nil keeps it forever.
+func (s Store) ttlMicros() *int64 {
 	ttl := s.Retention
 	switch {
 	case ttl == 0:
 		ttl = DefaultRetention
 	case ttl < 0:
-		ttl = 0
+		return nil
 	}
-	return ClaimTx(ctx, tx, s.schema(), scope, key, ttl)
+	us := ttl.Microseconds()
+	return &us
 }
 
 // Done reports whether (scope, key) has a committed, unexpired claim, without claiming it.
 // q may be a pool, a connection or a transaction.
-func (s Store) Done(ctx context.Context, q Querier, scope, key string) (bool, error) {
+func (s Store) Done(ctx context.Context, q pg.Querier, scope, key string) (bool, error) {
 	if err := checkScopeKey(scope, key); err != nil {
 		return false, err
 	}
@@ -79,7 +96,7 @@ func (s Store) Done(ctx context.Context, q Querier, scope, key string) (bool, er
 
 // Forget deletes the claim of (scope, key), so that the next claim is first again (for
 // example to re-run work on purpose). It reports whether a claim existed.
-func (s Store) Forget(ctx context.Context, q Querier, scope, key string) (bool, error) {
+func (s Store) Forget(ctx context.Context, q pg.Querier, scope, key string) (bool, error) {
 	if err := checkScopeKey(scope, key); err != nil {
 		return false, err
 	}
@@ -90,53 +107,7 @@ func (s Store) Forget(ctx context.Context, q Querier, scope, key string) (bool, 
 	return tag.RowsAffected() > 0, nil
 }
 
-func (s Store) schema() string {
-	if s.Schema == "" {
-		return DefaultSchema
-	}
-	return s.Schema
-}
-
-// Claim is Store{}.Claim: it claims key in scope inside tx in schema "kafkatx", keeping it
-// for DefaultRetention.
-func Claim(ctx context.Context, tx pgx.Tx, scope, key string) (first bool, err error) {
-	return Store{}.Claim(ctx, tx, scope, key)
-}
-
-// ClaimTx claims key in scope inside tx, in schema's idempotency_keys table ("" means
-// "kafkatx"), and reports whether this is the first claim. It joins tx and never commits or
-// rolls it back, so the claim is durable exactly when the caller's work is. ttl is how long
-// the key is remembered (ttl ≤ 0: forever); a claim whose expiry has passed is replaced and
-// counts as first.
-//
-// It costs one statement, INSERT ... ON CONFLICT (scope, key) DO UPDATE ... WHERE expired,
-// prepared once per connection by pgx, so it is cheap enough to call per message inside a
-// batch transaction. If another open transaction claimed the same key, the statement waits
-// for it to end: first == false if it committed, true if it rolled back (READ COMMITTED).
-// Under REPEATABLE READ or SERIALIZABLE that case fails with SQLSTATE 40001 instead; retry
-// the transaction.
-//
-// scope separates independent users of the table (for example "<group>/<replay epoch>" in
-// a consumer, so that an operator's replay runs handlers again). Scope must be valid UTF-8
-// without NUL bytes and at most MaxScopeBytes; key may hold any bytes, 1 to MaxKeyBytes.
-func ClaimTx(ctx context.Context, tx pgx.Tx, schema, scope, key string, ttl time.Duration) (first bool, err error) {
-	if err := checkScopeKey(scope, key); err != nil {
-		return false, err
-	}
-	if schema == "" {
-		schema = DefaultSchema
-	}
-	var micros *int64
-	if ttl > 0 {
-		us := ttl.Microseconds()
-		micros = &us
-	}
-	tag, err := tx.Exec(ctx, claimSQL(schema), scope, []byte(key), micros)
-	if err != nil {
-		return false, fmt.Errorf("idempotency: claim key: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
-}
+func (s Store) schema() string { return pg.SchemaOr(s.Schema) }
 
 func checkScopeKey(scope, key string) error {
 	switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 type testBundle struct {
@@ -42,7 +43,7 @@ func (b *testBundle) claimIn(t *testing.T, scope, key string, commit bool) bool 
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	first, err := b.store.Claim(ctx, tx, scope, key)
+	first, err := b.store.ClaimTx(ctx, tx, scope, key)
 	if err != nil {
 		t.Fatalf("claim %q: %v", key, err)
 	}
@@ -64,11 +65,11 @@ func TestClaimFirstThenDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a failed test must not hold the connection
-	first, err := b.store.Claim(ctx, tx, "g", "k1")
+	first, err := b.store.ClaimTx(ctx, tx, "g", "k1")
 	if err != nil || !first {
 		t.Fatalf("first claim = %v, %v; want true", first, err)
 	}
-	again, err := b.store.Claim(ctx, tx, "g", "k1")
+	again, err := b.store.ClaimTx(ctx, tx, "g", "k1")
 	if err != nil || again {
 		t.Fatalf("second claim in the same transaction = %v, %v; want false", again, err)
 	}
@@ -119,10 +120,10 @@ func TestClaimAnyBytes(t *testing.T) {
 	ctx := context.Background()
 	tx, _ := b.pool.Begin(ctx)
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := b.store.Claim(ctx, tx, "g", ""); !errors.Is(err, idempotency.ErrEmptyKey) {
+	if _, err := b.store.ClaimTx(ctx, tx, "g", ""); !errors.Is(err, idempotency.ErrEmptyKey) {
 		t.Fatalf("empty key: %v", err)
 	}
-	if _, err := b.store.Claim(ctx, tx, "bad\xff", "k"); err == nil {
+	if _, err := b.store.ClaimTx(ctx, tx, "bad\xff", "k"); err == nil {
 		t.Fatal("invalid UTF-8 scope accepted")
 	}
 }
@@ -143,7 +144,7 @@ func TestClaimWaitsForConcurrentTransaction(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tx1.Rollback(ctx) //nolint:errcheck
-			if first, err := b.store.Claim(ctx, tx1, "g", "k"); err != nil || !first {
+			if first, err := b.store.ClaimTx(ctx, tx1, "g", "k"); err != nil || !first {
 				t.Fatalf("claim 1 = %v, %v", first, err)
 			}
 			type res struct {
@@ -158,7 +159,7 @@ func TestClaimWaitsForConcurrentTransaction(t *testing.T) {
 					return
 				}
 				defer tx2.Rollback(ctx) //nolint:errcheck
-				f, err := b.store.Claim(ctx, tx2, "g", "k")
+				f, err := b.store.ClaimTx(ctx, tx2, "g", "k")
 				if err == nil {
 					err = tx2.Commit(ctx)
 				}
@@ -201,7 +202,7 @@ func TestClaimRace(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-				f, err := b.store.Claim(ctx, tx, "g", "hot")
+				f, err := b.store.ClaimTx(ctx, tx, "g", "hot")
 				if f {
 					firsts.Add(1)
 					time.Sleep(20 * time.Millisecond) // hold the row while others queue
@@ -240,11 +241,11 @@ func TestClaimSerializable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if f, err := b.store.Claim(ctx, tx1, "g", "k"); err != nil || !f {
+	if f, err := b.store.ClaimTx(ctx, tx1, "g", "k"); err != nil || !f {
 		t.Fatalf("claim 1: %v %v", f, err)
 	}
 	errc := make(chan error, 1)
-	go func() { _, err := b.store.Claim(ctx, tx2, "g", "k"); errc <- err }()
+	go func() { _, err := b.store.ClaimTx(ctx, tx2, "g", "k"); errc <- err }()
 	time.Sleep(100 * time.Millisecond)
 	if err := tx1.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -263,7 +264,7 @@ func TestClaimExpiry(t *testing.T) {
 	claim := func(ttl time.Duration) bool {
 		var first bool
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) (err error) {
-			first, err = idempotency.ClaimTx(ctx, tx, b.schema, "g", "k", ttl)
+			first, err = idempotency.Store{Schema: b.schema, Retention: ttl}.ClaimTx(ctx, tx, "g", "k")
 			return err
 		})
 		if err != nil {
@@ -278,7 +279,7 @@ func TestClaimExpiry(t *testing.T) {
 		t.Fatal("claim within the retention was first")
 	}
 	time.Sleep(150 * time.Millisecond)
-	if !claim(0) { // expired: taken over, now kept forever
+	if !claim(pg.KeepForever) { // expired: taken over, now kept forever
 		t.Fatal("claim after expiry was not first")
 	}
 	time.Sleep(50 * time.Millisecond)

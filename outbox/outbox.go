@@ -27,9 +27,6 @@ import (
 	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
-// DefaultSchema is the schema Write uses.
-const DefaultSchema = "kafkatx"
-
 // HeaderOutboxID is the header the relay adds to every record: the row's outbox_id (a UUID
 // in its 36-character text form). kafkatx consumers use it to drop a re-published copy.
 const HeaderOutboxID = "kafkatx-outbox-id"
@@ -64,9 +61,9 @@ type Writer struct {
 
 // Write writes records into kafkatx.outbox in the caller's transaction, which it never
 // commits or rolls back, and returns the rows' ids (the outbox table's id column) in the
-// records' order. It is Writer{}.Write.
-func Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
-	return Writer{}.Write(ctx, tx, records...)
+// records' order. It is Writer{}.WriteTx.
+func WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
+	return Writer{}.WriteTx(ctx, tx, records...)
 }
 
 // Write writes records into w.Schema's outbox table in the caller's transaction, which it
@@ -76,7 +73,7 @@ func Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
 // trips; 6.0 instead of 9.5 µs per record at 5,000). It returns an error,
 // and writes nothing, when a record has no topic or a negative partition; a database error
 // leaves the transaction aborted, as any failed statement does.
-func (w Writer) Write(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
+func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
 	if tx == nil {
 		return nil, errors.New("outbox: nil transaction")
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/internal/testenv"
@@ -53,7 +52,7 @@ func TestWriteStoresRecordsInTheCallersTransaction(t *testing.T) {
 	var ids []int64
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		ids, err = w.Write(ctx, tx, recs...)
+		ids, err = w.WriteTx(ctx, tx, recs...)
 		return err
 	})
 	if err != nil {
@@ -98,7 +97,7 @@ func TestWriteStoresRecordsInTheCallersTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Write(ctx, tx, outbox.Record{Topic: "rolled-back", Value: []byte("x")}); err != nil {
+	if _, err := w.WriteTx(ctx, tx, outbox.Record{Topic: "rolled-back", Value: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -111,7 +110,7 @@ func TestWriteStoresRecordsInTheCallersTransaction(t *testing.T) {
 
 	neg := int32(-1)
 	for _, bad := range []outbox.Record{{Topic: "", Value: []byte("x")}, {Topic: "t", Partition: &neg}} {
-		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, err := w.Write(ctx, tx, bad); return err })
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, err := w.WriteTx(ctx, tx, bad); return err })
 		if err == nil {
 			t.Errorf("Write(%+v) succeeded", bad)
 		}
@@ -130,14 +129,14 @@ func TestCommitSequenceFollowsCommitOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.Rollback(ctx) //nolint:errcheck
-	lowIDs, err := w.Write(ctx, first, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("low id, commits last")},
+	lowIDs, err := w.WriteTx(ctx, first, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("low id, commits last")},
 		outbox.Record{Topic: "t", Key: []byte("j"), Value: []byte("same transaction")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var highIDs []int64
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		highIDs, err = w.Write(ctx, tx, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("high id, commits first")})
+		highIDs, err = w.WriteTx(ctx, tx, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("high id, commits first")})
 		return err
 	})
 	if err != nil {
@@ -166,7 +165,7 @@ func TestCommitSequenceFollowsCommitOrder(t *testing.T) {
 		recs[i] = outbox.Record{Topic: "t", Key: []byte{byte(i), 1}, Value: []byte("x")}
 	}
 	var many []int64
-	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { many, err = w.Write(ctx, tx, recs...); return err })
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { many, err = w.WriteTx(ctx, tx, recs...); return err })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +188,7 @@ func TestConcurrentSameKeyCommitsAreSerialized(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx) //nolint:errcheck
-	if _, err := w.Write(ctx, holder, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("holder")}); err != nil {
+	if _, err := w.WriteTx(ctx, holder, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("holder")}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := holder.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil { // sequences now, lock held until commit
@@ -198,7 +197,7 @@ func TestConcurrentSameKeyCommitsAreSerialized(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			_, err := w.Write(ctx, tx, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("waiter")})
+			_, err := w.WriteTx(ctx, tx, outbox.Record{Topic: "t", Key: []byte("k"), Value: []byte("waiter")})
 			return err
 		})
 	}()
@@ -209,7 +208,7 @@ func TestConcurrentSameKeyCommitsAreSerialized(t *testing.T) {
 	}
 	// Another key is not held up.
 	if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := w.Write(ctx, tx, outbox.Record{Topic: "t", Key: []byte("other"), Value: []byte("free")})
+		_, err := w.WriteTx(ctx, tx, outbox.Record{Topic: "t", Key: []byte("other"), Value: []byte("free")})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -262,53 +261,6 @@ func TestPlainSQLInsertNeedsOnlyTopicKeyValue(t *testing.T) {
 	}
 }
 
-// The dead-letter record keeps the original bytes and adds the origin headers.
-func TestDeadLetterRecordHeaders(t *testing.T) {
-	t.Parallel()
-	ts := time.UnixMilli(1700000000123)
-	d := &dlq.DeadLetter{ID: 9, Group: "orders-processor", Topic: "orders", Partition: 2, Offset: 41, Key: nil,
-		Value: []byte("malformed_message"), Timestamp: ts,
-		Headers:    []dlq.Header{{Key: "trace", Value: []byte{0, 1}}, {Key: outbox.HeaderOutboxID, Value: []byte("abc")}},
-		ErrorClass: "permanent", ErrorMessage: strings.Repeat("é", 2000), Attempts: 5,
-		FirstFailureAt: ts.Add(time.Second), LastFailureAt: ts.Add(2 * time.Second)}
-	r := outbox.DeadLetterRecord("orders.dlq", d)
-	if r.Topic != "orders.dlq" || r.Key != nil || string(r.Value) != "malformed_message" || r.Partition != nil {
-		t.Fatalf("record %+v", r)
-	}
-	got := map[string]string{}
-	for i, h := range r.Headers {
-		if _, dup := got[h.Key]; dup {
-			t.Fatalf("header %s twice", h.Key)
-		}
-		got[h.Key] = string(h.Value)
-		if i == 0 && h.Key != "trace" {
-			t.Fatalf("original headers first, got %s", h.Key)
-		}
-	}
-	want := map[string]string{
-		"trace": "\x00\x01", outbox.HeaderDLQOriginalOutboxID: "abc",
-		"kafkatx.dlq.original.topic": "orders", "kafkatx.dlq.original.partition": "2", "kafkatx.dlq.original.offset": "41",
-		"kafkatx.dlq.original.timestamp": "1700000000123", "kafkatx.dlq.group": "orders-processor", "kafkatx.dlq.attempts": "5",
-		"kafkatx.dlq.error.class": "permanent", "kafkatx.dlq.first.failure": "1700000001123", "kafkatx.dlq.last.failure": "1700000002123",
-		"kafkatx.dlq.id": "9",
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("header %s = %q, want %q", k, got[k], v)
-		}
-	}
-	if _, ok := got[outbox.HeaderOutboxID]; ok {
-		t.Error("the original kafkatx-outbox-id was kept under its own name")
-	}
-	msg := got["kafkatx.dlq.error.message"]
-	if len(msg) > outbox.MaxDLQErrorMessageBytes || !strings.HasPrefix(msg, "éé") || !strings.HasSuffix(msg, "é") {
-		t.Errorf("error message header: %d bytes, want at most %d cut at a rune boundary", len(msg), outbox.MaxDLQErrorMessageBytes)
-	}
-	if len(got) != len(want)+1 {
-		t.Errorf("%d headers: %v", len(got), got)
-	}
-}
-
 // The package builds without cgo: services that only write to the outbox need no librdkafka.
 func TestOutboxBuildsWithoutCgo(t *testing.T) {
 	t.Parallel()
@@ -346,7 +298,7 @@ func TestManyKeyedRowsCommitAloneAmongOutboxWriters(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
-		if _, err := w.Write(ctx, tx, recs...); err != nil {
+		if _, err := w.WriteTx(ctx, tx, recs...); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
@@ -357,7 +309,7 @@ func TestManyKeyedRowsCommitAloneAmongOutboxWriters(t *testing.T) {
 	commitsWithin := func(recs []outbox.Record, d time.Duration) (chan error, bool) {
 		done := make(chan error, 1)
 		go func() {
-			done <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, err := w.Write(ctx, tx, recs...); return err })
+			done <- pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, err := w.WriteTx(ctx, tx, recs...); return err })
 		}()
 		select {
 		case err := <-done:
@@ -423,7 +375,7 @@ func TestWriteManyRecordsByCopyStoresTheSameRows(t *testing.T) {
 	var txid string
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		if ids, err = w.Write(ctx, tx, recs...); err != nil {
+		if ids, err = w.WriteTx(ctx, tx, recs...); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&txid)
@@ -475,7 +427,7 @@ func TestWriteManyRecordsByCopyStoresTheSameRows(t *testing.T) {
 	for i := range recs {
 		recs[i].Topic = "rolled-back"
 	}
-	if _, err := w.Write(ctx, tx, recs...); err != nil {
+	if _, err := w.WriteTx(ctx, tx, recs...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // ErrNotParked is returned by Release and Discard for a row that does not exist or is not
@@ -34,7 +34,7 @@ type ParkedRow struct {
 
 // Parked lists the parked rows of schema's outbox, oldest first, at most limit (100 when
 // limit <= 0).
-func (w Writer) Parked(ctx context.Context, q dlq.Querier, limit int) ([]ParkedRow, error) {
+func (w Writer) Parked(ctx context.Context, q pg.Querier, limit int) ([]ParkedRow, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -62,14 +62,14 @@ func (w Writer) Parked(ctx context.Context, q dlq.Querier, limit int) ([]ParkedR
 // max.message.bytes was raised), records the action in outbox_audit and wakes the relay, in
 // the caller's transaction. The rows waiting behind it keep waiting until it is published.
 // It returns an error wrapping ErrNotParked when id is not parked.
-func (w Writer) Release(ctx context.Context, tx pgx.Tx, id int64, reason, actor string) error {
+func (w Writer) ReleaseTx(ctx context.Context, tx pgx.Tx, id int64, reason, actor string) error {
 	return w.resolveParked(ctx, tx, id, "release", `state = 'pending', parked_at = NULL`, reason, actor)
 }
 
 // Discard gives up on parked row id: it is never published, the rows waiting behind it flow
 // again; the action is recorded in outbox_audit and the relay woken, in the caller's
 // transaction. It returns an error wrapping ErrNotParked when id is not parked.
-func (w Writer) Discard(ctx context.Context, tx pgx.Tx, id int64, reason, actor string) error {
+func (w Writer) DiscardTx(ctx context.Context, tx pgx.Tx, id int64, reason, actor string) error {
 	return w.resolveParked(ctx, tx, id, "discard", `state = 'discarded', resolved_at = now()`, reason, actor)
 }
 
@@ -86,7 +86,7 @@ func (w Writer) resolveParked(ctx context.Context, tx pgx.Tx, id int64, action, 
 		return fmt.Errorf("outbox: %s row %d: %w", action, id, err)
 	}
 	_, err = tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "outbox_audit"}.Sanitize()+` (outbox_row, action, parked_error, reason, actor)
-		VALUES ($1, $2, $3, $4, $5)`, id, action, lastErr, dlq.SanitizeText(reason, 1024), dlq.SanitizeText(actor, 256))
+		VALUES ($1, $2, $3, $4, $5)`, id, action, lastErr, pg.SanitizeText(reason, 1024), pg.SanitizeText(actor, 256))
 	if err != nil {
 		return fmt.Errorf("outbox: audit %s of row %d: %w", action, id, err)
 	}
@@ -96,9 +96,4 @@ func (w Writer) resolveParked(ctx context.Context, tx pgx.Tx, id int64, action, 
 	return nil
 }
 
-func (w Writer) schema() string {
-	if w.Schema == "" {
-		return DefaultSchema
-	}
-	return w.Schema
-}
+func (w Writer) schema() string { return pg.SchemaOr(w.Schema) }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/internal/offsets"
-	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // DLQCmd groups the dead-letter commands. list and show never print a key, value or header
@@ -78,7 +78,7 @@ func toDLQJSON(d *dlq.DeadLetter, full, details bool) dlqJSON {
 			j.Headers = append(j.Headers, headerJSON{Key: h.Key, Value: viewBytes(h.Value, full, valuePrefixBytes)})
 		}
 	} else {
-		j.ErrorMessage = dlq.SanitizeText(firstLine(d.ErrorMessage), 160)
+		j.ErrorMessage = pg.SanitizeText(firstLine(d.ErrorMessage), 160)
 	}
 	return j
 }
@@ -190,8 +190,8 @@ func (c *DLQReplayCmd) Run(ctx context.Context, g *Globals) error {
 	var d *dlq.DeadLetter
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		row, d, err = outbox.Writer{Schema: g.Schema}.ReplayDeadLetter(ctx, tx, c.ID,
-			outbox.Replay{ToTopic: c.ToTopic, Reason: c.Reason, Actor: offsets.Actor(), Again: c.Again})
+		row, d, err = dlq.ReplayTx(ctx, tx, g.Schema, c.ID,
+			dlq.Replay{ToTopic: c.ToTopic, Reason: c.Reason, Actor: offsets.Actor(), Again: c.Again})
 		return err
 	})
 	if errors.Is(err, dlq.ErrNotFound) || errors.Is(err, dlq.ErrResolved) {
@@ -221,7 +221,7 @@ func (c *DLQDiscardCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	defer pool.Close()
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return dlq.Discard(ctx, tx, g.Schema, c.ID, dlq.Action{Reason: c.Reason, Actor: offsets.Actor()})
+		return dlq.DiscardTx(ctx, tx, g.Schema, c.ID, dlq.Action{Reason: c.Reason, Actor: offsets.Actor()})
 	})
 	if errors.Is(err, dlq.ErrNotFound) || errors.Is(err, dlq.ErrResolved) {
 		return &exitError{code: exitNotActionable, err: err}

@@ -82,7 +82,7 @@ type OutboxReleaseCmd struct {
 
 func (c *OutboxReleaseCmd) Run(ctx context.Context, g *Globals) error {
 	return g.resolveParked(ctx, c.ID, "released", func(ctx context.Context, tx pgx.Tx, w outbox.Writer) error {
-		return w.Release(ctx, tx, c.ID, c.Reason, offsets.Actor())
+		return w.ReleaseTx(ctx, tx, c.ID, c.Reason, offsets.Actor())
 	})
 }
 
@@ -94,7 +94,7 @@ type OutboxDiscardCmd struct {
 
 func (c *OutboxDiscardCmd) Run(ctx context.Context, g *Globals) error {
 	return g.resolveParked(ctx, c.ID, "discarded", func(ctx context.Context, tx pgx.Tx, w outbox.Writer) error {
-		return w.Discard(ctx, tx, c.ID, c.Reason, offsets.Actor())
+		return w.DiscardTx(ctx, tx, c.ID, c.Reason, offsets.Actor())
 	})
 }
 

@@ -30,12 +30,13 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/httpmw"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8090", "HOST:PORT to listen on")
 	dbURL := flag.String("database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
-	schema := flag.String("schema", "kafkatx", "schema of kafkatx's tables")
+	schema := flag.String("schema", pg.DefaultSchema, "schema of kafkatx's tables")
 	retention := flag.Duration("retention", 24*time.Hour, "how long a response is replayed for its Idempotency-Key")
 	taskDelay := flag.Duration("task-delay", 0, "time each task takes (to try a repeat while the first call runs: 409)")
 	flag.Parse()

@@ -32,6 +32,7 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/internal/topics"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 type options struct {
@@ -48,7 +49,7 @@ func run() int {
 	var o options
 	fs := flag.NewFlagSet("dagtrigger", flag.ExitOnError)
 	// Each event costs one Airflow request inside its transaction: small batches.
-	o.Register(fs, service.Flags{Group: "dagtrigger", Partitions: 3, Schema: "kafkatx", MaxAttempts: 5, BatchSize: 20}, "event")
+	o.Register(fs, service.Flags{Group: "dagtrigger", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: 20}, "event")
 	fs.StringVar(&o.airflowURL, "airflow-url", "", "base URL of the Airflow API server, http://host:8080 (required); /api/v2/dags/{dag_id}/dagRuns is appended")
 	fs.StringVar(&o.dagID, "dag-id", "", "DAG to start one run of per event (required)")
 	fs.StringVar(&o.tokenFile, "airflow-token-file", "", "file holding a bearer token for Airflow, re-read per request; without it no Authorization header is sent")

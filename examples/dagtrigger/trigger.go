@@ -50,7 +50,7 @@ func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) err
 	if err != nil {
 		return kafkatx.Permanent(err)
 	}
-	first, err := idempotency.ClaimTx(ctx, tx, t.schema, t.scope, key, t.retention)
+	first, err := idempotency.Store{Schema: t.schema, Retention: t.retention}.ClaimTx(ctx, tx, t.scope, key)
 	if err != nil {
 		return err
 	}

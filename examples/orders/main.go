@@ -28,6 +28,7 @@ import (
 	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/internal/topics"
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 type options struct {
@@ -44,7 +45,7 @@ func main() {
 func run() int {
 	var o options
 	fs := flag.NewFlagSet("orders", flag.ExitOnError)
-	o.Register(fs, service.Flags{Topic: "orders", Group: "orders-processor", Partitions: 3, Schema: "kafkatx", MaxAttempts: 5, BatchSize: order.DefaultBatchSize}, "message")
+	o.Register(fs, service.Flags{Topic: "orders", Group: "orders-processor", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: order.DefaultBatchSize}, "message")
 	fs.BoolVar(&o.inProcessBroker, "in-process-broker", false, "run on an in-process Kafka broker (the zero-setup demo, `make demo`) instead of --brokers; its data is gone when the process exits")
 	fs.Lookup("topic").Usage = "topic to produce to and consume from"
 	fs.StringVar(&o.eventsTopic, "events-topic", "order-events", "topic for one event per applied order (through the outbox); empty: no events")
@@ -128,7 +129,7 @@ func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger
 	if err := order.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.Write}
+	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.WriteTx}
 	reg := prometheus.NewRegistry()
 	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, o.ConsumerConfig(log, reg))
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Config configures the middleware. A nil *Config means all defaults.
@@ -26,7 +28,8 @@ type Config struct {
 
 	// Retention is how long a stored response is replayed; after it the key may be used
 	// again and the idempotency Janitor deletes the row. The draft leaves the expiry policy
-	// to the server and asks for it to be documented. Defaults to 24 hours.
+	// to the server and asks for it to be documented. pg.KeepForever (any negative
+	// duration) keeps responses forever. Defaults to 24 hours.
 	Retention time.Duration
 
 	// ReplayHeaders are the response headers stored and replayed, by canonical name; other
@@ -86,13 +89,11 @@ func (c *Config) withDefaults() Config {
 	if c != nil {
 		out = *c
 	}
-	if out.Schema == "" {
-		out.Schema = "kafkatx"
-	}
+	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Scope == nil {
 		out.Scope = func(*http.Request) string { return "" }
 	}
-	if out.Retention <= 0 {
+	if out.Retention == 0 {
 		out.Retention = 24 * time.Hour
 	}
 	if out.ReplayHeaders == nil {
@@ -123,4 +124,14 @@ func (c *Config) withDefaults() Config {
 	}
 	out.Logger = out.Logger.Named("kafkatx.idempotency.http")
 	return out
+}
+
+// retentionMicros is Retention for the SQL, in microseconds; nil (NULL: 'infinity') keeps the
+// response forever.
+func (c *Config) retentionMicros() *int64 {
+	if c.Retention < 0 {
+		return nil
+	}
+	us := c.Retention.Microseconds()
+	return &us
 }

@@ -75,7 +75,7 @@ func ceilingVariant(ctx context.Context, s spec, kind string, batch int) (cell, 
 		if err := prepareOrders(ctx, pool, schema); err != nil {
 			return cell{}, err
 		}
-		svc := &order.Service{EventsTopic: s.EventsTopic, WriteEvents: outbox.Writer{Schema: schema}.Write}
+		svc := &order.Service{EventsTopic: s.EventsTopic, WriteEvents: outbox.Writer{Schema: schema}.WriteTx}
 		if kind == "handler-plain" {
 			if _, err := pool.Exec(ctx, ceilingSQLTables); err != nil {
 				return cell{}, err

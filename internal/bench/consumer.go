@@ -38,7 +38,7 @@ func runConsumer(ctx context.Context, s spec) error {
 	if err := prepareOrders(ctx, pool, s.Schema); err != nil {
 		return err
 	}
-	svc := &order.Service{EventsTopic: s.EventsTopic, WriteEvents: outbox.Writer{Schema: s.Schema}.Write}
+	svc := &order.Service{EventsTopic: s.EventsTopic, WriteEvents: outbox.Writer{Schema: s.Schema}.WriteTx}
 	handle := handler(svc, probe)
 
 	stopProfile, err := startProfile(s.CPUProfile)

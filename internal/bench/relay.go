@@ -100,7 +100,7 @@ func fillOutbox(ctx context.Context, pool *pgxpool.Pool, schema, topic string, n
 			recs = append(recs, outbox.Record{Topic: topic, Key: []byte(id),
 				Value: fmt.Appendf(nil, `{"order_id":%q,"customer":%q,"total_cents":%d}`, id, customers[i%len(customers)], 999*(1+i%5))})
 		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := w.Write(ctx, tx, recs...); return err }); err != nil {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := w.WriteTx(ctx, tx, recs...); return err }); err != nil {
 			return fmt.Errorf("fill outbox: %w", err)
 		}
 	}
@@ -126,7 +126,7 @@ func paceOutbox(ctx context.Context, pool *pgxpool.Pool, schema, topic string, r
 					Headers: []outbox.Header{{Key: headerProduced, Value: stamp}}})
 			}
 			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := w.Write(ctx, tx, recs...)
+				_, err := w.WriteTx(ctx, tx, recs...)
 				return err
 			})
 			if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Audit kinds this package writes or reads besides those of offsetstore.
@@ -45,9 +46,7 @@ type Operator struct {
 
 // NewOperator returns an Operator for kafkatx's tables in schema ("" means "kafkatx").
 func NewOperator(pool *pgxpool.Pool, k *Kafka, schema string) *Operator {
-	if schema == "" {
-		schema = "kafkatx"
-	}
+	schema = pg.SchemaOr(schema)
 	s := offsetstore.New(schema)
 	return &Operator{pool: pool, kafka: k, store: s, t: s.Tables()}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Audit event kinds. Ranges are half-open: [From, To).
@@ -35,7 +37,7 @@ type Event struct {
 }
 
 // InsertEvent writes e (status defaults to "applied") and returns its id.
-func (s *Store) InsertEvent(ctx context.Context, q Querier, e Event) (int64, error) {
+func (s *Store) InsertEvent(ctx context.Context, q pg.Querier, e Event) (int64, error) {
 	if e.Status == "" {
 		e.Status = "applied"
 	}
@@ -50,7 +52,7 @@ func (s *Store) InsertEvent(ctx context.Context, q Querier, e Event) (int64, err
 }
 
 // PendingSkip returns the id of a pending operator skip of exactly [from, to) on tp, or 0.
-func (s *Store) PendingSkip(ctx context.Context, q Querier, group string, tp TP, from, to int64) (int64, error) {
+func (s *Store) PendingSkip(ctx context.Context, q pg.Querier, group string, tp TP, from, to int64) (int64, error) {
 	var id int64
 	err := q.QueryRow(ctx, `SELECT coalesce(max(id), 0) FROM `+s.t.OffsetAudit+`
 		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND kind = $4 AND status = 'pending' AND from_offset = $5 AND to_offset = $6`,
@@ -62,7 +64,7 @@ func (s *Store) PendingSkip(ctx context.Context, q Querier, group string, tp TP,
 }
 
 // SetEventStatus marks an audit row applied or abandoned.
-func (s *Store) SetEventStatus(ctx context.Context, q Querier, id int64, status string) error {
+func (s *Store) SetEventStatus(ctx context.Context, q pg.Querier, id int64, status string) error {
 	_, err := q.Exec(ctx, `UPDATE `+s.t.OffsetAudit+` SET status = $2 WHERE id = $1`, id, status)
 	if err != nil {
 		return fmt.Errorf("update offset audit %d: %w", id, err)
@@ -71,7 +73,7 @@ func (s *Store) SetEventStatus(ctx context.Context, q Querier, id int64, status 
 }
 
 // Events returns the audit trail of group, oldest first (topic "" means all topics).
-func (s *Store) Events(ctx context.Context, q Querier, group, topic string) ([]Event, error) {
+func (s *Store) Events(ctx context.Context, q pg.Querier, group, topic string) ([]Event, error) {
 	rows, err := q.Query(ctx, `SELECT id, group_id, topic, partition, kind, from_offset, to_offset, reason, actor, status, at
 		FROM `+s.t.OffsetAudit+` WHERE group_id = $1 AND ($2 = '' OR topic = $2) ORDER BY id`, group, topic)
 	if err != nil {

@@ -9,18 +9,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
 )
-
-// Querier is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // TP is a topic partition.
 type TP struct {
@@ -57,7 +48,7 @@ func (s *Store) Tables() tables.Names { return s.t }
 
 // Watermarks returns the rows of group for the given partitions (all partitions of all
 // topics when tps is empty).
-func (s *Store) Watermarks(ctx context.Context, q Querier, group string, tps []TP) (map[TP]Watermark, error) {
+func (s *Store) Watermarks(ctx context.Context, q pg.Querier, group string, tps []TP) (map[TP]Watermark, error) {
 	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at
 		FROM `+s.t.Watermarks+` WHERE group_id = $1 ORDER BY topic, partition`, group)
 	if err != nil {
@@ -86,7 +77,7 @@ func (s *Store) Watermarks(ctx context.Context, q Querier, group string, tps []T
 
 // Init records the first watermark of a partition at start unless a row exists, and
 // returns the row that is stored afterwards and whether this call created it.
-func (s *Store) Init(ctx context.Context, q Querier, group string, tp TP, start int64) (Watermark, bool, error) {
+func (s *Store) Init(ctx context.Context, q pg.Querier, group string, tp TP, start int64) (Watermark, bool, error) {
 	tag, err := q.Exec(ctx, `INSERT INTO `+s.t.Watermarks+` (group_id, topic, partition, next_offset, first_offset)
 		VALUES ($1, $2, $3, $4, $4) ON CONFLICT DO NOTHING`, group, tp.Topic, tp.Partition, start)
 	if err != nil {
@@ -110,7 +101,7 @@ var ErrFenced = errors.New("watermark fenced: another consumer advanced it")
 // Advance moves the watermark from `from` to `to` with compare-and-set, and sets the
 // in-flight marker to inflightEnd (≤ to clears it). It returns ErrFenced when the row is
 // not at from.
-func (s *Store) Advance(ctx context.Context, q Querier, group string, tp TP, from, to, inflightEnd int64) error {
+func (s *Store) Advance(ctx context.Context, q pg.Querier, group string, tp TP, from, to, inflightEnd int64) error {
 	var ie *int64
 	if inflightEnd > to {
 		ie = &inflightEnd
@@ -130,7 +121,7 @@ func (s *Store) Advance(ctx context.Context, q Querier, group string, tp TP, fro
 // MarkInflight durably records that offsets [at, end) are about to be attempted, so that a
 // crash while they run counts as one attempt for each. It returns ErrFenced when the
 // watermark is not at `at`.
-func (s *Store) MarkInflight(ctx context.Context, q Querier, group string, tp TP, at, end int64) error {
+func (s *Store) MarkInflight(ctx context.Context, q pg.Querier, group string, tp TP, at, end int64) error {
 	tag, err := q.Exec(ctx, `UPDATE `+s.t.Watermarks+` SET inflight_end = $5
 		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
 		group, tp.Topic, tp.Partition, at, end)
@@ -155,7 +146,7 @@ type Attempt struct {
 }
 
 // Attempts returns the attempt rows of a partition at or above offset from.
-func (s *Store) Attempts(ctx context.Context, q Querier, group string, tp TP, from int64) (map[int64]Attempt, error) {
+func (s *Store) Attempts(ctx context.Context, q pg.Querier, group string, tp TP, from int64) (map[int64]Attempt, error) {
 	rows, err := q.Query(ctx, `SELECT "offset", attempts, coalesce(first_failure_at, 'epoch'), coalesce(last_failure_at, 'epoch'),
 		coalesce(error_class, ''), coalesce(error_message, ''), coalesce(stack, '')
 		FROM `+s.t.Attempts+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4`,
@@ -182,7 +173,7 @@ func (s *Store) Attempts(ctx context.Context, q Querier, group string, tp TP, fr
 }
 
 // BeginAttempt durably records that try number n of offset is about to run.
-func (s *Store) BeginAttempt(ctx context.Context, q Querier, group string, tp TP, offset int64, n int) error {
+func (s *Store) BeginAttempt(ctx context.Context, q pg.Querier, group string, tp TP, offset int64, n int) error {
 	_, err := q.Exec(ctx, `INSERT INTO `+s.t.Attempts+` (group_id, topic, partition, "offset", attempts)
 		VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = excluded.attempts, updated_at = now()`,
@@ -194,7 +185,7 @@ func (s *Store) BeginAttempt(ctx context.Context, q Querier, group string, tp TP
 }
 
 // RecordFailure stores try n's failure of offset.
-func (s *Store) RecordFailure(ctx context.Context, q Querier, group string, tp TP, offset int64, n int, class, msg, stack string) error {
+func (s *Store) RecordFailure(ctx context.Context, q pg.Querier, group string, tp TP, offset int64, n int, class, msg, stack string) error {
 	_, err := q.Exec(ctx, `INSERT INTO `+s.t.Attempts+` AS a (group_id, topic, partition, "offset", attempts, first_failure_at, last_failure_at, error_class, error_message, stack)
 		VALUES ($1, $2, $3, $4, $5, now(), now(), $6, $7, $8)
 		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = greatest(a.attempts, excluded.attempts),
@@ -208,7 +199,7 @@ func (s *Store) RecordFailure(ctx context.Context, q Querier, group string, tp T
 }
 
 // DeleteAttempts removes the attempt rows of offsets in [from, to).
-func (s *Store) DeleteAttempts(ctx context.Context, q Querier, group string, tp TP, from, to int64) error {
+func (s *Store) DeleteAttempts(ctx context.Context, q pg.Querier, group string, tp TP, from, to int64) error {
 	_, err := q.Exec(ctx, `DELETE FROM `+s.t.Attempts+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 AND "offset" < $5`,
 		group, tp.Topic, tp.Partition, from, to)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Config configures a Relay. A nil *Config is not accepted: Kafka's bootstrap.servers is
@@ -132,9 +134,7 @@ func (c *Config) withDefaults() (*Config, error) {
 	// A delivery report needs only the error and the Opaque row index: copying each record's
 	// key and value back into Go (confluent-kafka-go's default, "key,value") is wasted work.
 	setDefault("go.delivery.report.fields", "none")
-	if out.Schema == "" {
-		out.Schema = "kafkatx"
-	}
+	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
 		out.Logger = zap.NewNop()
 	}

@@ -91,7 +91,7 @@ func (b *testBundle) write(t testing.TB, recs ...outbox.Record) []int64 {
 	var ids []int64
 	err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
 		var err error
-		ids, err = b.w.Write(context.Background(), tx, recs...)
+		ids, err = b.w.WriteTx(context.Background(), tx, recs...)
 		return err
 	})
 	if err != nil {

@@ -89,7 +89,7 @@ func TestSameKeyRecordsArePublishedInCommitOrderWithTwoRelays(t *testing.T) {
 				}
 				key := fmt.Sprintf("key-%d", rnd.IntN(keys))
 				err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-					ids, err := b.w.Write(ctx, tx, outbox.Record{Topic: topic, Key: []byte(key), Value: []byte("?")})
+					ids, err := b.w.WriteTx(ctx, tx, outbox.Record{Topic: topic, Key: []byte(key), Value: []byte("?")})
 					if err != nil {
 						return err
 					}

@@ -70,7 +70,7 @@ func TestTooLargeRecordParksWithoutBlockingOtherKeys(t *testing.T) {
 	}
 
 	err = pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
-		return b.w.Discard(context.Background(), tx, bigID, "too large for the topic", "test")
+		return b.w.DiscardTx(context.Background(), tx, bigID, "too large for the topic", "test")
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +109,7 @@ func TestRecordOverProducerLimitParksAtOnce(t *testing.T) {
 	}
 	// Release: the operator raised the limit (here: a new relay with a larger limit).
 	err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
-		return b.w.Release(context.Background(), tx, ids[0], "limit raised", "test")
+		return b.w.ReleaseTx(context.Background(), tx, ids[0], "limit raised", "test")
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +187,7 @@ func TestTransactionLargerThanARoundWithAParkedRowInItsMiddle(t *testing.T) {
 		t.Fatalf("Parked() = %+v, %v; want the large row with the 5 rows of key b waiting", parked, err)
 	}
 	err = pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
-		return b.w.Discard(context.Background(), tx, parked[0].ID, "too large for the topic", "test")
+		return b.w.DiscardTx(context.Background(), tx, parked[0].ID, "too large for the topic", "test")
 	})
 	if err != nil {
 		t.Fatal(err)

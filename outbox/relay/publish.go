@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // testHookBeforeMark, when set by a test, runs after a round's delivery reports arrived and
@@ -286,13 +286,13 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 			r.m.latency.Observe(now.Sub(w.createdAt).Seconds())
 		case outcomePark:
 			parkIDs = append(parkIDs, w.id)
-			parkErrs = append(parkErrs, dlq.SanitizeText(res.err.Error(), 1024))
+			parkErrs = append(parkErrs, pg.SanitizeText(res.err.Error(), 1024))
 			r.m.parked.WithLabelValues(w.topic).Inc()
 			r.log.Error("outbox row parked: the broker refused it for good; later rows of its key wait behind it",
 				zap.Int64("outbox_row", w.id), zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
 		case outcomeRetry, outcomeIsolate:
 			retryIDs = append(retryIDs, w.id)
-			retryErrs = append(retryErrs, dlq.SanitizeText(res.err.Error(), 1024))
+			retryErrs = append(retryErrs, pg.SanitizeText(res.err.Error(), 1024))
 			r.m.retried.WithLabelValues(w.topic).Inc()
 			r.log.Warn("outbox row not published; will retry", zap.Int64("outbox_row", w.id),
 				zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))

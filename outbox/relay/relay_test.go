@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
 )
@@ -87,7 +88,7 @@ func TestRowsCommittedOutOfOrderAreNotSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer slow.Rollback(ctx) //nolint:errcheck
-	lowIDs, err := b.w.Write(ctx, slow, outbox.Record{Topic: topic, Key: []byte("slow"), Value: []byte("low id")})
+	lowIDs, err := b.w.WriteTx(ctx, slow, outbox.Record{Topic: topic, Key: []byte("slow"), Value: []byte("low id")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestRowsCommittedOutOfOrderAreNotSkipped(t *testing.T) {
 		go func(w int) {
 			for i := 0; i < perWriter; i++ {
 				err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-					_, err := b.w.Write(ctx, tx, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("w%d-%d", w, i%3)), Value: []byte("x")},
+					_, err := b.w.WriteTx(ctx, tx, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("w%d-%d", w, i%3)), Value: []byte("x")},
 						outbox.Record{Topic: topic, Value: []byte("nil key")})
 					time.Sleep(time.Duration((w*7+i*13)%20) * time.Millisecond)
 					return err
@@ -247,7 +248,7 @@ func TestRecordBytesArePublishedAsWritten(t *testing.T) {
 
 // The dead-letter round trip at the database and outbox level: a dead letter, replayed with
 // `dlq replay`'s code, becomes one outbox row with the original bytes and is published; the
-// dead letter is marked replayed with an audit row; and DeadLetterRecord publishes the DLQ
+// dead letter is marked replayed with an audit row; and dlq.Record publishes the DLQ
 // record with its headers.
 func TestDeadLetterReplayRoundTrip(t *testing.T) {
 	t.Parallel()
@@ -264,7 +265,7 @@ func TestDeadLetterReplayRoundTrip(t *testing.T) {
 			return err
 		}
 		d.ID = dlID
-		_, err = b.w.Write(ctx, tx, outbox.DeadLetterRecord(dlqTopic, d))
+		_, err = b.w.WriteTx(ctx, tx, dlq.Record(dlqTopic, d))
 		return err
 	})
 	if err != nil {
@@ -275,9 +276,9 @@ func TestDeadLetterReplayRoundTrip(t *testing.T) {
 	if dm.Key != nil || !bytes.Equal(dm.Value, d.Value) {
 		t.Fatalf("DLQ record key %v value %q, want nil and the original bytes", dm.Key, dm.Value)
 	}
-	for k, want := range map[string]string{outbox.HeaderDLQOriginalTopic: src, outbox.HeaderDLQOriginalPartition: "2",
-		outbox.HeaderDLQOriginalOffset: "41", outbox.HeaderDLQGroup: "g", outbox.HeaderDLQAttempts: "5",
-		outbox.HeaderDLQOriginalOutboxID: "original-id", "trace": "\x00\x01"} {
+	for k, want := range map[string]string{dlq.HeaderOriginalTopic: src, dlq.HeaderOriginalPartition: "2",
+		dlq.HeaderOriginalOffset: "41", dlq.HeaderGroup: "g", dlq.HeaderAttempts: "5",
+		dlq.HeaderOriginalOutboxID: "original-id", "trace": "\x00\x01"} {
 		if got, _ := header(dm, k); got != want {
 			t.Errorf("DLQ header %s = %q, want %q", k, got, want)
 		}
@@ -286,7 +287,7 @@ func TestDeadLetterReplayRoundTrip(t *testing.T) {
 	var row int64
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		row, _, err = b.w.ReplayDeadLetter(ctx, tx, dlID, outbox.Replay{Reason: "parser fixed", Actor: "test"})
+		row, _, err = dlq.ReplayTx(ctx, tx, b.schema, dlID, dlq.Replay{Reason: "parser fixed", Actor: "test"})
 		return err
 	})
 	if err != nil {
@@ -319,7 +320,7 @@ func TestDeadLetterReplayRoundTrip(t *testing.T) {
 	}
 	// A second replay is refused unless asked for.
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, _, err := b.w.ReplayDeadLetter(ctx, tx, dlID, outbox.Replay{Reason: "again", Actor: "test"})
+		_, _, err := dlq.ReplayTx(ctx, tx, b.schema, dlID, dlq.Replay{Reason: "again", Actor: "test"})
 		return err
 	})
 	if err == nil {

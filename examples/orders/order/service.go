@@ -61,7 +61,7 @@ type Service struct {
 	// EventsTopic receives one event per applied order; empty: no events.
 	EventsTopic string
 	// WriteEvents writes the events in the batch's transaction. Defaults to
-	// outbox.Writer{}.Write (schema kafkatx).
+	// outbox.Writer{}.WriteTx (schema kafkatx).
 	WriteEvents func(ctx context.Context, tx pgx.Tx, events ...outbox.Record) ([]int64, error)
 }
 
@@ -137,7 +137,7 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	// One event per applied order, published by the relay if and only if this commits.
 	write := s.WriteEvents
 	if write == nil {
-		write = outbox.Writer{}.Write
+		write = outbox.Writer{}.WriteTx
 	}
 	if _, err := write(ctx, tx, events...); err != nil {
 		return fmt.Errorf("write order events: %w", err)
