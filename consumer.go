@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -521,7 +522,16 @@ func (e *LogRangeError) Error() string {
 		"the topic was recreated or its log truncated; nothing processed. With the consumer stopped, replay the log with "+
 		"`kafkatx offsets reset --group %s --topic %s --partition %d --to-earliest --mode replay --reason TEXT --execute` "+
 		"or skip to its end with `--to-latest --mode skip`",
-		e.Group, e.Topic, e.Partition, e.Watermark, e.LogEnd, e.LogStart, e.Group, e.Topic, e.Partition)
+		e.Group, e.Topic, e.Partition, e.Watermark, e.LogEnd, e.LogStart, shellWord(e.Group), shellWord(e.Topic), e.Partition)
+}
+
+// shellWord quotes s for a command suggested in an error: as is when plain, else in single
+// quotes (group ids and topic names may hold characters a shell would act on).
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // fail stops the consumer with err (the first one wins); Run returns it.

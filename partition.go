@@ -812,7 +812,7 @@ func (p *partition) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 		Group: p.c.group, Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: off,
 		Key: km.Key, Value: km.Value, Timestamp: km.Timestamp,
 		Attempts: a.Attempts, ErrorClass: a.ErrorClass, ErrorMessage: a.ErrorMessage, Stack: a.Stack,
-		FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt,
+		FirstFailureAt: a.FirstFailureAt, LastFailureAt: a.LastFailureAt, ReplayEpoch: p.epoch,
 	}
 	for _, h := range km.Headers {
 		d.Headers = append(d.Headers, dlq.Header{Key: h.Key, Value: h.Value})
@@ -850,13 +850,14 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, off int
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	id, inserted, err := dlq.InsertTx(ctx, tx, p.c.cfg.Schema, d)
+	id, _, err := dlq.InsertTx(ctx, tx, p.c.cfg.Schema, d)
 	if err != nil {
 		return err
 	}
-	if inserted && !p.c.cfg.DeadLetter.Disabled {
+	if !p.c.cfg.DeadLetter.Disabled {
 		// Published through the outbox in this transaction: the dead-letter record exists
-		// if and only if the dead letter does (invariant 4).
+		// if and only if the dead letter does (invariant 4). A message failing again after a
+		// replay updates its row and is published again.
 		d.ID = id
 		rec := dlq.Record(p.c.cfg.DeadLetter.Topic(d.Topic), d)
 		if _, err := (outbox.Writer{Schema: p.c.cfg.Schema}).WriteTx(ctx, tx, rec); err != nil {

@@ -56,12 +56,20 @@ type DeadLetter struct {
 	Status         string
 	CreatedAt      time.Time
 	ResolvedAt     *time.Time
+	// ReplayEpoch is the partition's replay epoch (watermarks.replay_epoch) of the latest
+	// failure: 0 before any operator replay.
+	ReplayEpoch int
 }
 
-// InsertTx writes d in the caller's transaction and returns its id. A dead letter for the
-// same (group, topic, partition, offset) is written once: a second call returns the first
-// row's id and inserted=false. Error text and stack are sanitized (valid UTF-8, no NUL) and
-// bounded, so the write never fails on the bytes that made the handler fail.
+// InsertTx writes d in the caller's transaction and returns its id. The first dead letter of
+// a (group, topic, partition, offset) inserts a row (inserted=true). A later one — the message
+// failed again after an operator replay moved the watermark back over it — updates that row
+// (inserted=false): attempts, error class, message and stack, last failure, the record's
+// bytes and ReplayEpoch take d's values, status goes back to StatusNew and resolved_at to
+// NULL; first_failure_at and created_at stay. The consumer calls it in the transaction that
+// advances the watermark past the offset, so each call is one failure. Error text and stack
+// are sanitized (valid UTF-8, no NUL) and bounded, so the write never fails on the bytes that
+// made the handler fail.
 func InsertTx(ctx context.Context, tx pgx.Tx, schema string, d *DeadLetter) (id int64, inserted bool, err error) {
 	t := tables.For(schema)
 	hk := make([][]byte, len(d.Headers))
@@ -74,25 +82,23 @@ func InsertTx(ctx context.Context, tx pgx.Tx, schema string, d *DeadLetter) (id 
 	if !d.Timestamp.IsZero() {
 		ts = &d.Timestamp
 	}
-	err = tx.QueryRow(ctx, `INSERT INTO `+t.DeadLetters+` (group_id, topic, partition, "offset", key, value, header_keys, header_values,
-			message_time, error_class, error_message, stack, attempts, first_failure_at, last_failure_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
-		ON CONFLICT (group_id, topic, partition, "offset") DO NOTHING RETURNING id`,
+	// xmax = 0 only on a row this statement inserted (the usual upsert test).
+	err = tx.QueryRow(ctx, `INSERT INTO `+t.DeadLetters+` AS d (group_id, topic, partition, "offset", key, value, header_keys, header_values,
+			message_time, error_class, error_message, stack, attempts, first_failure_at, last_failure_at, replay_epoch)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET
+			key = EXCLUDED.key, value = EXCLUDED.value, header_keys = EXCLUDED.header_keys, header_values = EXCLUDED.header_values,
+			message_time = EXCLUDED.message_time, error_class = EXCLUDED.error_class, error_message = EXCLUDED.error_message,
+			stack = EXCLUDED.stack, attempts = EXCLUDED.attempts, last_failure_at = EXCLUDED.last_failure_at,
+			replay_epoch = EXCLUDED.replay_epoch, status = 'new', resolved_at = NULL
+		RETURNING id, (xmax = 0)`,
 		d.Group, d.Topic, d.Partition, d.Offset, d.Key, d.Value, hk, hv, ts,
 		pg.SanitizeText(d.ErrorClass, 64), pg.SanitizeText(d.ErrorMessage, MaxErrorMessageBytes), nullIfEmpty(pg.SanitizeText(d.Stack, MaxStackBytes)),
-		d.Attempts, d.FirstFailureAt, d.LastFailureAt).Scan(&id)
-	if err == pgx.ErrNoRows {
-		err = tx.QueryRow(ctx, `SELECT id FROM `+t.DeadLetters+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" = $4`,
-			d.Group, d.Topic, d.Partition, d.Offset).Scan(&id)
-		if err != nil {
-			return 0, false, fmt.Errorf("dlq: find existing dead letter: %w", err)
-		}
-		return id, false, nil
-	}
+		d.Attempts, d.FirstFailureAt, d.LastFailureAt, d.ReplayEpoch).Scan(&id, &inserted)
 	if err != nil {
-		return 0, false, fmt.Errorf("dlq: insert dead letter %s[%d]@%d: %w", d.Topic, d.Partition, d.Offset, err)
+		return 0, false, fmt.Errorf("dlq: write dead letter %s[%d]@%d: %w", d.Topic, d.Partition, d.Offset, err)
 	}
-	return id, true, nil
+	return id, inserted, nil
 }
 
 func nullIfEmpty(s string) any {

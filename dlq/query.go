@@ -28,7 +28,7 @@ type Filter struct {
 }
 
 const columns = `id, group_id, topic, partition, "offset", key, value, header_keys, header_values, message_time,
-	error_class, error_message, coalesce(stack, ''), attempts, first_failure_at, last_failure_at, status, created_at, resolved_at`
+	error_class, error_message, coalesce(stack, ''), attempts, first_failure_at, last_failure_at, status, created_at, resolved_at, replay_epoch`
 
 // List returns the dead letters matching f, lowest id first.
 func List(ctx context.Context, q pg.Querier, schema string, f Filter) ([]DeadLetter, error) {
@@ -73,7 +73,7 @@ func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var hk, hv [][]byte
 	var ts *time.Time
 	err := row.Scan(&d.ID, &d.Group, &d.Topic, &d.Partition, &d.Offset, &d.Key, &d.Value, &hk, &hv, &ts,
-		&d.ErrorClass, &d.ErrorMessage, &d.Stack, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.CreatedAt, &d.ResolvedAt)
+		&d.ErrorClass, &d.ErrorMessage, &d.Stack, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.CreatedAt, &d.ResolvedAt, &d.ReplayEpoch)
 	if err != nil {
 		return d, err
 	}

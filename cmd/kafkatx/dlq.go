@@ -53,6 +53,7 @@ type dlqJSON struct {
 	Attempts     int              `json:"attempts"`
 	FirstFailure time.Time        `json:"first_failure"`
 	LastFailure  time.Time        `json:"last_failure"`
+	ReplayEpoch  int              `json:"replay_epoch"`
 	CreatedAt    time.Time        `json:"created_at"`
 	ResolvedAt   *time.Time       `json:"resolved_at,omitempty"`
 	Audit        []dlq.AuditEntry `json:"audit,omitempty"`
@@ -67,7 +68,7 @@ func toDLQJSON(d *dlq.DeadLetter, full, details bool) dlqJSON {
 	j := dlqJSON{ID: d.ID, Status: d.Status, Group: d.Group, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset,
 		Key: viewBytes(d.Key, full, 64), Value: viewBytes(d.Value, full, valuePrefixBytes),
 		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Attempts: d.Attempts,
-		FirstFailure: d.FirstFailureAt, LastFailure: d.LastFailureAt, CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt}
+		FirstFailure: d.FirstFailureAt, LastFailure: d.LastFailureAt, ReplayEpoch: d.ReplayEpoch, CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt}
 	if !d.Timestamp.IsZero() {
 		ts := d.Timestamp
 		j.Timestamp = &ts
@@ -111,8 +112,9 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Println(string(b))
 			continue
 		}
-		fmt.Printf("%d  %s  group=%s  %s[%d]@%d  attempts=%d  %s: %s\n    key:   %s\n    value: %s\n",
-			j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset, j.Attempts, j.ErrorClass, j.ErrorMessage, j.Key, j.Value)
+		fmt.Printf("%d  %s  group=%s  %s[%d]@%d  attempts=%d  epoch=%d  last=%s  %s: %s\n    key:   %s\n    value: %s\n",
+			j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset, j.Attempts, j.ReplayEpoch, j.LastFailure.UTC().Format(time.RFC3339),
+			j.ErrorClass, j.ErrorMessage, j.Key, j.Value)
 	}
 	if c.Output == "text" && len(ds) == 0 {
 		fmt.Println("no dead letters")
@@ -157,8 +159,8 @@ func (c *DLQShowCmd) Run(ctx context.Context, g *Globals) error {
 	for _, h := range j.Headers {
 		fmt.Printf("  header:    %s = %s\n", h.Key, h.Value)
 	}
-	fmt.Printf("  attempts:  %d (first failure %s, last %s)\n  error:     %s: %s\n", j.Attempts,
-		j.FirstFailure.UTC().Format(time.RFC3339), j.LastFailure.UTC().Format(time.RFC3339), j.ErrorClass, j.ErrorMessage)
+	fmt.Printf("  attempts:  %d (first failure %s, last %s, replay epoch %d)\n  error:     %s: %s\n", j.Attempts,
+		j.FirstFailure.UTC().Format(time.RFC3339), j.LastFailure.UTC().Format(time.RFC3339), j.ReplayEpoch, j.ErrorClass, j.ErrorMessage)
 	if j.Stack != "" {
 		fmt.Printf("  stack:\n    %s\n", strings.ReplaceAll(strings.TrimRight(j.Stack, "\n"), "\n", "\n    "))
 	}

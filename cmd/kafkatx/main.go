@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,16 +58,81 @@ func (e *exitError) Error() string {
 	return e.err.Error()
 }
 
+// Exit statuses of every subcommand (also in --help and the README).
+const (
+	exitFailed = 1 // the command failed (database or Kafka unreachable, a missing table, ...)
+	exitUsage = 2 // the command line is wrong: one line on stderr says what, --help says more
+)
+
+// exitCodes is the table printed by --help.
+const exitCodes = `Exit status:
+  0  success
+  1  error (the message on stderr says which)
+  2  usage error (unknown command or flag, bad value, invalid --schema)
+  3  offsets status: drift (Kafka's committed offset and the database watermark disagree)
+  4  offsets account: offsets nothing accounts for
+  5  offsets reset: the group has active members (stop the consumers first)
+  6  outbox release|discard, dlq show|replay|discard: no such row, or not in a state the command acts on
+  7  offsets status: the group has no watermark and no committed offset`
+
+// maxIdentifierBytes is PostgreSQL's longest identifier (NAMEDATALEN - 1); a longer name is
+// silently truncated by the server.
+const maxIdentifierBytes = 63
+
+// Validate checks the flags every subcommand shares (kong calls it after parsing).
+func (c *CLI) Validate() error {
+	switch s := c.Schema; {
+	case s == "":
+		return errors.New("--schema is empty: give the schema of kafkatx's tables (default kafkatx)")
+	case len(s) > maxIdentifierBytes:
+		return fmt.Errorf("--schema %s is %d bytes: PostgreSQL identifiers are at most %d", shellQuote(s), len(s), maxIdentifierBytes)
+	case strings.ContainsRune(s, 0) || !utf8.ValidString(s):
+		return fmt.Errorf("--schema %s: not a valid PostgreSQL identifier (NUL or invalid UTF-8)", shellQuote(s))
+	}
+	return nil
+}
+
+// shellQuote returns s as one shell word: as is when it is plain ([A-Za-z0-9_.,:/@%+=-]),
+// else in single quotes, for commands suggested in hints.
+func shellQuote(s string) string {
+	plain := s != ""
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_.,:/@%+=-", r)) {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 func main() {
 	var cli CLI
-	kctx := kong.Parse(&cli,
+	parser, err := kong.New(&cli,
 		kong.Name("kafkatx"),
-		kong.Description("Operate kafkatx: migrations, the outbox relay sidecar, dead letters and offsets."),
-		kong.UsageOnError(),
+		kong.Description("Operate kafkatx: migrations, the outbox relay sidecar, dead letters and offsets.\n\n"+exitCodes),
 	)
+	if err != nil {
+		panic(err) // the CLI struct itself is wrong: a programming error
+	}
+	kctx, err := parser.Parse(os.Args[1:])
+	if err != nil {
+		// One line and where to read more, not the whole help.
+		help := "kafkatx --help"
+		var pe *kong.ParseError
+		if errors.As(err, &pe) && pe.Context != nil {
+			if cmd := pe.Context.Command(); cmd != "" {
+				help = "kafkatx " + strings.Join(strings.Fields(strings.NewReplacer("<", "", ">", "").Replace(cmd)), " ") + " --help"
+			}
+		}
+		fmt.Fprintf(os.Stderr, "kafkatx: %v (see %s)\n", err, help)
+		os.Exit(exitUsage)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	kctx.BindTo(ctx, (*context.Context)(nil)) // commands take the interface type
-	err := kctx.Run(&cli.Globals)
+	err = kctx.Run(&cli.Globals)
 	stop()
 	var ee *exitError
 	switch {
@@ -76,7 +143,7 @@ func main() {
 		os.Exit(ee.code)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "kafkatx:", err)
-		os.Exit(1)
+		os.Exit(exitFailed)
 	}
 }
 

@@ -69,7 +69,7 @@ func offsetsCheckSchema(ctx context.Context, pool *pgxpool.Pool, schema string) 
 		return fmt.Errorf("database: %w", err)
 	}
 	if !ok {
-		return fmt.Errorf("schema %q has no kafkatx tables: run `kafkatx migrate up --schema %s` (or start a consumer) first", schema, schema)
+		return fmt.Errorf("schema %q has no kafkatx tables: run `kafkatx migrate up --schema %s` (or start a consumer) first", schema, shellQuote(schema))
 	}
 	return nil
 }

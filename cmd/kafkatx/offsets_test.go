@@ -102,12 +102,15 @@ func (b *offsetsBundle) produceKeyed(keyed bool, values ...string) {
 	}
 }
 
-// handler records one effect row per message, counting applications, and panics on the
-// value "poison" (a message that crashes the handler every time).
+// handler records one effect row per message, counting applications, panics on the value
+// "poison" (a message that crashes the handler every time) and dead-letters "bad" at once.
 func (b *offsetsBundle) handler() kafkatx.Handler {
 	return func(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
-		if string(m.Value) == "poison" {
+		switch string(m.Value) {
+		case "poison":
 			panic("poison pill: cannot decode")
+		case "bad":
+			return kafkatx.Permanent(errors.New("bad order"))
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO `+b.table("effects")+` ("offset", applied) VALUES ($1, 1)
 			ON CONFLICT ("offset") DO UPDATE SET applied = effects.applied + 1`, m.Offset)

@@ -123,7 +123,7 @@ func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) er
 		return fmt.Errorf("database: %w", err)
 	}
 	if !ok {
-		return fmt.Errorf("schema %q has no outbox table: run `kafkatx migrate up --schema %s` first (`kafkatx relay --migrate` does it too)", schema, schema)
+		return fmt.Errorf("schema %q has no outbox table: run `kafkatx migrate up --schema %s` first (`kafkatx relay --migrate` does it too)", schema, shellQuote(schema))
 	}
 	return nil
 }

@@ -96,7 +96,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return err
 	}
 	if o.produceFile != "" || o.generate > 0 {
-		sum, err := produce(ctx, base, o)
+		sum, err := produce(ctx, service.RouteKafkaLogs(log, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), o)
 		if err != nil {
 			return err
 		}

@@ -61,7 +61,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.AuthFailureExit == 0 {
 		o.AuthFailureExit = DefaultAuthFailureExit
 	}
-	rcfg := &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": o.Brokers}, Schema: o.Schema, Logger: o.Logger}
+	rcfg := &relay.Config{Kafka: RouteKafkaLogs(o.Logger, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), Schema: o.Schema, Logger: o.Logger}
 	if o.Registry != nil {
 		rcfg.Registerer = o.Registry
 	}

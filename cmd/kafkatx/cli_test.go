@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+func runCLI(t *testing.T, bin string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// Issue "liveness" 8: exit codes were undocumented, a usage error printed ~40 lines of help
+// before the one useful line, an empty or odd --schema was accepted, and the hint echoed it
+// unquoted into a suggested shell command.
+func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
+	t.Parallel()
+	bin := buildCLI(t)
+	for _, args := range [][]string{
+		{"offsets", "reset", "--bogus"},
+		{"nope"},
+		{"--schema", "", "migrate", "print"},
+		{"--schema", strings.Repeat("s", 64), "migrate", "print"},
+	} {
+		out, errOut, code := runCLI(t, bin, args...)
+		if code != 2 {
+			t.Fatalf("kafkatx %q: exit %d, want 2 (usage)", args, code)
+		}
+		if lines := strings.Count(strings.TrimRight(errOut, "\n"), "\n") + 1; lines != 1 || out != "" || !strings.Contains(errOut, "--help") {
+			t.Fatalf("kafkatx %q: want one line on stderr pointing to --help, got stdout %q stderr %q", args, out, errOut)
+		}
+	}
+	help, _, code := runCLI(t, bin, "--help")
+	if code != 0 {
+		t.Fatalf("--help exit %d", code)
+	}
+	for _, want := range []string{"Exit status:", "2  usage error", "3  offsets status: drift", "6  outbox release|discard, dlq show|replay|discard: no such row"} {
+		if !strings.Contains(help, want) {
+			t.Fatalf("--help does not document %q:\n%s", want, help)
+		}
+	}
+
+	// A schema name with shell metacharacters is quoted in the suggested command.
+	odd := "no such; rm -rf x"
+	_, errOut, code := runCLI(t, bin, "--database-url", testenv.DatabaseURL(t), "--brokers", "127.0.0.1:1", "--schema", odd,
+		"offsets", "status", "--group", "g")
+	if code != 1 || !strings.Contains(errOut, "--schema 'no such; rm -rf x'") {
+		t.Fatalf("exit %d, stderr %q: want the schema quoted in the hint", code, errOut)
+	}
+}

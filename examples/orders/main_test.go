@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// Issue "liveness" 6: without a broker address the example ran on its in-process broker (said
+// in one info line) and exited 0 having processed nothing from the real cluster. Now it
+// refuses with exit 2 and one line, unless --in-process-broker asks for it.
+func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "orders")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  string
+	}{
+		{args: []string{"--database-url", "postgres://nowhere/x"}},
+		{args: []string{"--in-process-broker"}, env: "KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092"},
+	} {
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Env = append(os.Environ(), "KAFKA_BOOTSTRAP_SERVERS=", tc.env)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("orders %q: %v, want exit 2", tc.args, err)
+		}
+		if lines := strings.Split(strings.TrimSpace(errOut.String()), "\n"); len(lines) != 1 || out.Len() != 0 || !strings.Contains(lines[0], "--in-process-broker") {
+			t.Fatalf("orders %q: want one line naming --in-process-broker, got stdout %q stderr %q", tc.args, out.String(), errOut.String())
+		}
+	}
+}

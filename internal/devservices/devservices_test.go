@@ -1,0 +1,173 @@
+// Package devservices tests scripts/dev-services itself, on a copy of the scripts in a
+// temporary directory (its own .dev state, data and ports), so the broker the other tests use
+// is never touched.
+package devservices
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+type devServices struct {
+	t    *testing.T
+	repo string
+}
+
+func (d *devServices) run(args ...string) (stdout, stderr string, code int) {
+	d.t.Helper()
+	cmd := exec.Command(filepath.Join(d.repo, "scripts", "dev-services"), args...)
+	cmd.Env = append(os.Environ(), "KAFKA_BOOTSTRAP_SERVERS=", "DATABASE_URL=", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m")
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		d.t.Fatal(err)
+	}
+	d.t.Logf("dev-services %s → exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
+	return out.String(), errOut.String(), code
+}
+
+func (d *devServices) state(name string) string {
+	b, _ := os.ReadFile(filepath.Join(d.repo, ".dev", "state", name))
+	return strings.TrimSpace(string(b))
+}
+
+// setup copies scripts/ into a temporary repository that shares the cached Kafka jars.
+func setup(t *testing.T) *devServices {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	libs := filepath.Join(root, ".dev", "kafka", "libs")
+	if _, err := os.Stat(filepath.Join(libs, ".complete")); err != nil {
+		testenv.Unavailable(t, "no cached Kafka jars in %s (scripts/dev-services up fetches them)", libs)
+	}
+	repo := t.TempDir()
+	if out, err := exec.Command("cp", "-r", filepath.Join(root, "scripts"), repo).CombinedOutput(); err != nil {
+		t.Fatalf("copy scripts: %v\n%s", err, out)
+	}
+	if err := os.MkdirAll(filepath.Join(repo, ".dev", "kafka"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(libs, filepath.Join(repo, ".dev", "kafka", "libs")); err != nil {
+		t.Fatal(err)
+	}
+	d := &devServices{t: t, repo: repo}
+	t.Cleanup(func() { d.run("down", "kafka") })
+	return d
+}
+
+// Issue "liveness" 9: `up` could not restart a crashed broker with its data (it reformatted
+// storage on new ports) and `env` stopped exporting the broker once its process was gone. Now
+// a broker killed with SIGKILL is reported as crashed, keeps its address in `env`, and `up`
+// resumes it on its data and ports: its topics and records are still there.
+func TestCrashedBrokerResumesOnItsDataAndPorts(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	if _, _, code := d.run("up", "kafka"); code != 0 {
+		t.Fatalf("up kafka exited %d", code)
+	}
+	bootstrap := d.state("kafka.bootstrap")
+	topic := "devservices-resume"
+	produce(t, bootstrap, topic, 3)
+
+	pid := d.state("kafka.pid")
+	var p int
+	if _, err := fmt.Sscan(pid, &p); err != nil {
+		t.Fatalf("kafka.pid %q: %v", pid, err)
+	}
+	if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50 && syscall.Kill(p, 0) == nil; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	out, _, code := d.run("status", "kafka")
+	if code == 0 || !strings.Contains(out, "crashed") || !strings.Contains(out, bootstrap) {
+		t.Fatalf("status of a crashed broker: exit %d, %q", code, out)
+	}
+	out, _, _ = d.run("env", "kafka")
+	if !strings.Contains(out, "export KAFKA_BOOTSTRAP_SERVERS='"+bootstrap+"'") {
+		t.Fatalf("env of a crashed broker does not keep its address %s: %q", bootstrap, out)
+	}
+	if _, errOut, code := d.run("up", "kafka"); code != 0 || !strings.Contains(errOut, "resuming") {
+		t.Fatalf("up after the crash: exit %d, %q", code, errOut)
+	}
+	if got := d.state("kafka.bootstrap"); got != bootstrap {
+		t.Fatalf("the resumed broker listens at %s, want its old address %s", got, bootstrap)
+	}
+	if out, _, _ := d.run("status", "kafka"); !strings.Contains(out, "resumed") {
+		t.Fatalf("status does not say the broker resumed on its data: %q", out)
+	}
+	if high := endOffset(t, bootstrap, topic); high != 3 {
+		t.Fatalf("after the restart the topic's end offset is %d, want the 3 records written before the crash", high)
+	}
+}
+
+func produce(t *testing.T, bootstrap, topic string, n int) {
+	t.Helper()
+	a, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": bootstrap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := a.CreateTopics(ctx, []kafka.TopicSpecification{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}})
+	a.Close()
+	if err != nil || res[0].Error.Code() != kafka.ErrNoError {
+		t.Fatalf("create topic: %v %v", err, res)
+	}
+	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": bootstrap, "acks": "all", "go.logs.channel.enable": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ch := make(chan kafka.Event, n)
+	for i := 0; i < n; i++ {
+		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: 0}, Value: []byte("x")}, ch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < n; i++ {
+		if m := (<-ch).(*kafka.Message); m.TopicPartition.Error != nil {
+			t.Fatal(m.TopicPartition.Error)
+		}
+	}
+}
+
+func endOffset(t *testing.T, bootstrap, topic string) int64 {
+	t.Helper()
+	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": bootstrap, "group.id": "devservices-check", "go.logs.channel.enable": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var high int64 = -1
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		var err error
+		_, high, err = c.QueryWatermarkOffsets(topic, 0, 5000)
+		if err == nil {
+			return high
+		}
+		time.Sleep(time.Second)
+	}
+	return high
+}

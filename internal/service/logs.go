@@ -1,0 +1,51 @@
+package service
+
+import (
+	"sync"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+var (
+	kafkaLogsOnce sync.Once
+	kafkaLogs     chan kafka.LogEvent
+)
+
+// RouteKafkaLogs makes the librdkafka producer configured by cfg (the kafkatx consumer routes
+// its own; confluent-kafka-go's admin client takes no log channel) write its log lines to log, named "librdkafka", with
+// their facility and syslog level, instead of raw text on stderr. It sets
+// go.logs.channel.enable and go.logs.channel unless cfg sets them. Every client of the process
+// shares one channel, read by one goroutine that lives as long as the process (the
+// examples' clients do too).
+func RouteKafkaLogs(log *zap.Logger, cfg kafka.ConfigMap) kafka.ConfigMap {
+	if _, ok := cfg["go.logs.channel.enable"]; ok {
+		return cfg
+	}
+	kafkaLogsOnce.Do(func() {
+		kafkaLogs = make(chan kafka.LogEvent, 1000)
+		l := log.Named("librdkafka")
+		go func() {
+			for e := range kafkaLogs {
+				l.Check(librdkafkaLevel(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
+			}
+		}()
+	})
+	cfg["go.logs.channel.enable"], cfg["go.logs.channel"] = true, kafkaLogs
+	return cfg
+}
+
+// librdkafkaLevel maps a syslog level (0 emergency … 7 debug) to zap's, as the consumer does.
+func librdkafkaLevel(l int) zapcore.Level {
+	switch {
+	case l <= 3:
+		return zapcore.ErrorLevel
+	case l == 4:
+		return zapcore.WarnLevel
+	case l <= 6:
+		return zapcore.InfoLevel
+	default:
+		return zapcore.DebugLevel
+	}
+}

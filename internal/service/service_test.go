@@ -1,0 +1,114 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func get(addr, path string) (int, string) {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// /healthz answers while the process runs; /readyz is 200 once the consumer joined its group
+// and 503 with a JSON reason naming a subscribed topic that does not exist.
+func TestHealthAndReadinessEndpoints(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	brokers := testenv.Brokers(t)
+	ctx := context.Background()
+	if err := kafkatx.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		missing bool
+	}{{"ready", false}, {"missing topic", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			topic := testenv.Topic(t, brokers, 1)
+			topics := []string{topic}
+			if tc.missing {
+				topics = append(topics, topic+"-missing")
+			}
+			reg := prometheus.NewRegistry()
+			log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+			c, err := kafkatx.NewConsumer(pool, func(context.Context, pgx.Tx, *kafkatx.Message) error { return nil }, &kafkatx.Config{
+				Kafka:  kafka.ConfigMap{"bootstrap.servers": brokers, "group.id": testenv.Group(t), "session.timeout.ms": 6000},
+				Topics: topics, Schema: schema, Logger: log, Registerer: reg,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := freeAddr(t)
+			runCtx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() {
+				done <- Run(runCtx, Options{Pool: pool, Consumer: c, Brokers: brokers, Schema: schema, Logger: log, Registry: reg, MetricsAddr: addr})
+			}()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			}()
+			want := http.StatusOK
+			if tc.missing {
+				want = http.StatusServiceUnavailable
+			}
+			var code int
+			var body string
+			deadline := time.Now().Add(60 * time.Second)
+			for time.Now().Before(deadline) {
+				code, body = get(addr, "/readyz")
+				if code == want && (!tc.missing || strings.Contains(body, topic+"-missing")) && strings.Contains(body, `"joined":true`) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			var rd kafkatx.Readiness
+			if err := json.Unmarshal([]byte(body), &rd); err != nil || code != want {
+				t.Fatalf("/readyz: %d %q (%v), want %d", code, body, err, want)
+			}
+			if tc.missing && (rd.Ready || len(rd.Reasons) == 0 || len(rd.MissingTopics) != 1) {
+				t.Fatalf("/readyz with a missing topic: %s", body)
+			}
+			if code, body := get(addr, "/healthz"); code != http.StatusOK {
+				t.Fatalf("/healthz: %d %q", code, body)
+			}
+			if code, body := get(addr, "/metrics"); code != http.StatusOK || !strings.Contains(body, "kafkatx_") {
+				t.Fatalf("/metrics: %d", code)
+			}
+		})
+	}
+}
