@@ -151,6 +151,10 @@ func (t *tasks) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-time.After(t.delay):
 		case <-ctx.Done():
+			// The caller went away (its process killed, a timeout): give up with a 503, which
+			// the middleware neither stores nor commits, so the caller's retry runs the task.
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "the request ended before the task finished"})
 			return
 		}
 	}
@@ -166,6 +170,11 @@ func (t *tasks) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		`INSERT INTO task_results (idempotency_key, task, input, score) VALUES ($1, $2, $3, $4) RETURNING computed_at`,
 		res.Key, res.Task, body, res.Score).Scan(&res.ComputedAt)
 	if err != nil {
+		if ctx.Err() != nil {
+			w.Header().Set("Retry-After", "1")
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "the request ended before the task finished"})
+			return
+		}
 		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "record the result"})
 		return
 	}

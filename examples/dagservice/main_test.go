@@ -94,6 +94,24 @@ func TestDagService(t *testing.T) {
 	if r := call(t, url, "process_customer/r1/score/0", `not json`); r.status != http.StatusBadRequest {
 		t.Errorf("bad JSON: %d, want 400", r.status)
 	}
+	// A call its client gives up on (a task killed during the call): nothing is stored, the
+	// retry runs the task and gets its JSON result, not an empty replay.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"customer":9}`))
+	req.Header.Set("Idempotency-Key", "process_customer/r9/score/-1")
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Error("the cancelled call answered")
+	}
+	cancel()
+	var r9 reply
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if r9 = call(t, url, "process_customer/r9/score/-1", `{"customer":9}`); r9.status != http.StatusConflict {
+			break
+		}
+	}
+	if r9.status != 200 || r9.replayed != "" || !strings.Contains(r9.body, `"task":"score"`) {
+		t.Errorf("retry after a cancelled call: %+v; want a fresh 200 with the task's JSON", r9)
+	}
 
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
@@ -103,5 +121,8 @@ func TestDagService(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM task_results WHERE idempotency_key = 'process_customer/r1/score/-1'").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("task_results rows for the key: %d, %v; want 1", n, err)
+	}
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM task_results WHERE idempotency_key = 'process_customer/r9/score/-1'").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("task_results rows for the cancelled key: %d, %v; want 1", n, err)
 	}
 }

@@ -37,8 +37,9 @@ import (
 
 type options struct {
 	service.Flags
-	airflowURL, dagID, tokenFile string
-	keyRetention, airflowTimeout time.Duration
+	airflowURL, dagID, tokenFile          string
+	username, passwordFile                string
+	keyRetention, airflowTimeout, waitMax time.Duration
 }
 
 func main() {
@@ -52,7 +53,10 @@ func run() int {
 	o.Register(fs, service.Flags{Group: "dagtrigger", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: 20}, "event")
 	fs.StringVar(&o.airflowURL, "airflow-url", "", "base URL of the Airflow API server, http://host:8080 (required); /api/v2/dags/{dag_id}/dagRuns is appended")
 	fs.StringVar(&o.dagID, "dag-id", "", "DAG to start one run of per event (required)")
-	fs.StringVar(&o.tokenFile, "airflow-token-file", "", "file holding a bearer token for Airflow, re-read per request; without it no Authorization header is sent")
+	fs.StringVar(&o.tokenFile, "airflow-token-file", "", "file holding a bearer token for Airflow, re-read per request and after a 401; without it (or a username) no Authorization header is sent")
+	fs.StringVar(&o.username, "airflow-username", "", "Airflow user whose password (--airflow-password-file) is exchanged for tokens at POST /auth/token, refreshed before they expire")
+	fs.StringVar(&o.passwordFile, "airflow-password-file", "", "file holding --airflow-username's password, re-read at each token exchange")
+	fs.DurationVar(&o.waitMax, "airflow-wait-max", kafkatx.DefaultUnavailableMaxWait, "how long a partition waits for Airflow (refused credentials, DAG not found, Airflow down) for one event, outside any transaction, before the event's tries count as attempts")
 	fs.DurationVar(&o.airflowTimeout, "airflow-timeout", 10*time.Second, "timeout of one request to Airflow")
 	fs.DurationVar(&o.keyRetention, "key-retention", 7*24*time.Hour, "how long an event's source position is remembered to skip re-published copies")
 	_ = fs.Parse(os.Args[1:])
@@ -86,8 +90,14 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	af, err := airflow.New(airflow.Config{
 		BaseURL:        o.airflowURL,
 		TokenFile:      o.tokenFile,
+		Username:       o.username,
+		PasswordFile:   o.passwordFile,
 		RequestTimeout: o.airflowTimeout,
-		Logger:         log,
+		// A few quick tries inside the event's transaction; longer outages are waited out by
+		// the consumer outside it (Unavailable).
+		MaxAttempts: 3,
+		MaxBackoff:  time.Second,
+		Logger:      log,
 	})
 	if err != nil {
 		return err
@@ -114,7 +124,9 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		log:       log.Named("dagtrigger"),
 	}
 	reg := prometheus.NewRegistry()
-	c, err := kafkatx.NewConsumer(pool, t.handle, o.ConsumerConfig(log, reg))
+	cfg := o.ConsumerConfig(log, reg)
+	cfg.UnavailableMaxWait = o.waitMax
+	c, err := kafkatx.NewConsumer(pool, t.handle, cfg)
 	if err != nil {
 		return err
 	}
@@ -130,6 +142,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		"runs_existing":   t.existing.Load(),
 		"events_repeated": t.repeated.Load(),
 		"tombstones":      t.tombstones.Load(),
+		"airflow_waits":   s.Unavailable,
 	})
 	fmt.Println(string(b))
 	return err

@@ -62,11 +62,16 @@ func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) err
 	}
 	res, err := t.airflow.TriggerDAGRun(ctx, airflow.Trigger{DAGID: t.dagID, Key: key, Conf: conf(ev)})
 	if err != nil {
+		if kafkatx.IsUnavailable(err) {
+			// Refused credentials, a DAG not parsed yet, Airflow down: not this event's fault.
+			// The transaction rolls back (the claim too) and the partition waits and retries.
+			return err
+		}
 		var se *airflow.StatusError
 		if errors.As(err, &se) && (se.StatusCode == http.StatusBadRequest || se.StatusCode == http.StatusUnprocessableEntity) {
-			return kafkatx.Permanent(err) // Airflow refuses this conf: retrying cannot help
+			return kafkatx.Permanent(err) // Airflow refuses this run: retrying cannot help
 		}
-		return err // network, 5xx, 401/403/404 (a DAG not parsed yet): retried, then dead-lettered
+		return err // anything else: retried, then dead-lettered
 	}
 	if res.Created {
 		t.created.Add(1)

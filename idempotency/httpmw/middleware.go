@@ -12,7 +12,12 @@
 //   - the same key with another fingerprint gets 422 Unprocessable Content;
 //   - a missing key gets 400 Bad Request (unless Config.Optional);
 //   - a response that is not final (5xx by default, see DefaultFinal) rolls the work back
-//     and is not stored, so the client's retry runs the handler again.
+//     and is not stored, so the client's retry runs the handler again;
+//   - only a finished answer is stored: when the request's context ended before the handler
+//     returned (the client went away or timed out), when the handler panicked, or when it
+//     returned without writing a status or a body, the work is rolled back and nothing is
+//     stored, so the client's retry runs the handler again (a handler that wrote nothing
+//     gets a 500 answer; a panic goes on to net/http).
 //
 // The in-flight marker is a transaction-scoped advisory lock on the key
 // (pg_try_advisory_xact_lock), held by the first request's open transaction: nothing about
@@ -205,7 +210,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r2 := r.WithContext(hctx)
 	r2.Body = io.NopCloser(bytes.NewReader(body))
 	r2.ContentLength = int64(len(body))
-	next.ServeHTTP(rec, r2)
+	next.ServeHTTP(rec, r2) // a panic unwinds past here: the deferred Rollback stores nothing
+	if !m.finished(w, rec, ctx) {
+		return
+	}
 
 	if !m.cfg.Final(rec.status) {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -265,6 +273,9 @@ func (m *Middleware) runUnkeyed(w http.ResponseWriter, r *http.Request, next htt
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rec := newRecorder()
 	next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, txKey{}, tx)))
+	if !m.finished(w, rec, ctx) {
+		return
+	}
 	if m.cfg.Final(rec.status) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
@@ -274,6 +285,29 @@ func (m *Middleware) runUnkeyed(w http.ResponseWriter, r *http.Request, next htt
 		}
 	}
 	rec.flushTo(w)
+}
+
+// finished reports whether the handler's answer may be stored and its work committed: the
+// request's context is still alive (a handler that saw it end — the client went away or
+// timed out — may have stopped half-way and written nothing, or a default 200 with an empty
+// body) and the handler wrote a status or a body. Otherwise the caller rolls back and stores
+// nothing, so a retry with the same key runs the work; a handler that wrote nothing gets a
+// 500 problem answer.
+func (m *Middleware) finished(w http.ResponseWriter, rec *recorder, ctx context.Context) bool {
+	if err := ctx.Err(); err != nil {
+		m.log.Info("request context ended before the handler answered; rolled back, nothing stored",
+			zap.NamedError("cause", context.Cause(ctx)))
+		if rec.wroteHeader {
+			rec.flushTo(w) // the connection may still be open (a server-side deadline)
+		}
+		return false
+	}
+	if !rec.wroteHeader {
+		m.log.Error("the handler returned without writing a status or a body; rolled back, nothing stored")
+		problem(w, http.StatusInternalServerError, "The request was not completed; retry it with the same Idempotency-Key.")
+		return false
+	}
+	return true
 }
 
 func (m *Middleware) lookup(ctx context.Context, q interface {

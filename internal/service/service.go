@@ -189,7 +189,7 @@ func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *re
 		if s.LastMessageAt.After(last) {
 			last = s.LastMessageAt
 		}
-		if s.InFlight > 0 || time.Since(last) < o.ExitWhenIdle {
+		if s.InFlight > 0 || s.Waiting > 0 || time.Since(last) < o.ExitWhenIdle {
 			continue
 		}
 		// Only now, when otherwise idle: the outbox must be empty too.
