@@ -46,4 +46,4 @@ lint:
 .PHONY: bench
 bench: services-up
 	eval "$$(scripts/dev-services env)"; \
-	$(GO) run ./internal/bench $(BENCHFLAGS)
+	$(GO) run ./examples/internal/bench $(BENCHFLAGS)

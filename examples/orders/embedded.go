@@ -3,7 +3,7 @@ package main
 import (
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/internal/embedded"
+	"github.com/kafkatx/kafkatx/examples/internal/embedded"
 )
 
 // startEmbedded starts the in-process broker of the zero-setup demo.

@@ -24,9 +24,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/internal/service"
+	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
-	"github.com/kafkatx/kafkatx/internal/service"
-	"github.com/kafkatx/kafkatx/internal/topics"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )

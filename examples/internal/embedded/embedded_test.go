@@ -10,7 +10,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/kafkatx/kafkatx/internal/embedded"
+	"github.com/kafkatx/kafkatx/examples/internal/embedded"
 )
 
 // TestConsumerGroupCommits checks what the demo and the fast tests need from the in-process

@@ -10,7 +10,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/kafkatx/kafkatx/internal/topics"
+	"github.com/kafkatx/kafkatx/examples/internal/topics"
 )
 
 // producer sends orders the way examples/orders --generate does: idempotent, acks=all,

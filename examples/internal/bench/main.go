@@ -41,8 +41,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
-	"github.com/kafkatx/kafkatx/internal/topics"
 )
 
 type options struct {

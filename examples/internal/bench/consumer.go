@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
-	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
