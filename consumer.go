@@ -370,13 +370,11 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 	off := int64(m.TopicPartition.Offset)
 	hook("polled", off)
 	c.stats.lastMessage.Store(time.Now().UnixNano())
-	if off < p.next {
-		c.stats.duplicates.Add(1)
-		c.metrics.duplicates.WithLabelValues(c.group, tp.Topic).Inc()
+	if off < p.dispatchedEnd.Load() {
+		c.countDuplicates(tp.Topic, 1)
 		return
 	}
-	p.next = off + 1
-	p.dispatchedEnd.Store(p.next)
+	p.dispatchedEnd.Store(off + 1)
 	p.bytes.Add(messageBytes(m))
 	if len(p.pending) == 0 {
 		select {
@@ -393,7 +391,7 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 			return
 		}
 		p.paused = true
-		c.stats.pauses.Add(1)
+		c.countPause()
 	}
 }
 
@@ -482,7 +480,7 @@ func (c *Consumer) resync(r resyncRequest) {
 	for len(p.in) > 0 {
 		p.bytes.Add(-messageBytes(<-p.in))
 	}
-	p.next = r.at
+	p.dispatchedEnd.Store(r.at)
 	tp := p.ktp()
 	tp.Offset = kafka.Offset(r.at)
 	if _, err := c.kc.SeekPartitions([]kafka.TopicPartition{tp}); err != nil {

@@ -160,8 +160,7 @@ func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetst
 		if _, err := c.follow(ctx, tp, w.Next, low, fmt.Sprintf("log start %d passed the watermark %d: records removed by retention or delete-records before they were processed", low, w.Next)); err != nil {
 			return w, err
 		}
-		c.metrics.skipped.WithLabelValues(c.group, tp.Topic, offsetstore.KindUnexplainedSkip).Add(float64(low - w.Next))
-		c.stats.skipped.Add(low - w.Next)
+		c.countSkipped(tp.Topic, offsetstore.KindUnexplainedSkip, low-w.Next)
 		w.Next, w.InflightEnd = low, -1
 	}
 	switch d.Case {
@@ -205,8 +204,7 @@ func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetst
 		} else {
 			log.Warn("following an operator skip", zap.Int64("from", w.Next), zap.Int64("to", k))
 		}
-		c.metrics.skipped.WithLabelValues(c.group, tp.Topic, kind).Add(float64(k - w.Next))
-		c.stats.skipped.Add(k - w.Next)
+		c.countSkipped(tp.Topic, kind, k-w.Next)
 		w.Next, w.InflightEnd = k, -1
 	}
 	if d.Commit {

@@ -104,8 +104,7 @@ func (p *partition) waitUnavailable(offset int64, cause error) error {
 	pol := p.c.cfg.Retry
 	pol.MaxBackoff = UnavailableMaxBackoff
 	d := pol.Backoff(min(p.unavailN, 16))
-	p.c.stats.unavailable.Add(1)
-	p.c.metrics.unavailable.WithLabelValues(p.c.group, p.tp.Topic).Inc()
+	p.c.countUnavailable(p.tp.Topic)
 	p.log.Warn("dependency unavailable; the partition waits and runs the message again (not an attempt)",
 		zap.Int64("offset", offset), zap.String("cause", pg.SanitizeText(cause.Error(), 512)),
 		zap.Duration("waited", time.Since(p.unavailSince)), zap.Duration("backoff", d))

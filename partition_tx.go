@@ -1,0 +1,294 @@
+package kafkatx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// The three transaction bodies of a partition worker — a batch (batchTx), one message
+// (oneTx), a dead letter (deadLetterTx) — and the tail they share (finishTx): gap audit,
+// attempts, watermark advance, commit, bookkeeping.
+
+// batchTx runs the handler over msgs in one transaction and advances the watermark to end.
+// herr is a handler failure at msgs[failed] (or unattributed); err is a database or fencing
+// error, or errWaited for an Unavailable answer.
+func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (failed int, herr, err error) {
+	tx, err := p.c.begin(ctx)
+	if err != nil {
+		return -1, nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	fresh, dups, failed, herr, err := p.claim(ctx, tx, toMessages(msgs, 1))
+	if err != nil || herr != nil {
+		return failed, herr, err
+	}
+	if herr, err := p.call(ctx, tx, fresh); err != nil || herr != nil {
+		if err != nil {
+			return -1, nil, err
+		}
+		var me *MessageError
+		if errors.As(herr, &me) {
+			for i, km := range msgs {
+				if int64(km.TopicPartition.Offset) == me.Offset {
+					return i, me.Err, nil
+				}
+			}
+		}
+		if len(msgs) == 1 {
+			return 0, herr, nil
+		}
+		return unattributed, herr, nil
+	}
+	for _, km := range msgs {
+		hook("handled", int64(km.TopicPartition.Offset))
+	}
+	return -1, nil, p.finishTx(ctx, tx, msgs, end, p.markAhead(end), false, len(fresh), dups)
+}
+
+// oneTx runs one message's try in its own transaction. herr is the handler's failure; err a
+// database or fencing error, or errWaited for an Unavailable answer.
+func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
+	tx, err := p.c.begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	fresh, dups, _, herr, err := p.claim(ctx, tx, toMessages([]*kafka.Message{km}, attempt))
+	if err != nil || herr != nil {
+		return herr, err
+	}
+	if herr, err := p.call(ctx, tx, fresh); err != nil || herr != nil {
+		var me *MessageError
+		if errors.As(herr, &me) {
+			herr = me.Err
+		}
+		return herr, err
+	}
+	hook("handled", int64(km.TopicPartition.Offset))
+	return nil, p.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, p.inflightEnd, true, len(fresh), dups)
+}
+
+// deadLetterTx writes dead letter d of km, publishes it through the outbox when configured,
+// and advances the watermark past it, in one transaction (invariant 4).
+func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kafka.Message) error {
+	tx, err := p.c.begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	id, _, err := dlq.InsertTx(ctx, tx, p.c.cfg.Schema, d)
+	if err != nil {
+		return err
+	}
+	if !p.c.cfg.DeadLetter.Disabled {
+		// Published through the outbox in this transaction: the dead-letter record exists
+		// if and only if the dead letter does (invariant 4). A message failing again after a
+		// replay updates its row and is published again.
+		d.ID = id
+		rec := dlq.Record(p.c.cfg.DeadLetter.Topic(d.Topic), d)
+		if _, err := (outbox.Writer{Schema: p.c.cfg.Schema}).WriteTx(ctx, tx, rec); err != nil {
+			return fmt.Errorf("publish dead letter through the outbox: %w", err)
+		}
+	}
+	hook("dead-letter", d.Offset)
+	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, 0, 0)
+}
+
+// finishTx is the tail that every transaction moving the watermark shares, in this order:
+// audit a gap that retention left below msgs' first offset, delete the attempt rows of
+// msgs when they had any (clearAttempts), advance the watermark from p.watermark.Load() to end
+// (compare-and-set; the in-flight marker to inflightEnd), commit, and record the commit —
+// processed messages ran their handler, dups were dropped by their business key.
+func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, processed, dups int) error {
+	from := int64(msgs[0].TopicPartition.Offset)
+	if err := p.auditGap(ctx, tx, from); err != nil {
+		return err
+	}
+	if clearAttempts {
+		if err := p.c.store.DeleteAttempts(ctx, tx, p.c.group, p.tp, from, end); err != nil {
+			return err
+		}
+	}
+	if err := p.c.store.Advance(ctx, tx, p.c.group, p.tp, p.watermark.Load(), end, inflightEnd); err != nil {
+		return err
+	}
+	if err := p.commit(ctx, tx, end); err != nil {
+		return err
+	}
+	for _, km := range msgs {
+		hook("db-committed", int64(km.TopicPartition.Offset))
+	}
+	p.inflightEnd = inflightEnd
+	p.committed(end, processed)
+	p.c.countDuplicates(p.tp.Topic, dups)
+	return nil
+}
+
+// call runs the handler over msgs and sorts what it returned: herr is the handler's own
+// failure (a panic is recovered as one, with its stack); err is what the loop retries without
+// an attempt — a retryable database error, the worker's cancellation, or errWaited for an
+// Unavailable answer still within its window.
+func (p *partition) call(ctx context.Context, tx pgx.Tx, msgs []*Message) (herr, err error) {
+	if len(msgs) == 0 {
+		return nil, nil // every message was a duplicate by its business key
+	}
+	herr = p.callHandler(ctx, tx, msgs)
+	switch {
+	case herr == nil:
+		return nil, nil
+	case retryableDB(herr) || ctx.Err() != nil:
+		return nil, herr
+	case p.unavailable(herr):
+		return nil, &errWaited{cause: herr}
+	}
+	return herr, nil
+}
+
+func (p *partition) callHandler(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &panicError{value: r, stack: debug.Stack()}
+		}
+	}()
+	return p.c.handler(ctx, tx, msgs)
+}
+
+// claim claims the business idempotency keys of msgs in tx and returns the messages whose
+// handler must run: those without a key and those claiming theirs first. A key function
+// error fails its message (herr at msgs[failed]) as a permanent error.
+func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (fresh []*Message, dups, failed int, herr, err error) {
+	idem := p.c.cfg.Idempotency
+	if idem.Disabled {
+		return msgs, 0, -1, nil, nil
+	}
+	var keys []string
+	var keyed []int
+	for i, m := range msgs {
+		k, ok, kerr := idem.Key(idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header})
+		if kerr != nil {
+			return nil, 0, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
+		}
+		if ok && len(k) > idempotency.MaxKeyBytes {
+			return nil, 0, i, Permanent(fmt.Errorf("idempotency key of %d bytes is longer than %d", len(k), idempotency.MaxKeyBytes)), nil
+		}
+		if ok && k != "" {
+			keys = append(keys, k)
+			keyed = append(keyed, i)
+		}
+	}
+	if len(keys) == 0 {
+		return msgs, 0, -1, nil, nil
+	}
+	first, err := idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention}.ClaimManyTx(ctx, tx, p.scope(), keys)
+	if err != nil {
+		return nil, 0, -1, nil, err
+	}
+	skip := make(map[int]bool, len(keys))
+	for j, ok := range first {
+		if !ok {
+			skip[keyed[j]] = true
+		}
+	}
+	fresh = make([]*Message, 0, len(msgs)-len(skip))
+	for i, m := range msgs {
+		if !skip[i] {
+			fresh = append(fresh, m)
+		}
+	}
+	return fresh, len(skip), -1, nil, nil
+}
+
+// scope is the idempotency scope of the partition's group and replay epoch.
+func (p *partition) scope() string { return fmt.Sprintf("%s/%d", p.c.group, p.epoch) }
+
+// auditGap records in tx, as an unexplained skip, the offsets below first that the log no
+// longer holds: retention overtook the watermark while the partition was assigned, and
+// librdkafka reset the fetch to the log start (kafkatx sets its auto.offset.reset to
+// earliest, so the gap is exactly [watermark, log start)). Other gaps — compaction,
+// transaction markers — are offsets without records and are not audited.
+func (p *partition) auditGap(ctx context.Context, tx pgx.Tx, first int64) error {
+	w := p.watermark.Load()
+	if first <= w {
+		return nil
+	}
+	low, _, err := p.c.kc.GetWatermarkOffsets(p.tp.Topic, p.tp.Partition)
+	if err != nil || low <= w {
+		return nil
+	}
+	to := min(low, first)
+	p.log.Error("records removed from the log before they were processed (retention or delete-records); auditing the gap",
+		zap.Int64("from", w), zap.Int64("to", to))
+	_, err = p.c.store.InsertEvent(ctx, tx, offsetstore.Event{Group: p.c.group, Topic: p.tp.Topic, Partition: p.tp.Partition,
+		Kind: offsetstore.KindUnexplainedSkip, From: w, To: to, Actor: "kafkatx.consumer",
+		Reason: fmt.Sprintf("log start %d passed the watermark %d while the partition was assigned", low, w)})
+	if err == nil {
+		p.c.countSkipped(p.tp.Topic, offsetstore.KindUnexplainedSkip, to-w)
+	}
+	return err
+}
+
+// commit commits tx that moves the watermark to end. After a lost COMMIT reply, a
+// watermark that already equals end means the commit happened (docs/design.md, "Compare-and-set").
+func (p *partition) commit(ctx context.Context, tx pgx.Tx, end int64) error {
+	err := tx.Commit(ctx)
+	if err == nil {
+		return nil
+	}
+	ws, rerr := p.c.store.Watermarks(context.WithoutCancel(ctx), p.c.pool, p.c.group, []offsetstore.TP{p.tp})
+	if rerr == nil && ws[p.tp].Next == end {
+		p.log.Warn("COMMIT reply lost but the watermark shows it committed", zap.Int64("watermark", end), zap.Error(err))
+		return nil
+	}
+	return fmt.Errorf("commit: %w", err)
+}
+
+// committed records a database commit that moved the watermark to next, processed messages
+// having run their handler, and hands the new watermark to the Kafka committer.
+func (p *partition) committed(next int64, processed int) {
+	p.available(true)
+	p.watermark.Store(next)
+	p.c.commits.enqueue(p.tp, next)
+	p.c.stats.lastCommit.Store(time.Now().UnixNano())
+	p.c.countProcessed(p.tp.Topic, processed)
+}
+
+// toMessages converts the records of one transaction, once for the key claims and the
+// handler.
+func toMessages(kms []*kafka.Message, attempt int) []*Message {
+	msgs := make([]*Message, len(kms))
+	for i, km := range kms {
+		msgs[i] = toMessage(km, attempt)
+	}
+	return msgs
+}
+
+func toMessage(km *kafka.Message, attempt int) *Message {
+	m := &Message{
+		Topic:     *km.TopicPartition.Topic,
+		Partition: km.TopicPartition.Partition,
+		Offset:    int64(km.TopicPartition.Offset),
+		Key:       km.Key,
+		Value:     km.Value,
+		Timestamp: km.Timestamp,
+		Attempt:   attempt,
+	}
+	if len(km.Headers) > 0 {
+		m.Headers = make([]Header, len(km.Headers))
+		for i, h := range km.Headers {
+			m.Headers[i] = Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m
+}
