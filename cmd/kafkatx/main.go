@@ -16,13 +16,15 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Globals are the flags every subcommand takes.
 type Globals struct {
 	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL URL (postgres://user:pass@host:port/db)."`
 	Brokers     string `name:"brokers" env:"KAFKA_BOOTSTRAP_SERVERS" help:"Kafka bootstrap servers, host:port[,host:port]."`
-	Schema      string `name:"schema" default:"kafkatx" help:"Schema of kafkatx's tables."`
+	Schema      string `name:"schema" default:"${default_schema}" help:"Schema of kafkatx's tables."`
 	LogLevel    string `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr)."`
 
 	DatabaseURLFile  string   `name:"database-url-file" env:"KAFKATX_DATABASE_URL_FILE" type:"path" help:"Read the PostgreSQL URL from this file (overrides --database-url; keeps the password out of the environment and the process list)."`
@@ -61,7 +63,7 @@ func (e *exitError) Error() string {
 // Exit statuses of every subcommand (also in --help and the README).
 const (
 	exitFailed = 1 // the command failed (database or Kafka unreachable, a missing table, ...)
-	exitUsage = 2 // the command line is wrong: one line on stderr says what, --help says more
+	exitUsage  = 2 // the command line is wrong: one line on stderr says what, --help says more
 )
 
 // exitCodes is the table printed by --help.
@@ -113,6 +115,7 @@ func main() {
 	parser, err := kong.New(&cli,
 		kong.Name("kafkatx"),
 		kong.Description("Operate kafkatx: migrations, the outbox relay sidecar, dead letters and offsets.\n\n"+exitCodes),
+		kong.Vars{"default_schema": pg.DefaultSchema},
 	)
 	if err != nil {
 		panic(err) // the CLI struct itself is wrong: a programming error
