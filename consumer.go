@@ -166,6 +166,7 @@ func (c *Consumer) Stats() Stats {
 		Retries:         c.stats.retries.Load(),
 		DeadLettered:    c.stats.deadLettered.Load(),
 		SkippedOffsets:  c.stats.skipped.Load(),
+		NotChanges:      c.stats.notChanges.Load(),
 		FirstAssignedAt: unixNanoTime(c.stats.firstAssigned.Load()),
 		LastMessageAt:   unixNanoTime(c.stats.lastMessage.Load()),
 	}

@@ -457,7 +457,7 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 		return -1, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, dups, failed, herr, err := p.claim(ctx, tx, toMessages(msgs, 1))
+	fresh, dups, notChanges, failed, herr, err := p.claim(ctx, tx, toMessages(msgs, 1))
 	if err != nil || herr != nil {
 		return failed, herr, err
 	}
@@ -497,6 +497,7 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 	p.inflightEnd = ahead
 	p.committed(end, len(fresh), 0)
 	p.duplicates(dups)
+	p.notChanges(notChanges)
 	return -1, nil, nil
 }
 
@@ -528,39 +529,48 @@ func (p *partition) auditGap(ctx context.Context, tx pgx.Tx, first int64) error 
 
 // claim claims the business idempotency keys of msgs in tx and returns the messages whose
 // handler must run: those without a key and those claiming theirs first. A key function
-// error fails its message (herr at msgs[failed]) as a permanent error.
-func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (fresh []*Message, dups, failed int, herr, err error) {
+// error fails its message (herr at msgs[failed]) as a permanent error, except
+// idempotency.ErrNotAChange: that message is skipped (counted in notChanges).
+func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (fresh []*Message, dups, notChanges, failed int, herr, err error) {
 	idem := p.c.cfg.Idempotency
 	if idem.Disabled {
-		return msgs, 0, -1, nil, nil
+		return msgs, 0, 0, -1, nil, nil
 	}
 	var keys []string
 	var keyed []int
+	skip := make(map[int]bool)
 	for i, m := range msgs {
 		k, ok, kerr := idem.Key(idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header})
+		if errors.Is(kerr, idempotency.ErrNotAChange) {
+			skip[i] = true // a tombstone, heartbeat, transaction marker: nothing to handle
+			notChanges++
+			continue
+		}
 		if kerr != nil {
-			return nil, 0, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
+			return nil, 0, 0, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
 		}
 		if ok && len(k) > idempotency.MaxKeyBytes {
-			return nil, 0, i, Permanent(fmt.Errorf("idempotency key of %d bytes is longer than %d", len(k), idempotency.MaxKeyBytes)), nil
+			return nil, 0, 0, i, Permanent(fmt.Errorf("idempotency key of %d bytes is longer than %d", len(k), idempotency.MaxKeyBytes)), nil
 		}
 		if ok && k != "" {
 			keys = append(keys, k)
 			keyed = append(keyed, i)
 		}
 	}
-	if len(keys) == 0 {
-		return msgs, 0, -1, nil, nil
-	}
-	first, err := idempotency.ClaimManyTx(ctx, tx, p.c.cfg.Schema, p.scope(), keys, idem.Retention)
-	if err != nil {
-		return nil, 0, -1, nil, err
-	}
-	skip := make(map[int]bool, len(keys))
-	for j, ok := range first {
-		if !ok {
-			skip[keyed[j]] = true
+	if len(keys) > 0 {
+		first, err := idempotency.ClaimManyTx(ctx, tx, p.c.cfg.Schema, p.scope(), keys, idem.Retention)
+		if err != nil {
+			return nil, 0, 0, -1, nil, err
 		}
+		for j, ok := range first {
+			if !ok {
+				skip[keyed[j]] = true
+				dups++
+			}
+		}
+	}
+	if len(skip) == 0 {
+		return msgs, 0, 0, -1, nil, nil
 	}
 	fresh = make([]*Message, 0, len(msgs)-len(skip))
 	for i, m := range msgs {
@@ -568,11 +578,19 @@ func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (fres
 			fresh = append(fresh, m)
 		}
 	}
-	return fresh, len(skip), -1, nil, nil
+	return fresh, dups, notChanges, -1, nil, nil
 }
 
 // scope is the idempotency scope of the partition's group and replay epoch.
 func (p *partition) scope() string { return fmt.Sprintf("%s/%d", p.c.group, p.epoch) }
+
+// notChanges counts records the key function reported as idempotency.ErrNotAChange.
+func (p *partition) notChanges(n int) {
+	if n > 0 {
+		p.c.stats.notChanges.Add(int64(n))
+		p.c.metrics.notChanges.WithLabelValues(p.c.group, p.tp.Topic).Add(float64(n))
+	}
+}
 
 func (p *partition) duplicates(n int) {
 	if n > 0 {
@@ -738,7 +756,7 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, dups, _, herr, err := p.claim(ctx, tx, toMessages([]*kafka.Message{km}, attempt))
+	fresh, dups, notChanges, _, herr, err := p.claim(ctx, tx, toMessages([]*kafka.Message{km}, attempt))
 	if err != nil || herr != nil {
 		return herr, err
 	}
@@ -768,6 +786,7 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 	hook("db-committed", off)
 	p.committed(off+1, len(fresh), 0)
 	p.duplicates(dups)
+	p.notChanges(notChanges)
 	return nil, nil
 }
 

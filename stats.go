@@ -20,6 +20,10 @@ type Stats struct {
 	DeadLettered int64
 	// SkippedOffsets counts offsets skipped by following Kafka (operator or unexplained).
 	SkippedOffsets int64
+	// NotChanges counts records the idempotency key function reported as not a change
+	// (idempotency.ErrNotAChange: Debezium tombstones, heartbeats, transaction metadata):
+	// committed past without running the handler, never dead-lettered.
+	NotChanges int64
 	// Assigned is the number of partitions currently assigned.
 	Assigned int
 	// InFlight is the number of received messages not yet committed, dead-lettered or
@@ -32,8 +36,8 @@ type Stats struct {
 }
 
 type counters struct {
-	processed, duplicates, retries, deadLettered, skipped atomic.Int64
-	firstAssigned, lastMessage                            atomic.Int64 // unix nanos
+	processed, duplicates, retries, deadLettered, skipped, notChanges atomic.Int64
+	firstAssigned, lastMessage                                        atomic.Int64 // unix nanos
 }
 
 func unixNanoTime(n int64) time.Time {
@@ -50,6 +54,7 @@ type metrics struct {
 	retries      *prometheus.CounterVec
 	deadLetters  *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
+	notChanges   *prometheus.CounterVec
 	drift        *prometheus.GaugeVec
 	lag          *prometheus.GaugeVec
 	batchSeconds prometheus.Histogram
@@ -62,13 +67,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		retries:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_message_retries_total", Help: "Handler tries after the first."}, []string{"group", "topic"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dead_letters_total", Help: "Messages dead-lettered."}, []string{"group", "topic", "error_class"}),
 		skipped:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_offsets_skipped_total", Help: "Offsets skipped by following Kafka's committed offset, by audit kind."}, []string{"group", "topic", "kind"}),
+		notChanges:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_not_a_change_total", Help: "Records the idempotency key function reported as not a change (tombstones, heartbeats, transaction metadata); the handler did not run."}, []string{"group", "topic"}),
 		drift:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_offset_drift", Help: "Kafka committed offset minus database watermark, found on assignment (0 when aligned)."}, []string{"group", "topic", "partition"}),
 		lag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_lag", Help: "Log end offset minus database watermark, in messages."}, []string{"group", "topic", "partition"}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kafkatx_batch_duration_seconds", Help: "Time to run and commit one batch transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.retries, m.deadLetters, m.skipped, m.drift, m.lag, m.batchSeconds} {
+		for _, c := range []prometheus.Collector{m.processed, m.duplicates, m.retries, m.deadLetters, m.skipped, m.notChanges, m.drift, m.lag, m.batchSeconds} {
 			_ = reg.Register(c)
 		}
 	}
