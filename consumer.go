@@ -211,6 +211,7 @@ func (c *Consumer) Stats() Stats {
 		DeadLettered:    c.stats.deadLettered.Load(),
 		SkippedOffsets:  c.stats.skipped.Load(),
 		Pauses:          c.stats.pauses.Load(),
+		NotChanges:      c.stats.notChanges.Load(),
 		FirstAssignedAt: unixNanoTime(c.stats.firstAssigned.Load()),
 		LastMessageAt:   unixNanoTime(c.stats.lastMessage.Load()),
 		Unavailable:     c.stats.unavailable.Load(),

@@ -23,6 +23,16 @@ func (c *Consumer) countDuplicates(topic string, n int) {
 	c.metrics.duplicates.WithLabelValues(c.group, topic).Add(float64(n))
 }
 
+// countNotChanges records n records of topic that the key function answered
+// idempotency.ErrNotAChange for: committed past without running the handler.
+func (c *Consumer) countNotChanges(topic string, n int) {
+	if n <= 0 {
+		return
+	}
+	c.stats.notChanges.Add(int64(n))
+	c.metrics.notChanges.WithLabelValues(c.group, topic).Add(float64(n))
+}
+
 // countRetry records a try of a message after its first.
 func (c *Consumer) countRetry(topic string) {
 	c.stats.retries.Add(1)

@@ -30,11 +30,11 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 		return -1, nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, dups, failed, herr, err := p.claim(ctx, tx, toMessages(msgs, 1))
+	cl, failed, herr, err := p.claim(ctx, tx, toMessages(msgs, 1))
 	if err != nil || herr != nil {
 		return failed, herr, err
 	}
-	if herr, err := p.call(ctx, tx, fresh); err != nil || herr != nil {
+	if herr, err := p.call(ctx, tx, cl.fresh); err != nil || herr != nil {
 		if err != nil {
 			return -1, nil, err
 		}
@@ -54,7 +54,7 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 	for _, km := range msgs {
 		hook("handled", int64(km.TopicPartition.Offset))
 	}
-	return -1, nil, p.finishTx(ctx, tx, msgs, end, p.markAhead(end), false, len(fresh), dups)
+	return -1, nil, p.finishTx(ctx, tx, msgs, end, p.markAhead(end), false, cl)
 }
 
 // oneTx runs one message's try in its own transaction. herr is the handler's failure; err a
@@ -65,11 +65,11 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	fresh, dups, _, herr, err := p.claim(ctx, tx, toMessages([]*kafka.Message{km}, attempt))
+	cl, _, herr, err := p.claim(ctx, tx, toMessages([]*kafka.Message{km}, attempt))
 	if err != nil || herr != nil {
 		return herr, err
 	}
-	if herr, err := p.call(ctx, tx, fresh); err != nil || herr != nil {
+	if herr, err := p.call(ctx, tx, cl.fresh); err != nil || herr != nil {
 		var me *MessageError
 		if errors.As(herr, &me) {
 			herr = me.Err
@@ -77,7 +77,7 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return herr, err
 	}
 	hook("handled", int64(km.TopicPartition.Offset))
-	return nil, p.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, p.inflightEnd, true, len(fresh), dups)
+	return nil, p.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, p.inflightEnd, true, cl)
 }
 
 // deadLetterTx writes dead letter d of km, publishes it through the outbox when configured,
@@ -103,15 +103,15 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kaf
 		}
 	}
 	hook("dead-letter", d.Offset)
-	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, 0, 0)
+	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, claimed{})
 }
 
 // finishTx is the tail that every transaction moving the watermark shares, in this order:
 // audit a gap that retention left below msgs' first offset, delete the attempt rows of
 // msgs when they had any (clearAttempts), advance the watermark from p.watermark.Load() to end
-// (compare-and-set; the in-flight marker to inflightEnd), commit, and record the commit —
-// processed messages ran their handler, dups were dropped by their business key.
-func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, processed, dups int) error {
+// (compare-and-set; the in-flight marker to inflightEnd), commit, and record the commit and
+// what claim found (cl; empty for a dead letter).
+func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, cl claimed) error {
 	from := int64(msgs[0].TopicPartition.Offset)
 	if err := p.auditGap(ctx, tx, from); err != nil {
 		return err
@@ -131,8 +131,9 @@ func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Messa
 		hook("db-committed", int64(km.TopicPartition.Offset))
 	}
 	p.inflightEnd = inflightEnd
-	p.committed(end, processed)
-	p.c.countDuplicates(p.tp.Topic, dups)
+	p.committed(end, len(cl.fresh))
+	p.c.countDuplicates(p.tp.Topic, cl.dups)
+	p.c.countNotChanges(p.tp.Topic, cl.notChanges)
 	return nil
 }
 
@@ -165,49 +166,66 @@ func (p *partition) callHandler(ctx context.Context, tx pgx.Tx, msgs []*Message)
 	return p.c.handler(ctx, tx, msgs)
 }
 
-// claim claims the business idempotency keys of msgs in tx and returns the messages whose
-// handler must run: those without a key and those claiming theirs first. A key function
-// error fails its message (herr at msgs[failed]) as a permanent error.
-func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (fresh []*Message, dups, failed int, herr, err error) {
+// claimed is what claim found in one transaction's messages.
+type claimed struct {
+	fresh      []*Message // the handler runs on these: no business key, or its first claim
+	dups       int        // skipped: their business key was claimed before
+	notChanges int        // skipped: the key function answered idempotency.ErrNotAChange
+}
+
+// claim claims the business idempotency keys of msgs in tx and sorts the messages. A key
+// function error fails its message (herr at msgs[failed]) as a permanent error, except
+// idempotency.ErrNotAChange (a Debezium tombstone, heartbeat, transaction marker): that
+// message is skipped, counted, never dead-lettered.
+func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (cl claimed, failed int, herr, err error) {
 	idem := p.c.cfg.Idempotency
 	if idem.Disabled {
-		return msgs, 0, -1, nil, nil
+		return claimed{fresh: msgs}, -1, nil, nil
 	}
 	var keys []string
 	var keyed []int
+	skip := make(map[int]bool)
 	for i, m := range msgs {
 		k, ok, kerr := idem.Key(idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header})
+		if errors.Is(kerr, idempotency.ErrNotAChange) {
+			skip[i] = true
+			cl.notChanges++
+			continue
+		}
 		if kerr != nil {
-			return nil, 0, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
+			return claimed{}, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
 		}
 		if ok && len(k) > idempotency.MaxKeyBytes {
-			return nil, 0, i, Permanent(fmt.Errorf("idempotency key of %d bytes is longer than %d", len(k), idempotency.MaxKeyBytes)), nil
+			return claimed{}, i, Permanent(fmt.Errorf("idempotency key of %d bytes is longer than %d", len(k), idempotency.MaxKeyBytes)), nil
 		}
 		if ok && k != "" {
 			keys = append(keys, k)
 			keyed = append(keyed, i)
 		}
 	}
-	if len(keys) == 0 {
-		return msgs, 0, -1, nil, nil
-	}
-	first, err := idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention}.ClaimManyTx(ctx, tx, p.scope(), keys)
-	if err != nil {
-		return nil, 0, -1, nil, err
-	}
-	skip := make(map[int]bool, len(keys))
-	for j, ok := range first {
-		if !ok {
-			skip[keyed[j]] = true
+	if len(keys) > 0 {
+		first, err := idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention}.ClaimManyTx(ctx, tx, p.scope(), keys)
+		if err != nil {
+			return claimed{}, -1, nil, err
+		}
+		for j, ok := range first {
+			if !ok {
+				skip[keyed[j]] = true
+				cl.dups++
+			}
 		}
 	}
-	fresh = make([]*Message, 0, len(msgs)-len(skip))
+	if len(skip) == 0 {
+		cl.fresh = msgs
+		return cl, -1, nil, nil
+	}
+	cl.fresh = make([]*Message, 0, len(msgs)-len(skip))
 	for i, m := range msgs {
 		if !skip[i] {
-			fresh = append(fresh, m)
+			cl.fresh = append(cl.fresh, m)
 		}
 	}
-	return fresh, len(skip), -1, nil, nil
+	return cl, -1, nil, nil
 }
 
 // scope is the idempotency scope of the partition's group and replay epoch.

@@ -25,6 +25,10 @@ type Stats struct {
 	// Pauses counts the times a partition stopped fetching because the messages held for it
 	// exceeded its share of Config.MaxBufferedBytes (it resumes at half its share).
 	Pauses int64
+	// NotChanges counts records the idempotency key function reported as not a change
+	// (idempotency.ErrNotAChange: Debezium tombstones, heartbeats, transaction metadata):
+	// committed past without running the handler, never dead-lettered.
+	NotChanges int64
 	// Assigned is the number of partitions currently assigned.
 	Assigned int
 	// InFlight is the number of received messages not yet committed, dead-lettered or
@@ -43,9 +47,9 @@ type Stats struct {
 }
 
 type counters struct {
-	processed, duplicates, retries, deadLettered, skipped, pauses atomic.Int64
-	unavailable                                                   atomic.Int64
-	firstAssigned, lastMessage, lastCommit                        atomic.Int64 // unix nanos
+	processed, duplicates, retries, deadLettered, skipped, pauses, notChanges atomic.Int64
+	unavailable                                                               atomic.Int64
+	firstAssigned, lastMessage, lastCommit                                    atomic.Int64 // unix nanos
 }
 
 func unixNanoTime(n int64) time.Time {
@@ -62,6 +66,7 @@ type metrics struct {
 	retries      *prometheus.CounterVec
 	deadLetters  *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
+	notChanges   *prometheus.CounterVec
 	drift        *prometheus.GaugeVec
 	lag          *prometheus.GaugeVec
 	batchSeconds prometheus.Histogram
@@ -78,6 +83,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		retries:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_message_retries_total", Help: "Handler tries after the first."}, []string{"group", "topic"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dead_letters_total", Help: "Messages dead-lettered."}, []string{"group", "topic", "error_class"}),
 		skipped:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_offsets_skipped_total", Help: "Offsets skipped by following Kafka's committed offset, by audit kind."}, []string{"group", "topic", "kind"}),
+		notChanges:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_not_a_change_total", Help: "Records the idempotency key function reported as not a change (tombstones, heartbeats, transaction metadata); the handler did not run."}, []string{"group", "topic"}),
 		drift:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_offset_drift", Help: "Kafka committed offset minus database watermark, found on assignment (0 when aligned)."}, []string{"group", "topic", "partition"}),
 		lag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_lag", Help: "Log end offset minus database watermark, in messages."}, []string{"group", "topic", "partition"}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kafkatx_batch_duration_seconds", Help: "Time to run and commit one batch transaction.",
@@ -96,6 +102,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	promreg.Into(reg, &m.batchSeconds, &err)
 	promreg.Into(reg, &m.unavailable, &err)
 	promreg.Into(reg, &m.waiting, &err)
+	promreg.Into(reg, &m.notChanges, &err)
 	if err != nil {
 		return nil, err
 	}

@@ -6,8 +6,9 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 )
 
-// A Debezium change event from the PostgreSQL connector gets its source position as its
-// idempotency key; the same event re-published at another offset gets the same key.
+// A Debezium change event from the PostgreSQL connector gets its source position and a
+// digest of its record key as its idempotency key; the same event re-published at another
+// offset gets the same key.
 func ExampleFromDebezium() {
 	keyOf := idempotency.FromDebezium()
 	value := []byte(`{"before":null,"after":{"id":7,"status":"active"},` +
@@ -18,6 +19,6 @@ func ExampleFromDebezium() {
 		fmt.Println(offset, key, ok, err)
 	}
 	// Output:
-	// 41 pg:app:app.public.customers:c:24023128:555 true <nil>
-	// 97 pg:app:app.public.customers:c:24023128:555 true <nil>
+	// 41 dbz2:pg:app:app.public.customers:c:24023128:555:-:ka3c90e3b7448d23d9eacebd0ebf15cae true <nil>
+	// 97 dbz2:pg:app:app.public.customers:c:24023128:555:-:ka3c90e3b7448d23d9eacebd0ebf15cae true <nil>
 }

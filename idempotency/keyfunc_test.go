@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -32,80 +31,6 @@ func headers(kv ...string) func(string) ([]byte, bool) {
 			}
 		}
 		return nil, false
-	}
-}
-
-func TestFromDebeziumPositions(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		file, recordKey, want string
-	}{
-		{"pg_create_with_schema.json", `{"id":1}`, "pg:PostgreSQL_server:postgres.public.customers:c:24023128:555"},
-		{"pg_update.json", `{"id":1}`, "pg:PostgreSQL_server:postgres.public.customers:u:24023196:556"},
-		{"acceptance_event.json", `{"id":7}`, "pg::app.public.customers:c:100448:707"},
-		{"mysql_create.json", `{"id":1004}`, "mysql:mysql-server-1:inventory.customers:c:223344:mysql-bin.000003:154:0"},
-		{"sqlserver_create.json", `{"id":1005}`, "sqlserver:server1:testDB.dbo.customers:c:00000027:00000758:0005:00000027:00000758:0003:1"},
-	}
-	f := idempotency.FromDebezium()
-	for _, c := range cases {
-		k, ok, err := f(idempotency.Message{Key: []byte(c.recordKey), Value: sample(t, c.file)})
-		if err != nil || !ok || k != c.want {
-			t.Errorf("%s: key %q ok=%v err=%v; want %q", c.file, k, ok, err, c.want)
-		}
-	}
-}
-
-// TestFromDebeziumDistinct: events that share a source position (a primary-key update's
-// delete and create, a TRUNCATE of two tables, snapshot rows, two rows of one binlog event)
-// still get distinct keys, and the same event always gets the same key.
-func TestFromDebeziumDistinct(t *testing.T) {
-	t.Parallel()
-	f := idempotency.FromDebezium()
-	key := func(file, recordKey string) string {
-		k, ok, err := f(idempotency.Message{Key: []byte(recordKey), Value: sample(t, file)})
-		if err != nil || !ok {
-			t.Fatalf("%s: %v %v", file, ok, err)
-		}
-		return k
-	}
-	pairs := [][4]string{
-		{"pg_pk_update_delete.json", `{"id":1}`, "pg_pk_update_create.json", `{"id":2}`},
-		{"pg_truncate_a.json", ``, "pg_truncate_b.json", ``},
-		{"pg_snapshot_1.json", `{"id":1001}`, "pg_snapshot_2.json", `{"id":1002}`},
-		{"mysql_create.json", `{"id":1004}`, "mysql_create_row1.json", `{"id":1005}`},
-	}
-	for _, p := range pairs {
-		a, b := key(p[0], p[1]), key(p[2], p[3])
-		if a == b {
-			t.Errorf("%s and %s share key %q", p[0], p[2], a)
-		}
-		if again := key(p[0], p[1]); again != a {
-			t.Errorf("%s: key not deterministic: %q then %q", p[0], a, again)
-		}
-	}
-	if k := key("pg_snapshot_1.json", `{"id":1001}`); !strings.Contains(k, ":snap:") {
-		t.Errorf("snapshot key %q lacks the row digest", k)
-	}
-}
-
-func TestFromDebeziumRefuses(t *testing.T) {
-	t.Parallel()
-	f := idempotency.FromDebezium()
-	if _, ok, err := f(idempotency.Message{Value: nil}); ok || err != nil {
-		t.Errorf("tombstone: ok=%v err=%v; want no key, no error", ok, err)
-	}
-	for name, v := range map[string][]byte{
-		"not json":        []byte("poison \x00\xff"),
-		"no source":       []byte(`{"before":null,"after":{"id":1},"op":"c"}`),
-		"pg without lsn":  []byte(`{"after":{"id":1},"source":{"connector":"postgresql","txId":5},"op":"c"}`),
-		"mongodb":         sample(t, "mongodb_create.json"),
-		"null payload":    []byte(`{"schema":{},"payload":null}`),
-		"array":           []byte(`[1,2]`),
-		"unknown connect": []byte(`{"source":{"connector":"cassandra"},"op":"c"}`),
-	} {
-		if _, ok, err := f(idempotency.Message{Value: v}); err == nil || ok {
-			t.Errorf("%s: ok=%v err=%v; want an error", name, ok, err)
-		}
 	}
 }
 
