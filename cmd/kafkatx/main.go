@@ -61,7 +61,7 @@ func (e *exitError) Error() string {
 // Exit statuses of every subcommand (also in --help and the README).
 const (
 	exitFailed = 1 // the command failed (database or Kafka unreachable, a missing table, ...)
-	exitUsage = 2 // the command line is wrong: one line on stderr says what, --help says more
+	exitUsage  = 2 // the command line is wrong: one line on stderr says what, --help says more
 )
 
 // exitCodes is the table printed by --help.
