@@ -113,7 +113,10 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		log:       log.Named("dagtrigger"),
 	}
 	reg := prometheus.NewRegistry()
-	c, err := kafkatx.NewConsumer(pool, t.handle, o.ConsumerConfig(log, reg))
+	cfg := o.ConsumerConfig(log, reg)
+	// The Airflow call runs inside the consumer's transaction: the idle bound must outlast it.
+	cfg.Transaction.IdleTimeout = max(10*time.Second, o.airflowTimeout+5*time.Second)
+	c, err := kafkatx.NewConsumer(pool, t.handle, cfg)
 	if err != nil {
 		return err
 	}
