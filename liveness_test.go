@@ -481,3 +481,18 @@ func TestLockTimeoutIsRetriedNotAnAttempt(t *testing.T) {
 func (b *testBundle) sql(s string) string {
 	return strings.ReplaceAll(s, "{{schema}}", pgx.Identifier{b.schema}.Sanitize())
 }
+
+// A member whose assignment is empty (more members than partitions) is ready: it joined its
+// group (EXAMPLES.md: "received an assignment — possibly empty").
+func TestMemberWithAnEmptyAssignmentIsReady(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error { return nil }
+	r1 := b.start(t, h, b.config(t))
+	waitFor(t, 60*time.Second, "the first member ready", func() bool { return r1.c.Ready(context.Background()) == nil })
+	r2 := b.start(t, h, b.config(t))
+	waitFor(t, 60*time.Second, "both members ready, one of them with no partition", func() bool {
+		return r1.c.Ready(context.Background()) == nil && r2.c.Ready(context.Background()) == nil &&
+			r1.c.Stats().Assigned+r2.c.Stats().Assigned == 1
+	})
+}
