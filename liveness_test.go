@@ -483,7 +483,7 @@ func (b *testBundle) sql(s string) string {
 }
 
 // A member whose assignment is empty (more members than partitions) is ready: it joined its
-// group (EXAMPLES.md: "received an assignment — possibly empty").
+// group and received an assignment, possibly empty.
 func TestMemberWithAnEmptyAssignmentIsReady(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
