@@ -185,6 +185,7 @@ func (c *Consumer) onKafkaError(e kafka.Error) error {
 			h.authErr, h.authCode = e.Error(), code
 		})
 		lvl, msg = zapcore.ErrorLevel, "Kafka authentication or authorization failed; retrying"
+		c.probeNow() // and every 2 s until it clears
 	case code == kafka.ErrAllBrokersDown:
 		h.set(func(h *health) {
 			if h.kafkaErr == "" {
@@ -193,6 +194,7 @@ func (c *Consumer) onKafkaError(e kafka.Error) error {
 			h.kafkaErr = e.Error()
 		})
 		lvl, msg = zapcore.ErrorLevel, "no Kafka broker reachable; retrying"
+		c.probeNow() // and every 2 s until the brokers answer
 	case code == kafka.ErrUnknownTopicOrPart || code == kafka.ErrUnknownTopic:
 		msg = "subscribed topic not available"
 		c.probeNow()

@@ -2,7 +2,6 @@ package kafkatx
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,23 +32,32 @@ import (
 
 const liveChildEnv = "KAFKATX_TEST_LIVE_CHILD"
 
-func liveChild(t *testing.T, mode string, env ...string) (*exec.Cmd, *bytes.Buffer) {
+// liveChild returns the child's command and a function that reads what it has written to its
+// stdout and stderr so far (a file: safe to read while the child runs).
+func liveChild(t *testing.T, mode string, env ...string) (*exec.Cmd, func() string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), liveChildEnv+"="+mode), env...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	f, err := os.CreateTemp(t.TempDir(), mode+"-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = f, f
+	out := func() string {
+		b, _ := os.ReadFile(f.Name())
+		return string(b)
+	}
 	t.Cleanup(func() {
-		if cmd.Process != nil && cmd.ProcessState == nil {
+		if cmd.Process != nil { // the test waits for it; a child that already ended ignores these
 			_ = cmd.Process.Signal(syscall.SIGCONT)
 			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
 		}
+		f.Close()
 		if t.Failed() {
-			t.Logf("%s child output:\n%s", mode, tail(out.String(), 6000))
+			t.Logf("%s child output:\n%s", mode, tail(out(), 6000))
 		}
 	})
-	return cmd, &out
+	return cmd, out
 }
 
 func liveChildMain(mode string) int {
@@ -266,7 +274,7 @@ func TestFencedStaticMemberEndsRun(t *testing.T) {
 		if strings.HasSuffix(e, ":<nil>") {
 			t.Fatalf("%s exited 0 after being fenced; want non-zero", e)
 		}
-		out := out1.String() + out2.String()
+		out := out1() + out2()
 		if !strings.Contains(strings.ToLower(out), "fenced") {
 			t.Fatalf("%s exited without naming the cause (fenced)", e)
 		}
@@ -365,7 +373,7 @@ func TestWrongBrokerAddressIsLoggedThroughZapAndNotReady(t *testing.T) {
 		t.Fatalf("child: %v", err)
 	}
 	facilities := 0
-	sc := bufio.NewScanner(bytes.NewReader(out.Bytes()))
+	sc := bufio.NewScanner(strings.NewReader(out()))
 	for sc.Scan() {
 		line := sc.Text()
 		var m map[string]any
@@ -472,4 +480,19 @@ func TestLockTimeoutIsRetriedNotAnAttempt(t *testing.T) {
 // sql replaces {{schema}} as exec and q do.
 func (b *testBundle) sql(s string) string {
 	return strings.ReplaceAll(s, "{{schema}}", pgx.Identifier{b.schema}.Sanitize())
+}
+
+// A member whose assignment is empty (more members than partitions) is ready: it joined its
+// group and received an assignment, possibly empty.
+func TestMemberWithAnEmptyAssignmentIsReady(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error { return nil }
+	r1 := b.start(t, h, b.config(t))
+	waitFor(t, 60*time.Second, "the first member ready", func() bool { return r1.c.Ready(context.Background()) == nil })
+	r2 := b.start(t, h, b.config(t))
+	waitFor(t, 60*time.Second, "both members ready, one of them with no partition", func() bool {
+		return r1.c.Ready(context.Background()) == nil && r2.c.Ready(context.Background()) == nil &&
+			r1.c.Stats().Assigned+r2.c.Stats().Assigned == 1
+	})
 }

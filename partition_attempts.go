@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/dlq"
@@ -181,7 +182,13 @@ func (p *partition) afterDBError(n int, err error) error {
 	}
 	d := p.c.cfg.Retry.Backoff(min(n, 8))
 	if retryableDB(err) {
-		p.log.Warn("retryable database error; running it again (not an attempt)", zap.Error(err), zap.Duration("backoff", d))
+		fields := []zap.Field{zap.Error(err), zap.Duration("backoff", d)}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "25P03" {
+			fields = append(fields, zap.String("hint", fmt.Sprintf("the transaction sat idle longer than Config.Transaction.IdleTimeout (%s): "+
+				"this process was frozen or cut off, or the handler waits on something other than the database inside its transaction", p.c.cfg.Transaction.IdleTimeout)))
+		}
+		p.log.Warn("retryable database error; running it again (not an attempt)", fields...)
 	} else {
 		p.log.Error("database error in the loop's own statements; the partition waits and tries again", zap.Error(err), zap.Duration("backoff", d))
 	}

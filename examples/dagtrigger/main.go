@@ -126,6 +126,8 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	reg := prometheus.NewRegistry()
 	cfg := o.ConsumerConfig(log, reg)
 	cfg.UnavailableMaxWait = o.waitMax
+	// The Airflow call runs inside the consumer's transaction: the idle bound must outlast it.
+	cfg.Transaction.IdleTimeout = max(10*time.Second, o.airflowTimeout+5*time.Second)
 	c, err := kafkatx.NewConsumer(pool, t.handle, cfg)
 	if err != nil {
 		return err

@@ -146,7 +146,7 @@ func watchAuth(ctx context.Context, cancel context.CancelFunc, o Options) error 
 		rd := o.Consumer.Readiness(ctx)
 		if rd.AuthError != "" && time.Since(rd.AuthErrorSince) >= o.AuthFailureExit {
 			cancel()
-			return &AuthError{Since: rd.AuthErrorSince, Err: errors.New(rd.AuthError)}
+			return &AuthError{Since: rd.AuthErrorSince, For: time.Since(rd.AuthErrorSince), Err: errors.New(rd.AuthError)}
 		}
 	}
 }
@@ -154,13 +154,14 @@ func watchAuth(ctx context.Context, cancel context.CancelFunc, o Options) error 
 // AuthError is Run's error when Kafka authentication or authorization kept failing for
 // Options.AuthFailureExit.
 type AuthError struct {
-	Since time.Time
-	Err   error
+	Since time.Time     // the first failure
+	For   time.Duration // how long it had lasted when Run gave up
+	Err   error         // the last failure
 }
 
 func (e *AuthError) Error() string {
 	return fmt.Sprintf("Kafka authentication or authorization failing for %s (since %s): %v",
-		time.Since(e.Since).Round(time.Second), e.Since.UTC().Format(time.RFC3339), e.Err)
+		e.For.Round(time.Second), e.Since.UTC().Format(time.RFC3339), e.Err)
 }
 
 func (e *AuthError) Unwrap() error { return e.Err }

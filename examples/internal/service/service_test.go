@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -111,4 +112,39 @@ func TestHealthAndReadinessEndpoints(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A Kafka authentication failure that persists ends Run with an *AuthError (the library
+// reports it in Readiness and retries; the binary decides). Here: SASL against the dev broker's
+// plaintext listener, whose handshake the broker refuses.
+func TestPersistentKafkaAuthenticationFailureEndsRun(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	brokers := testenv.Brokers(t)
+	ctx := context.Background()
+	if err := kafkatx.Migrate(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	log := zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
+	c, err := kafkatx.NewConsumer(pool, func(context.Context, pgx.Tx, *kafkatx.Message) error { return nil }, &kafkatx.Config{
+		Kafka: kafka.ConfigMap{"bootstrap.servers": brokers, "group.id": testenv.Group(t),
+			"security.protocol": "sasl_plaintext", "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"},
+		Topics: []string{"auth-check"}, Schema: schema, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	start := time.Now()
+	err = Run(runCtx, Options{Pool: pool, Consumer: c, Brokers: brokers, Schema: schema, Logger: log, AuthFailureExit: 3 * time.Second})
+	var ae *AuthError
+	if !errors.As(err, &ae) {
+		t.Fatalf("Run: %v, want an *AuthError", err)
+	}
+	if d := time.Since(start); d < 3*time.Second || d > 60*time.Second {
+		t.Fatalf("Run ended after %s, want soon after the 3 s failure bound", d)
+	}
+	t.Logf("%v", err)
 }
