@@ -182,7 +182,7 @@ airflow_down_quiet() {
   local c pid
   for c in "${AIRFLOW_COMPONENTS[@]}"; do
     pid=$(state_get "airflow.pid.$c")
-    airflow_pid_ok "$pid" && kill -TERM -- "-$pid" 2>/dev/null
+    if airflow_pid_ok "$pid"; then kill -TERM -- "-$pid" 2>/dev/null || true; fi
   done
   for _ in $(seq 1 300); do
     local alive=0
@@ -195,7 +195,7 @@ airflow_down_quiet() {
   done
   for c in "${AIRFLOW_COMPONENTS[@]}"; do
     pid=$(state_get "airflow.pid.$c")
-    [[ -n $pid ]] && kill -KILL -- "-$pid" 2>/dev/null
+    if [[ -n $pid ]]; then kill -KILL -- "-$pid" 2>/dev/null || true; fi
     state_rm "airflow.pid.$c"
   done
   return 0
