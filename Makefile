@@ -12,8 +12,15 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
 .PHONY: test services-up services-down services-status demo lint
 
-## test: start PostgreSQL and a real Apache Kafka broker (scripts/dev-services), then run every test
+# Extra dev services the tests need (scripts/dev-services.d/NAME.sh), started by `make test`:
+# airflow — a real Apache Airflow 3 for examples/dagtrigger's end-to-end test (first start
+# installs it into .dev/airflow, about a minute with pip's cache).
+TEST_SERVICES ?= airflow
+
+## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
+## then run every test
 test: services-up
+	scripts/dev-services up $(TEST_SERVICES)
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}"; \
 	$(GO) test $(GOTESTFLAGS) $(PKGS)

@@ -164,9 +164,9 @@ func (e *env) start(t *testing.T, run int, extra ...string) (*exec.Cmd, *bytes.B
 }
 
 // finish runs dagtrigger until idle and returns its summary line.
-func (e *env) finish(t *testing.T, run int) map[string]int64 {
+func (e *env) finish(t *testing.T, run int, extra ...string) map[string]int64 {
 	t.Helper()
-	cmd, stdout := e.start(t, run, "--exit-when-idle", "4s")
+	cmd, stdout := e.start(t, run, append([]string{"--exit-when-idle", "4s"}, extra...)...)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
