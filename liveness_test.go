@@ -187,10 +187,25 @@ func TestFrozenConsumerInsideItsTransactionDoesNotStallTheGroup(t *testing.T) {
 	waitFor(t, 60*time.Second, "the child to freeze itself", func() bool { return processStopped(a.Process.Pid) })
 	frozenAt := time.Now()
 	var locks int64
-	waitFor(t, 5*time.Second, "the frozen child idle in transaction", func() bool {
-		locks = b.q(t, `SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND query LIKE 'UPDATE%' AND position($1 in query) > 0`, b.schema)
-		return locks > 0
-	})
+	// The frozen process's session sits idle in transaction holding a lock on the hot row's table.
+	deadline := time.Now().Add(10 * time.Second)
+	for locks == 0 && time.Now().Before(deadline) {
+		locks = b.q(t, `SELECT count(*) FROM pg_stat_activity a WHERE a.state LIKE 'idle in transaction%'
+			AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.relation = $1::regclass AND l.mode = 'RowExclusiveLock')`,
+			pgx.Identifier{b.schema, "hot"}.Sanitize())
+		time.Sleep(50 * time.Millisecond)
+	}
+	if locks == 0 {
+		rows, _ := b.pool.Query(context.Background(), `SELECT pid, state, left(query, 120) FROM pg_stat_activity WHERE datname = current_database()`)
+		for rows.Next() {
+			var pid int
+			var state, query *string
+			_ = rows.Scan(&pid, &state, &query)
+			t.Logf("session %d %v %v", pid, deref(state), deref(query))
+		}
+		rows.Close()
+		t.Fatal("the frozen child holds no lock on the hot row idle in transaction")
+	}
 
 	cfg := b.config(t)
 	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyHot(ctx, tx, b.schema, m) }, cfg)
@@ -229,6 +244,13 @@ func TestFrozenConsumerInsideItsTransactionDoesNotStallTheGroup(t *testing.T) {
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); n != 0 {
 		t.Fatalf("%d dead letters: a session ended for idling or a lock timeout counted as attempts", n)
 	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // processStopped reports whether pid is in state T (stopped by a signal).

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
@@ -50,6 +51,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	kcfg = service.RouteKafkaLogs(log, kcfg) // librdkafka's lines through the JSON logger, not raw on stderr
 	pool, err := g.pool(ctx)
 	if err != nil {
 		return err
