@@ -36,6 +36,9 @@ type fakeAirflow struct {
 	conflicts int
 	bad       int
 	onCreate  func(n int)
+	// notFoundUntil: until then every post gets Airflow's 404 for a DAG not parsed yet.
+	notFoundUntil time.Time
+	notFound      int
 }
 
 func newFake(t *testing.T, delay time.Duration) (*fakeAirflow, string) {
@@ -55,6 +58,12 @@ func (f *fakeAirflow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	f.posts++
+	if time.Now().Before(f.notFoundUntil) {
+		f.notFound++
+		f.mu.Unlock()
+		http.Error(w, `{"detail":"Dag with dag_id: 'process_customer' not found"}`, http.StatusNotFound)
+		return
+	}
 	if r.URL.Path != "/api/v2/dags/process_customer/dagRuns" || r.ContentLength <= 0 || len(r.TransferEncoding) > 0 ||
 		r.Header.Get("Authorization") != "" || json.Unmarshal(raw, &body) != nil || body.DAGRunID == "" {
 		f.bad++
@@ -360,5 +369,46 @@ func TestBadEventsDeadLettered(t *testing.T) {
 	}
 	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM kafkatx.outbox WHERE state = 'pending'").Scan(&pending); err != nil || pending != 0 {
 		t.Fatalf("unpublished outbox rows at exit: %d, %v; want 0", pending, err)
+	}
+}
+
+// TestDAGNotParsedYetWaitsInsteadOfDeadLettering: Airflow answers 404 for a DAG its
+// dag-processor has not parsed yet (every 300 s by default). dagtrigger's partitions wait for it
+// outside any transaction — no attempt, no dead letter — and --exit-when-idle does not fire while
+// they wait, although it is much shorter than the wait.
+func TestDAGNotParsedYetWaitsInsteadOfDeadLettering(t *testing.T) {
+	t.Parallel()
+	f, url := newFake(t, 0)
+	e := newEnv(t, url)
+	const n = 10
+	produce(t, e.brokers, e.topic, 1, n)
+	f.mu.Lock()
+	f.notFoundUntil = time.Now().Add(15 * time.Second)
+	f.mu.Unlock()
+	cmd, stdout := e.start(t, 0, "--exit-when-idle", "1s", "--max-attempts", "2")
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dagtrigger: %v", err)
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatal("dagtrigger did not exit within 3 minutes")
+	}
+	var sum map[string]int64
+	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &sum); err != nil {
+		t.Fatalf("summary %q: %v", stdout.String(), err)
+	}
+	f.check(t, n)
+	f.mu.Lock()
+	notFound := f.notFound
+	f.mu.Unlock()
+	if notFound == 0 || sum["dead_lettered"] != 0 || sum["retries"] != 0 || sum["airflow_waits"] == 0 {
+		t.Fatalf("404s %d, summary %v; want 404s waited out: no dead letter, no retry, airflow_waits > 0", notFound, sum)
+	}
+	log, _ := os.ReadFile(filepath.Join(e.logDir, "run-0.log"))
+	if !bytes.Contains(log, []byte("dependency unavailable")) || bytes.Contains(log, []byte("retryable database error")) {
+		t.Fatalf("log does not say the partition waited for Airflow:\n%s", tail(log, 2000))
 	}
 }
