@@ -11,6 +11,8 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 )
 
 // Readiness is a snapshot of what Consumer.Ready checks: is the consumer able to do its job
@@ -312,7 +314,7 @@ func subtract(a, b []string) []string {
 func (c *Consumer) routeLogs(ch <-chan kafka.LogEvent, quit <-chan struct{}) {
 	log := c.log.Named("librdkafka")
 	write := func(e kafka.LogEvent) {
-		log.Check(librdkafkaLevel(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
+		log.Check(kafkalog.Level(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
 	}
 	for {
 		select {
@@ -328,20 +330,6 @@ func (c *Consumer) routeLogs(ch <-chan kafka.LogEvent, quit <-chan struct{}) {
 				}
 			}
 		}
-	}
-}
-
-// librdkafkaLevel maps a syslog level (librdkafka's log_level: 0 emergency … 7 debug) to zap's.
-func librdkafkaLevel(l int) zapcore.Level {
-	switch {
-	case l <= 3:
-		return zapcore.ErrorLevel
-	case l == 4:
-		return zapcore.WarnLevel
-	case l <= 6:
-		return zapcore.InfoLevel
-	default:
-		return zapcore.DebugLevel
 	}
 }
 

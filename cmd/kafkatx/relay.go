@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/migrations"
-	"github.com/kafkatx/kafkatx/internal/service"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
@@ -51,7 +51,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	kcfg = service.RouteKafkaLogs(log, kcfg) // librdkafka's lines through the JSON logger, not raw on stderr
+	kcfg = kafkalog.Route(log, kcfg) // librdkafka's lines through the JSON logger, not raw on stderr
 	pool, err := g.pool(ctx)
 	if err != nil {
 		return err

@@ -27,6 +27,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -96,7 +97,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return err
 	}
 	if o.produceFile != "" || o.generate > 0 {
-		sum, err := produce(ctx, service.RouteKafkaLogs(log, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), o)
+		sum, err := produce(ctx, kafkalog.Route(log, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), o)
 		if err != nil {
 			return err
 		}

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
@@ -61,7 +62,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.AuthFailureExit == 0 {
 		o.AuthFailureExit = DefaultAuthFailureExit
 	}
-	rcfg := &relay.Config{Kafka: RouteKafkaLogs(o.Logger, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), Schema: o.Schema, Logger: o.Logger}
+	rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), Schema: o.Schema, Logger: o.Logger}
 	if o.Registry != nil {
 		rcfg.Registerer = o.Registry
 	}

@@ -1,4 +1,6 @@
-package service
+// Package kafkalog routes librdkafka's log lines into zap, structured (facility, syslog
+// level, client name), instead of raw text on stderr.
+package kafkalog
 
 import (
 	"sync"
@@ -13,13 +15,13 @@ var (
 	kafkaLogs     chan kafka.LogEvent
 )
 
-// RouteKafkaLogs makes the librdkafka producer configured by cfg (the kafkatx consumer routes
+// Route makes the librdkafka producer configured by cfg (the kafkatx consumer routes
 // its own; confluent-kafka-go's admin client takes no log channel) write its log lines to log, named "librdkafka", with
 // their facility and syslog level, instead of raw text on stderr. It sets
 // go.logs.channel.enable and go.logs.channel unless cfg sets them. Every client of the process
 // shares one channel, read by one goroutine that lives as long as the process (the
 // examples' clients do too).
-func RouteKafkaLogs(log *zap.Logger, cfg kafka.ConfigMap) kafka.ConfigMap {
+func Route(log *zap.Logger, cfg kafka.ConfigMap) kafka.ConfigMap {
 	if _, ok := cfg["go.logs.channel.enable"]; ok {
 		return cfg
 	}
@@ -28,7 +30,7 @@ func RouteKafkaLogs(log *zap.Logger, cfg kafka.ConfigMap) kafka.ConfigMap {
 		l := log.Named("librdkafka")
 		go func() {
 			for e := range kafkaLogs {
-				l.Check(librdkafkaLevel(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
+				l.Check(Level(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
 			}
 		}()
 	})
@@ -36,8 +38,8 @@ func RouteKafkaLogs(log *zap.Logger, cfg kafka.ConfigMap) kafka.ConfigMap {
 	return cfg
 }
 
-// librdkafkaLevel maps a syslog level (0 emergency … 7 debug) to zap's, as the consumer does.
-func librdkafkaLevel(l int) zapcore.Level {
+// Level maps a syslog level (librdkafka's log_level: 0 emergency … 7 debug) to zap's.
+func Level(l int) zapcore.Level {
 	switch {
 	case l <= 3:
 		return zapcore.ErrorLevel
