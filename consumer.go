@@ -220,7 +220,7 @@ func (c *Consumer) Stats() Stats {
 	s.Assigned = len(c.parts)
 	for _, p := range c.parts {
 		s.InFlight += p.inFlight()
-		if p.waiting.Load() {
+		if p.waiting.Load() != nil {
 			s.Waiting++
 		}
 	}

@@ -46,6 +46,22 @@ type Readiness struct {
 	DatabaseError string `json:"database_error,omitempty"`
 	// Fatal is the error that stopped (or is stopping) Run.
 	Fatal string `json:"fatal,omitempty"`
+	// Waiting lists the partitions waiting for a dependency their handler reported
+	// Unavailable (see UnavailableError). The consumer is still ready — it does its job, and
+	// a restart would not bring the dependency back — but a probe or an operator sees who
+	// waits, since when and why.
+	Waiting []WaitingPartition `json:"waiting,omitempty"`
+}
+
+// WaitingPartition is a partition waiting for an unavailable dependency: the message at
+// Offset has waited since Since; Cause is the handler's last Unavailable error (sanitized,
+// at most 512 bytes).
+type WaitingPartition struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Since     time.Time `json:"since"`
+	Cause     string    `json:"cause"`
 }
 
 // NotReadyError is Ready's error: the Readiness that was not ready.
@@ -79,7 +95,16 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	h.mu.Unlock()
 	c.mu.Lock()
 	r.AssignedPartitions = len(c.parts)
+	for _, p := range c.parts {
+		if w := p.waiting.Load(); w != nil {
+			r.Waiting = append(r.Waiting, *w)
+		}
+	}
 	c.mu.Unlock()
+	sort.Slice(r.Waiting, func(i, j int) bool {
+		a, b := r.Waiting[i], r.Waiting[j]
+		return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
+	})
 	if r.Fatal != "" {
 		r.Reasons = append(r.Reasons, "fatal error: "+r.Fatal)
 	}

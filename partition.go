@@ -65,7 +65,7 @@ type partition struct {
 	unavailSince   time.Time // zero when not waiting
 	unavailN       int       // Unavailable answers since unavailSince
 	unavailExpired bool      // Config.UnavailableMaxWait passed: answers count as attempts
-	waiting        atomic.Bool
+	waiting        atomic.Pointer[WaitingPartition] // set while waiting, for Stats and Readiness
 
 	stopOnce  sync.Once
 	stopCh    chan struct{} // closed: finish the current transaction and return

@@ -97,9 +97,10 @@ func (p *partition) unavailable(herr error) bool {
 func (p *partition) waitUnavailable(offset int64, cause error) error {
 	if p.unavailSince.IsZero() {
 		p.unavailSince = time.Now()
-		p.waiting.Store(true)
 		p.c.metrics.waiting.WithLabelValues(p.c.group, p.tp.Topic, strconv.Itoa(int(p.tp.Partition))).Set(1)
 	}
+	p.waiting.Store(&WaitingPartition{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: offset,
+		Since: p.unavailSince, Cause: pg.SanitizeText(cause.Error(), 512)})
 	p.unavailN++
 	pol := p.c.cfg.Retry
 	pol.MaxBackoff = UnavailableMaxBackoff
@@ -121,7 +122,7 @@ func (p *partition) available(answered bool) {
 		p.log.Info("dependency answered again; the partition goes on", zap.Duration("waited", time.Since(p.unavailSince)))
 	}
 	p.unavailSince, p.unavailN, p.unavailExpired = time.Time{}, 0, false
-	p.waiting.Store(false)
+	p.waiting.Store(nil)
 	p.c.metrics.waiting.WithLabelValues(p.c.group, p.tp.Topic, strconv.Itoa(int(p.tp.Partition))).Set(0)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -52,6 +53,10 @@ func TestUnavailableWaitsWithoutAttemptsAndResumes(t *testing.T) {
 	s := r.c.Stats()
 	if s.Waiting != 1 || s.InFlight == 0 || s.Unavailable < 7 {
 		t.Fatalf("stats while waiting: %+v; want Waiting 1, InFlight > 0, Unavailable >= 7", s)
+	}
+	rd := r.c.Readiness(context.Background())
+	if len(rd.Waiting) != 1 || rd.Waiting[0].Partition != 0 || !strings.Contains(rd.Waiting[0].Cause, "401 Token Expired") || rd.Waiting[0].Since.IsZero() {
+		t.Fatalf("readiness while partition 0 waits: %+v; want it listed with its cause and start", rd.Waiting)
 	}
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.attempts"); n != 0 {
 		t.Fatalf("%d attempt rows while waiting for a dependency; want none", n)
