@@ -47,7 +47,7 @@ func run() int {
 	var o options
 	fs := flag.NewFlagSet("orders", flag.ExitOnError)
 	o.Register(fs, service.Flags{Topic: "orders", Group: "orders-processor", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: order.DefaultBatchSize}, "message")
-	fs.BoolVar(&o.inProcessBroker, "in-process-broker", false, "run on an in-process Kafka broker (the zero-setup demo, `make demo`) instead of --brokers; its data is gone when the process exits")
+	fs.BoolVar(&o.inProcessBroker, "in-process-broker", false, "run on an in-process Kafka broker (the zero-setup demo of make demo) instead of --brokers; its data is gone when the process exits")
 	fs.Lookup("topic").Usage = "topic to produce to and consume from"
 	fs.StringVar(&o.eventsTopic, "events-topic", "order-events", "topic for one event per applied order (through the outbox); empty: no events")
 	fs.StringVar(&o.produceFile, "produce", "", "produce each non-blank line of FILE as one message before consuming (key = order_id when the line is JSON with one)")
