@@ -12,8 +12,10 @@ DEMO_DATA ?= ../shared/data/orders.jsonl
 
 .PHONY: test services-up services-down services-status demo lint
 
-## test: start PostgreSQL and a real Apache Kafka broker (scripts/dev-services), then run every test
+## test: start PostgreSQL, a real Apache Kafka broker and Kafka Connect with Debezium
+## (scripts/dev-services up connect), then run every test
 test: services-up
+	scripts/dev-services up connect
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}"; \
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
