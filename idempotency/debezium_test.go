@@ -333,6 +333,7 @@ func TestFromDebeziumNotAChange(t *testing.T) {
 	f := idempotency.FromDebezium()
 	for name, v := range map[string]string{
 		"tombstone":              ``,
+		"JSON null value":        `null`,
 		"tombstone with schema":  `{"schema":{"type":"struct"},"payload":null}`,
 		"heartbeat":              `{"ts_ms":1796138338476}`,
 		"transaction begin":      `{"status":"BEGIN","id":"744:30950896","event_count":null,"data_collections":null,"ts_ms":1796138346232}`,

@@ -94,6 +94,10 @@ func Config(t testing.TB, dsn, prefix string, tables ...string) map[string]strin
 		"key.converter.schemas.enable":              "true",
 		"value.converter":                           "org.apache.kafka.connect.json.JsonConverter",
 		"value.converter.schemas.enable":            "false",
+		// A restarted worker finds the slot still held by the killed one's walsender for a
+		// moment: retry every second (default 10 s).
+		"slot.retry.delay.ms":                       "1000",
+		"slot.max.retries":                          "60",
 		"topic.creation.default.partitions":         "1",
 		"topic.creation.default.replication.factor": "1",
 	}
