@@ -13,9 +13,10 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 .PHONY: test services-up services-down services-status demo lint
 
 # Extra dev services the tests need (scripts/dev-services.d/NAME.sh), started by `make test`:
-# airflow — a real Apache Airflow 3 for examples/dagtrigger's end-to-end test (first start
-# installs it into .dev/airflow, about a minute with pip's cache).
-TEST_SERVICES ?= airflow
+# connect — Kafka Connect 4.3.1 with the Debezium 3.6.1.Final PostgreSQL connector for the CDC
+# tests (jars fetched once with Maven); airflow — a real Apache Airflow 3 for examples/dagtrigger's
+# end-to-end test (first start installs it into .dev/airflow, about a minute with pip's cache).
+TEST_SERVICES ?= connect airflow
 
 ## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
 ## then run every test

@@ -227,7 +227,10 @@ type IdempotencyConfig struct {
 	// Key derives the key. Defaults to idempotency.FromOutboxID(): records published by a
 	// kafkatx relay carry the kafkatx-outbox-id header, so a relay's re-publish of a record has
 	// no effect; records without the header are keyed by their offset alone. A key function
-	// error dead-letters the message (error class "permanent").
+	// error dead-letters the message (error class "permanent"), except one wrapping
+	// idempotency.ErrNotAChange (FromDebezium's answer for tombstones, heartbeats and
+	// transaction metadata): the handler does not run for that message, it is committed past
+	// and counted in Stats.NotChanges.
 	Key idempotency.KeyFunc
 	// Disabled turns business keys off; the watermark still makes each offset effective once.
 	Disabled bool

@@ -41,13 +41,13 @@ type DebeziumEvent struct {
 
 // ParseDebezium decodes a Debezium change event value produced by the JSON converter, with
 // schemas enabled ({"schema": ..., "payload": {envelope}}) or not ({envelope}). A record that
-// is not a change — an empty value (tombstone), a null payload, a value with neither source
+// is not a change — an empty or JSON null value (tombstone), a null payload, a value with neither source
 // nor op (heartbeat, transaction metadata), a source without op (schema change) — gives an
 // error wrapping ErrNotAChange. A value that is not a JSON object, or an event with an op but
 // no source block, is another error (malformed).
 func ParseDebezium(value []byte) (*DebeziumEvent, error) {
-	if len(bytes.TrimSpace(value)) == 0 {
-		return nil, fmt.Errorf("debezium: empty value (a tombstone): %w", ErrNotAChange)
+	if isNull(value) {
+		return nil, fmt.Errorf("debezium: empty or null value (a tombstone): %w", ErrNotAChange)
 	}
 	var outer map[string]json.RawMessage
 	if err := json.Unmarshal(value, &outer); err != nil || outer == nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -333,6 +334,7 @@ func TestFromDebeziumNotAChange(t *testing.T) {
 	f := idempotency.FromDebezium()
 	for name, v := range map[string]string{
 		"tombstone":              ``,
+		"JSON null value":        `null`,
 		"tombstone with schema":  `{"schema":{"type":"struct"},"payload":null}`,
 		"heartbeat":              `{"ts_ms":1796138338476}`,
 		"transaction begin":      `{"status":"BEGIN","id":"744:30950896","event_count":null,"data_collections":null,"ts_ms":1796138346232}`,
@@ -487,5 +489,44 @@ func TestWithoutUnavailable(t *testing.T) {
 	}
 	if _, ok, _ := idempotency.KeyColumns(ev.Before, nil); ok {
 		t.Error("KeyColumns without a record key reported key columns")
+	}
+}
+
+// TestFromDebeziumSnapshotRestartedReal: rows a real connector read three times — by an
+// initial snapshot killed half-way (SIGKILL of Connect), by its restart (new lsn and txId),
+// and by a later incremental snapshot of the unchanged table (lsn and txId null) — get one
+// key per row; different rows get different keys.
+func TestFromDebeziumSnapshotRestartedReal(t *testing.T) {
+	t.Parallel()
+	f := idempotency.FromDebezium()
+	byID := map[string][]string{}
+	positions := map[string]map[string]bool{}
+	for _, r := range recorded(t, "snapshot_restarted.jsonl") {
+		k, ok, err := f(r.msg())
+		if err != nil || !ok {
+			t.Fatalf("%s@%d: %v", r.Topic, r.Offset, err)
+		}
+		id := string(r.Key)
+		byID[id] = append(byID[id], k)
+		src := r.ev(t)["source"].(map[string]any)
+		if positions[id] == nil {
+			positions[id] = map[string]bool{}
+		}
+		positions[id][fmt.Sprint(src["lsn"], "/", src["txId"], "/", src["snapshot"])] = true
+	}
+	keys := map[string]bool{}
+	for id, ks := range byID {
+		if len(positions[id]) != len(ks) || len(ks) < 2 {
+			t.Fatalf("row %s: %d reads at %d positions; the recording should hold 2 or 3 reads at distinct positions", id, len(ks), len(positions[id]))
+		}
+		for _, k := range ks[1:] {
+			if k != ks[0] {
+				t.Errorf("row %s: keys %q; want one", id, ks)
+			}
+		}
+		keys[ks[0]] = true
+	}
+	if len(byID) != 15 || len(keys) != 15 {
+		t.Errorf("%d rows, %d keys; want 15 and 15", len(byID), len(keys))
 	}
 }

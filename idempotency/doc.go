@@ -17,7 +17,9 @@
 //
 // KeyFunc derives a key from a Kafka message (FromHeader, FromJSONField, FromDebezium,
 // FromOutboxID, FirstOf). It reads a Message, a small struct defined here so that this package
-// does not import the root kafkatx package (which imports this one).
+// does not import the root kafkatx package (which imports this one). FromDebezium keys a
+// Debezium change by its identity (DebeziumEvent.Key, format "dbz2:") and answers
+// ErrNotAChange for records that carry no change, which the kafkatx consumer skips.
 //
 // Subpackages: httpmw is net/http middleware for the Idempotency-Key request header (IETF
 // httpapi draft "The Idempotency-Key HTTP Header Field"); airflow starts Apache Airflow DAG

@@ -3,10 +3,14 @@
 // event through Airflow 3's REST API v2, with the event's `after` row as the run's conf.
 //
 // Exactly one run per event, across crashes and redeliveries: the run's dag_run_id is derived
-// from the event's source position (PostgreSQL: source.lsn and source.txId), so every retry
-// of the same event posts the same run id and Airflow answers 409 Conflict, which counts as
-// success. The event's key is claimed in the consumer's transaction, so a copy of the event
-// re-published at another offset is skipped without calling Airflow.
+// from the event's idempotency key (idempotency.DebeziumEvent.Key: the source position and
+// the row's identity; a snapshot row's identity and content), so every retry of the same
+// event posts the same run id and Airflow answers 409 Conflict, which counts as success. The
+// key is claimed in the consumer's transaction, so a copy of the event re-published at
+// another offset, re-sent by a restarted connector or re-read by a restarted snapshot is
+// skipped without calling Airflow. Only the ops in --cdc-ops start runs (default c,u,d,r:
+// truncates and logical messages are skipped); tombstones, heartbeats and transaction
+// metadata never do.
 //
 // Its command-line contract is in docs/examples.md. stdout carries only the JSON summary line;
 // logs go to stderr.
@@ -20,6 +24,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +44,7 @@ type options struct {
 	service.Flags
 	airflowURL, dagID, tokenFile          string
 	username, passwordFile                string
+	cdcOps, deleteBefore                  string
 	keyRetention, airflowTimeout, waitMax time.Duration
 }
 
@@ -59,6 +65,8 @@ func run() int {
 	fs.DurationVar(&o.waitMax, "airflow-wait-max", kafkatx.DefaultUnavailableMaxWait, "how long a partition waits for Airflow (refused credentials, DAG not found, Airflow down) for one event, outside any transaction, before the event's tries count as attempts")
 	fs.DurationVar(&o.airflowTimeout, "airflow-timeout", 10*time.Second, "timeout of one request to Airflow")
 	fs.DurationVar(&o.keyRetention, "key-retention", 7*24*time.Hour, "how long an event's source position is remembered to skip re-published copies")
+	fs.StringVar(&o.cdcOps, "cdc-ops", "c,u,d,r", "Debezium ops that start a run, comma-separated: c (create), u (update), d (delete), r (snapshot read), t (truncate), m (logical message); others are skipped and counted")
+	fs.StringVar(&o.deleteBefore, "cdc-delete-before", "key", "a delete's conf.before: key (only the record key's columns; the others are placeholders under PostgreSQL's default replica identity) or full (the whole before image, for REPLICA IDENTITY FULL tables)")
 	_ = fs.Parse(os.Args[1:])
 	o.FromEnv()
 
@@ -86,6 +94,12 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return errors.New("--airflow-url is required (the Airflow API server's base URL)")
 	case o.dagID == "":
 		return errors.New("--dag-id is required")
+	case o.deleteBefore != "key" && o.deleteBefore != "full":
+		return fmt.Errorf("--cdc-delete-before %q: want key or full", o.deleteBefore)
+	}
+	ops, err := parseOps(o.cdcOps)
+	if err != nil {
+		return err
 	}
 	af, err := airflow.New(airflow.Config{
 		BaseURL:        o.airflowURL,
@@ -116,12 +130,14 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	}
 
 	t := &trigger{
-		airflow:   af,
-		dagID:     o.dagID,
-		schema:    o.Schema,
-		scope:     "dagtrigger/" + o.Group + "/" + o.dagID,
-		retention: o.keyRetention,
-		log:       log.Named("dagtrigger"),
+		airflow:    af,
+		dagID:      o.dagID,
+		schema:     o.Schema,
+		scope:      "dagtrigger/" + o.Group + "/" + o.dagID,
+		retention:  o.keyRetention,
+		log:        log.Named("dagtrigger"),
+		ops:        ops,
+		fullBefore: o.deleteBefore == "full",
 	}
 	reg := prometheus.NewRegistry()
 	cfg := o.ConsumerConfig(log, reg)
@@ -145,7 +161,28 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		"events_repeated": t.repeated.Load(),
 		"tombstones":      t.tombstones.Load(),
 		"airflow_waits":   s.Unavailable,
+		"not_changes":     t.notChanges.Load(),
+		"ops_skipped":     t.opsSkipped.Load(),
 	})
 	fmt.Println(string(b))
 	return err
+}
+
+// parseOps parses --cdc-ops.
+func parseOps(s string) (map[string]bool, error) {
+	ops := map[string]bool{}
+	for _, op := range strings.Split(s, ",") {
+		op = strings.TrimSpace(op)
+		switch op {
+		case "c", "u", "d", "r", "t", "m":
+			ops[op] = true
+		case "":
+		default:
+			return nil, fmt.Errorf("--cdc-ops: unknown op %q (want c, u, d, r, t or m)", op)
+		}
+	}
+	if len(ops) == 0 {
+		return nil, errors.New("--cdc-ops names no op")
+	}
+	return ops, nil
 }

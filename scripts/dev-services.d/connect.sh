@@ -128,8 +128,9 @@ offset.storage.file.filename=$data/offsets
 offset.flush.interval.ms=${CONNECT_OFFSET_FLUSH_MS:-1000}
 # Connectors may create their topics (topic.creation.default.* in the connector's config).
 topic.creation.enable=true
-# Everything is on the classpath already; no plugin scanning.
-plugin.discovery=only_scan
+# Plugins are found through their ServiceLoader manifests (KIP-898), not by scanning every
+# class of the classpath (15 s of a 24 s start on 2 cores).
+plugin.discovery=service_load
 CONF
 
   # setsid: the worker survives the calling shell; `down connect` (or a test's kill -9) stops it.
