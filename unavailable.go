@@ -16,7 +16,8 @@ import (
 // must not count against it. Create one with Unavailable and detect one with errors.As.
 //
 // Like River's JobSnooze, it is a control error: returned by a handler (directly, wrapped, or
-// inside FailMessage), it tells the loop what to do rather than what went wrong. The loop then
+// inside FailMessage), it tells the loop what to do rather than what went wrong. Any error with
+// a method Unavailable() bool that returns true is treated alike (IsUnavailable). The loop then
 //
 //   - rolls the message's transaction back (nothing of the try is kept, no attempt is
 //     recorded, no dead letter written);
@@ -49,11 +50,35 @@ func Unavailable(err error) error {
 	return &UnavailableError{Err: err}
 }
 
-// IsUnavailable reports whether err or an error it wraps is an *UnavailableError.
+// IsUnavailable reports whether err or an error it wraps is an *UnavailableError, or has a
+// method Unavailable() bool that returns true — so a client package can mark its failures
+// without importing kafkatx (idempotency/airflow does; like net.Error's Timeout). The loop uses
+// it to recognise a handler's Unavailable answer.
 func IsUnavailable(err error) bool {
 	var ue *UnavailableError
-	return errors.As(err, &ue)
+	if errors.As(err, &ue) {
+		return true
+	}
+	var m interface{ Unavailable() bool }
+	for e := err; e != nil; {
+		if errors.As(e, &m) {
+			if m.Unavailable() {
+				return true
+			}
+			u, ok := m.(interface{ Unwrap() error })
+			if !ok {
+				return false
+			}
+			e = u.Unwrap()
+			continue
+		}
+		return false
+	}
+	return false
 }
+
+// Unavailable reports true: an *UnavailableError is one by construction.
+func (e *UnavailableError) Unavailable() bool { return true }
 
 // UnavailableMaxBackoff caps the wait between two tries of a message whose handler returned
 // Unavailable.

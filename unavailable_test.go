@@ -143,4 +143,20 @@ func TestHTTPFailuresAreNotDatabaseErrors(t *testing.T) {
 	if !IsUnavailable(fmt.Errorf("x: %w", Unavailable(refused))) || Unavailable(nil) != nil {
 		t.Fatal("Unavailable not detected through wrapping")
 	}
+	// A client package marks its errors with a method instead of importing kafkatx.
+	if !IsUnavailable(fmt.Errorf("x: %w", marked{true, nil})) || IsUnavailable(marked{false, nil}) || IsUnavailable(refused) {
+		t.Fatal("the Unavailable() bool method is not honoured")
+	}
+	if !IsUnavailable(marked{false, marked{true, nil}}) {
+		t.Fatal("an Unavailable() false error hides one that is unavailable below it")
+	}
 }
+
+type marked struct {
+	on    bool
+	inner error
+}
+
+func (m marked) Error() string     { return "marked" }
+func (m marked) Unavailable() bool { return m.on }
+func (m marked) Unwrap() error     { return m.inner }

@@ -12,10 +12,11 @@
 //
 // Failures of Airflow rather than of the request — refused or expired credentials (401, 403),
 // a DAG Airflow does not know (404: not parsed yet), Airflow down or failing (network errors,
-// timeouts, 5xx after the retries) — are returned wrapped in kafkatx.Unavailable, so a kafkatx
-// handler that returns them makes its partition wait and retry without spending the event's
-// attempts (kafkatx.UnavailableError). Other answers (400, 422: Airflow refuses this run) are
-// plain *StatusError values.
+// timeouts, 5xx after the retries) — are returned as an *UnavailableError, which
+// kafkatx.IsUnavailable recognises (its method Unavailable reports true), so a kafkatx handler
+// that returns them makes its partition wait and retry without spending the event's attempts
+// (kafkatx.UnavailableError). Other answers (400, 422: Airflow refuses this run) are plain
+// *StatusError values. The package does not import kafkatx.
 package airflow
 
 import (
@@ -36,8 +37,6 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"go.uber.org/zap"
-
-	"github.com/kafkatx/kafkatx"
 )
 
 // Config configures a Client.
@@ -235,8 +234,8 @@ type postBody struct {
 }
 
 // TriggerDAGRun starts the run described by t, or finds it already started. Errors:
-//   - wrapped in kafkatx.Unavailable (kafkatx.IsUnavailable reports true) when Airflow, not
-//     the request, failed: a *StatusError for 401, 403 or 404, or for 408, 425, 429 or 5xx
+//   - an *UnavailableError (IsUnavailable and kafkatx.IsUnavailable report true) when
+//     Airflow, not the request, failed: a *StatusError for 401, 403 or 404, or for 408, 425, 429 or 5xx
 //     after the retries; the last network error (refused connection, timeout) after the
 //     retries; an unreadable token or password file; a failed token exchange;
 //   - a plain *StatusError for any other answer (400, 422: Airflow refuses this run);
@@ -287,11 +286,29 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 		}
 		err = fmt.Errorf("airflow: trigger %s run %s: %w", t.DAGID, runID, err)
 		if unavailable(err) {
-			err = kafkatx.Unavailable(err)
+			err = &UnavailableError{Err: err}
 		}
 		return Result{RunID: runID, Attempts: attempts}, err
 	}
 	return Result{RunID: runID, Created: created, Attempts: attempts}, nil
+}
+
+// UnavailableError is a failure of Airflow rather than of the request (see TriggerDAGRun):
+// refused credentials, a DAG Airflow does not know, Airflow down or failing. Err is the
+// *StatusError, network or credential error. Its Unavailable method makes kafkatx's loop wait
+// and retry the message without counting an attempt (kafkatx.IsUnavailable).
+type UnavailableError struct {
+	Err error
+}
+
+func (e *UnavailableError) Error() string     { return "airflow unavailable: " + e.Err.Error() }
+func (e *UnavailableError) Unwrap() error     { return e.Err }
+func (e *UnavailableError) Unavailable() bool { return true }
+
+// IsUnavailable reports whether err or an error it wraps is an *UnavailableError.
+func IsUnavailable(err error) bool {
+	var ue *UnavailableError
+	return errors.As(err, &ue)
 }
 
 // unavailable classifies the error a trigger ended with (see TriggerDAGRun).

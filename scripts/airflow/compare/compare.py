@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -49,7 +50,13 @@ class API:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Authorization": "Bearer " + self.token, "Content-Type": "application/json"})
-        return json.load(urllib.request.urlopen(req, timeout=30))
+        for attempt in range(5):  # a loaded 2-core machine makes the api-server slow at times
+            try:
+                return json.load(urllib.request.urlopen(req, timeout=60))
+            except (TimeoutError, urllib.error.URLError) as err:
+                if isinstance(err, urllib.error.HTTPError) or attempt == 4:
+                    raise
+                time.sleep(2)
 
     def pages(self, path: str, key: str):
         out, offset = [], 0
