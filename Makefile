@@ -15,7 +15,10 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 # Extra dev services the tests need (scripts/dev-services.d/NAME.sh), started by `make test`:
 # airflow — a real Apache Airflow 3 for examples/dagtrigger's end-to-end test (first start
 # installs it into .dev/airflow, about a minute with pip's cache).
+# secure — the broker's SASL_SSL listener with ACLs; pgbouncer — PgBouncer in transaction mode
+# (the first start apt-get installs it): the deployment tests (deploy_test.go and others).
 TEST_SERVICES ?= airflow
+TEST_SERVICES += secure pgbouncer
 
 ## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
 ## then run every test
