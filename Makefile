@@ -16,7 +16,10 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 # connect — Kafka Connect 4.3.1 with the Debezium 3.6.1.Final PostgreSQL connector for the CDC
 # tests (jars fetched once with Maven); airflow — a real Apache Airflow 3 for examples/dagtrigger's
 # end-to-end test (first start installs it into .dev/airflow, about a minute with pip's cache).
-TEST_SERVICES ?= connect airflow
+# secure — the broker's SASL_SSL listener with ACLs; pgbouncer — PgBouncer in transaction mode
+# (the first start apt-get installs it): the deployment tests (deploy_test.go and others).
+# secure comes first: adding the listener restarts the broker, which the others then find up.
+TEST_SERVICES ?= secure connect airflow pgbouncer
 
 ## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
 ## then run every test

@@ -64,11 +64,24 @@ func errorClass(err error) string {
 	}
 }
 
+// readOnlyServer reports whether err is SQLSTATE 25006 (read_only_sql_transaction): the
+// connection reached a server that refuses writes — after a switchover the old primary stays
+// up read-only and keeps answering pings. Retrying on the same connection never helps, so the
+// loop discards the pool's connections (pgxpool.Pool.Reset) before it runs the transaction
+// again; new connections reach the writable server when the URL says so
+// (target_session_attrs=read-write with every host listed, docs/deployment.md).
+func readOnlyServer(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
+}
+
 // retryableDB reports whether err is a database condition that means "run the transaction
 // again": serialization failure (40001), deadlock (40P01), a lock wait past lock_timeout
 // (55P03), a session ended by idle_in_transaction_session_timeout (25P03) or
-// idle_session_timeout (57P05), or a lost or refused connection. Such errors never count as
-// attempts (docs/design.md, "Retry without an attempt"; Config.Transaction sets the timeouts).
+// idle_session_timeout (57P05), a write refused by a read-only server (25006: after a
+// switchover the old primary stays up read-only; see readOnlyServer), or a lost or refused
+// connection. Such errors never count as attempts (docs/design.md, "Retry without an attempt";
+// Config.Transaction sets the timeouts).
 func retryableDB(err error) bool {
 	if err == nil {
 		return false
@@ -79,6 +92,7 @@ func retryableDB(err error) bool {
 		case "40001", "40P01", // serialization_failure, deadlock_detected
 			"55P03",          // lock_not_available: lock_timeout passed (a frozen holder, Config.Transaction)
 			"25P03", "57P05", // idle_in_transaction_session_timeout, idle_session_timeout: the session was ended
+			"25006",                   // read_only_sql_transaction: a read-only server (old primary, standby)
 			"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
 			"08000", "08003", "08006", "08001", "08004": // connection exceptions
 			return true

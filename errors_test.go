@@ -27,6 +27,7 @@ func TestRetryableDB(t *testing.T) {
 		{"admin shutdown 57P01", pg("57P01"), true},
 		{"crash shutdown 57P02", pg("57P02"), true},
 		{"cannot connect now 57P03", pg("57P03"), true},
+		{"read-only server 25006", pg("25006"), true},
 		{"connection failure 08006", pg("08006"), true},
 		{"connection does not exist 08003", pg("08003"), true},
 		{"unique violation 23505 (the handler's bug, an attempt)", pg("23505"), false},

@@ -184,6 +184,13 @@ func (p *partition) afterDBError(n int, err error) error {
 	if retryableDB(err) {
 		fields := []zap.Field{zap.Error(err), zap.Duration("backoff", d)}
 		var pgErr *pgconn.PgError
+		if readOnlyServer(err) {
+			// Every connection of the pool may be on the read-only server: discard them all
+			// (in-use ones when released) so the retry connects afresh.
+			p.c.pool.Reset()
+			fields = append(fields, zap.String("hint", "the server refuses writes (read-only: an old primary after a switchover, or a standby); "+
+				"the pool's connections were discarded; list every host with target_session_attrs=read-write to reach the new primary"))
+		}
 		if errors.As(err, &pgErr) && pgErr.Code == "25P03" {
 			fields = append(fields, zap.String("hint", fmt.Sprintf("the transaction sat idle longer than Config.Transaction.IdleTimeout (%s): "+
 				"this process was frozen or cut off, or the handler waits on something other than the database inside its transaction", p.c.cfg.Transaction.IdleTimeout)))

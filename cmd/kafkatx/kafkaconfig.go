@@ -1,12 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"strings"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
 // kafkaConfig builds the librdkafka settings every subcommand uses: bootstrap servers and
@@ -19,7 +20,7 @@ func (g *Globals) kafkaConfig(clientID string) (kafka.ConfigMap, error) {
 	}
 	cfg := kafka.ConfigMap{"bootstrap.servers": brokers, "client.id": clientID}
 	if g.KafkaConfigFile != "" {
-		if err := readProperties(g.KafkaConfigFile, cfg); err != nil {
+		if err := kafkaprops.Read(g.KafkaConfigFile, cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -46,31 +47,6 @@ func (g *Globals) kafkaConfig(clientID string) (kafka.ConfigMap, error) {
 		cfg["sasl.password"] = pw
 	}
 	return cfg, nil
-}
-
-// readProperties reads key=value lines into cfg. Errors name the file and line, never a value.
-func readProperties(path string, cfg kafka.ConfigMap) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("kafka config file: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "!") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok || strings.TrimSpace(k) == "" {
-			return fmt.Errorf("kafka config file %s line %d: want key=value", path, n)
-		}
-		cfg[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("kafka config file %s: %w", path, err)
-	}
-	return nil
 }
 
 // readSecretFile returns the file's content without its trailing newline.

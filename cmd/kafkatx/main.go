@@ -27,6 +27,8 @@ type Globals struct {
 	Schema      string `name:"schema" default:"${default_schema}" help:"Schema of kafkatx's tables."`
 	LogLevel    string `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr)."`
 
+	SessionDatabaseURL string `name:"session-database-url" env:"KAFKATX_SESSION_DATABASE_URL" help:"PostgreSQL URL for what needs a session across transactions (migrations' lock, the relay's leadership lock and LISTEN) when --database-url goes through a transaction pooler such as PgBouncer in transaction mode (default: --database-url)."`
+
 	DatabaseURLFile  string   `name:"database-url-file" env:"KAFKATX_DATABASE_URL_FILE" type:"path" help:"Read the PostgreSQL URL from this file (overrides --database-url; keeps the password out of the environment and the process list)."`
 	KafkaConfigFile  string   `name:"kafka-config-file" env:"KAFKATX_KAFKA_CONFIG_FILE" type:"path" help:"librdkafka properties file, one key=value per line (# comments): security.protocol, sasl.*, ssl.*, ... May hold secrets; values are never logged."`
 	KafkaConfig      []string `name:"kafka-config" short:"X" sep:"none" help:"librdkafka property key=value (repeatable; after --kafka-config-file). Put secrets in files, not here."`
@@ -174,7 +176,12 @@ func (g *Globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if g.DatabaseURL == "" {
 		return nil, errors.New("no database: pass --database-url or set DATABASE_URL")
 	}
-	p, err := pgxpool.New(ctx, g.DatabaseURL)
+	// Through a transaction pooler: pgx's QueryExecModeExec (no named prepared statements).
+	cfg, _, err := pg.ParsePoolConfig(ctx, g.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
@@ -183,6 +190,24 @@ func (g *Globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	return p, nil
+}
+
+// sessionPool connects to --session-database-url for what needs a session (migrations'
+// lock, relay leadership); without it, it returns pool. close closes what it opened.
+func (g *Globals) sessionPool(ctx context.Context, pool *pgxpool.Pool) (sp *pgxpool.Pool, closeFn func(), err error) {
+	if g.SessionDatabaseURL == "" || g.SessionDatabaseURL == g.DatabaseURL {
+		return pool, func() {}, nil
+	}
+	cfg, err := pgxpool.ParseConfig(g.SessionDatabaseURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--session-database-url: %w", err)
+	}
+	cfg.MaxConns = 4
+	sp, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--session-database-url: %w", err)
+	}
+	return sp, sp.Close, nil
 }
 
 // requireBrokers returns --brokers or an error saying how to set it.

@@ -22,7 +22,12 @@ func (MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
-	done, err := migrations.Apply(ctx, pool, g.Schema)
+	sp, closeSP, err := g.sessionPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer closeSP()
+	done, err := migrations.Apply(ctx, sp, g.Schema)
 	if err != nil {
 		return err
 	}

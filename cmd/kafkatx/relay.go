@@ -19,6 +19,7 @@ import (
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/outbox/relay"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // RelayCmd runs the outbox relay as a standalone sidecar process.
@@ -57,8 +58,18 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
+	sp, closeSP, err := g.sessionPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer closeSP()
+	// Leadership is a session-level lock and LISTEN: refuse a transaction pooler at start
+	// (exit 1 with the reason) rather than retry it forever.
+	if err := requireSession(ctx, sp); err != nil {
+		return err
+	}
 	if c.Migrate {
-		if _, err := migrations.Apply(ctx, pool, g.Schema); err != nil {
+		if _, err := migrations.Apply(ctx, sp, g.Schema); err != nil {
 			return err
 		}
 	}
@@ -70,7 +81,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	janitor := relay.JanitorConfig{Disabled: c.NoJanitor, AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
 	rl, err := relay.New(pool, &relay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, BatchSize: c.BatchSize,
 		PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval, ShutdownTimeout: c.ShutdownTimeout,
-		KeepPublished: c.KeepPublished, Janitor: janitor, Registerer: reg})
+		KeepPublished: c.KeepPublished, Janitor: janitor, Registerer: reg, Session: sp.Config().ConnConfig})
 	if err != nil {
 		return err
 	}
@@ -119,6 +130,19 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // checkOutboxTable fails with a helpful message when the outbox table is missing.
+// requireSession is pg.RequireSession on a connection of sp.
+func requireSession(ctx context.Context, sp *pgxpool.Pool) error {
+	conn, err := sp.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer conn.Release()
+	if err := pg.RequireSession(ctx, conn.Conn()); err != nil {
+		return fmt.Errorf("relay leadership: %w", err)
+	}
+	return nil
+}
+
 func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.outbox') IS NOT NULL`, schema).Scan(&ok); err != nil {

@@ -28,8 +28,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -69,6 +67,10 @@ func run() int {
 	fs.StringVar(&o.deleteBefore, "cdc-delete-before", "key", "a delete's conf.before: key (only the record key's columns; the others are placeholders under PostgreSQL's default replica identity) or full (the whole before image, for REPLICA IDENTITY FULL tables)")
 	_ = fs.Parse(os.Args[1:])
 	o.FromEnv()
+	if err := o.LoadKafkaConfigFile(); err != nil {
+		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
+		return 2
+	}
 
 	log := service.Logger()
 	defer log.Sync() //nolint:errcheck
@@ -116,16 +118,18 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	base := kafka.ConfigMap{"bootstrap.servers": o.Brokers}
+	base := o.ClientConfig()
 	if err := topics.Ensure(ctx, base, []string{o.Topic, o.Topic + ".dlq"}, o.Partitions, 1, nil, 30*time.Second); err != nil {
 		return err
 	}
-	pool, err := pgxpool.New(ctx, o.DatabaseURL)
+	pools, err := o.OpenPools(ctx, log)
 	if err != nil {
-		return fmt.Errorf("database: %w", err)
+		return err
 	}
-	defer pool.Close()
-	if err := kafkatx.Migrate(ctx, pool, o.Schema); err != nil {
+	defer pools.Close()
+	pool := pools.Pool
+	// A session-level lock: on the session pool (--session-database-url).
+	if err := kafkatx.Migrate(ctx, pools.Session, o.Schema); err != nil {
 		return err
 	}
 
@@ -144,12 +148,13 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	cfg.UnavailableMaxWait = o.waitMax
 	// The Airflow call runs inside the consumer's transaction: the idle bound must outlast it.
 	cfg.Transaction.IdleTimeout = max(10*time.Second, o.airflowTimeout+5*time.Second)
+	cfg.SkipMigrations = true // applied above
 	c, err := kafkatx.NewConsumer(pool, t.handle, cfg)
 	if err != nil {
 		return err
 	}
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
-		ExitWhenIdle: o.ExitWhenIdle, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
+		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{
 		"processed":       s.Processed,

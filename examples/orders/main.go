@@ -18,8 +18,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -56,6 +54,10 @@ func run() int {
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
 	_ = fs.Parse(os.Args[1:])
 	o.FromEnv()
+	if err := o.LoadKafkaConfigFile(); err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		return 2
+	}
 	switch {
 	case o.Brokers == "" && !o.inProcessBroker:
 		fmt.Fprintln(os.Stderr, "orders: no Kafka: pass --brokers HOST:PORT or set KAFKA_BOOTSTRAP_SERVERS (or --in-process-broker for the demo broker); see --help")
@@ -88,7 +90,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		o.Brokers = b
 		log.Warn("--in-process-broker: running on an in-process Kafka broker; nothing is read from or written to a real cluster", zap.String("brokers", b))
 	}
-	base := kafka.ConfigMap{"bootstrap.servers": o.Brokers}
+	base := o.ClientConfig()
 	names := []string{o.Topic, o.Topic + ".dlq"}
 	if o.eventsTopic != "" {
 		names = append(names, o.eventsTopic)
@@ -97,7 +99,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return err
 	}
 	if o.produceFile != "" || o.generate > 0 {
-		sum, err := produce(ctx, kafkalog.Route(log, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), o)
+		sum, err := produce(ctx, kafkalog.Route(log, o.ClientConfig()), o)
 		if err != nil {
 			return err
 		}
@@ -113,30 +115,35 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL " +
 			"(`eval \"$(scripts/dev-services env)\"` after `scripts/dev-services up` starts a local one)")
 	}
-	pool, err := pgxpool.New(ctx, o.DatabaseURL)
+	pools, err := o.OpenPools(ctx, log)
 	if err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	defer pool.Close()
-	return consume(ctx, pool, o, log)
-}
-
-func consume(ctx context.Context, pool *pgxpool.Pool, o options, log *zap.Logger) error {
-	// kafkatx's schema first: with the default search_path ("$user", public) a role named
-	// like that schema would otherwise see the example's tables move once it exists.
-	if err := kafkatx.Migrate(ctx, pool, o.Schema); err != nil {
 		return err
 	}
-	if err := order.Migrate(ctx, pool); err != nil {
+	defer pools.Close()
+	return consume(ctx, pools, o, log)
+}
+
+func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logger) error {
+	pool := pools.Pool
+	// kafkatx's schema first: with the default search_path ("$user", public) a role named
+	// like that schema would otherwise see the example's tables move once it exists. Both
+	// migrations take a session-level lock: on the session pool.
+	if err := kafkatx.Migrate(ctx, pools.Session, o.Schema); err != nil {
+		return err
+	}
+	if err := order.Migrate(ctx, pools.Session); err != nil {
 		return err
 	}
 	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.WriteTx}
 	reg := prometheus.NewRegistry()
-	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, o.ConsumerConfig(log, reg))
+	ccfg := o.ConsumerConfig(log, reg)
+	ccfg.SkipMigrations = true // applied above, on the session pool
+	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, ccfg)
 	if err != nil {
 		return err
 	}
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
+		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig,
 		ExitWhenIdle: o.ExitWhenIdle, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{"processed": s.Processed, "duplicates": s.Duplicates, "retries": s.Retries, "dead_lettered": s.DeadLettered})

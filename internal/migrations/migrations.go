@@ -19,6 +19,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 //go:embed sql/*.sql
@@ -97,6 +99,11 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 		return nil, fmt.Errorf("migrate: acquire connection: %w", err)
 	}
 	defer conn.Release()
+	// The lock is session-level: refuse a transaction pooler, where it would stay on whichever
+	// server connection took it.
+	if err := pg.RequireSession(ctx, conn.Conn()); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtextextended($1, 0))", lockKey(schema)); err != nil {
 		return nil, fmt.Errorf("migrate: take advisory lock: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -26,6 +27,15 @@ type Config struct {
 
 	// Schema holds the outbox table. Defaults to "kafkatx".
 	Schema string
+
+	// Session configures the relay's dedicated connection, which holds the leadership lock (a
+	// session-level advisory lock) and LISTENs for the outbox's NOTIFY: it must reach
+	// PostgreSQL directly or through a session pooler. Set it when the pool goes through a
+	// transaction pooler (PgBouncer pool_mode=transaction); rows are still read and marked
+	// through the pool. Defaults to the pool's connection configuration. Either way the relay
+	// checks the session (pg.RequireSession) before it campaigns and, through a transaction
+	// pooler, logs the refusal and retries with backoff instead of leading unfenced.
+	Session *pgx.ConnConfig
 
 	// Logger receives the relay's logs, named "kafkatx.relay". Record keys and values and
 	// Kafka secrets are never logged. Defaults to zap.NewNop().

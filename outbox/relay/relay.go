@@ -37,6 +37,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Relay publishes one schema's outbox. Create it with New and start it with Run.
@@ -135,7 +136,11 @@ func (r *Relay) Run(ctx context.Context) error {
 // session opens the dedicated connection that holds (or waits for) the leadership lock and
 // campaigns on it until it fails or ctx is cancelled.
 func (r *Relay) session(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+	cc := r.cfg.Session
+	if cc == nil {
+		cc = r.pool.Config().ConnConfig
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc.Copy())
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
@@ -144,6 +149,13 @@ func (r *Relay) session(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx) // ends the session: the lock, if held, is released
 	}()
+	// Leadership is a session-level lock: never campaign through a transaction pooler.
+	if err := pg.RequireSession(ctx, conn); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("leadership session: %w", err)
+	}
 	standbyLogged := false
 	for {
 		var got bool

@@ -10,12 +10,18 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
 // Flags are the command-line options every consuming example takes (docs/examples.md, "Every
 // consuming binary").
 type Flags struct {
 	Brokers, DatabaseURL, Topic, Group, Schema, InstanceID string
+	// KafkaConfigFile is a librdkafka properties file applied to every Kafka client (consumer,
+	// producer, admin); SessionDatabaseURL reaches PostgreSQL for what needs a session across
+	// transactions (see Pools).
+	KafkaConfigFile, SessionDatabaseURL string
+	kafkaProps                          kafka.ConfigMap
 	// MetricsAddr serves Prometheus metrics (consumer and relay) on host:port/metrics.
 	MetricsAddr                        string
 	Partitions, MaxAttempts, BatchSize int
@@ -27,6 +33,8 @@ type Flags struct {
 func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.StringVar(&f.Brokers, "brokers", "", "Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
 	fs.StringVar(&f.DatabaseURL, "database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
+	fs.StringVar(&f.KafkaConfigFile, "kafka-config-file", "", "librdkafka properties file (key=value lines, # comments), applied to the consumer, producer and admin clients: security.protocol, sasl.*, ssl.*, ...; may hold secrets, values are never logged")
+	fs.StringVar(&f.SessionDatabaseURL, "session-database-url", "", "PostgreSQL URL for what needs a database session across transactions (migrations' lock, the relay's leadership lock and LISTEN), for when --database-url goes through a transaction pooler such as PgBouncer in transaction mode (default --database-url)")
 	fs.StringVar(&f.Topic, "topic", def.Topic, "topic to consume")
 	fs.StringVar(&f.Group, "group", def.Group, "consumer group id")
 	fs.IntVar(&f.Partitions, "partitions", def.Partitions, "partitions of topics created if missing")
@@ -50,9 +58,35 @@ func (f *Flags) FromEnv() {
 	}
 }
 
+// LoadKafkaConfigFile reads --kafka-config-file (once; later calls reuse it). Errors name
+// the file and line, never a value.
+func (f *Flags) LoadKafkaConfigFile() error {
+	if f.kafkaProps != nil || f.KafkaConfigFile == "" {
+		return nil
+	}
+	props := kafka.ConfigMap{}
+	if err := kafkaprops.Read(f.KafkaConfigFile, props); err != nil {
+		return err
+	}
+	f.kafkaProps = props
+	return nil
+}
+
+// ClientConfig is the librdkafka configuration every client of the binary starts from:
+// bootstrap.servers, then --kafka-config-file's properties (LoadKafkaConfigFile must have
+// succeeded). A fresh map on every call.
+func (f *Flags) ClientConfig() kafka.ConfigMap {
+	cfg := kafka.ConfigMap{"bootstrap.servers": f.Brokers}
+	for k, v := range f.kafkaProps {
+		cfg[k] = v
+	}
+	return cfg
+}
+
 // KafkaConfig is the consumer's librdkafka configuration from the flags.
 func (f *Flags) KafkaConfig() kafka.ConfigMap {
-	cfg := kafka.ConfigMap{"bootstrap.servers": f.Brokers, "group.id": f.Group}
+	cfg := f.ClientConfig()
+	cfg["group.id"] = f.Group
 	if f.InstanceID != "" {
 		cfg["group.instance.id"] = f.InstanceID
 	}

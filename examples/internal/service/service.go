@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -28,9 +29,15 @@ import (
 type Options struct {
 	Pool     *pgxpool.Pool
 	Consumer *kafkatx.Consumer
-	// Brokers and Schema configure the in-process relay.
-	Brokers string
-	Schema  string
+	// Brokers and Schema configure the in-process relay; KafkaConfig, when set, is its
+	// producer's base configuration instead of bootstrap.servers=Brokers (Flags.ClientConfig:
+	// --kafka-config-file's security settings).
+	Brokers     string
+	Schema      string
+	KafkaConfig kafka.ConfigMap
+	// Session, when set, is the relay's leadership connection (relay.Config.Session), for a
+	// Pool that goes through a transaction pooler.
+	Session *pgx.ConnConfig
 	// ExitWhenIdle, when > 0, stops the consumer once, for this long, no message arrived,
 	// nothing is in flight or in backoff and the outbox holds nothing to publish. The clock
 	// starts at the first assignment; with none within NoAssignmentTimeout Run stops too.
@@ -62,7 +69,14 @@ func Run(ctx context.Context, o Options) error {
 	if o.AuthFailureExit == 0 {
 		o.AuthFailureExit = DefaultAuthFailureExit
 	}
-	rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kafka.ConfigMap{"bootstrap.servers": o.Brokers}), Schema: o.Schema, Logger: o.Logger}
+	kcfg := kafka.ConfigMap{"bootstrap.servers": o.Brokers}
+	if o.KafkaConfig != nil {
+		kcfg = kafka.ConfigMap{}
+		for k, v := range o.KafkaConfig {
+			kcfg[k] = v
+		}
+	}
+	rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Session: o.Session}
 	if o.Registry != nil {
 		rcfg.Registerer = o.Registry
 	}

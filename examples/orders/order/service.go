@@ -14,6 +14,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // SchemaSQL creates the service's tables in the database's default schema.
@@ -38,6 +39,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer conn.Release()
+	// The lock is session-level: refuse a transaction pooler (pg.RequireSession).
+	if err := pg.RequireSession(ctx, conn.Conn()); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
 	// Serialize concurrent starts: CREATE TABLE IF NOT EXISTS races on the catalog.
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext('kafkatx.example.orders'))"); err != nil {
 		return fmt.Errorf("migrate: %w", err)

@@ -1,0 +1,62 @@
+package service
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/pg"
+)
+
+// Pools are a binary's database pools: Pool for its transactions (--database-url) and Session
+// for what needs a session across transactions (--session-database-url, default
+// --database-url): kafkatx's and the example's migrations (a session-level advisory lock)
+// and the relay's leadership lock and LISTEN (Options.Session).
+type Pools struct {
+	Pool, Session *pgxpool.Pool
+	// Pooled: --database-url goes through a transaction pooler (pg.ParsePoolConfig), so Pool
+	// runs pgx's QueryExecModeExec (no named prepared statements).
+	Pooled bool
+}
+
+// OpenPools opens f's pools. Through a transaction pooler Pool uses QueryExecModeExec (unless
+// the URL sets default_query_exec_mode); Session is a second, small pool (4 connections) only
+// when --session-database-url differs from --database-url. Errors are pgx's, never a
+// password. Close closes both.
+func (f *Flags) OpenPools(ctx context.Context, log *zap.Logger) (*Pools, error) {
+	cfg, pooled, err := pg.ParsePoolConfig(ctx, f.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	if pooled {
+		log.Info("--database-url goes through a transaction pooler: pgx runs without prepared statements (QueryExecModeExec); migrations and the relay's leadership use --session-database-url")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	p := &Pools{Pool: pool, Session: pool, Pooled: pooled}
+	if f.SessionDatabaseURL != "" && f.SessionDatabaseURL != f.DatabaseURL {
+		scfg, err := pgxpool.ParseConfig(f.SessionDatabaseURL)
+		if err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("--session-database-url: %w", err)
+		}
+		scfg.MaxConns = 4
+		if p.Session, err = pgxpool.NewWithConfig(ctx, scfg); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("--session-database-url: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// Close closes the pools.
+func (p *Pools) Close() {
+	if p.Session != p.Pool {
+		p.Session.Close()
+	}
+	p.Pool.Close()
+}

@@ -1,0 +1,105 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrTransactionPooled is wrapped by RequireSession's error, and so by every kafkatx operation
+// that needs a database session across transactions (a session-level advisory lock: the
+// migrations' lock, the relay's leadership; LISTEN), when the connection goes through a
+// transaction pooler such as PgBouncer in pool_mode=transaction. There such a lock stays on
+// whichever server connection took it and LISTEN hears nothing: pass a URL that reaches
+// PostgreSQL directly or through a session pooler (the binaries' --session-database-url).
+var ErrTransactionPooled = errors.New("the connection goes through a transaction pooler (PgBouncer pool_mode=transaction?): session-level locks and LISTEN do not survive between transactions there; use a direct or session-pooled URL for them (--session-database-url)")
+
+// RequireSession returns nil when conn keeps one PostgreSQL backend across transactions (a
+// direct connection, or a session pooler), and an error wrapping ErrTransactionPooled when
+// it does not. The probe opens a second connection with conn's configuration, holds a
+// transaction open on it, and compares backend pids (pg_backend_pid()): under a transaction
+// pooler either the second connection gets the backend conn just used, or conn's next
+// statement runs on another backend; on a session conn neither can happen. The probe uses
+// the simple protocol (no prepared statements) and costs one connection and four round
+// trips; other errors (connecting, querying) are returned as they are.
+func RequireSession(ctx context.Context, conn *pgx.Conn) error {
+	pooled, err := probePooled(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if pooled {
+		return fmt.Errorf("%w (host %s port %d)", ErrTransactionPooled, conn.Config().Host, conn.Config().Port)
+	}
+	return nil
+}
+
+func backendPID(ctx context.Context, q Querier) (int32, error) {
+	var pid int32
+	err := q.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid)
+	return pid, err
+}
+
+func probePooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	p1, err := backendPID(ctx, conn)
+	if err != nil {
+		return false, fmt.Errorf("session probe: %w", err)
+	}
+	cfg := conn.Config().Copy()
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	other, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return false, fmt.Errorf("session probe: connect: %w", err)
+	}
+	defer other.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("session probe: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	p2, err := backendPID(ctx, tx)
+	if err != nil {
+		return false, fmt.Errorf("session probe: %w", err)
+	}
+	p3, err := backendPID(ctx, conn)
+	if err != nil {
+		return false, fmt.Errorf("session probe: %w", err)
+	}
+	return p2 == p1 || p3 != p1, nil
+}
+
+// ParsePoolConfig is pgxpool.ParseConfig for a URL that may go through a transaction pooler.
+// Unless the URL sets default_query_exec_mode itself, it connects once and, when
+// RequireSession finds a transaction pooler, sets ConnConfig.DefaultQueryExecMode to
+// pgx.QueryExecModeExec: the extended protocol with the unnamed statement, parameters typed
+// from their Go values, one round trip, no named prepared statements — which a transaction
+// pooler cannot keep (PgBouncer before 1.21 has no prepared-statement support at all). pooled
+// reports what the probe found (false when the URL chose the mode). Errors are pgx's, naming
+// no password.
+func ParsePoolConfig(ctx context.Context, url string) (cfg *pgxpool.Config, pooled bool, err error) {
+	cfg, err = pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, false, err
+	}
+	if strings.Contains(url, "default_query_exec_mode=") {
+		return cfg, false, nil
+	}
+	cc := cfg.ConnConfig.Copy()
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, false, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	pooled, err = probePooled(ctx, conn)
+	if err != nil {
+		return nil, false, err
+	}
+	if pooled {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	return cfg, pooled, nil
+}

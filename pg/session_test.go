@@ -1,0 +1,78 @@
+package pg_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/pg"
+)
+
+// A direct connection keeps its session; one through PgBouncer in transaction mode does not,
+// and RequireSession, ParsePoolConfig and the migrations' session lock all see it.
+func TestTransactionPoolerIsDetectedAndSessionLocksRefused(t *testing.T) {
+	t.Parallel()
+	direct := testenv.Database(t)
+	pooled := testenv.ThroughPgBouncer(t, direct)
+	ctx := context.Background()
+
+	for _, tc := range []struct {
+		name   string
+		url    string
+		pooled bool
+	}{{"direct", direct, false}, {"pgbouncer transaction mode", pooled, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cc, err := pgx.ParseConfig(tc.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+			conn, err := pgx.ConnectConfig(ctx, cc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			// Several times: the answer must not depend on which backend the pooler hands out.
+			for i := 0; i < 5; i++ {
+				err = pg.RequireSession(ctx, conn)
+				if got := errors.Is(err, pg.ErrTransactionPooled); got != tc.pooled || (!tc.pooled && err != nil) {
+					t.Fatalf("RequireSession #%d: %v, want pooled=%v", i, err, tc.pooled)
+				}
+			}
+
+			pcfg, got, err := pg.ParsePoolConfig(ctx, tc.url)
+			if err != nil || got != tc.pooled {
+				t.Fatalf("ParsePoolConfig: pooled=%v err=%v, want pooled=%v", got, err, tc.pooled)
+			}
+			wantMode := pgx.QueryExecModeCacheStatement
+			if tc.pooled {
+				wantMode = pgx.QueryExecModeExec
+			}
+			if pcfg.ConnConfig.DefaultQueryExecMode != wantMode {
+				t.Fatalf("exec mode %v, want %v", pcfg.ConnConfig.DefaultQueryExecMode, wantMode)
+			}
+			pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			// The same parameterized statement many times: with named prepared statements
+			// through PgBouncer 1.18 this fails ("prepared statement ... does not exist").
+			for i := 0; i < 50; i++ {
+				var n int
+				if err := pool.QueryRow(ctx, "SELECT $1::int + 1", i).Scan(&n); err != nil || n != i+1 {
+					t.Fatalf("query %d: %d, %v", i, n, err)
+				}
+			}
+			_, err = migrations.Apply(ctx, pool, "kafkatx")
+			if tc.pooled != errors.Is(err, pg.ErrTransactionPooled) || (!tc.pooled && err != nil) {
+				t.Fatalf("migrations.Apply: %v, want refused=%v", err, tc.pooled)
+			}
+		})
+	}
+}
