@@ -516,8 +516,8 @@ func TestCDCKeylessAndIncrementalSnapshot(t *testing.T) {
 	r.checkStats(total(r.counts("audit", "kl")), kl)
 	r.stop()
 	r.startConsumer(big) // the kl records stay with the first consumer's group
-	want := r.waitApplied(3*time.Minute, "kl", "big")
-	want = r.counts("audit", "big")
+	r.waitApplied(3*time.Minute, "kl", "big")
+	want := r.counts("audit", "big")
 
 	// A second incremental snapshot of the unchanged table (its first 2,000 rows): the same
 	// keys, no new effect.
@@ -551,9 +551,9 @@ func TestCDCSnapshotKilledAndRestarted(t *testing.T) {
 	r.startConnector(map[string]string{"max.batch.size": "256", "snapshot.fetch.size": "256"}, "public.snap")
 	topic := r.topic("snap")
 	cdctest.WaitTopic(t, r.brokers, topic, time.Minute)
-	got := cdctest.WaitEndOffset(t, r.brokers, topic, 500, time.Minute)
+	cdctest.WaitEndOffset(t, r.brokers, topic, 500, time.Minute)
 	cdctest.KillWorker(t)
-	got = cdctest.EndOffset(t, r.brokers, topic)
+	got := cdctest.EndOffset(t, r.brokers, topic)
 	if got >= n {
 		t.Fatalf("the snapshot had finished (%d records) before the kill", got)
 	}

@@ -59,7 +59,7 @@ func TestConfFromRealEvents(t *testing.T) {
 		t.Errorf("no %s conf %s among %q", tag, want, got[tag])
 	}
 	has("u", `{"id":50,"name":"toast","note":null,"qty":9}`) // body: unchanged TOAST, left out
-	has("d", `{"before":{"id":10},"op":"d"}`)                 // default replica identity: the key only
+	has("d", `{"before":{"id":10},"op":"d"}`)                // default replica identity: the key only
 	has("d/full", `{"before":{"id":10,"name":"","qty":0,"note":null,"body":null},"op":"d"}`)
 	has("d", `{"before":{"a":2,"b":"upd"},"op":"d"}`) // keyless (REPLICA IDENTITY FULL): the whole row
 	has("t", `{"op":"t","table":"public.kl"}`)
