@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"sync"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
@@ -11,23 +12,36 @@ import (
 
 // committer commits watermarks to Kafka after the database has committed them. Workers
 // hand it the newest watermark per partition and go on; it coalesces and commits in the
-// background, so a batch never waits for a Kafka round trip. The database leads: a commit
-// lost here is repaired on the next assignment (Kafka behind the watermark).
+// background, so a batch never waits for a Kafka round trip. A commit Kafka refuses (a
+// rebalance in progress, a coordinator moving, a broker down) stays pending and is tried
+// again every retryInterval until it succeeds or the partition leaves this member (drop):
+// the database leads, so a lost commit is harmless to the data, but Kafka's offset — what
+// lag monitoring reads — must not stay behind a partition this member keeps.
 type committer struct {
 	kc  *kafka.Consumer
 	log *zap.Logger
 
-	mu      sync.Mutex
-	pending map[offsetstore.TP]int64
-	wake    chan struct{}
-	quit    chan struct{}
+	mu       sync.Mutex
+	pending  map[offsetstore.TP]int64
+	lastWarn time.Time // of the last failed-commit warning (one every 10 s at most)
+	wake     chan struct{}
+	quit     chan struct{}
 	// commitMu serializes commit calls, so a revoke's final commit never races an older
 	// background commit of the same partition.
 	commitMu sync.Mutex
+	// commitFn is kc.CommitOffsets (a test replaces it).
+	commitFn func([]kafka.TopicPartition) ([]kafka.TopicPartition, error)
 }
 
+// retryInterval is how often refused commits are tried again.
+const retryInterval = time.Second
+
 func newCommitter(kc *kafka.Consumer, log *zap.Logger) *committer {
-	return &committer{kc: kc, log: log, pending: map[offsetstore.TP]int64{}, wake: make(chan struct{}, 1), quit: make(chan struct{})}
+	c := &committer{kc: kc, log: log, pending: map[offsetstore.TP]int64{}, wake: make(chan struct{}, 1), quit: make(chan struct{})}
+	if kc != nil {
+		c.commitFn = kc.CommitOffsets
+	}
+	return c
 }
 
 // enqueue records that the database watermark of tp is now offset.
@@ -58,35 +72,101 @@ func (c *committer) take(only map[offsetstore.TP]bool) []kafka.TopicPartition {
 	return out
 }
 
+// requeue puts back the offsets of tps that Kafka refused, unless a newer watermark of the
+// same partition was enqueued meanwhile.
+func (c *committer) requeue(tps []kafka.TopicPartition) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, tp := range tps {
+		k := offsetstore.TP{Topic: *tp.Topic, Partition: tp.Partition}
+		if cur, ok := c.pending[k]; !ok || int64(tp.Offset) > cur {
+			c.pending[k] = int64(tp.Offset)
+		}
+	}
+}
+
+// commit commits tps; the partitions Kafka refused (the whole call failing, or one
+// partition's error) are requeued, and the first refusal is returned.
 func (c *committer) commit(tps []kafka.TopicPartition) error {
 	if len(tps) == 0 {
 		return nil
 	}
 	c.commitMu.Lock()
-	defer c.commitMu.Unlock()
-	_, err := c.kc.CommitOffsets(tps)
-	if err != nil {
-		c.log.Debug("commit offsets to Kafka (the database leads; repaired on next assignment)", zap.Error(err))
+	res, err := c.commitFn(tps)
+	c.commitMu.Unlock()
+	failed := tps
+	if err == nil {
+		failed = nil
+		for _, tp := range res {
+			if tp.Error != nil {
+				failed = append(failed, tp)
+				if err == nil {
+					err = tp.Error
+				}
+			}
+		}
+		// CommitOffsets answers with the offsets committed; requeue what we asked for.
+		if len(failed) > 0 {
+			asked := map[offsetstore.TP]kafka.TopicPartition{}
+			for _, tp := range tps {
+				asked[offsetstore.TP{Topic: *tp.Topic, Partition: tp.Partition}] = tp
+			}
+			for i, tp := range failed {
+				failed[i] = asked[offsetstore.TP{Topic: *tp.Topic, Partition: tp.Partition}]
+			}
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	c.requeue(failed)
+	c.mu.Lock()
+	warn := time.Since(c.lastWarn) >= 10*time.Second
+	if warn {
+		c.lastWarn = time.Now()
+	}
+	c.mu.Unlock()
+	lvl := zap.DebugLevel
+	if warn {
+		lvl = zap.WarnLevel
+	}
+	c.log.Check(lvl, "Kafka refused an offset commit; retrying (the database watermark leads, nothing is lost)").
+		Write(zap.Int("partitions", len(failed)), zap.Error(err))
+	return err
+}
+
+// flush commits the pending watermarks of the given partitions (all when nil) now, trying a
+// refused commit up to three times over about a second.
+func (c *committer) flush(only map[offsetstore.TP]bool) error {
+	var err error
+	for try := 0; try < 3; try++ {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 300 * time.Millisecond)
+		}
+		if err = c.commit(c.take(only)); err == nil {
+			return nil
+		}
 	}
 	return err
 }
 
-// flush commits the pending watermarks of the given partitions (all when nil) now.
-func (c *committer) flush(only map[offsetstore.TP]bool) error {
-	return c.commit(c.take(only))
-}
-
-// drop forgets pending commits of partitions that were lost.
+// drop forgets pending commits of partitions that left this member (lost, or revoked after
+// their final flush): committing them later could move back an offset their new owner
+// committed.
 func (c *committer) drop(only map[offsetstore.TP]bool) { c.take(only) }
 
 func (c *committer) run() {
+	retry := time.NewTicker(retryInterval)
+	defer retry.Stop()
 	for {
 		select {
 		case <-c.quit:
 			_ = c.flush(nil)
 			return
 		case <-c.wake:
-			_ = c.flush(nil)
+			_ = c.commit(c.take(nil))
+		case <-retry.C:
+			_ = c.commit(c.take(nil)) // refused commits, requeued
 		}
 	}
 }

@@ -313,6 +313,7 @@ func (c *Consumer) onRevoked(revoked []kafka.TopicPartition, lost bool) error {
 			zap.Strings("partitions", finalOffsets(ps)))
 	} else {
 		_ = c.commits.flush(only)
+		c.commits.drop(only) // a commit still refused now must not land after the new owner's
 		if len(ps) > 0 {
 			c.log.Info("partitions revoked", zap.Strings("partitions", finalOffsets(ps)))
 		}
