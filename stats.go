@@ -13,8 +13,10 @@ import (
 type Stats struct {
 	// Processed counts messages whose handler effects committed.
 	Processed int64
-	// Duplicates counts messages dropped because their offset was already below the
-	// watermark (a redelivery after a rebalance or a lost Kafka commit).
+	// Duplicates counts messages dropped without running the handler because they were done
+	// before: their offset was already below the watermark (a redelivery after a rebalance or
+	// a lost Kafka commit), or their business idempotency key (Config.Idempotency) was already
+	// claimed in the group's replay epoch (a copy re-published at another offset).
 	Duplicates int64
 	// Retries counts tries after the first, crashes excluded.
 	Retries int64

@@ -59,14 +59,14 @@ type Writer struct {
 	Schema string
 }
 
-// Write writes records into kafkatx.outbox in the caller's transaction, which it never
+// WriteTx writes records into kafkatx.outbox in the caller's transaction, which it never
 // commits or rolls back, and returns the rows' ids (the outbox table's id column) in the
 // records' order. It is Writer{}.WriteTx.
 func WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error) {
 	return Writer{}.WriteTx(ctx, tx, records...)
 }
 
-// Write writes records into w.Schema's outbox table in the caller's transaction, which it
+// WriteTx writes records into w.Schema's outbox table in the caller's transaction, which it
 // never commits or rolls back, and returns the rows' ids in the records' order. All records
 // go in one INSERT statement (one round trip) — or, from 1,000 records without headers or
 // explicit partitions, in one COPY after one query for their ids and timestamps (two round

@@ -119,7 +119,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return err
 	}
 	base := o.ClientConfig()
-	if err := topics.Ensure(ctx, base, []string{o.Topic, o.Topic + ".dlq"}, o.Partitions, 1, nil, 30*time.Second); err != nil {
+	if err := topics.Ensure(ctx, log, base, []string{o.Topic, o.Topic + ".dlq"}, o.Partitions, 1, nil, 30*time.Second); err != nil {
 		return err
 	}
 	pools, err := o.OpenPools(ctx, log)

@@ -65,6 +65,9 @@ func run() int {
 	case o.Brokers != "" && o.inProcessBroker:
 		fmt.Fprintln(os.Stderr, "orders: --in-process-broker and a broker address (--brokers or KAFKA_BOOTSTRAP_SERVERS) exclude each other; see --help")
 		return 2
+	case o.generate < 0 || o.poisonEvery < 0:
+		fmt.Fprintf(os.Stderr, "orders: --generate (%d) and --poison-every (%d) must not be negative; see --help\n", o.generate, o.poisonEvery)
+		return 2
 	}
 	service.TuneGC()
 
@@ -95,7 +98,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if o.eventsTopic != "" {
 		names = append(names, o.eventsTopic)
 	}
-	if err := topics.Ensure(ctx, base, names, o.Partitions, 1, nil, 30*time.Second); err != nil {
+	if err := topics.Ensure(ctx, log, base, names, o.Partitions, 1, nil, 30*time.Second); err != nil {
 		return err
 	}
 	if o.produceFile != "" || o.generate > 0 {

@@ -22,9 +22,11 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		env  string
+		want string // in the one line
 	}{
-		{args: []string{"--database-url", "postgres://nowhere/x"}},
-		{args: []string{"--in-process-broker"}, env: "KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092"},
+		{args: []string{"--database-url", "postgres://nowhere/x"}, want: "--in-process-broker"},
+		{args: []string{"--in-process-broker"}, env: "KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092", want: "--in-process-broker"},
+		{args: []string{"--in-process-broker", "--generate", "-5"}, want: "--generate"},
 	} {
 		cmd := exec.Command(bin, tc.args...)
 		cmd.Env = append(os.Environ(), "KAFKA_BOOTSTRAP_SERVERS=", tc.env)
@@ -35,8 +37,8 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 			t.Fatalf("orders %q: %v, want exit 2", tc.args, err)
 		}
-		if lines := strings.Split(strings.TrimSpace(errOut.String()), "\n"); len(lines) != 1 || out.Len() != 0 || !strings.Contains(lines[0], "--in-process-broker") {
-			t.Fatalf("orders %q: want one line naming --in-process-broker, got stdout %q stderr %q", tc.args, out.String(), errOut.String())
+		if lines := strings.Split(strings.TrimSpace(errOut.String()), "\n"); len(lines) != 1 || out.Len() != 0 || !strings.Contains(lines[0], tc.want) {
+			t.Fatalf("orders %q: want one line naming %s, got stdout %q stderr %q", tc.args, tc.want, out.String(), errOut.String())
 		}
 	}
 }

@@ -399,7 +399,7 @@ func (b *bench) relay(ctx context.Context) error {
 	s.Messages = b.o.relayRows
 	b.topics = append(b.topics, s.EventsTopic)
 	// LogAppendTime: a record's timestamp is when the broker appended it, the relay's latency's end.
-	err := topics.Ensure(ctx, kafka.ConfigMap{"bootstrap.servers": b.o.brokers}, []string{s.EventsTopic}, b.o.partitions, 1,
+	err := topics.Ensure(ctx, nil, kafka.ConfigMap{"bootstrap.servers": b.o.brokers}, []string{s.EventsTopic}, b.o.partitions, 1,
 		map[string]string{"message.timestamp.type": "LogAppendTime"}, 30*time.Second)
 	if err != nil {
 		return err

@@ -116,7 +116,7 @@ func (pr *producer) close() {
 
 // createTopics creates fresh topics with partitions partitions (replication 1).
 func createTopics(ctx context.Context, brokers string, names []string, partitions int) error {
-	return topics.Ensure(ctx, kafka.ConfigMap{"bootstrap.servers": brokers}, names, partitions, 1, nil, 30*time.Second)
+	return topics.Ensure(ctx, nil, kafka.ConfigMap{"bootstrap.servers": brokers}, names, partitions, 1, nil, 30*time.Second)
 }
 
 // deleteTopics removes the run's topics; errors are reported, not fatal.

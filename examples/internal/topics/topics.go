@@ -8,13 +8,31 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 )
 
 // Ensure creates each named topic with partitions partitions and the given replication
 // factor unless it exists. extra, when not nil, sets topic configs (for example
-// message.timestamp.type). It waits up to timeout.
-func Ensure(ctx context.Context, kafkaConfig kafka.ConfigMap, names []string, partitions, replication int, extra map[string]string, timeout time.Duration) error {
-	admin, err := kafka.NewAdminClient(&kafkaConfig)
+// message.timestamp.type). It waits up to timeout. With a non-nil log, the client's
+// librdkafka lines go through it (kafkalog.Route) instead of raw text on stderr; kafkaConfig
+// itself is not changed. Errors name the bootstrap servers they tried.
+func Ensure(ctx context.Context, log *zap.Logger, kafkaConfig kafka.ConfigMap, names []string, partitions, replication int, extra map[string]string, timeout time.Duration) error {
+	cfg := kafka.ConfigMap{}
+	for k, v := range kafkaConfig {
+		cfg[k] = v
+	}
+	if log != nil {
+		cfg = kafkalog.Route(log, cfg)
+	}
+	// An admin client made from a producer takes the log channel; kafka.NewAdminClient does not.
+	p, err := kafka.NewProducer(&cfg)
+	if err != nil {
+		return fmt.Errorf("create admin client: %w", err)
+	}
+	defer p.Close()
+	admin, err := kafka.NewAdminClientFromProducer(p)
 	if err != nil {
 		return fmt.Errorf("create admin client: %w", err)
 	}
@@ -27,7 +45,7 @@ func Ensure(ctx context.Context, kafkaConfig kafka.ConfigMap, names []string, pa
 	defer cancel()
 	res, err := admin.CreateTopics(ctx, specs, kafka.SetAdminOperationTimeout(timeout))
 	if err != nil {
-		return fmt.Errorf("create topics %v: %w", names, err)
+		return fmt.Errorf("create topics %v on the Kafka cluster at %v (is it reachable?): %w", names, kafkaConfig["bootstrap.servers"], err)
 	}
 	for _, r := range res {
 		if r.Error.Code() != kafka.ErrNoError && r.Error.Code() != kafka.ErrTopicAlreadyExists {
