@@ -55,7 +55,7 @@ func TestDatabaseOutagesAreRiddenOutWithoutLossOrAttempts(t *testing.T) {
 		if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS false", pgx.Identifier{dbName}.Sanitize())); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", dbName); err != nil {
+		if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'", dbName); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Second)
