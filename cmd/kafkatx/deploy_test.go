@@ -154,7 +154,9 @@ func TestRelayFailoverBehindPgBouncer(t *testing.T) {
 	}
 	takeover, ok := <-tookOver
 	if !ok {
-		t.Fatal("the standby did not take over within 15 s of the leader's SIGKILL")
+		_ = relays[other].cmd.Process.Kill()
+		_ = relays[other].cmd.Wait()
+		t.Fatalf("the standby did not take over within 15 s of the leader's SIGKILL; its stderr:\n%s", relays[other].stderr.String())
 	}
 	var pending int64
 	deadline := time.Now().Add(60 * time.Second)
