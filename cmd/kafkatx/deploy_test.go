@@ -22,6 +22,13 @@ import (
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
+func tailString(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
 // isLeader reports whether the relay serving /readyz on addr says it leads (false when it
 // does not answer).
 func isLeader(addr string) bool {
@@ -74,7 +81,7 @@ func TestRelayFailoverBehindPgBouncer(t *testing.T) {
 	start := func() *relayProc {
 		r := &relayProc{addr: freeAddr(t), stderr: &bytes.Buffer{}}
 		r.cmd = exec.Command(cli, "relay", "--brokers", sb, "--kafka-config-file", cfgFile, "--database-url", pooled,
-			"--session-database-url", direct, "--health-addr", r.addr, "--standby-interval", "500ms", "--batch-size", "50")
+			"--session-database-url", direct, "--health-addr", r.addr, "--standby-interval", "500ms", "--batch-size", "100")
 		r.cmd.Stderr = r.stderr
 		if err := r.cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -123,7 +130,7 @@ func TestRelayFailoverBehindPgBouncer(t *testing.T) {
 		}
 	}()
 
-	const rows = 1500
+	const rows = 900
 	ins := `INSERT INTO ` + pgx.Identifier{schema, "outbox"}.Sanitize() + ` (topic, key, value) VALUES ($1, convert_to($2, 'UTF8'), convert_to($3, 'UTF8'))`
 	var killedAt time.Time
 	other := 1 - leader
@@ -138,7 +145,7 @@ func TestRelayFailoverBehindPgBouncer(t *testing.T) {
 			}
 			killedAt = time.Now()
 			go func() {
-				for time.Since(killedAt) < 15*time.Second {
+				for time.Since(killedAt) < 30*time.Second {
 					if isLeader(relays[other].addr) {
 						tookOver <- time.Since(killedAt)
 						return
@@ -154,10 +161,12 @@ func TestRelayFailoverBehindPgBouncer(t *testing.T) {
 	}
 	takeover, ok := <-tookOver
 	if !ok {
-		t.Fatal("the standby did not take over within 15 s of the leader's SIGKILL")
+		_ = relays[other].cmd.Process.Kill()
+		_ = relays[other].cmd.Wait()
+		t.Fatalf("the standby did not take over within 30 s of the leader's SIGKILL; its stderr:\n%s", relays[other].stderr.String())
 	}
 	var pending int64
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(120 * time.Second)
 	for {
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM kafkatx.outbox WHERE state IN ('pending', 'parked')`).Scan(&pending); err != nil {
 			t.Fatal(err)
@@ -166,7 +175,9 @@ func TestRelayFailoverBehindPgBouncer(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d rows still pending after 60 s", pending)
+			_ = relays[other].cmd.Process.Kill()
+			_ = relays[other].cmd.Wait()
+			t.Fatalf("%d rows still pending 120 s after the takeover; the new leader's stderr:\n%s", pending, tailString(relays[other].stderr.String(), 8000))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
