@@ -62,9 +62,9 @@ type partition struct {
 	attempts map[int64]offsetstore.Attempt
 
 	// Owned by the worker: a wait for a dependency the handler reported Unavailable.
-	unavailSince   time.Time // zero when not waiting
-	unavailN       int       // Unavailable answers since unavailSince
-	unavailExpired bool      // Config.UnavailableMaxWait passed: answers count as attempts
+	unavailSince   time.Time                        // zero when not waiting
+	unavailN       int                              // Unavailable answers since unavailSince
+	unavailExpired bool                             // Config.UnavailableMaxWait passed: answers count as attempts
 	waiting        atomic.Pointer[WaitingPartition] // set while waiting, for Stats and Readiness
 
 	stopOnce  sync.Once
