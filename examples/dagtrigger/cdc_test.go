@@ -246,7 +246,10 @@ func (r *rig) waitApplied(timeout time.Duration, tables ...string) map[string]in
 	for _, tb := range tables {
 		onTopics += cdctest.EndOffset(r.t, r.brokers, r.topic(tb))
 	}
-	s := r.consumer.Stats()
+	var s kafkatx.Stats
+	if r.consumer != nil {
+		s = r.consumer.Stats()
+	}
 	r.t.Fatalf("applied changes (%d) differ from the source's (%d) after %s; records on the topics %d, consumer processed %d, duplicates %d, not changes %d, dead-lettered %d, in flight %d:\n%s",
 		total(got), total(want), timeout, onTopics, s.Processed, s.Duplicates, s.NotChanges, s.DeadLettered, s.InFlight, strings.Join(diff, "\n"))
 	return nil
