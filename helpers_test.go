@@ -51,15 +51,45 @@ func setup(t *testing.T, partitions int) *testBundle {
 	}
 	b.topic = testenv.Topic(t, b.brokers, partitions)
 	b.group = "g-" + b.topic
+	b.migrateWithEffects(t)
+	return b
+}
+
+// migrateWithEffects applies kafkatx's migrations to b.schema and creates the test handlers'
+// effects table there.
+func (b *testBundle) migrateWithEffects(t *testing.T) {
+	t.Helper()
 	ctx := context.Background()
-	if err := Migrate(ctx, pool, b.schema); err != nil {
+	if err := Migrate(ctx, b.pool, b.schema); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (topic text, partition int, "offset" bigint, value bytea, applied int NOT NULL, seq bigserial,
+	if _, err := b.pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (topic text, partition int, "offset" bigint, value bytea, applied int NOT NULL, seq bigserial,
 		PRIMARY KEY (topic, partition, "offset"))`, pgx.Identifier{b.schema, "effects"}.Sanitize())); err != nil {
 		t.Fatal(err)
 	}
-	return b
+}
+
+// setupOwnDatabase is setup on a database of the test's own (testenv.Database), for tests
+// that break the database itself (terminate its sessions, make it read-only): it returns the
+// bundle, a pool on the shared dev database to act on it from outside, and its name.
+func setupOwnDatabase(t *testing.T, schema string, partitions int) (b *testBundle, admin *pgxpool.Pool, dbName string) {
+	t.Helper()
+	url := testenv.Database(t)
+	dbName = url[strings.LastIndex(url, "/")+1:]
+	if i := strings.IndexByte(dbName, '?'); i >= 0 {
+		dbName = dbName[:i]
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	admin = testenv.Postgres(t)
+	b = &testBundle{pool: pool, dbURL: url, schema: schema, brokers: testenv.Brokers(t)}
+	b.topic = testenv.Topic(t, b.brokers, partitions)
+	b.group = "g-" + b.topic
+	b.migrateWithEffects(t)
+	return b, admin, dbName
 }
 
 // applyEffect is the test handlers' effect: a row per message counting its applications,

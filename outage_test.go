@@ -3,14 +3,10 @@ package kafkatx
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
 // TestDatabaseOutagesAreRiddenOutWithoutLossOrAttempts cuts the consumer's database
@@ -18,28 +14,8 @@ import (
 // must still be applied exactly once, none counted as an attempt or dead-lettered.
 func TestDatabaseOutagesAreRiddenOutWithoutLossOrAttempts(t *testing.T) {
 	t.Parallel()
-	url := testenv.Database(t)
-	dbName := url[strings.LastIndex(url, "/")+1:]
-	if i := strings.IndexByte(dbName, '?'); i >= 0 {
-		dbName = dbName[:i]
-	}
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	admin := testenv.Postgres(t)
-	b := &testBundle{pool: pool, dbURL: url, schema: "kafkatx_outage", brokers: testenv.Brokers(t)}
-	b.topic = testenv.Topic(t, b.brokers, 2)
-	b.group = "g-" + b.topic
+	b, admin, dbName := setupOwnDatabase(t, "kafkatx_outage", 2)
 	ctx := context.Background()
-	if err := Migrate(ctx, pool, b.schema); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (topic text, partition int, "offset" bigint, value bytea, applied int NOT NULL, seq bigserial,
-		PRIMARY KEY (topic, partition, "offset"))`, pgx.Identifier{b.schema, "effects"}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
 	const n = 3000
 	produce(t, b.brokers, b.topic, values(n, -1, func(i int) string { return fmt.Sprint(i) }))
 	cfg := b.config(t)
@@ -65,7 +41,7 @@ func TestDatabaseOutagesAreRiddenOutWithoutLossOrAttempts(t *testing.T) {
 	}
 	waitFor(t, 120*time.Second, "every message applied", func() bool {
 		var c int64
-		return pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s", pgx.Identifier{b.schema, "effects"}.Sanitize())).Scan(&c) == nil && c == n
+		return b.pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s", pgx.Identifier{b.schema, "effects"}.Sanitize())).Scan(&c) == nil && c == n
 	})
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)

@@ -3,14 +3,10 @@ package kafkatx
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
 // A switchover as it looks from an application: the database turns read-only (the old primary
@@ -20,28 +16,8 @@ import (
 // server. Every message applied exactly once, none counted as an attempt or dead-lettered.
 func TestReadOnlySwitchIsRiddenOutWithoutAttempts(t *testing.T) {
 	t.Parallel()
-	url := testenv.Database(t)
-	dbName := url[strings.LastIndex(url, "/")+1:]
-	if i := strings.IndexByte(dbName, '?'); i >= 0 {
-		dbName = dbName[:i]
-	}
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	admin := testenv.Postgres(t)
-	b := &testBundle{pool: pool, dbURL: url, schema: "kafkatx_readonly", brokers: testenv.Brokers(t)}
-	b.topic = testenv.Topic(t, b.brokers, 2)
-	b.group = "g-" + b.topic
+	b, admin, dbName := setupOwnDatabase(t, "kafkatx_readonly", 2)
 	ctx := context.Background()
-	if err := Migrate(ctx, pool, b.schema); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s (topic text, partition int, "offset" bigint, value bytea, applied int NOT NULL, seq bigserial,
-		PRIMARY KEY (topic, partition, "offset"))`, pgx.Identifier{b.schema, "effects"}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
 	const n = 3000
 	produce(t, b.brokers, b.topic, values(n, -1, func(i int) string { return fmt.Sprint(i) }))
 	cfg := b.config(t)
@@ -54,7 +30,7 @@ func TestReadOnlySwitchIsRiddenOutWithoutAttempts(t *testing.T) {
 	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
 	count := func() int64 {
 		var c int64
-		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+effects).Scan(&c)
+		_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM "+effects).Scan(&c)
 		return c
 	}
 	db := pgx.Identifier{dbName}.Sanitize()

@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -355,7 +354,7 @@ func StartWorker(t testing.TB) {
 
 func devServices(t testing.TB, args ...string) (string, error) {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,21 +362,4 @@ func devServices(t testing.TB, args ...string) (string, error) {
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	return string(out), err
-}
-
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
 }

@@ -371,7 +371,7 @@ func ConsumerGroupsTool(t testing.TB) string {
 		}
 		return p
 	}
-	root, err := repoRoot()
+	root, err := RepoRoot()
 	if err != nil {
 		Unavailable(t, "%s is not set and the repository root was not found: %v", EnvKafkaTools, err)
 	}
@@ -382,9 +382,9 @@ func ConsumerGroupsTool(t testing.TB) string {
 	return p
 }
 
-// repoRoot walks up from the working directory (a package directory under go test) to the
+// RepoRoot walks up from the working directory (a package directory under go test) to the
 // directory holding go.mod.
-func repoRoot() (string, error) {
+func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
