@@ -35,7 +35,7 @@ func (g *Globals) offsetsOperator(ctx context.Context, withKafka bool) (*offsets
 		if err != nil {
 			return nil, nil, err
 		}
-		if k, err = offsets.NewKafka(cfg); err != nil {
+		if k, err = offsets.NewKafka(cfg, g.logger()); err != nil {
 			return nil, nil, err
 		}
 	}

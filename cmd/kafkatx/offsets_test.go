@@ -260,7 +260,7 @@ func countKind(evs []offsetstore.Event, kind string, from, to int64) int {
 
 func (b *offsetsBundle) committed() int64 {
 	b.t.Helper()
-	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers})
+	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers}, nil)
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -464,7 +464,7 @@ func TestOffsetsStatusExitCodes(t *testing.T) {
 	if st, code := b.status(); code != 0 || st.State != offsets.StateAligned || st.Lag != 0 || st.LogEnd != 6 {
 		t.Fatalf("aligned: exit %d, %+v", code, st)
 	}
-	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers})
+	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,28 +7,47 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
 // Kafka is the broker side of the offset commands: consumer-group offsets, log offsets and
 // group membership, all through librdkafka's AdminClient (no consumer joins the group).
 type Kafka struct {
-	admin *kafka.AdminClient
+	admin    *kafka.AdminClient
+	producer *kafka.Producer // the admin client's handle: it takes a log channel, NewAdminClient does not
 }
 
 // NewKafka connects an AdminClient with cfg (bootstrap.servers is required; security
-// settings such as sasl.* and ssl.* pass through).
-func NewKafka(cfg kafka.ConfigMap) (*Kafka, error) {
-	admin, err := kafka.NewAdminClient(&cfg)
+// settings such as sasl.* and ssl.* pass through). With a non-nil log, librdkafka's log lines
+// go to it (zap JSON on stderr for the command) instead of raw text; cfg is not changed.
+func NewKafka(cfg kafka.ConfigMap, log *zap.Logger) (*Kafka, error) {
+	c := kafka.ConfigMap{}
+	for k, v := range cfg {
+		c[k] = v
+	}
+	if log != nil {
+		c = kafkalog.Route(log, c)
+	}
+	p, err := kafka.NewProducer(&c)
 	if err != nil {
 		return nil, fmt.Errorf("kafka admin client: %w", err)
 	}
-	return &Kafka{admin: admin}, nil
+	admin, err := kafka.NewAdminClientFromProducer(p)
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("kafka admin client: %w", err)
+	}
+	return &Kafka{admin: admin, producer: p}, nil
 }
 
 // Close releases the AdminClient.
-func (k *Kafka) Close() { k.admin.Close() }
+func (k *Kafka) Close() {
+	k.admin.Close()
+	k.producer.Close()
+}
 
 // deadlineMs is the timeout, in milliseconds, of calls that take one instead of a context.
 func deadlineMs(ctx context.Context) int {

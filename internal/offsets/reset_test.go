@@ -44,7 +44,7 @@ func setup(t *testing.T) *testBundle {
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{b.schema, "effects"}.Sanitize()+` ("offset" bigint PRIMARY KEY, applied int NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	k, err := NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers})
+	k, err := NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
