@@ -239,7 +239,7 @@ func runIDOf(kv [2][]byte) string {
 	if err != nil {
 		panic(err)
 	}
-	key, err := ev.Position(kv[0])
+	key, err := ev.Key(kv[0]) // the key dagtrigger derives its run ids from
 	if err != nil {
 		panic(err)
 	}
