@@ -51,3 +51,26 @@ func Level(l int) zapcore.Level {
 		return zapcore.DebugLevel
 	}
 }
+
+// NewAdminClient creates an AdminClient with cfg (copied, not changed) on a producer handle:
+// kafka.NewAdminClient takes no log channel, a producer does, so with a non-nil log the
+// client's librdkafka lines go through it (Route). Close the admin client, then the producer.
+func NewAdminClient(log *zap.Logger, cfg kafka.ConfigMap) (*kafka.AdminClient, *kafka.Producer, error) {
+	c := kafka.ConfigMap{}
+	for k, v := range cfg {
+		c[k] = v
+	}
+	if log != nil {
+		c = Route(log, c)
+	}
+	p, err := kafka.NewProducer(&c)
+	if err != nil {
+		return nil, nil, err
+	}
+	admin, err := kafka.NewAdminClientFromProducer(p)
+	if err != nil {
+		p.Close()
+		return nil, nil, err
+	}
+	return admin, p, nil
+}

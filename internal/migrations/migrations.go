@@ -117,17 +117,9 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())", id)); err != nil {
 		return nil, fmt.Errorf("migrate: create schema_migrations: %w", err)
 	}
-	applied := map[int]bool{}
-	rows, err := conn.Query(ctx, fmt.Sprintf("SELECT version FROM %s.schema_migrations", id))
+	applied, err := appliedVersions(ctx, conn, schema)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
-	}
-	vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		return nil, fmt.Errorf("migrate: read applied versions: %w", err)
-	}
-	for _, v := range vs {
-		applied[v] = true
+		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	var done []int
 	for _, m := range All() {
@@ -158,16 +150,9 @@ func Missing(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, err
 	}
 	applied := map[int]bool{}
 	if exists {
-		rows, err := pool.Query(ctx, fmt.Sprintf("SELECT version FROM %s.schema_migrations", pgx.Identifier{schema}.Sanitize()))
-		if err != nil {
-			return nil, fmt.Errorf("migrations: read applied versions: %w", err)
-		}
-		vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
-		if err != nil {
-			return nil, fmt.Errorf("migrations: read applied versions: %w", err)
-		}
-		for _, v := range vs {
-			applied[v] = true
+		var err error
+		if applied, err = appliedVersions(ctx, pool, schema); err != nil {
+			return nil, fmt.Errorf("migrations: %w", err)
 		}
 	}
 	var missing []int
@@ -177,4 +162,21 @@ func Missing(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, err
 		}
 	}
 	return missing, nil
+}
+
+// appliedVersions reads the versions schema.schema_migrations records (the table must exist).
+func appliedVersions(ctx context.Context, q pg.Querier, schema string) (map[int]bool, error) {
+	rows, err := q.Query(ctx, fmt.Sprintf("SELECT version FROM %s.schema_migrations", pgx.Identifier{schema}.Sanitize()))
+	if err != nil {
+		return nil, fmt.Errorf("read applied versions: %w", err)
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("read applied versions: %w", err)
+	}
+	applied := make(map[int]bool, len(vs))
+	for _, v := range vs {
+		applied[v] = true
+	}
+	return applied, nil
 }

@@ -24,20 +24,8 @@ type Kafka struct {
 // settings such as sasl.* and ssl.* pass through). With a non-nil log, librdkafka's log lines
 // go to it (zap JSON on stderr for the command) instead of raw text; cfg is not changed.
 func NewKafka(cfg kafka.ConfigMap, log *zap.Logger) (*Kafka, error) {
-	c := kafka.ConfigMap{}
-	for k, v := range cfg {
-		c[k] = v
-	}
-	if log != nil {
-		c = kafkalog.Route(log, c)
-	}
-	p, err := kafka.NewProducer(&c)
+	admin, p, err := kafkalog.NewAdminClient(log, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kafka admin client: %w", err)
-	}
-	admin, err := kafka.NewAdminClientFromProducer(p)
-	if err != nil {
-		p.Close()
 		return nil, fmt.Errorf("kafka admin client: %w", err)
 	}
 	return &Kafka{admin: admin, producer: p}, nil

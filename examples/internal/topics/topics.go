@@ -19,23 +19,11 @@ import (
 // librdkafka lines go through it (kafkalog.Route) instead of raw text on stderr; kafkaConfig
 // itself is not changed. Errors name the bootstrap servers they tried.
 func Ensure(ctx context.Context, log *zap.Logger, kafkaConfig kafka.ConfigMap, names []string, partitions, replication int, extra map[string]string, timeout time.Duration) error {
-	cfg := kafka.ConfigMap{}
-	for k, v := range kafkaConfig {
-		cfg[k] = v
-	}
-	if log != nil {
-		cfg = kafkalog.Route(log, cfg)
-	}
-	// An admin client made from a producer takes the log channel; kafka.NewAdminClient does not.
-	p, err := kafka.NewProducer(&cfg)
+	admin, p, err := kafkalog.NewAdminClient(log, kafkaConfig)
 	if err != nil {
 		return fmt.Errorf("create admin client: %w", err)
 	}
 	defer p.Close()
-	admin, err := kafka.NewAdminClientFromProducer(p)
-	if err != nil {
-		return fmt.Errorf("create admin client: %w", err)
-	}
 	defer admin.Close()
 	specs := make([]kafka.TopicSpecification, 0, len(names))
 	for _, n := range names {
