@@ -200,14 +200,14 @@ func waitIdle(ctx context.Context, rl *relay.Relay, d time.Duration, log *zap.Lo
 	t := time.NewTicker(step)
 	defer t.Stop()
 	for {
-		n, _, err := rl.Backlog(ctx)
+		pending, err := rl.Pending(ctx)
 		switch {
 		case err != nil:
 			idleSince = time.Time{}
 			if ctx.Err() == nil {
 				log.Debug("backlog check", zap.Error(err))
 			}
-		case n > 0:
+		case pending:
 			idleSince = time.Time{}
 		case idleSince.IsZero():
 			idleSince = time.Now()

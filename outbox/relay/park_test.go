@@ -61,6 +61,9 @@ func TestTooLargeRecordParksWithoutBlockingOtherKeys(t *testing.T) {
 	if err != nil || n != 0 {
 		t.Fatalf("Backlog = %d, %v; want 0 (the waiting row belongs to the operator)", n, err)
 	}
+	if pending, err := r.Pending(context.Background()); err != nil || pending {
+		t.Fatalf("Pending = %v, %v; want false (only a parked row and the row behind it remain)", pending, err)
+	}
 	var values []string
 	for _, m := range readAll(t, b.brokers, topic) {
 		values = append(values, string(m.Value))

@@ -244,13 +244,17 @@ func (r *Relay) checkOrder(rows []row, results []result) {
 func (r *Relay) fetch(ctx context.Context, skipTopics []string) ([]row, error) {
 	// Transactions in commit order (outbox_commits), each one's pending rows in write order;
 	// a streaming plan (index scan on commit_seq, nested loop on outbox_open_idx) that stops
-	// at the limit.
+	// at the limit. The inner ORDER BY/LIMIT matters: without it the incremental sort on
+	// (commit_seq, id) reads every pending row of a transaction before it returns the first
+	// (a 5,000-row consumer batch read whole for a 1,000-row round: 38 ms against 2.4 ms).
 	rows, err := r.pool.Query(ctx, `SELECT c.commit_seq, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
 		FROM `+r.commits+` c
 		CROSS JOIN LATERAL (
 			SELECT * FROM `+r.t.Outbox+` o
 			 WHERE o.txid = c.txid AND o.state = 'pending' AND o.topic <> ALL($2::text[])
 			   AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)
+			 ORDER BY o.id
+			 LIMIT $1
 		) o
 		WHERE c.commit_seq IS NOT NULL
 		ORDER BY c.commit_seq, o.id

@@ -356,6 +356,9 @@ func TestBacklogAndJanitor(t *testing.T) {
 	if n, _, _ = r.Backlog(ctx); n != 2 {
 		t.Fatalf("Backlog with key a parked = %d, want 2 (b and the nil key)", n)
 	}
+	if pending, err := r.Pending(ctx); err != nil || !pending {
+		t.Fatalf("Pending = %v, %v; want true (b and the nil key wait)", pending, err)
+	}
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		if _, err := b.pool.Exec(ctx, sql, args...); err != nil {

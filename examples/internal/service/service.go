@@ -209,7 +209,7 @@ func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *re
 			continue
 		}
 		// Only now, when otherwise idle: the outbox must be empty too.
-		if backlog, _, err := rl.Backlog(ctx); err != nil || backlog > 0 {
+		if pending, err := rl.Pending(ctx); err != nil || pending {
 			continue
 		}
 		o.Logger.Info("idle; exiting", zap.Duration("idle", time.Since(last)))
