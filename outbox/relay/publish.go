@@ -306,6 +306,10 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		return nil
 	}
 	b := &pgx.Batch{}
+	// The mark need not be durable: lost in a database crash, it leaves its rows pending and
+	// they are published again with the same kafkatx-outbox-id, as after a relay crash between
+	// produce and mark. So the round does not wait for the WAL flush (one fsync per round).
+	b.Queue(`SET LOCAL synchronous_commit = off`)
 	if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
 		b.Queue(`DELETE FROM `+r.t.Outbox+` WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
 	} else if len(pubIDs) > 0 {
@@ -338,7 +342,7 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	defer cancel()
 	var err error
 	for try := 1; try <= 5; try++ {
-		if err = r.pool.SendBatch(mctx, b).Close(); err == nil {
+		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(mctx, b).Close() }); err == nil {
 			break
 		}
 		if !sleep(mctx, time.Duration(try)*200*time.Millisecond) {
