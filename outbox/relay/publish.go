@@ -54,15 +54,36 @@ type roundResult struct {
 }
 
 // round reads one batch of pending rows in publication order, produces them all without
-// waiting per record, waits for their delivery reports, and marks the outcomes in one
-// database round trip.
+// waiting per record, waits for their delivery reports, and starts marking the outcomes in
+// one database transaction, which runs while the next round reads and produces (marker).
 func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
-	rows, err := r.fetch(ctx, r.topics.excluded(p, r.cfg.UnknownTopicTimeout))
+	m := &r.marker
+	if m.afterSeq == 0 {
+		// Reading from the head: the previous round's mark must be in first.
+		if err := m.wait(); err != nil {
+			r.log.Warn("relay: marking published rows failed; they are marked with the next round", zap.Error(err))
+		}
+	}
+	rows, err := r.fetch(ctx, r.topics.excluded(p, r.cfg.UnknownTopicTimeout), m.afterSeq, m.afterID)
 	if err != nil {
+		m.afterSeq, m.afterID = 0, 0
 		return roundResult{}, err
 	}
 	res := roundResult{rows: len(rows), full: len(rows) >= r.cfg.BatchSize}
+	if fetched := len(rows); fetched > 0 {
+		if rows = m.dropCarried(rows); len(rows) == 0 {
+			// Only rows of a failed mark, published already: mark them again, and back off
+			// while the database refuses.
+			if err := m.wait(); err == nil && len(m.carried) == 0 {
+				return roundResult{rows: fetched, full: res.full}, nil // marked meanwhile
+			}
+			m.start(ctx, nil, nil)
+			m.afterSeq, m.afterID = 0, 0
+			return roundResult{rows: fetched, retry: true}, nil
+		}
+	}
 	if len(rows) == 0 {
+		m.afterSeq, m.afterID = 0, 0
 		return res, nil
 	}
 	results := make([]result, len(rows))
@@ -106,9 +127,13 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 	if testHookBeforeMark != nil {
 		testHookBeforeMark(results)
 	}
-	if err := r.mark(ctx, rows, results); err != nil {
-		return res, err
+	prevErr := m.wait()
+	m.start(ctx, rows, results)
+	if prevErr != nil {
+		m.afterSeq, m.afterID = 0, 0
+		return res, prevErr
 	}
+	m.advance(rows, results, res.full)
 	return res, nil
 }
 
@@ -241,7 +266,9 @@ func (r *Relay) checkOrder(rows []row, results []result) {
 // fetch reads up to BatchSize pending rows in publication order ((commit_seq, id): commit
 // order of their transactions, then write order), skipping rows whose
 // (topic, key) has a parked row and rows of skipTopics (topics found missing).
-func (r *Relay) fetch(ctx context.Context, skipTopics []string) ([]row, error) {
+//
+// afterSeq, afterID > 0 read only rows after that one in publication order (marker).
+func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterID int64) ([]row, error) {
 	// Transactions in commit order (outbox_commits), each one's pending rows in write order;
 	// a streaming plan (index scan on commit_seq, nested loop on outbox_open_idx) that stops
 	// at the limit. The inner ORDER BY/LIMIT matters: without it the incremental sort on
@@ -252,13 +279,14 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string) ([]row, error) {
 		CROSS JOIN LATERAL (
 			SELECT * FROM `+r.t.Outbox+` o
 			 WHERE o.txid = c.txid AND o.state = 'pending' AND o.topic <> ALL($2::text[])
+			   AND (c.commit_seq > $3 OR o.id > $4)
 			   AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)
 			 ORDER BY o.id
 			 LIMIT $1
 		) o
-		WHERE c.commit_seq IS NOT NULL
+		WHERE c.commit_seq >= $3
 		ORDER BY c.commit_seq, o.id
-		LIMIT $1`, r.cfg.BatchSize, skipTopics)
+		LIMIT $1`, r.cfg.BatchSize, skipTopics, afterSeq, afterID)
 	if err != nil {
 		return nil, fmt.Errorf("read pending outbox rows: %w", err)
 	}
@@ -286,18 +314,14 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		switch res.outcome {
 		case outcomeDelivered:
 			pubIDs = append(pubIDs, w.id)
-			r.m.published.WithLabelValues(w.topic).Inc()
-			r.m.latency.Observe(now.Sub(w.createdAt).Seconds())
 		case outcomePark:
 			parkIDs = append(parkIDs, w.id)
 			parkErrs = append(parkErrs, pg.SanitizeText(res.err.Error(), 1024))
-			r.m.parked.WithLabelValues(w.topic).Inc()
 			r.log.Error("outbox row parked: the broker refused it for good; later rows of its key wait behind it",
 				zap.Int64("outbox_row", w.id), zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
 		case outcomeRetry, outcomeIsolate:
 			retryIDs = append(retryIDs, w.id)
 			retryErrs = append(retryErrs, pg.SanitizeText(res.err.Error(), 1024))
-			r.m.retried.WithLabelValues(w.topic).Inc()
 			r.log.Warn("outbox row not published; will retry", zap.Int64("outbox_row", w.id),
 				zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
 		}
@@ -305,44 +329,50 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	if len(pubIDs)+len(parkIDs)+len(retryIDs) == 0 {
 		return nil
 	}
-	b := &pgx.Batch{}
-	// The mark need not be durable: lost in a database crash, it leaves its rows pending and
-	// they are published again with the same kafkatx-outbox-id, as after a relay crash between
-	// produce and mark. So the round does not wait for the WAL flush (one fsync per round).
-	b.Queue(`SET LOCAL synchronous_commit = off`)
-	if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
-		b.Queue(`DELETE FROM `+r.t.Outbox+` WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
-	} else if len(pubIDs) > 0 {
-		b.Queue(`UPDATE `+r.t.Outbox+` SET state = 'published', resolved_at = now(), attempts = attempts + 1, last_error = NULL
+	// A new batch per try: pgx keeps statement descriptions in a sent batch's queued queries,
+	// and a batch sent again after an error used them stale ("prepared statement ... does not
+	// exist", SQLSTATE 26000, on every retry).
+	newBatch := func() *pgx.Batch {
+		b := &pgx.Batch{}
+		// The mark need not be durable: lost in a database crash, it leaves its rows pending and
+		// they are published again with the same kafkatx-outbox-id, as after a relay crash between
+		// produce and mark. So the round does not wait for the WAL flush (one fsync per round).
+		b.Queue(`SET LOCAL synchronous_commit = off`)
+		if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
+			b.Queue(`DELETE FROM `+r.t.Outbox+` WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
+		} else if len(pubIDs) > 0 {
+			b.Queue(`UPDATE `+r.t.Outbox+` SET state = 'published', resolved_at = now(), attempts = attempts + 1, last_error = NULL
 			WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
-	}
-	if len(parkIDs) > 0 {
-		b.Queue(`UPDATE `+r.t.Outbox+` o SET state = 'parked', parked_at = now(), attempts = o.attempts + 1, last_error = f.err
-			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, parkIDs, parkErrs)
-	}
-	if len(retryIDs) > 0 {
-		b.Queue(`UPDATE `+r.t.Outbox+` o SET attempts = o.attempts + 1, last_error = f.err
-			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, retryIDs, retryErrs)
-	}
-	if len(pubIDs) > 0 {
-		// The bookkeeping row of a transaction goes once none of its rows is open.
-		seqs := make([]int64, 0, 8)
-		seen := map[int64]bool{}
-		for _, w := range rows {
-			if !seen[w.commitSeq] {
-				seen[w.commitSeq] = true
-				seqs = append(seqs, w.commitSeq)
-			}
 		}
-		b.Queue(`DELETE FROM `+r.commits+` c WHERE c.commit_seq = ANY($1)
+		if len(parkIDs) > 0 {
+			b.Queue(`UPDATE `+r.t.Outbox+` o SET state = 'parked', parked_at = now(), attempts = o.attempts + 1, last_error = f.err
+			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, parkIDs, parkErrs)
+		}
+		if len(retryIDs) > 0 {
+			b.Queue(`UPDATE `+r.t.Outbox+` o SET attempts = o.attempts + 1, last_error = f.err
+			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, retryIDs, retryErrs)
+		}
+		if len(pubIDs) > 0 {
+			// The bookkeeping row of a transaction goes once none of its rows is open.
+			seqs := make([]int64, 0, 8)
+			seen := map[int64]bool{}
+			for _, w := range rows {
+				if !seen[w.commitSeq] {
+					seen[w.commitSeq] = true
+					seqs = append(seqs, w.commitSeq)
+				}
+			}
+			b.Queue(`DELETE FROM `+r.commits+` c WHERE c.commit_seq = ANY($1)
 			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked'))`, seqs)
+		}
+		return b
 	}
 	// Delivered rows must be marked even while shutting down.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
 	defer cancel()
 	var err error
 	for try := 1; try <= 5; try++ {
-		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(mctx, b).Close() }); err == nil {
+		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(mctx, newBatch()).Close() }); err == nil {
 			break
 		}
 		if !sleep(mctx, time.Duration(try)*200*time.Millisecond) {
@@ -351,6 +381,19 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	}
 	if err != nil {
 		return fmt.Errorf("mark %d published, %d parked outbox rows: %w", len(pubIDs), len(parkIDs), err)
+	}
+	// Counted once marked: a mark that failed is tried again with the next round's (marker).
+	for i, res := range results {
+		w := &rows[i]
+		switch res.outcome {
+		case outcomeDelivered:
+			r.m.published.WithLabelValues(w.topic).Inc()
+			r.m.latency.Observe(now.Sub(w.createdAt).Seconds())
+		case outcomePark:
+			r.m.parked.WithLabelValues(w.topic).Inc()
+		case outcomeRetry, outcomeIsolate:
+			r.m.retried.WithLabelValues(w.topic).Inc()
+		}
 	}
 	r.c.published.Add(int64(len(pubIDs)))
 	r.c.parked.Add(int64(len(parkIDs)))

@@ -58,6 +58,8 @@ type Relay struct {
 	isolate map[int64]bool
 	// topics tracks which topics exist for the current producer. Run's goroutine only.
 	topics *topics
+	// marker runs each round's mark in the background. Run's goroutine only.
+	marker marker
 }
 
 // New returns a relay for pool's database. It checks cfg and starts nothing: Run does.
@@ -82,7 +84,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
-	return &Relay{
+	rl := &Relay{
 		pool:    pool,
 		cfg:     c,
 		log:     c.Logger,
@@ -91,7 +93,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		channel: pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
 		m:       m,
 		isolate: map[int64]bool{},
-	}, nil
+	}
+	rl.marker.r = rl
+	return rl, nil
 }
 
 // Stats returns the relay's counters.
@@ -199,6 +203,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	}
 	defer func() { p.close() }()
 	r.topics = newTopics()
+	defer r.marker.finish(r.cfg.ShutdownTimeout)
 
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup
