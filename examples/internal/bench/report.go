@@ -41,6 +41,16 @@ type row struct {
 	VsCeiling05  float64 `json:"vs_ceiling_05,omitempty"`
 	VsNaive      float64 `json:"vs_naive,omitempty"`
 	Note         string  `json:"note,omitempty"`
+
+	// Pipeline phases (kind pipeline, soak): examples/orders' settings, relay in-process.
+	Events      bool    `json:"events,omitempty"`              // one event per applied order
+	VsDrain     float64 `json:"vs_drain,omitempty"`            // e2e: msgs/s over orders-noevents' of this run
+	AppliedSec  float64 `json:"applied_s,omitempty"`           // e2e: first commit to the last order applied
+	PeakBacklog int64   `json:"outbox_peak_backlog,omitempty"` // e2e: most orders committed, not yet published
+	PubN        int     `json:"published_latency_n,omitempty"` // events of stamped orders read back
+	PubP50      float64 `json:"published_p50_ms,omitempty"`    // produce -> event's broker append time
+	PubP99      float64 `json:"published_p99_ms,omitempty"`    //
+	PubMax      float64 `json:"published_max_ms,omitempty"`    //
 }
 
 func (r *row) fromDrain(e event) {
@@ -75,6 +85,8 @@ type report struct {
 	Ceiling05    float64           `json:"ceiling_05_msgs_per_s"` // 05-throughput's SQL, 100 per tx
 	Naive        float64           `json:"naive_msgs_per_s"`
 	Goals        []goal            `json:"goals"`
+	Soak         *soakReport       `json:"soak,omitempty"`
+	Scale        []scaleRow        `json:"scale,omitempty"`
 }
 
 type goal struct {
@@ -158,6 +170,22 @@ func (r *report) finish() {
 	}
 	for _, x := range r.Rows {
 		switch {
+		case x.Kind == "pipeline" && x.VsDrain > 0:
+			r.Goals = append(r.Goals, goal{Goal: "end to end >= 0.6 x drain without events", Figure: round3(x.VsDrain), Met: x.VsDrain >= 0.6, Row: x.Name})
+		}
+		if x.Kind == "pipeline" && x.Events && x.Offered >= 10000 && x.LatencyN > 0 {
+			r.Goals = append(r.Goals, goal{Goal: "p99 produce->effect <= 100 ms at 10000/s, relay on", Figure: x.P99, Met: x.P99 <= 100, Row: x.Name},
+				goal{Goal: "p99 produce->published <= 250 ms at 10000/s", Figure: x.PubP99, Met: x.PubN > 0 && x.PubP99 <= 250, Row: x.Name})
+		}
+		if x.Kind == "pipeline" && x.Events && x.Messages >= 1_000_000 {
+			r.Goals = append(r.Goals, goal{Goal: "peak RSS <= 200 MB, 1,000,000 with events", Figure: x.PeakRSSMB, Met: x.PeakRSSMB <= 200, Row: x.Name})
+		}
+		if x.Kind == "soak" && r.Soak != nil {
+			r.Goals = append(r.Goals, goal{Goal: "soak: peak RSS <= 200 MB", Figure: r.Soak.PeakRSSMB, Met: r.Soak.PeakRSSMB <= 200, Row: x.Name})
+		}
+	}
+	for _, x := range r.Rows {
+		switch {
 		case x.Kind == "relay":
 			r.Goals = append(r.Goals, goal{Goal: "relay >= 20000 records/s", Figure: round3(x.Rate), Met: x.Rate >= 20000, Row: x.Name})
 		case x.Kind == "kafkatx" && x.Offered >= 5000 && x.LatencyN > 0:
@@ -207,6 +235,9 @@ func (r *report) print(w io.Writer) {
 			x.PeakRSSMB, cpu, x.Load1, ratio(x.VsCeiling), ratio(x.VsNaive))
 	}
 	tw.Flush()
+	r.printPipeline(w)
+	r.printSoak(w)
+	r.printScale(w)
 	fmt.Fprintf(w, "\nceiling (best handler variant) %.0f msgs/s; 05-throughput's SQL ceiling %.0f msgs/s; naive %.0f msgs/s\n", r.Ceiling, r.Ceiling05, r.Naive)
 	for _, g := range r.Goals {
 		met := "MET"
@@ -218,4 +249,77 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintln(w)
 	b, _ := json.Marshal(r)
 	fmt.Fprintln(w, string(b))
+}
+
+// printPipeline writes the pipeline phases' own figures: the ratio to the drain without
+// events, the outbox's peak backlog and both latencies.
+func (r *report) printPipeline(w io.Writer) {
+	var rows []row
+	for _, x := range r.Rows {
+		if x.Kind == "pipeline" {
+			rows = append(rows, x)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\npipeline, as examples/orders runs (relay in-process; msgs/s to every order applied and, with events, published and the outbox empty):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tmsgs\tmsgs/s\tvs drain\tapplied s\ttotal s\toutbox peak\teffect p50/p99 ms\tpublished p50/p99 ms\tat msgs/s\tpeak RSS MB\t")
+	for _, x := range rows {
+		dash := func(ok bool, s string) string {
+			if !ok {
+				return "-"
+			}
+			return s
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%.0f\t\n", x.Name, x.Messages, x.Rate,
+			dash(x.VsDrain > 0, fmt.Sprintf("%.2f", x.VsDrain)), dash(x.Events, fmt.Sprintf("%.2f", x.AppliedSec)), x.DrainSeconds,
+			dash(x.Events, fmt.Sprint(x.PeakBacklog)), dash(x.LatencyN > 0, fmt.Sprintf("%.1f/%.1f", x.P50, x.P99)),
+			dash(x.PubN > 0, fmt.Sprintf("%.1f/%.1f", x.PubP50, x.PubP99)), dash(x.Offered > 0, fmt.Sprintf("%.0f", x.Offered)), x.PeakRSSMB)
+	}
+	tw.Flush()
+}
+
+// printSoak writes the soak's samples and summary.
+func (r *report) printSoak(w io.Writer) {
+	s := r.Soak
+	if s == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nsoak: %.0fs at %.0f msgs/s offered (%d orders), relay in-process, a sample every %.0fs:\n", s.Seconds, s.Rate, s.Offered, s.Every)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "t s\tRSS MB\tGo sys MB\teffect p50/p99 ms\tn\tpublished p50/p99 ms\tn\toutbox rows\tunpublished\t")
+	for _, x := range s.Samples {
+		fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t%.1f/%.1f\t%d\t%.1f/%.1f\t%d\t%d\t%d\t\n", x.T, x.RSSMB, x.GoSysMB, x.P50, x.P99, x.N,
+			x.PubP50, x.PubP99, x.PubN, x.OutboxRows, x.Unpublished)
+	}
+	tw.Flush()
+	m := s.Summary
+	fmt.Fprintf(w, "soak: peak RSS %.0f MB; first/last third medians: RSS %.0f/%.0f MB, effect p99 %.1f/%.1f ms, published p99 %.1f/%.1f ms, outbox %.0f/%.0f rows (max %d); published p50/p99 over the soak %.1f/%.1f ms\n",
+		s.PeakRSSMB, m.RSSMedFirst, m.RSSMedLast, m.P99MedFirst, m.P99MedLast, m.PubP99MedFirst, m.PubP99MedLast,
+		m.BacklogMedFirst, m.BacklogMedLast, m.BacklogMax, s.PubP50, s.PubP99)
+}
+
+// printScale writes the scale-out runs.
+func (r *report) printScale(w io.Writer) {
+	if len(r.Scale) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nscale-out: examples/orders processes in one group (CPU in cores over the timed window):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "procs\tmode\tmsgs\tmsgs/s\tvs drain\tgroup stable\toutbox peak\torders cores\tPostgreSQL cores\tbroker cores\tmachine busy\tload1\t")
+	for _, x := range r.Scale {
+		mode, vs, peak := "drain", "-", "-"
+		if x.Events {
+			mode, vs, peak = "e2e", fmt.Sprintf("%.2f", x.VsDrain), fmt.Sprint(x.PeakBack)
+		}
+		cores := make([]string, len(x.OrdersCores))
+		for i, c := range x.OrdersCores {
+			cores[i] = fmt.Sprintf("%.2f", c)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%v\t%s\t%s\t%.2f\t%.2f\t%.2f/%d\t%.2f\t\n", x.Procs, mode, x.Counted, x.Rate, vs, x.Stable, peak,
+			strings.Join(cores, "+"), x.PGCores, x.BrokerCores, x.MachineCores, x.NProc, x.Load1)
+	}
+	tw.Flush()
 }
