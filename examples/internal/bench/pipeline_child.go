@@ -242,9 +242,9 @@ func newWatermarks(brokers, topic string, partitions int) (*watermarks, error) {
 func (w *watermarks) count() (int64, error) {
 	var sum int64
 	for p := range w.partitions {
-		low, high, err := w.c.QueryWatermarkOffsets(w.topic, int32(p), 5000)
+		low, high, err := w.query(p)
 		if err != nil {
-			return 0, fmt.Errorf("watermarks of %s[%d]: %w", w.topic, p, err)
+			return 0, err
 		}
 		sum += high - low
 	}
@@ -255,13 +255,41 @@ func (w *watermarks) count() (int64, error) {
 func (w *watermarks) highs() ([]int64, error) {
 	out := make([]int64, w.partitions)
 	for p := range w.partitions {
-		_, high, err := w.c.QueryWatermarkOffsets(w.topic, int32(p), 5000)
+		_, high, err := w.query(p)
 		if err != nil {
-			return nil, fmt.Errorf("watermarks of %s[%d]: %w", w.topic, p, err)
+			return nil, err
 		}
 		out[p] = high
 	}
 	return out, nil
+}
+
+// query asks for partition p's watermarks, trying again for up to 10 s while the broker
+// answers with a retriable error (a topic just created has no leader yet).
+func (w *watermarks) query(p int) (low, high int64, err error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		low, high, err = w.c.QueryWatermarkOffsets(w.topic, int32(p), 5000)
+		var kerr kafka.Error
+		if err == nil || !errors.As(err, &kerr) || !retriableKafka(kerr) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("watermarks of %s[%d]: %w", w.topic, p, err)
+	}
+	return low, high, nil
+}
+
+// retriableKafka reports an error the broker may stop giving on its own: librdkafka's
+// retriable flag, or a partition without a leader yet.
+func retriableKafka(e kafka.Error) bool {
+	switch e.Code() {
+	case kafka.ErrNotLeaderForPartition, kafka.ErrLeaderNotAvailable, kafka.ErrUnknownTopicOrPart, kafka.ErrTimedOut, kafka.ErrTransport:
+		return true
+	}
+	return e.IsRetriable()
 }
 
 func (w *watermarks) close() { w.c.Close() }

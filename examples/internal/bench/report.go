@@ -214,6 +214,9 @@ func (r *report) print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tmsgs\tmsgs/s\tp50 ms\tp99 ms\tat msgs/s\tpeak RSS MB\tCPU s proc/pg/broker\tload1\tvs ceiling\tvs naive\t")
 	for _, x := range r.Rows {
+		if x.Kind == "soak" {
+			continue // its own table below
+		}
 		at := "-"
 		if x.Offered > 0 {
 			at = fmt.Sprintf("%.0f", x.Offered)
