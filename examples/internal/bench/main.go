@@ -11,7 +11,12 @@
 //  3. kafkatx: kafkatx.NewBatchConsumer with examples/orders' handler, Batch.Size 1, 100,
 //     1000 and 5000, and as examples/orders runs it (order.DefaultBatchSize with the relay
 //     in-process and its garbage-collector setting);
-//  4. relay: outbox/relay draining pre-filled outbox rows.
+//  4. relay: outbox/relay draining pre-filled outbox rows;
+//  5. pipeline: the order service as examples/orders runs it (examples/internal/service, the
+//     relay in-process): orders-noevents and e2e (consumed, applied and published, outbox
+//     empty) on the same backlog, then produce -> effect and produce -> published latency at
+//     -e2e-rate; opt-in: -e2e-backlog N (peak RSS with events), -soak D (samples every
+//     -soak-every) and -scale 1,2,3 (processes of the examples/orders binary in one group).
 //
 // Consumers drain a backlog produced beforehand (msgs/s from the first commit to the last,
 // start-up and group join excluded), then the parent produces stamped messages at an offered

@@ -128,7 +128,7 @@ func newReport(ctx context.Context, base *pgxpool.Pool, o options) *report {
 
 func (r *report) add(x row) { r.Rows = append(r.Rows, x) }
 
-// finish computes the ceilings, the ratios and the goals of issue 6.
+// finish computes the ceilings, the ratios and the goals of issues 6 and 17.
 func (r *report) finish() {
 	r.LoadEnd = loadAvg()
 	r.Seconds = time.Since(r.Started).Seconds()
@@ -168,9 +168,9 @@ func (r *report) finish() {
 	if best != nil && r.Naive > 0 {
 		r.Goals = append(r.Goals, goal{Goal: "exactly-once >= 20 x naive loop", Figure: round3(best.VsNaive), Met: best.VsNaive >= 20, Row: best.Name})
 	}
+	// Issue 17's goals: the whole pipeline.
 	for _, x := range r.Rows {
-		switch {
-		case x.Kind == "pipeline" && x.VsDrain > 0:
+		if x.Kind == "pipeline" && x.VsDrain > 0 {
 			r.Goals = append(r.Goals, goal{Goal: "end to end >= 0.6 x drain without events", Figure: round3(x.VsDrain), Met: x.VsDrain >= 0.6, Row: x.Name})
 		}
 		if x.Kind == "pipeline" && x.Events && x.Offered >= 10000 && x.LatencyN > 0 {
@@ -182,6 +182,9 @@ func (r *report) finish() {
 		}
 		if x.Kind == "soak" && r.Soak != nil {
 			r.Goals = append(r.Goals, goal{Goal: "soak: peak RSS <= 200 MB", Figure: r.Soak.PeakRSSMB, Met: r.Soak.PeakRSSMB <= 200, Row: x.Name})
+			if g := r.Soak.Summary.RSSGrowth; g > 0 {
+				r.Goals = append(r.Goals, goal{Goal: "soak: RSS flat (last third / first third <= 1.1)", Figure: g, Met: g <= 1.1, Row: x.Name})
+			}
 		}
 	}
 	for _, x := range r.Rows {
