@@ -181,6 +181,7 @@ func run(ctx context.Context, o options) (*report, error) {
 	rep := newReport(ctx, base, o)
 	b := &bench{o: o, self: self, db: dbName, base: base, pool: pool, rep: rep, broker: brokerPID(o.brokers), suffix: strconv.FormatInt(time.Now().Unix(), 36)}
 	rep.KafkaVersion = brokerVersion(b.broker)
+	b.pgPID = listenerPID(dbPort(o.databaseURL)) // the postmaster, when PostgreSQL runs here
 	defer func() {
 		if !o.keep {
 			if err := deleteTopics(context.WithoutCancel(ctx), o.brokers, b.topics); err != nil {
@@ -249,6 +250,7 @@ type bench struct {
 	pool   *pgxpool.Pool
 	rep    *report
 	broker int
+	pgPID  int
 	suffix string
 	topics []string
 }
@@ -294,6 +296,9 @@ func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event)
 	}
 	r.Load1 = loadAvg()[0]
 	brokerCPU0, _ := procCPU(b.broker)
+	pgCPU0, pgOK := treeCPU(b.pgPID)
+	busy0, total0 := machineCPU()
+	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
 		return event{}, err
 	}
@@ -334,6 +339,13 @@ func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event)
 			if c, ok := procCPU(b.broker); ok && b.broker != 0 {
 				r.BrokerCPU = (c - brokerCPU0).Seconds()
 			}
+			if c, ok := treeCPU(b.pgPID); ok && pgOK && b.pgPID != 0 {
+				r.PGServerCPU = (c - pgCPU0).Seconds()
+			}
+			if busy, total := machineCPU(); total > total0 {
+				r.MachineBusy = round3(float64(busy-busy0) / float64(total-total0) * float64(numCPU()))
+			}
+			r.PhaseSec = time.Since(t0).Seconds()
 			r.fromDrain(e)
 			progress("%s: drained %d in %.2fs: %.0f msgs/s", s.Name, e.Messages, e.Seconds, e.Rate)
 			if e.Batches > 0 {
