@@ -111,6 +111,10 @@ func main() {
 	fs.BoolVar(&o.keep, "keep", false, "keep the database and topics")
 	fs.StringVar(&o.kafkaExtra, "kafka-config", "", "extra librdkafka settings for the kafkatx consumer, k=v,k=v (for tuning experiments)")
 	_ = fs.Parse(os.Args[1:])
+	if o.soakEvery <= 0 {
+		fmt.Fprintln(os.Stderr, "bench: -soak-every must be positive")
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

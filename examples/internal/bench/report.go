@@ -318,18 +318,21 @@ func (r *report) printScale(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nscale-out: examples/orders processes in one group (CPU in cores over the timed window):")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "procs\tmode\tmsgs\tmsgs/s\tvs drain\tgroup stable\toutbox peak\torders cores\tPostgreSQL cores\tbroker cores\tmachine busy\tload1\t")
+	fmt.Fprintln(tw, "procs\tmode\tmsgs\tmsgs/s\tvs drain\tgroup stable\toutbox peak\torders cores\tPostgreSQL cores\tbroker cores\tmachine busy\tpeak RSS MB\tload1\t")
 	for _, x := range r.Scale {
 		mode, vs, peak := "drain", "-", "-"
 		if x.Events {
 			mode, vs, peak = "e2e", fmt.Sprintf("%.2f", x.VsDrain), fmt.Sprint(x.PeakBack)
 		}
-		cores := make([]string, len(x.OrdersCores))
-		for i, c := range x.OrdersCores {
-			cores[i] = fmt.Sprintf("%.2f", c)
+		join := func(xs []float64, format string) string {
+			out := make([]string, len(xs))
+			for i, c := range xs {
+				out[i] = fmt.Sprintf(format, c)
+			}
+			return strings.Join(out, "+")
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%v\t%s\t%s\t%.2f\t%.2f\t%.2f/%d\t%.2f\t\n", x.Procs, mode, x.Counted, x.Rate, vs, x.Stable, peak,
-			strings.Join(cores, "+"), x.PGCores, x.BrokerCores, x.MachineCores, x.NProc, x.Load1)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%v\t%s\t%s\t%.2f\t%.2f\t%.2f/%d\t%s\t%.2f\t\n", x.Procs, mode, x.Counted, x.Rate, vs, x.Stable, peak,
+			join(x.OrdersCores, "%.2f"), x.PGCores, x.BrokerCores, x.MachineCores, x.NProc, join(x.PeakRSSMB, "%.0f"), x.Load1)
 	}
 	tw.Flush()
 }

@@ -40,6 +40,9 @@ type scaleRow struct {
 	MachineCores float64   `json:"machine_busy_cores"`
 	NProc        int       `json:"nproc"`
 	Load1        float64   `json:"load1"`
+	// PeakRSSMB is each process's VmHWM (/proc/<pid>/status) at the end of the run: the
+	// binary's own peak, start-up included.
+	PeakRSSMB []float64 `json:"peak_rss_mb"`
 }
 
 // scaleOut runs -scale's process counts, each without events (drain) and with them (end to
@@ -269,6 +272,9 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs, topic string, k int, ev
 			}
 		}
 	}
+	for _, c := range procs {
+		x.PeakRSSMB = append(x.PeakRSSMB, round3(procStatusMB(strconv.Itoa(c.Process.Pid), "VmHWM:")))
+	}
 	x.StartupSec = start.at.Sub(started).Seconds()
 	x.Seconds = end.at.Sub(start.at).Seconds()
 	x.Counted = x.Messages - start.done
@@ -283,8 +289,8 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs, topic string, k int, ev
 			x.MachineCores = round3(float64(end.busy-start.busy) / float64(dt) * float64(x.NProc))
 		}
 	}
-	progress("%s: %.0f msgs/s (%d orders in %.2fs, group stable %v); cores: orders %v, PostgreSQL %.2f, broker %.2f, machine busy %.2f of %d",
-		name, x.Rate, x.Counted, x.Seconds, x.Stable, x.OrdersCores, x.PGCores, x.BrokerCores, x.MachineCores, x.NProc)
+	progress("%s: %.0f msgs/s (%d orders in %.2fs, group stable %v); cores: orders %v, PostgreSQL %.2f, broker %.2f, machine busy %.2f of %d; peak RSS MB %v",
+		name, x.Rate, x.Counted, x.Seconds, x.Stable, x.OrdersCores, x.PGCores, x.BrokerCores, x.MachineCores, x.NProc, x.PeakRSSMB)
 	return x, nil
 }
 
