@@ -128,7 +128,7 @@ func (b *bench) soak(ctx context.Context) error {
 	sr := &soakReport{Seconds: b.o.soak.Seconds(), Rate: b.o.soakRate, Every: s.SampleEvery}
 	var all []time.Duration
 	var win window
-	var rd *eventReader
+	rdc := make(chan *eventReader, 1) // onDrained's reader, handed over (it runs on its own goroutine)
 	readerDone := make(chan error, 1)
 	stopReader := make(chan struct{})
 	r := row{Name: "soak", Kind: "soak", Batch: s.Batch, Events: true}
@@ -152,9 +152,11 @@ func (b *bench) soak(ctx context.Context) error {
 		if err != nil {
 			return "", err
 		}
-		if rd, err = newEventReader(b.o.brokers, s.EventsTopic, from); err != nil {
+		rd, err := newEventReader(b.o.brokers, s.EventsTopic, from)
+		if err != nil {
 			return "", err
 		}
+		rdc <- rd
 		go func() {
 			for {
 				select {
@@ -183,6 +185,11 @@ func (b *bench) soak(ctx context.Context) error {
 		}
 		return strconv.Itoa(sent), nil
 	}, onSample)
+	var rd *eventReader
+	select {
+	case rd = <-rdc:
+	default:
+	}
 	if rd != nil {
 		close(stopReader)
 		rerr := <-readerDone
