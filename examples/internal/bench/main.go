@@ -164,11 +164,7 @@ func run(ctx context.Context, o options) (*report, error) {
 	}
 	progress("database %s created", dbName)
 	if !o.keep {
-		defer func() {
-			if _, err := base.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
-				progress("drop database %s: %v", dbName, err)
-			}
-		}()
+		defer dropDatabase(context.WithoutCancel(ctx), base, dbName)
 	}
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {

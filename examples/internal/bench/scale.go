@@ -131,11 +131,7 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs, topic string, k int, ev
 	if _, err := b.base.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{db}.Sanitize()); err != nil {
 		return x, fmt.Errorf("create database %s: %w", db, err)
 	}
-	defer func() {
-		if _, err := b.base.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err != nil {
-			progress("drop database %s: %v", db, err)
-		}
-	}()
+	defer dropDatabase(context.WithoutCancel(ctx), b.base, db)
 	pollURL, err := databaseURL(b.o.databaseURL, db, "kafkatx-bench/"+name+"-poll")
 	if err != nil {
 		return x, err
@@ -342,4 +338,18 @@ func dbPort(u string) string {
 		return ""
 	}
 	return strconv.Itoa(int(cfg.Port))
+}
+
+// dropDatabase drops db, trying again for a few seconds: WITH (FORCE) may not end an
+// autovacuum worker that is on it (a non-superuser may not signal it), which soon ends by
+// itself. A failure is reported, not fatal.
+func dropDatabase(ctx context.Context, base *pgxpool.Pool, db string) {
+	var err error
+	for range 10 {
+		if _, err = base.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err == nil {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	progress("drop database %s: %v", db, err)
 }
