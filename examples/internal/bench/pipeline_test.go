@@ -93,9 +93,9 @@ func TestDatabaseURL(t *testing.T) {
 func TestSummarize(t *testing.T) {
 	var samples []soakSample
 	for i := range 9 {
-		samples = append(samples, soakSample{T: float64(10 * (i + 1)), RSSMB: 100 + float64(i), P99: 10, PubP99: 20, OutboxRows: int64(i * 10)})
+		samples = append(samples, soakSample{T: float64(70 + 10*i), RSSMB: 100 + float64(i), P99: 10, PubP99: 20, OutboxRows: int64(i * 10)})
 	}
-	samples = append(samples, soakSample{T: 95, RSSMB: 500, P99: 999, OutboxRows: 5}) // the partial last window
+	samples = append(samples, soakSample{T: 155, RSSMB: 500, P99: 999, OutboxRows: 5}) // the partial last window
 	s := summarize(samples)
 	if s.RSSMedFirst != 101 || s.RSSMedLast != 107 {
 		t.Errorf("RSS thirds = %v/%v, want 101/107 (medians of 100-102 and 106-108)", s.RSSMedFirst, s.RSSMedLast)
@@ -115,6 +115,25 @@ func TestSummarize(t *testing.T) {
 	one := summarize([]soakSample{{RSSMB: 50}})
 	if one.RSSMedFirst != 50 || one.RSSMedLast != 50 {
 		t.Errorf("one sample: %+v", one)
+	}
+
+	// A long soak leaves its first minute (the heap growing to its working size) out; a
+	// short one, with fewer than three full samples after it, keeps it.
+	var long []soakSample
+	for i := range 12 { // t = 10 .. 120 s
+		rss := 150.0
+		if i < 6 {
+			rss = 50 // warm-up
+		}
+		long = append(long, soakSample{T: float64(10 * (i + 1)), RSSMB: rss})
+	}
+	long = append(long, soakSample{T: 125, RSSMB: 150})
+	if got := summarize(long); got.RSSMedFirst != 150 || got.RSSGrowth != 1 {
+		t.Errorf("warm-up not left out: first third %v, growth %v", got.RSSMedFirst, got.RSSGrowth)
+	}
+	short := []soakSample{{T: 10, RSSMB: 50}, {T: 20, RSSMB: 60}, {T: 30, RSSMB: 70}, {T: 31, RSSMB: 70}}
+	if got := summarize(short); got.RSSMedFirst != 50 || got.RSSMedLast != 70 {
+		t.Errorf("short soak: %+v", got)
 	}
 }
 

@@ -46,8 +46,9 @@ type soakReport struct {
 	WorstPub99 float64      `json:"worst_window_pub_p99_ms"`
 }
 
-// soakSummary compares the soak's first and last thirds (medians of their samples): a flat
-// soak has growth near 1 for RSS and latencies, and a backlog that does not climb.
+// soakSummary compares the soak's first and last thirds, warm-up left out (medians of their
+// samples): a flat soak has growth near 1 for RSS and latencies, and a backlog that does not
+// climb.
 type soakSummary struct {
 	RSSGrowth       float64 `json:"rss_last_over_first"`
 	RSSMedFirst     float64 `json:"rss_first_third_mb"`
@@ -61,8 +62,13 @@ type soakSummary struct {
 	BacklogMax      int64   `json:"outbox_rows_max"`
 }
 
-// summarize fills the soak summary from samples (the last sample, a partial window taken
-// when the offered load was done, is left out unless it is the only one).
+// soakWarmup is the start of the soak the summary leaves out when enough follows: the heap
+// grows to its working size (GOGC 400 up to the 128 MiB limit) in the first tens of seconds.
+const soakWarmup = 60.0 // seconds
+
+// summarize fills the soak summary from samples. The last sample, a partial window taken
+// when the offered load was done, is left out unless it is the only one; so are the samples
+// of the first soakWarmup seconds when at least three full samples come after them.
 func summarize(samples []soakSample) soakSummary {
 	var s soakSummary
 	full := samples
@@ -71,6 +77,13 @@ func summarize(samples []soakSample) soakSummary {
 	}
 	if len(full) == 0 {
 		return s
+	}
+	skip := 0
+	for skip < len(full) && full[skip].T <= soakWarmup {
+		skip++
+	}
+	if len(full)-skip >= 3 {
+		full = full[skip:]
 	}
 	third := max(1, len(full)/3)
 	first, last := full[:third], full[len(full)-third:]
