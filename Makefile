@@ -52,8 +52,10 @@ lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 ## bench: kafkatx's throughput, latency and memory against the PostgreSQL ceiling for the same
-## writes and a naive loop, in one run on this machine (docs/benchmarks.md). Not a CI test.
-## Flags through BENCHFLAGS, e.g. BENCHFLAGS='-backlog 1000000 -cpuprofile-dir /tmp/prof'.
+## writes and a naive loop, and the whole pipeline (consume, apply, publish) as examples/orders
+## runs it, in one run on this machine (docs/benchmarks.md). Not a CI test. Flags through
+## BENCHFLAGS, e.g. BENCHFLAGS='-backlog 1000000 -cpuprofile-dir /tmp/prof' or
+## BENCHFLAGS='-soak 10m -e2e-backlog 1000000 -scale 1,2,3' (run from the repository root).
 .PHONY: bench
 bench: services-up
 	eval "$$(scripts/dev-services env)"; \

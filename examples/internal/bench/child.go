@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -44,8 +45,11 @@ type spec struct {
 	Seconds     float64           `json:"seconds"`    // ceiling: duration of each variant
 	Conns       int               `json:"conns"`      // ceiling: connections
 	CPUProfile  string            `json:"cpu_profile"`
-	KafkaExtra  map[string]string `json:"kafka_extra,omitempty"` // kafkatx: extra librdkafka settings
-	Timeout     float64           `json:"timeout"`               // seconds
+	KafkaExtra  map[string]string `json:"kafka_extra,omitempty"`  // kafkatx: extra librdkafka settings
+	Timeout     float64           `json:"timeout"`                // seconds
+	Partitions  int               `json:"partitions,omitempty"`   // pipeline: of the events topic
+	Events      bool              `json:"events,omitempty"`       // pipeline: one event per applied order
+	SampleEvery float64           `json:"sample_every,omitempty"` // pipeline (soak): seconds between samples
 }
 
 func (s spec) app() string { return "kafkatx-bench/" + s.Name }
@@ -74,6 +78,13 @@ type event struct {
 	Batches    int64   `json:"batches,omitempty"`     // kafkatx: batch transactions committed
 	BatchSec   float64 `json:"batch_s,omitempty"`     // kafkatx: their total time, all partitions
 	Extra      string  `json:"note,omitempty"`
+
+	// Pipeline phases.
+	AppliedSec  float64 `json:"applied_s,omitempty"`    // first commit to the last order applied
+	PeakBacklog int64   `json:"peak_backlog,omitempty"` // most orders committed and not yet published
+	RSSMB       float64 `json:"rss_mb,omitempty"`       // sample: VmRSS
+	OutboxRows  int64   `json:"outbox_rows,omitempty"`  // sample: pending outbox rows
+	Published   int64   `json:"published,omitempty"`    // sample: records on the events topic
 }
 
 // cell is one ceiling variant's figures.
@@ -88,9 +99,14 @@ type cell struct {
 	ProcCPU float64 `json:"proc_cpu_s"`
 }
 
+var emitMu sync.Mutex
+
+// emit writes e as one line on stdout (from any goroutine).
 func emit(e event) {
 	e.PeakRSSMB = vmHWM()
 	b, _ := json.Marshal(e)
+	emitMu.Lock()
+	defer emitMu.Unlock()
 	fmt.Println(string(b))
 }
 
@@ -120,6 +136,8 @@ func runChild(raw string) int {
 		err = runConsumer(ctx, s)
 	case "relay":
 		err = runRelay(ctx, s)
+	case "pipeline":
+		err = runPipeline(ctx, s)
 	default:
 		err = fmt.Errorf("unknown phase %q", s.Phase)
 	}
@@ -240,7 +258,12 @@ func readLatencyCount(ctx context.Context) (int64, int64, error) {
 
 // waitFor polls cond every 2 ms until it holds, errc yields, or ctx ends.
 func waitFor(ctx context.Context, errc <-chan error, what string, cond func() bool) error {
-	t := time.NewTicker(2 * time.Millisecond)
+	return waitForEvery(ctx, errc, 2*time.Millisecond, what, cond)
+}
+
+// waitForEvery polls cond every every until it holds, errc yields, or ctx ends.
+func waitForEvery(ctx context.Context, errc <-chan error, every time.Duration, what string, cond func() bool) error {
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for !cond() {
 		select {
@@ -261,13 +284,19 @@ func waitFor(ctx context.Context, errc <-chan error, what string, cond func() bo
 // in the child rather than taken from wait4's ru_maxrss: Go starts children with
 // clone(CLONE_VM|CLONE_VFORK), and Linux folds the parent's high-water mark into the child's
 // ru_maxrss at exec.
-func vmHWM() float64 {
-	b, err := os.ReadFile("/proc/self/status")
+func vmHWM() float64 { return procStatusMB("self", "VmHWM:") }
+
+// vmRSS is this process's resident set size now in MiB (/proc/self/status VmRSS).
+func vmRSS() float64 { return procStatusMB("self", "VmRSS:") }
+
+// procStatusMB reads a kB field (VmRSS:, VmHWM:) of /proc/<pid>/status in MiB; 0 if absent.
+func procStatusMB(pid, field string) float64 {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(l, field); ok {
 			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
 			return kb / 1024
 		}

@@ -21,24 +21,93 @@ const clockTicks = 100
 
 // procCPU returns the user+system CPU time the process pid has used, from /proc/<pid>/stat.
 func procCPU(pid int) (time.Duration, bool) {
+	st, ok := readStat(pid)
+	return st.self, ok
+}
+
+// procStat is what the bench reads from /proc/<pid>/stat.
+type procStat struct {
+	ppid     int
+	self     time.Duration // utime + stime
+	children time.Duration // cutime + cstime: children that ended and were waited for
+}
+
+func readStat(pid int) (procStat, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, false
+		return procStat{}, false
 	}
-	// Fields after the command name (which may hold spaces) start after the last ')'.
-	s := string(b)
+	return parseStat(string(b))
+}
+
+// parseStat parses a /proc/<pid>/stat line (proc(5)): fields after the command name, which
+// may hold spaces and parentheses, start after the last ')'.
+func parseStat(s string) (procStat, bool) {
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, false
+		return procStat{}, false
 	}
 	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
+	if len(f) < 15 {
+		return procStat{}, false
+	}
+	n := func(j int) int64 { v, _ := strconv.ParseInt(f[j], 10, 64); return v }
+	tick := func(v int64) time.Duration { return time.Duration(v) * time.Second / clockTicks }
+	ppid, _ := strconv.Atoi(f[1])                                                               // field 4
+	return procStat{ppid: ppid, self: tick(n(11) + n(12)), children: tick(n(13) + n(14))}, true // fields 14-17
+}
+
+// treeCPU is the CPU time of process pid and its children, live (their utime+stime) and
+// ended (pid's cutime+cstime): for the PostgreSQL postmaster, the whole server — backends
+// that came and went included.
+func treeCPU(pid int) (time.Duration, bool) {
+	root, ok := readStat(pid)
+	if !ok {
 		return 0, false
 	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64) // field 14, utime
-	st, _ := strconv.ParseInt(f[12], 10, 64) // field 15, stime
-	return time.Duration(ut+st) * time.Second / clockTicks, true
+	sum := root.self + root.children
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil || child == pid {
+			continue
+		}
+		if st, ok := readStat(child); ok && st.ppid == pid {
+			sum += st.self
+		}
+	}
+	return sum, true
 }
+
+// machineCPU returns the machine's busy and total CPU time so far in USER_HZ ticks, from
+// /proc/stat's first line (busy: all but idle and iowait).
+func machineCPU() (busy, total int64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return parseCPULine(line)
+}
+
+// parseCPULine parses /proc/stat's "cpu user nice system idle iowait irq softirq steal ..."
+// (guest times are already inside user and nice, so only the first eight count).
+func parseCPULine(line string) (busy, total int64) {
+	f := strings.Fields(line)
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i := 1; i < len(f) && i <= 8; i++ {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		total += v
+		if i != 4 && i != 5 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy, total
+}
+
+func numCPU() int { return runtime.NumCPU() }
 
 // selfCPU is this process's user+system CPU time so far.
 func selfCPU() time.Duration {
@@ -76,7 +145,14 @@ func backendCPU(ctx context.Context, conn interface {
 // brokerPID finds the process listening on the bootstrap server's port (with ss), or 0.
 func brokerPID(bootstrap string) int {
 	first := strings.Split(bootstrap, ",")[0]
-	port := first[strings.LastIndexByte(first, ':')+1:]
+	return listenerPID(first[strings.LastIndexByte(first, ':')+1:])
+}
+
+// listenerPID finds the process listening on TCP port (with ss), or 0.
+func listenerPID(port string) int {
+	if port == "" {
+		return 0
+	}
 	out, err := exec.Command("ss", "-ltnpH", "sport = :"+port).Output()
 	if err != nil {
 		return 0

@@ -11,7 +11,12 @@
 //  3. kafkatx: kafkatx.NewBatchConsumer with examples/orders' handler, Batch.Size 1, 100,
 //     1000 and 5000, and as examples/orders runs it (order.DefaultBatchSize with the relay
 //     in-process and its garbage-collector setting);
-//  4. relay: outbox/relay draining pre-filled outbox rows.
+//  4. relay: outbox/relay draining pre-filled outbox rows;
+//  5. pipeline: the order service as examples/orders runs it (examples/internal/service, the
+//     relay in-process): orders-noevents and e2e (consumed, applied and published, outbox
+//     empty) on the same backlog, then produce -> effect and produce -> published latency at
+//     -e2e-rate; opt-in: -e2e-backlog N (peak RSS with events), -soak D (samples every
+//     -soak-every) and -scale 1,2,3 (processes of the examples/orders binary in one group).
 //
 // Consumers drain a backlog produced beforehand (msgs/s from the first commit to the last,
 // start-up and group join excluded), then the parent produces stamped messages at an offered
@@ -60,6 +65,15 @@ type options struct {
 	profileDir           string
 	keep                 bool
 	kafkaExtra           string
+
+	// Pipeline phases (issue 17).
+	e2e                            bool
+	e2eRate                        float64
+	e2eBacklog                     int
+	soak, soakEvery                time.Duration
+	soakRate                       float64
+	scale, ordersBin               string
+	scaleMessages, scalePartitions int
 }
 
 func main() {
@@ -82,11 +96,25 @@ func main() {
 	fs.BoolVar(&o.orders, "orders", true, "also run kafkatx as examples/orders does: order.DefaultBatchSize with the relay in-process")
 	fs.IntVar(&o.backlog, "backlog", 0, "also drain a backlog of N messages (e.g. 1000000) with kafkatx and report its peak RSS (slow: off by default)")
 	fs.IntVar(&o.backlogBat, "backlog-batch", 500, "Batch.Size for -backlog")
-	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,kafkatx-5000,orders,relay,backlog); default all")
+	fs.BoolVar(&o.e2e, "e2e", true, "run the pipeline pair as examples/orders runs (order.DefaultBatchSize, relay in-process, its GC setting): orders-noevents (no events) and e2e (one event per order, timed until all are published and the outbox is empty), then the offered load at -e2e-rate on e2e")
+	fs.Float64Var(&o.e2eRate, "e2e-rate", 10000, "offered load on the e2e phase with the relay running, msgs/s (not capped), for -latency-seconds: produce -> effect and produce -> published")
+	fs.IntVar(&o.e2eBacklog, "e2e-backlog", 0, "also drain N orders (e.g. 1000000) as e2e does, with events, for the example's peak RSS (off by default)")
+	fs.DurationVar(&o.soak, "soak", 0, "also run a soak of this long (e.g. 10m) at -soak-rate with the relay running (off by default)")
+	fs.Float64Var(&o.soakRate, "soak-rate", 5000, "offered load of the soak, msgs/s")
+	fs.DurationVar(&o.soakEvery, "soak-every", 10*time.Second, "the soak's sampling interval: RSS, p99 of the window (both latencies), outbox backlog")
+	fs.StringVar(&o.scale, "scale", "", "also run the scale-out: comma-separated counts of examples/orders processes in one group (e.g. 1,2,3), each drained without and with events (off by default)")
+	fs.IntVar(&o.scaleMessages, "scale-messages", 300000, "orders in the scale-out's backlog")
+	fs.IntVar(&o.scalePartitions, "scale-partitions", 6, "partitions of the scale-out's topics")
+	fs.StringVar(&o.ordersBin, "orders-bin", "", "examples/orders binary for -scale (default: go build ./examples/orders, from the repository root)")
+	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,kafkatx-5000,orders,relay,backlog,e2e,e2e-backlog,soak,scale); default all that are on")
 	fs.StringVar(&o.profileDir, "cpuprofile-dir", "", "write a CPU profile (pprof) of each phase's drain to DIR/<phase>.pprof")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database and topics")
 	fs.StringVar(&o.kafkaExtra, "kafka-config", "", "extra librdkafka settings for the kafkatx consumer, k=v,k=v (for tuning experiments)")
 	_ = fs.Parse(os.Args[1:])
+	if o.soakEvery <= 0 {
+		fmt.Fprintln(os.Stderr, "bench: -soak-every must be positive")
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -136,11 +164,7 @@ func run(ctx context.Context, o options) (*report, error) {
 	}
 	progress("database %s created", dbName)
 	if !o.keep {
-		defer func() {
-			if _, err := base.Exec(context.WithoutCancel(ctx), "DROP DATABASE IF EXISTS "+pgx.Identifier{dbName}.Sanitize()+" WITH (FORCE)"); err != nil {
-				progress("drop database %s: %v", dbName, err)
-			}
-		}()
+		defer dropDatabase(context.WithoutCancel(ctx), base, dbName)
 	}
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
@@ -155,8 +179,9 @@ func run(ctx context.Context, o options) (*report, error) {
 	defer pool.Close()
 
 	rep := newReport(ctx, base, o)
-	b := &bench{o: o, self: self, db: dbName, pool: pool, rep: rep, broker: brokerPID(o.brokers), suffix: strconv.FormatInt(time.Now().Unix(), 36)}
+	b := &bench{o: o, self: self, db: dbName, base: base, pool: pool, rep: rep, broker: brokerPID(o.brokers), suffix: strconv.FormatInt(time.Now().Unix(), 36)}
 	rep.KafkaVersion = brokerVersion(b.broker)
+	b.pgPID = listenerPID(dbPort(o.databaseURL)) // the postmaster, when PostgreSQL runs here
 	defer func() {
 		if !o.keep {
 			if err := deleteTopics(context.WithoutCancel(ctx), o.brokers, b.topics); err != nil {
@@ -194,6 +219,15 @@ func run(ctx context.Context, o options) (*report, error) {
 			}
 			return b.consumer(ctx, fmt.Sprintf("backlog-%d", o.backlog), "kafkatx", o.backlogBat, o.backlog, false)
 		}},
+		{"e2e", func(ctx context.Context) error {
+			if !o.e2e && len(want) == 0 {
+				return nil
+			}
+			return b.pipelinePair(ctx)
+		}},
+		{"e2e-backlog", b.e2eBacklog},
+		{"soak", b.soak},
+		{"scale", b.scaleOut},
 	}
 	for _, st := range steps {
 		if !on(st.name) {
@@ -212,9 +246,11 @@ type bench struct {
 	o      options
 	self   string
 	db     string
+	base   *pgxpool.Pool // the server's DATABASE_URL database (CREATE/DROP DATABASE)
 	pool   *pgxpool.Pool
 	rep    *report
 	broker int
+	pgPID  int
 	suffix string
 	topics []string
 }
@@ -241,10 +277,14 @@ func (b *bench) spec(phase, name string) spec {
 }
 
 // child runs one phase's child process. onDrained, called when the child reports its drain,
-// returns the line to send it (the count of stamped messages produced).
-func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event) (string, error)) (result event, err error) {
+// returns the line to send it (the count of stamped messages produced); it runs beside the
+// reading of the child's lines, so that onSample, when set, gets the soak's samples as they
+// come.
+func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event) (string, error), onSample func(event)) (result event, err error) {
 	raw, _ := json.Marshal(s)
-	cmd := exec.CommandContext(ctx, b.self, "-child", string(raw))
+	cctx, kill := context.WithCancel(ctx)
+	defer kill()
+	cmd := exec.CommandContext(cctx, b.self, "-child", string(raw))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -256,9 +296,14 @@ func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event)
 	}
 	r.Load1 = loadAvg()[0]
 	brokerCPU0, _ := procCPU(b.broker)
+	pgCPU0, pgOK := treeCPU(b.pgPID)
+	busy0, total0 := machineCPU()
+	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
 		return event{}, err
 	}
+	told := make(chan error, 1) // onDrained's outcome, once the line is sent
+	telling := false
 	defer func() {
 		stdin.Close()
 		werr := cmd.Wait()
@@ -266,43 +311,79 @@ func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event)
 			err = fmt.Errorf("child: %w", werr)
 		}
 	}()
+	// failed prefers onDrained's error: a failure there kills the child, whose end is then
+	// only its consequence.
+	failed := func(err error) (event, error) {
+		if telling {
+			select {
+			case terr := <-told:
+				if terr != nil {
+					return event{}, terr
+				}
+			default:
+			}
+		}
+		return event{}, err
+	}
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var e event
 		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return event{}, fmt.Errorf("child said %q: %w", sc.Text(), err)
+			return failed(fmt.Errorf("child said %q: %w", sc.Text(), err))
 		}
 		switch e.Event {
 		case "error":
-			return event{}, errors.New(e.Error)
+			return failed(errors.New(e.Error))
 		case "drained":
 			if c, ok := procCPU(b.broker); ok && b.broker != 0 {
 				r.BrokerCPU = (c - brokerCPU0).Seconds()
 			}
+			if c, ok := treeCPU(b.pgPID); ok && pgOK && b.pgPID != 0 {
+				r.PGServerCPU = (c - pgCPU0).Seconds()
+			}
+			if busy, total := machineCPU(); total > total0 {
+				r.MachineBusy = round3(float64(busy-busy0) / float64(total-total0) * float64(numCPU()))
+			}
+			r.PhaseSec = time.Since(t0).Seconds()
 			r.fromDrain(e)
 			progress("%s: drained %d in %.2fs: %.0f msgs/s", s.Name, e.Messages, e.Seconds, e.Rate)
 			if e.Batches > 0 {
 				progress("%s: %d batch transactions, %.1f messages each, %.2fs in them (%.0f%% of %d partitions' time)", s.Name, e.Batches,
 					float64(e.Messages)/float64(e.Batches), e.BatchSec, 100*e.BatchSec/(e.Seconds*float64(b.o.partitions)), b.o.partitions)
 			}
-			line, err := onDrained(e)
-			if err != nil {
-				return event{}, err
-			}
-			if _, err := io.WriteString(stdin, line+"\n"); err != nil {
-				return event{}, fmt.Errorf("tell child: %w", err)
+			telling = true
+			go func() {
+				line, err := onDrained(e)
+				if err == nil {
+					if _, werr := io.WriteString(stdin, line+"\n"); werr != nil {
+						err = fmt.Errorf("tell child: %w", werr)
+					}
+				}
+				told <- err
+				if err != nil {
+					kill()
+				}
+			}()
+		case "sample":
+			if onSample != nil {
+				onSample(e)
 			}
 		case "result":
 			r.PeakRSSMB = e.PeakRSSMB
 			_, _ = io.Copy(io.Discard, stdout)
+			if telling { // the child read the line, so onDrained has returned
+				if err := <-told; err != nil {
+					return event{}, err
+				}
+			}
 			return e, nil
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return event{}, err
+		return failed(err)
 	}
-	return event{}, errors.New("child ended without a result")
+	return failed(errors.New("child ended without a result"))
 }
 
 func (b *bench) ceiling(ctx context.Context) error {
@@ -310,7 +391,7 @@ func (b *bench) ceiling(ctx context.Context) error {
 	s.Seconds, s.Conns = b.o.ceilingSeconds, b.o.conns
 	progress("ceiling: PostgreSQL alone, %d connections, %.0fs per variant", s.Conns, s.Seconds)
 	var r row
-	res, err := b.child(ctx, s, &r, nil)
+	res, err := b.child(ctx, s, &r, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -372,7 +453,7 @@ func (b *bench) consumer(ctx context.Context, name, phase string, batch, n int, 
 			return "", err
 		}
 		return strconv.Itoa(sent), nil
-	})
+	}, nil)
 	if err != nil {
 		return err
 	}
@@ -421,7 +502,7 @@ func (b *bench) relay(ctx context.Context) error {
 			return "", err
 		}
 		return strconv.Itoa(sent), nil
-	})
+	}, nil)
 	if err != nil {
 		return err
 	}

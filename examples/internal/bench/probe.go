@@ -123,6 +123,17 @@ func (p *commitProbe) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pg
 	p.committed.Add(int64(h.n))
 }
 
+// take returns the latencies recorded since the last take (or since the start), sorted, and
+// forgets them: the soak's per-window figures, with the probe's memory bounded by one window.
+func (p *commitProbe) take() []time.Duration {
+	p.mu.Lock()
+	out := p.lat
+	p.lat = nil
+	p.mu.Unlock()
+	slices.Sort(out)
+	return out
+}
+
 // latencies returns the recorded produce -> commit latencies, sorted.
 func (p *commitProbe) latencies() []time.Duration {
 	p.mu.Lock()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +25,13 @@ type producer struct {
 	failed atomic.Int64
 	first  atomic.Pointer[error]
 	done   chan struct{}
+
+	// The produce stamps of the stamped messages, in order: stamps[i] is message stampBase+i's
+	// (orderValue's sequence number). The pipeline phases look up an order event's produce
+	// time by its key, the order id, so the example's events need no header of their own.
+	mu        sync.Mutex
+	stampBase int
+	stamps    []int64
 }
 
 func newProducer(brokers, topic string) (*producer, error) {
@@ -53,11 +62,23 @@ func (pr *producer) send(stamp bool) error {
 	key, value := orderValue(pr.run, pr.next)
 	m := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &pr.topic, Partition: kafka.PartitionAny}, Key: key, Value: value}
 	for {
+		var ns int64
 		if stamp {
-			m.Headers = []kafka.Header{{Key: headerProduced, Value: strconv.AppendInt(nil, time.Now().UnixNano(), 10)}}
+			ns = time.Now().UnixNano()
+			m.Headers = []kafka.Header{{Key: headerProduced, Value: strconv.AppendInt(nil, ns, 10)}}
 		}
 		err := pr.p.Produce(m, nil)
 		if err == nil {
+			if stamp {
+				pr.mu.Lock()
+				if len(pr.stamps) == 0 {
+					pr.stampBase = pr.next
+				}
+				if pr.next == pr.stampBase+len(pr.stamps) {
+					pr.stamps = append(pr.stamps, ns)
+				}
+				pr.mu.Unlock()
+			}
 			return nil
 		}
 		var kerr kafka.Error
@@ -67,6 +88,31 @@ func (pr *producer) send(stamp bool) error {
 		}
 		return fmt.Errorf("produce: %w", err)
 	}
+}
+
+// producedAt is the produce stamp of the stamped order whose id is key (as orderValue
+// writes it: GEN-<run>-<sequence>), if this producer sent it stamped.
+func (pr *producer) producedAt(key []byte) (int64, bool) {
+	seq, ok := orderSeq(key, pr.run)
+	if !ok {
+		return 0, false
+	}
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if i := seq - pr.stampBase; len(pr.stamps) > 0 && i >= 0 && i < len(pr.stamps) {
+		return pr.stamps[i], true
+	}
+	return 0, false
+}
+
+// orderSeq parses an order id GEN-<run>-<sequence> of run; false for any other id.
+func orderSeq(key []byte, run string) (int, bool) {
+	rest, ok := strings.CutPrefix(string(key), "GEN-"+run+"-")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n >= 0
 }
 
 // backlog produces n orders as fast as the producer takes them and waits for every delivery.

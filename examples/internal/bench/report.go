@@ -31,16 +31,29 @@ type row struct {
 	MaxMs        float64 `json:"max_ms,omitempty"`
 	PeakRSSMB    float64 `json:"peak_rss_mb"`
 	GoSysMB      float64 `json:"go_sys_mb,omitempty"`
-	ProcCPU      float64 `json:"proc_cpu_s"`             // the phase's process, until drained
-	PGCPU        float64 `json:"pg_cpu_s"`               // its PostgreSQL backends, until drained
-	BrokerCPU    float64 `json:"broker_cpu_s,omitempty"` // the broker process, during the phase until drained
-	Batches      int64   `json:"batches,omitempty"`      // kafkatx: batch transactions in the drain
-	BatchSec     float64 `json:"batch_tx_s,omitempty"`   // kafkatx: their summed duration
+	ProcCPU      float64 `json:"proc_cpu_s"`                   // the phase's process, until drained
+	PGCPU        float64 `json:"pg_cpu_s"`                     // its PostgreSQL backends, until drained
+	BrokerCPU    float64 `json:"broker_cpu_s,omitempty"`       // the broker process, during the phase until drained
+	PGServerCPU  float64 `json:"pg_server_cpu_s,omitempty"`    // the whole PostgreSQL server (autovacuum, WAL writer, ... included), same span
+	MachineBusy  float64 `json:"machine_busy_cores,omitempty"` // the machine's busy CPUs (everyone's), same span, in cores
+	PhaseSec     float64 `json:"phase_s,omitempty"`            // that span: child start to drained
+	Batches      int64   `json:"batches,omitempty"`            // kafkatx: batch transactions in the drain
+	BatchSec     float64 `json:"batch_tx_s,omitempty"`         // kafkatx: their summed duration
 	Load1        float64 `json:"load1"`
 	VsCeiling    float64 `json:"vs_ceiling,omitempty"`
 	VsCeiling05  float64 `json:"vs_ceiling_05,omitempty"`
 	VsNaive      float64 `json:"vs_naive,omitempty"`
 	Note         string  `json:"note,omitempty"`
+
+	// Pipeline phases (kind pipeline, soak): examples/orders' settings, relay in-process.
+	Events      bool    `json:"events,omitempty"`              // one event per applied order
+	VsDrain     float64 `json:"vs_drain,omitempty"`            // e2e: msgs/s over orders-noevents' of this run
+	AppliedSec  float64 `json:"applied_s,omitempty"`           // e2e: first commit to the last order applied
+	PeakBacklog int64   `json:"outbox_peak_backlog,omitempty"` // e2e: most orders committed, not yet published
+	PubN        int     `json:"published_latency_n,omitempty"` // events of stamped orders read back
+	PubP50      float64 `json:"published_p50_ms,omitempty"`    // produce -> event's broker append time
+	PubP99      float64 `json:"published_p99_ms,omitempty"`    //
+	PubMax      float64 `json:"published_max_ms,omitempty"`    //
 }
 
 func (r *row) fromDrain(e event) {
@@ -75,6 +88,8 @@ type report struct {
 	Ceiling05    float64           `json:"ceiling_05_msgs_per_s"` // 05-throughput's SQL, 100 per tx
 	Naive        float64           `json:"naive_msgs_per_s"`
 	Goals        []goal            `json:"goals"`
+	Soak         *soakReport       `json:"soak,omitempty"`
+	Scale        []scaleRow        `json:"scale,omitempty"`
 }
 
 type goal struct {
@@ -116,7 +131,7 @@ func newReport(ctx context.Context, base *pgxpool.Pool, o options) *report {
 
 func (r *report) add(x row) { r.Rows = append(r.Rows, x) }
 
-// finish computes the ceilings, the ratios and the goals of issue 6.
+// finish computes the ceilings, the ratios and the goals of issues 6 and 17.
 func (r *report) finish() {
 	r.LoadEnd = loadAvg()
 	r.Seconds = time.Since(r.Started).Seconds()
@@ -133,7 +148,7 @@ func (r *report) finish() {
 	var best *row
 	for i := range r.Rows {
 		x := &r.Rows[i]
-		if x.Kind != "kafkatx" {
+		if x.Kind != "kafkatx" && x.Kind != "pipeline" {
 			continue
 		}
 		if r.Ceiling > 0 {
@@ -145,7 +160,7 @@ func (r *report) finish() {
 		if r.Naive > 0 {
 			x.VsNaive = x.Rate / r.Naive
 		}
-		if x.Messages < 1_000_000 && (best == nil || x.Rate > best.Rate) {
+		if x.Kind == "kafkatx" && x.Messages < 1_000_000 && (best == nil || x.Rate > best.Rate) {
 			best = x
 		}
 	}
@@ -155,6 +170,25 @@ func (r *report) finish() {
 	}
 	if best != nil && r.Naive > 0 {
 		r.Goals = append(r.Goals, goal{Goal: "exactly-once >= 20 x naive loop", Figure: round3(best.VsNaive), Met: best.VsNaive >= 20, Row: best.Name})
+	}
+	// Issue 17's goals: the whole pipeline.
+	for _, x := range r.Rows {
+		if x.Kind == "pipeline" && x.VsDrain > 0 {
+			r.Goals = append(r.Goals, goal{Goal: "end to end >= 0.6 x drain without events", Figure: round3(x.VsDrain), Met: x.VsDrain >= 0.6, Row: x.Name})
+		}
+		if x.Kind == "pipeline" && x.Events && x.Offered >= 10000 && x.LatencyN > 0 {
+			r.Goals = append(r.Goals, goal{Goal: "p99 produce->effect <= 100 ms at 10000/s, relay on", Figure: x.P99, Met: x.P99 <= 100, Row: x.Name},
+				goal{Goal: "p99 produce->published <= 250 ms at 10000/s", Figure: x.PubP99, Met: x.PubN > 0 && x.PubP99 <= 250, Row: x.Name})
+		}
+		if x.Kind == "pipeline" && x.Events && x.Messages >= 1_000_000 {
+			r.Goals = append(r.Goals, goal{Goal: "peak RSS <= 200 MB, 1,000,000 with events", Figure: x.PeakRSSMB, Met: x.PeakRSSMB <= 200, Row: x.Name})
+		}
+		if x.Kind == "soak" && r.Soak != nil {
+			r.Goals = append(r.Goals, goal{Goal: "soak: peak RSS <= 200 MB", Figure: r.Soak.PeakRSSMB, Met: r.Soak.PeakRSSMB <= 200, Row: x.Name})
+			if g := r.Soak.Summary.RSSGrowth; g > 0 {
+				r.Goals = append(r.Goals, goal{Goal: "soak: RSS flat (last third / first third <= 1.1)", Figure: g, Met: g <= 1.1, Row: x.Name})
+			}
+		}
 	}
 	for _, x := range r.Rows {
 		switch {
@@ -186,6 +220,9 @@ func (r *report) print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "phase\tmsgs\tmsgs/s\tp50 ms\tp99 ms\tat msgs/s\tpeak RSS MB\tCPU s proc/pg/broker\tload1\tvs ceiling\tvs naive\t")
 	for _, x := range r.Rows {
+		if x.Kind == "soak" {
+			continue // its own table below
+		}
 		at := "-"
 		if x.Offered > 0 {
 			at = fmt.Sprintf("%.0f", x.Offered)
@@ -207,6 +244,9 @@ func (r *report) print(w io.Writer) {
 			x.PeakRSSMB, cpu, x.Load1, ratio(x.VsCeiling), ratio(x.VsNaive))
 	}
 	tw.Flush()
+	r.printPipeline(w)
+	r.printSoak(w)
+	r.printScale(w)
 	fmt.Fprintf(w, "\nceiling (best handler variant) %.0f msgs/s; 05-throughput's SQL ceiling %.0f msgs/s; naive %.0f msgs/s\n", r.Ceiling, r.Ceiling05, r.Naive)
 	for _, g := range r.Goals {
 		met := "MET"
@@ -218,4 +258,81 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintln(w)
 	b, _ := json.Marshal(r)
 	fmt.Fprintln(w, string(b))
+}
+
+// printPipeline writes the pipeline phases' own figures: the ratio to the drain without
+// events, the outbox's peak backlog and both latencies.
+func (r *report) printPipeline(w io.Writer) {
+	var rows []row
+	for _, x := range r.Rows {
+		if x.Kind == "pipeline" {
+			rows = append(rows, x)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\npipeline, as examples/orders runs (relay in-process; msgs/s to every order applied and, with events, published and the outbox empty):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\tmsgs\tmsgs/s\tvs drain\tapplied s\ttotal s\toutbox peak\teffect p50/p99 ms\tpublished p50/p99 ms\tat msgs/s\tpeak RSS MB\tCPU s proc/pg all/broker\tmachine busy\t")
+	for _, x := range rows {
+		dash := func(ok bool, s string) string {
+			if !ok {
+				return "-"
+			}
+			return s
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%.0f\t%.1f/%.1f/%.1f\t%.2f/%d\t\n", x.Name, x.Messages, x.Rate,
+			dash(x.VsDrain > 0, fmt.Sprintf("%.2f", x.VsDrain)), dash(x.Events, fmt.Sprintf("%.2f", x.AppliedSec)), x.DrainSeconds,
+			dash(x.Events, fmt.Sprint(x.PeakBacklog)), dash(x.LatencyN > 0, fmt.Sprintf("%.1f/%.1f", x.P50, x.P99)),
+			dash(x.PubN > 0, fmt.Sprintf("%.1f/%.1f", x.PubP50, x.PubP99)), dash(x.Offered > 0, fmt.Sprintf("%.0f", x.Offered)), x.PeakRSSMB,
+			x.ProcCPU, x.PGServerCPU, x.BrokerCPU, x.MachineBusy, r.NProc)
+	}
+	tw.Flush()
+}
+
+// printSoak writes the soak's samples and summary.
+func (r *report) printSoak(w io.Writer) {
+	s := r.Soak
+	if s == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nsoak: %.0fs at %.0f msgs/s offered (%d orders), relay in-process, a sample every %.0fs:\n", s.Seconds, s.Rate, s.Offered, s.Every)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "t s\tRSS MB\tGo sys MB\teffect p50/p99 ms\tn\tpublished p50/p99 ms\tn\toutbox rows\tunpublished\t")
+	for _, x := range s.Samples {
+		fmt.Fprintf(tw, "%.0f\t%.0f\t%.0f\t%.1f/%.1f\t%d\t%.1f/%.1f\t%d\t%d\t%d\t\n", x.T, x.RSSMB, x.GoSysMB, x.P50, x.P99, x.N,
+			x.PubP50, x.PubP99, x.PubN, x.OutboxRows, x.Unpublished)
+	}
+	tw.Flush()
+	m := s.Summary
+	fmt.Fprintf(w, "soak: peak RSS %.0f MB; first/last third medians: RSS %.0f/%.0f MB, effect p99 %.1f/%.1f ms, published p99 %.1f/%.1f ms, outbox %.0f/%.0f rows (max %d); published p50/p99 over the soak %.1f/%.1f ms\n",
+		s.PeakRSSMB, m.RSSMedFirst, m.RSSMedLast, m.P99MedFirst, m.P99MedLast, m.PubP99MedFirst, m.PubP99MedLast,
+		m.BacklogMedFirst, m.BacklogMedLast, m.BacklogMax, s.PubP50, s.PubP99)
+}
+
+// printScale writes the scale-out runs.
+func (r *report) printScale(w io.Writer) {
+	if len(r.Scale) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nscale-out: examples/orders processes in one group (CPU in cores over the timed window):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "procs\tmode\tmsgs\tmsgs/s\tvs drain\tgroup stable\toutbox peak\torders cores\tPostgreSQL cores\tbroker cores\tmachine busy\tpeak RSS MB\tload1\t")
+	for _, x := range r.Scale {
+		mode, vs, peak := "drain", "-", "-"
+		if x.Events {
+			mode, vs, peak = "e2e", fmt.Sprintf("%.2f", x.VsDrain), fmt.Sprint(x.PeakBack)
+		}
+		join := func(xs []float64, format string) string {
+			out := make([]string, len(xs))
+			for i, c := range xs {
+				out[i] = fmt.Sprintf(format, c)
+			}
+			return strings.Join(out, "+")
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%v\t%s\t%s\t%.2f\t%.2f\t%.2f/%d\t%s\t%.2f\t\n", x.Procs, mode, x.Counted, x.Rate, vs, x.Stable, peak,
+			join(x.OrdersCores, "%.2f"), x.PGCores, x.BrokerCores, x.MachineCores, x.NProc, join(x.PeakRSSMB, "%.0f"), x.Load1)
+	}
+	tw.Flush()
 }
