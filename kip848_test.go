@@ -460,3 +460,26 @@ func TestKIP848FencedMemberRejoinsWithoutDuplicates(t *testing.T) {
 	}
 	b.checkExactAtLogEnd(t, partitions, total)
 }
+
+// Issue 16: a partition of the committed-offsets answer that carried an error (under KIP-848,
+// an offset fetch refused with STALE_MEMBER_EPOCH while the member's epoch moves: a public
+// report of another client started such partitions at "latest" and lost records) was taken as
+// "no committed offset": a partition kafkatx had never seen started at auto.offset.reset
+// instead of at Kafka's offset. Now the read fails as a whole and the assignment is
+// reconciled again after a backoff.
+func TestCommittedOffsetAnsweredWithAnErrorIsNotTakenAsNone(t *testing.T) {
+	topic := "t"
+	ok := []kafka.TopicPartition{{Topic: &topic, Partition: 0, Offset: 7}, {Topic: &topic, Partition: 1, Offset: kafka.OffsetInvalid}}
+	got, err := committedOf(ok)
+	if err != nil || len(got) != 1 || got[offsetstore.TP{Topic: "t", Partition: 0}] != 7 {
+		t.Fatalf("committedOf(7, none) = %v, %v; want {t[0]: 7}", got, err)
+	}
+	for _, code := range []kafka.ErrorCode{kafka.ErrStaleMemberEpoch, kafka.ErrUnknownMemberID, kafka.ErrNotCoordinator} {
+		e := kafka.NewError(code, code.String(), false)
+		bad := append([]kafka.TopicPartition(nil), ok...)
+		bad[1].Error = e
+		if got, err := committedOf(bad); err == nil {
+			t.Fatalf("a partition answered with %s was read as %v; want the read to fail and be retried", code, got)
+		}
+	}
+}
