@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -481,5 +482,44 @@ func TestCommittedOffsetAnsweredWithAnErrorIsNotTakenAsNone(t *testing.T) {
 		if got, err := committedOf(bad); err == nil {
 			t.Fatalf("a partition answered with %s was read as %v; want the read to fail and be retried", code, got)
 		}
+	}
+}
+
+// Under group.protocol=consumer a member the broker gives no partition (more members than
+// partitions) is ready too: it joined the group, its assignment is empty.
+func TestKIP848MemberWithAnEmptyAssignmentIsReady(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error { return nil }
+	r1 := b.start(t, h, b.consumerProtocolConfig(t))
+	waitFor(t, 60*time.Second, "the first member ready", func() bool { return r1.c.Ready(context.Background()) == nil })
+	r2 := b.start(t, h, b.consumerProtocolConfig(t))
+	waitFor(t, 60*time.Second, "both members ready, one of them with no partition", func() bool {
+		return r1.c.Ready(context.Background()) == nil && r2.c.Ready(context.Background()) == nil &&
+			r1.c.Stats().Assigned+r2.c.Stats().Assigned == 1
+	})
+}
+
+// memberOf reads librdkafka's serialized group metadata (a member with an empty assignment is
+// known to have joined only from it): the form seen from librdkafka 2.11.1 for a member with
+// epoch 2, and confluent-kafka-go's own test metadata through the reflection path.
+func TestMemberOfReadsLibrdkafkasGroupMetadata(t *testing.T) {
+	b := []byte("CGMDv2:\x00\x00\x00\x00g-1\x00yRvya2xuRRCNG+Aw7yMCLQ\x00\x01")
+	binary.NativeEndian.PutUint32(b[7:], 2)
+	if m, e, ok := parseGroupMetadata(b, "g-1"); !ok || m != "yRvya2xuRRCNG+Aw7yMCLQ" || e != 2 {
+		t.Fatalf("parse = %q, %d, %v; want the member id, epoch 2", m, e, ok)
+	}
+	if _, _, ok := parseGroupMetadata(b, "other"); ok {
+		t.Fatal("metadata of another group accepted")
+	}
+	if _, _, ok := parseGroupMetadata([]byte("CGMDv3:xxxx"), "g-1"); ok {
+		t.Fatal("an unknown metadata form accepted")
+	}
+	md, err := kafka.NewTestConsumerGroupMetadata("g-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, e, ok := memberOf(md, "g-2"); !ok || m != "" || e > 0 {
+		t.Fatalf("memberOf(test metadata) = %q, %d, %v; want the form read, no member, no epoch", m, e, ok)
 	}
 }
