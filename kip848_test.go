@@ -349,12 +349,56 @@ func kip848ChildMain() int {
 	return 0
 }
 
+// kip848Child is a consumer-protocol member running in a child process (kip848ChildMain).
+type kip848Child struct {
+	cmd    *exec.Cmd
+	stats  string // its Stats, JSON, rewritten every 100 ms
+	log    string // its stdout and stderr
+	exited chan error
+}
+
+func (b *testBundle) startKIP848Child(t *testing.T, name string) *kip848Child {
+	t.Helper()
+	dir := t.TempDir()
+	c := &kip848Child{stats: filepath.Join(dir, "stats.json"), log: filepath.Join(dir, "child.log"), exited: make(chan error, 1)}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), kip848ChildEnv+"=1", "CHILD_DB="+b.dbURL, "CHILD_SCHEMA="+b.schema, "CHILD_BROKERS="+b.brokers,
+		"CHILD_TOPIC="+b.topic, "CHILD_GROUP="+b.group, "CHILD_STATS="+c.stats)
+	f, err := os.Create(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cmd.Stdout, c.cmd.Stderr = f, f
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.exited <- c.cmd.Wait(); f.Close() }()
+	t.Cleanup(func() {
+		_ = c.cmd.Process.Signal(syscall.SIGCONT)
+		_ = c.cmd.Process.Kill()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, tail(c.output(), 8000))
+		}
+	})
+	return c
+}
+
+func (c *kip848Child) output() string { out, _ := os.ReadFile(c.log); return string(out) }
+
+func (c *kip848Child) Stats() Stats {
+	var s Stats
+	out, _ := os.ReadFile(c.stats)
+	_ = json.Unmarshal(out, &s)
+	return s
+}
+
 // Issue 16: a member of a consumer-protocol group frozen (SIGSTOP) past the broker's
 // group.consumer.session.timeout.ms is fenced: the group gives its partitions to the other
 // member. When it wakes, its heartbeats and commits are refused (fenced or stale member epoch,
 // unknown member): that must not be fatal nor re-run a database transaction. It rejoins, gets
-// partitions again and goes on; every record is applied exactly once and, at the end, each
-// partition's watermark, committed offset and log end are equal.
+// partitions again and goes on. Then it is SIGKILLed mid-stream: its partitions move after the
+// session timeout and a new process joins. Every record is applied exactly once and, at the
+// end, each partition's watermark, committed offset and log end are equal.
 func TestKIP848FencedMemberRejoinsWithoutDuplicates(t *testing.T) {
 	t.Parallel()
 	const partitions = 4
@@ -364,34 +408,7 @@ func TestKIP848FencedMemberRejoinsWithoutDuplicates(t *testing.T) {
 	var total int64 = 2000
 	applied := func() int64 { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") }
 
-	statsFile := filepath.Join(t.TempDir(), "stats.json")
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), kip848ChildEnv+"=1", "CHILD_DB="+b.dbURL, "CHILD_SCHEMA="+b.schema, "CHILD_BROKERS="+b.brokers,
-		"CHILD_TOPIC="+b.topic, "CHILD_GROUP="+b.group, "CHILD_STATS="+statsFile)
-	logFile, err := os.Create(filepath.Join(t.TempDir(), "child.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	child.Stdout, child.Stderr = logFile, logFile
-	childLog := func() string { out, _ := os.ReadFile(logFile.Name()); return string(out) }
-	childStats := func() Stats {
-		var s Stats
-		out, _ := os.ReadFile(statsFile)
-		_ = json.Unmarshal(out, &s)
-		return s
-	}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- child.Wait() }()
-	t.Cleanup(func() {
-		_ = child.Process.Signal(syscall.SIGCONT)
-		_ = child.Process.Kill()
-		if t.Failed() {
-			t.Logf("child output:\n%s", tail(childLog(), 8000))
-		}
-	})
+	child := b.startKIP848Child(t, "first child")
 	waitFor(t, 60*time.Second, "the child member to apply 300 records", func() bool { return applied() >= 300 })
 
 	cfg := b.consumerProtocolConfig(t)
@@ -401,53 +418,39 @@ func TestKIP848FencedMemberRejoinsWithoutDuplicates(t *testing.T) {
 		return applyEffect(ctx, tx, b.schema, m)
 	}, cfg)
 	waitFor(t, 60*time.Second, "the two members to share the partitions", func() bool {
-		return other.c.Stats().Assigned > 0 && childStats().Assigned > 0
+		return other.c.Stats().Assigned > 0 && child.Stats().Assigned > 0
 	})
-	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := child.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	frozenAt := time.Now()
-	before := childStats()
+	before := child.Stats()
 	waitFor(t, session+30*time.Second, "the group to fence the frozen member and give its partitions to the other", func() bool {
 		return other.c.Stats().Assigned == partitions
 	})
 	t.Logf("frozen member fenced: the other holds all %d partitions %s after the freeze (session timeout %s)", partitions, time.Since(frozenAt).Round(100*time.Millisecond), session)
 	produce(t, b.brokers, b.topic, values(1000, -1, func(i int) string { return fmt.Sprint(2000 + i) }))
 	total += 1000
-	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := child.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	woke := time.Now()
 	waitFor(t, 60*time.Second, "the woken member to rejoin and get partitions back", func() bool {
-		s := childStats()
-		return s.Assigned > 0 && other.c.Stats().Assigned < partitions
+		return child.Stats().Assigned > 0 && other.c.Stats().Assigned < partitions
 	})
 	t.Logf("fenced member rejoined %s after waking", time.Since(woke).Round(100*time.Millisecond))
 	produce(t, b.brokers, b.topic, values(1000, -1, func(i int) string { return fmt.Sprint(3000 + i) }))
 	total += 1000
 	waitFor(t, 120*time.Second, "every record applied", func() bool { return applied() >= total })
 	select {
-	case err := <-exited:
+	case err := <-child.exited:
 		t.Fatalf("the fenced member exited (%v): being fenced must not be fatal", err)
 	default:
 	}
-	after := childStats()
-	if after.Processed <= before.Processed {
+	if after := child.Stats(); after.Processed <= before.Processed {
 		t.Fatalf("the fenced member processed nothing after it rejoined (%d before the freeze, %d at the end)", before.Processed, after.Processed)
 	}
-	if err := other.stop(t); err != nil {
-		t.Fatalf("the other member: %v", err)
-	}
-	_ = child.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("the fenced member exited with %v after SIGTERM; want 0", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the fenced member did not stop within 60 s of SIGTERM")
-	}
-	log := childLog()
+	log := child.output()
 	for _, l := range strings.Split(log, "\n") {
 		if strings.Contains(l, "lost") || strings.Contains(l, "refused") || strings.Contains(l, "FENCED") || strings.Contains(l, "STALE") || strings.Contains(l, "UNKNOWN_MEMBER") {
 			t.Logf("fenced member: %s", tail(l, 400))
@@ -459,30 +462,37 @@ func TestKIP848FencedMemberRejoinsWithoutDuplicates(t *testing.T) {
 	if strings.Contains(log, "fatal Kafka error") {
 		t.Fatal("the fenced member logged a fatal Kafka error")
 	}
-	b.checkExactAtLogEnd(t, partitions, total)
-}
 
-// Issue 16: a partition of the committed-offsets answer that carried an error (under KIP-848,
-// an offset fetch refused with STALE_MEMBER_EPOCH while the member's epoch moves: a public
-// report of another client started such partitions at "latest" and lost records) was taken as
-// "no committed offset": a partition kafkatx had never seen started at auto.offset.reset
-// instead of at Kafka's offset. Now the read fails as a whole and the assignment is
-// reconciled again after a backoff.
-func TestCommittedOffsetAnsweredWithAnErrorIsNotTakenAsNone(t *testing.T) {
-	topic := "t"
-	ok := []kafka.TopicPartition{{Topic: &topic, Partition: 0, Offset: 7}, {Topic: &topic, Partition: 1, Offset: kafka.OffsetInvalid}}
-	got, err := committedOf(ok)
-	if err != nil || len(got) != 1 || got[offsetstore.TP{Topic: "t", Partition: 0}] != 7 {
-		t.Fatalf("committedOf(7, none) = %v, %v; want {t[0]: 7}", got, err)
+	// SIGKILL mid-stream: records keep arriving, the killed member's partitions move to the
+	// other after the session timeout, and a new process joins.
+	produce(t, b.brokers, b.topic, values(2000, -1, func(i int) string { return fmt.Sprint(4000 + i) }))
+	total += 2000
+	waitFor(t, 60*time.Second, "the member to be working on the new records", func() bool { return child.Stats().Processed > before.Processed+200 })
+	if err := child.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
 	}
-	for _, code := range []kafka.ErrorCode{kafka.ErrStaleMemberEpoch, kafka.ErrUnknownMemberID, kafka.ErrNotCoordinator} {
-		e := kafka.NewError(code, code.String(), false)
-		bad := append([]kafka.TopicPartition(nil), ok...)
-		bad[1].Error = e
-		if got, err := committedOf(bad); err == nil {
-			t.Fatalf("a partition answered with %s was read as %v; want the read to fail and be retried", code, got)
+	<-child.exited
+	killedAt := time.Now()
+	waitFor(t, session+30*time.Second, "the killed member's partitions to move to the other", func() bool {
+		return other.c.Stats().Assigned == partitions
+	})
+	t.Logf("SIGKILLed member's partitions moved %s after the kill", time.Since(killedAt).Round(100*time.Millisecond))
+	second := b.startKIP848Child(t, "second child")
+	waitFor(t, 60*time.Second, "a new process to join and get partitions", func() bool { return second.Stats().Assigned > 0 })
+	waitFor(t, 120*time.Second, "every record applied after the kill", func() bool { return applied() >= total })
+	if err := other.stop(t); err != nil {
+		t.Fatalf("the other member: %v", err)
+	}
+	_ = second.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-second.exited:
+		if err != nil {
+			t.Fatalf("the second child exited with %v after SIGTERM; want 0", err)
 		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the second child did not stop within 60 s of SIGTERM")
 	}
+	b.checkExactAtLogEnd(t, partitions, total)
 }
 
 // Under group.protocol=consumer a member the broker gives no partition (more members than
