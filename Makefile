@@ -10,7 +10,7 @@ PKGS ?= ./...
 # Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
 DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
-.PHONY: test services-up services-down services-status demo lint
+.PHONY: test test-kafka2 services-up services-down services-status demo lint
 
 # Extra dev services the tests need (scripts/dev-services.d/NAME.sh), started by `make test`:
 # connect — Kafka Connect 4.3.1 with the Debezium 3.6.1.Final PostgreSQL connector for the CDC
@@ -18,16 +18,35 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 # end-to-end test (first start installs it into .dev/airflow, about a minute with pip's cache).
 # secure — the broker's SASL_SSL listener with ACLs; pgbouncer — PgBouncer in transaction mode
 # (the first start apt-get installs it): the deployment tests (deploy_test.go and others).
+# kafka2 — a second broker of another Kafka line (KAFKA2_VERSION, default 4.1.2) for test-kafka2;
+# started with the others so its jars are there for internal/devservices' version-switch test.
 # secure comes first: adding the listener restarts the broker, which the others then find up.
-TEST_SERVICES ?= secure connect airflow pgbouncer
+TEST_SERVICES ?= secure connect airflow pgbouncer kafka2
 
 ## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
-## then run every test
+## run every test, then test-kafka2
 test: services-up
 	scripts/dev-services up $(TEST_SERVICES)
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}"; \
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
+	$(MAKE) --no-print-directory test-kafka2
+
+# The subset run against the second Kafka line: the loop, poison pills, rebalances (classic and
+# KIP-848, members joining, leaving, fenced, SIGKILLed), the reconciliation of database and Kafka
+# offsets, and the relay (order, failover, murmur2, parking). About 2 minutes.
+KAFKA2_TESTS ?= ^(TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase|TestFailingMessageIsRetriedThenDeadLetteredAloneInOrder|TestSecondConsumerJoiningMidStreamAddsNoDuplicateEffect|TestZombieCannotCommitPastAFencedWatermark|TestSIGKILLAtEachStepLeavesAnExactEndState|TestFencedStaticMemberEndsRun|TestKIP848.*|TestKafkaBehindOrMissingResumesFromTheWatermark|TestKafkaAheadIsFollowedAndAuditedAsAnUnexplainedSkip|TestRecordsRemovedBeforeProcessingAreAuditedNotCountedAsProcessed|TestWatermarkPastTheLogEndHaltsWithBothOffsets|TestCommittedOffsetPastTheLogEndIsIgnored|TestSameKeyRecordsArePublishedInCommitOrderWithTwoRelays|TestKilledBetweenProduceAndMarkRepublishesWithSameIDs|TestStandbyTakesOverWhenTheLeaderIsKilled|TestKeyedRecordsArePartitionedWithMurmur2|TestTooLargeRecordParksWithoutBlockingOtherKeys|TestDeadLetterReplayRoundTrip)$$
+KAFKA2_PKGS ?= . ./outbox/relay/
+
+## test-kafka2: run $(KAFKA2_TESTS) against a second broker of another Kafka line
+## (scripts/dev-services up kafka2: Apache Kafka $$KAFKA2_VERSION, default 4.1.2), then stop it
+test-kafka2: services-up
+	scripts/dev-services up kafka2
+	eval "$$(scripts/dev-services env)"; \
+	export CI="$${CI:-true}" KAFKA_BOOTSTRAP_SERVERS="$$KAFKA2_BOOTSTRAP_SERVERS"; \
+	echo "test-kafka2: Apache Kafka $$KAFKA2_VERSION at $$KAFKA_BOOTSTRAP_SERVERS"; \
+	$(GO) test $(GOTESTFLAGS) -run '$(KAFKA2_TESTS)' $(KAFKA2_PKGS)
+	scripts/dev-services down kafka2
 
 ## services-up: start (or reuse) PostgreSQL and the Kafka broker; print their addresses
 services-up:

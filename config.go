@@ -42,8 +42,13 @@ type Config struct {
 	// Kafka is passed to librdkafka as is (bootstrap.servers and group.id are required;
 	// security settings such as sasl.* and ssl.* pass through). kafkatx sets
 	// enable.auto.commit=false and enable.auto.offset.store=false and refuses either set to
-	// true. Unless set here: partition.assignment.strategy=cooperative-sticky,
-	// auto.offset.reset=earliest, group.protocol=classic. group.instance.id (KIP-345 static
+	// true. Unless set here: group.protocol=classic, partition.assignment.strategy=
+	// cooperative-sticky (classic only), auto.offset.reset=earliest. group.protocol=consumer
+	// (KIP-848, a preview in librdkafka 2.11: docs/consumer.md, "The consumer group protocol")
+	// is an opt-in: the broker then assigns partitions (group.remote.assignor passes through)
+	// and owns the session and heartbeat timing, so with it partition.assignment.strategy,
+	// session.timeout.ms, heartbeat.interval.ms and group.protocol.type are refused, naming the
+	// broker setting to use instead. group.instance.id (KIP-345 static
 	// membership) passes through. librdkafka's log lines are written to Logger (named
 	// "kafkatx.consumer.librdkafka", with their facility and syslog level) unless
 	// go.logs.channel.enable is set here.
@@ -242,6 +247,15 @@ type IdempotencyConfig struct {
 // reservedKafkaKeys are set by kafkatx; the user may not turn them on.
 var refusedTrue = []string{"enable.auto.commit", "enable.auto.offset.store"}
 
+// consumerProtocolRefused are the librdkafka settings of the classic group protocol that
+// librdkafka refuses under group.protocol=consumer (KIP-848), with what to do instead.
+var consumerProtocolRefused = []struct{ key, instead string }{
+	{"partition.assignment.strategy", "the broker assigns partitions; choose its assignor with group.remote.assignor (uniform or range)"},
+	{"session.timeout.ms", "the session timeout is the broker's group.consumer.session.timeout.ms (default 45 s), or the group's config of that name"},
+	{"heartbeat.interval.ms", "the heartbeat interval is the broker's group.consumer.heartbeat.interval.ms (default 5 s), or the group's config of that name"},
+	{"group.protocol.type", "it belongs to the classic protocol"},
+}
+
 func (c *Config) withDefaults() (*Config, error) {
 	if c == nil {
 		return nil, errors.New("kafkatx: nil *Config: Kafka (bootstrap.servers, group.id) and Topics are required")
@@ -271,7 +285,20 @@ func (c *Config) withDefaults() (*Config, error) {
 			out.Kafka[k] = v
 		}
 	}
-	setDefault("partition.assignment.strategy", "cooperative-sticky")
+	setDefault("group.protocol", "classic")
+	switch proto := strings.ToLower(fmt.Sprint(out.Kafka["group.protocol"])); proto {
+	case "classic":
+		setDefault("partition.assignment.strategy", "cooperative-sticky")
+	case "consumer":
+		out.Kafka["group.protocol"] = proto
+		for _, r := range consumerProtocolRefused {
+			if _, ok := out.Kafka[r.key]; ok {
+				return nil, fmt.Errorf("kafkatx: Config.Kafka %s is refused with group.protocol=consumer (KIP-848): %s", r.key, r.instead)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("kafkatx: Config.Kafka group.protocol=%q: want classic (the default) or consumer (KIP-848)", proto)
+	}
 	// kafkatx resolves the user's auto.offset.reset itself for partitions seen for the first
 	// time; librdkafka's own reset (a fetch out of range: retention passed the watermark)
 	// always goes to the earliest offset, so the gap it leaves is exactly the records that
@@ -281,7 +308,6 @@ func (c *Config) withDefaults() (*Config, error) {
 		out.startAt = fmt.Sprint(v)
 	}
 	out.Kafka["auto.offset.reset"] = "earliest"
-	setDefault("group.protocol", "classic")
 	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
 	// partition set), so a large backlog does not grow the process without bound.
 	setDefault("queued.max.messages.kbytes", 16384)

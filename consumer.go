@@ -320,6 +320,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		select {
 		case <-lagTick.C:
 			c.updateLag()
+			c.checkJoined() // KIP-848: a member with no partitions gets no callback
 		default:
 		}
 		switch e := kc.Poll(pollMs).(type) {

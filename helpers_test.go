@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(liveChildEnv); mode != "" {
 		os.Exit(liveChildMain(mode))
 	}
+	if os.Getenv(kip848ChildEnv) != "" {
+		os.Exit(kip848ChildMain())
+	}
 	// Every goroutine the consumer starts is owned by Run and gone when it returns.
 	goleak.VerifyTestMain(m)
 }

@@ -83,11 +83,9 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 	if err != nil {
 		return nil, fmt.Errorf("read committed offsets: %w", err)
 	}
-	kOf := map[offsetstore.TP]int64{}
-	for _, k := range committed {
-		if k.Error == nil && k.Offset >= 0 {
-			kOf[offsetstore.TP{Topic: *k.Topic, Partition: k.Partition}] = int64(k.Offset)
-		}
+	kOf, err := committedOf(committed)
+	if err != nil {
+		return nil, err
 	}
 	var starts []kafka.TopicPartition
 	var newParts []*partition
@@ -127,6 +125,27 @@ func (c *Consumer) reconcile(ctx context.Context, assigned []kafka.TopicPartitio
 	}
 	c.mu.Unlock()
 	return starts, nil
+}
+
+// committedOf maps Kafka's answer to a committed-offsets read to each partition's committed
+// offset; a partition without one (never committed, expired or deleted: a negative offset) is
+// absent. A partition answered with an error makes the whole read fail, and the assignment is
+// reconciled again after a backoff: under group.protocol=consumer (KIP-848) the offset fetch is
+// refused with STALE_MEMBER_EPOCH or UNKNOWN_MEMBER_ID while the member's epoch moves, and taken
+// as "no committed offset" such an answer would start a partition kafkatx has never seen at
+// auto.offset.reset instead of at Kafka's offset, and audit a watermarked one as Kafka missing.
+func committedOf(res []kafka.TopicPartition) (map[offsetstore.TP]int64, error) {
+	out := map[offsetstore.TP]int64{}
+	for _, k := range res {
+		tp := offsetstore.TP{Topic: *k.Topic, Partition: k.Partition}
+		if k.Error != nil {
+			return nil, fmt.Errorf("read committed offset of %s: %w", tp, k.Error)
+		}
+		if k.Offset >= 0 {
+			out[tp] = int64(k.Offset)
+		}
+	}
+	return out, nil
 }
 
 // applyStart carries out decision d for partition tp, whose stored watermark is w, Kafka's

@@ -38,6 +38,8 @@ type offsetsBundle struct {
 	topic   string
 	group   string
 	cli     string
+	// groupProtocol is the service's group.protocol (classic when empty).
+	groupProtocol string
 }
 
 func offsetsSetup(t *testing.T) *offsetsBundle {
@@ -126,8 +128,12 @@ type offsetsService struct {
 // start runs the service (the root package's consumer) in-process.
 func (b *offsetsBundle) start() *offsetsService {
 	b.t.Helper()
+	km := kafka.ConfigMap{"bootstrap.servers": b.brokers, "group.id": b.group, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+	if b.groupProtocol == "consumer" { // KIP-848: the broker owns the session timing
+		km = kafka.ConfigMap{"bootstrap.servers": b.brokers, "group.id": b.group, "group.protocol": "consumer"}
+	}
 	c, err := kafkatx.NewConsumer(b.pool, b.handler(), &kafkatx.Config{
-		Kafka:  kafka.ConfigMap{"bootstrap.servers": b.brokers, "group.id": b.group, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+		Kafka:  km,
 		Topics: []string{b.topic},
 		Schema: b.schema,
 		Logger: zaptest.NewLogger(b.t, zaptest.Level(zap.ErrorLevel)),
@@ -432,9 +438,22 @@ func TestOffsetsReplayToTimeRunsEachMessageOnceMore(t *testing.T) {
 	}
 }
 
+// The broker describes a group of either protocol (classic, or consumer: KIP-848, which
+// librdkafka's DescribeConsumerGroups asks with ConsumerGroupDescribe); a member of either
+// makes the reset refuse.
 func TestOffsetsResetRefusesWhileTheGroupHasAMember(t *testing.T) {
 	t.Parallel()
-	b := offsetsSetup(t)
+	for _, proto := range []string{"classic", "consumer"} {
+		t.Run(proto, func(t *testing.T) {
+			t.Parallel()
+			b := offsetsSetup(t)
+			b.groupProtocol = proto
+			testResetRefusedWithAMember(t, b)
+		})
+	}
+}
+
+func testResetRefusedWithAMember(t *testing.T, b *offsetsBundle) {
 	b.produce("a", "b", "c", "d")
 	s := b.start()
 	b.waitFor("watermark 4", func() bool { return b.watermark() == 4 })

@@ -71,6 +71,10 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
 		return 2
 	}
+	if err := o.Check(); err != nil {
+		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
+		return 2
+	}
 
 	log := service.Logger()
 	defer log.Sync() //nolint:errcheck

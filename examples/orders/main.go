@@ -58,6 +58,10 @@ func run() int {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		return 2
 	}
+	if err := o.Check(); err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		return 2
+	}
 	switch {
 	case o.Brokers == "" && !o.inProcessBroker:
 		fmt.Fprintln(os.Stderr, "orders: no Kafka: pass --brokers HOST:PORT or set KAFKA_BOOTSTRAP_SERVERS (or --in-process-broker for the demo broker); see --help")

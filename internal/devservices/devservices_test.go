@@ -28,8 +28,14 @@ type devServices struct {
 
 func (d *devServices) run(args ...string) (stdout, stderr string, code int) {
 	d.t.Helper()
+	return d.runEnv(nil, args...)
+}
+
+// runEnv is run with env added to the environment.
+func (d *devServices) runEnv(env []string, args ...string) (stdout, stderr string, code int) {
+	d.t.Helper()
 	cmd := exec.Command(filepath.Join(d.repo, "scripts", "dev-services"), args...)
-	cmd.Env = append(os.Environ(), "KAFKA_BOOTSTRAP_SERVERS=", "DATABASE_URL=", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m")
+	cmd.Env = append(append(os.Environ(), "KAFKA_BOOTSTRAP_SERVERS=", "DATABASE_URL=", "KAFKA_HEAP_OPTS=-Xms128m -Xmx256m"), env...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -55,9 +61,10 @@ func setup(t *testing.T) *devServices {
 	if err != nil {
 		t.Fatal(err)
 	}
-	libs := filepath.Join(root, ".dev", "kafka", "libs")
-	if _, err := os.Stat(filepath.Join(libs, ".complete")); err != nil {
-		testenv.Unavailable(t, "no cached Kafka jars in %s (scripts/dev-services up fetches them)", libs)
+	// Each version's jars are cached in .dev/kafka/libs-<version>.
+	libs, _ := filepath.Glob(filepath.Join(root, ".dev", "kafka", "libs-*", ".complete"))
+	if len(libs) == 0 {
+		testenv.Unavailable(t, "no cached Kafka jars in %s (scripts/dev-services up fetches them)", filepath.Join(root, ".dev", "kafka", "libs-<version>"))
 	}
 	repo := t.TempDir()
 	if out, err := exec.Command("cp", "-r", filepath.Join(root, "scripts"), repo).CombinedOutput(); err != nil {
@@ -66,8 +73,11 @@ func setup(t *testing.T) *devServices {
 	if err := os.MkdirAll(filepath.Join(repo, ".dev", "kafka"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(libs, filepath.Join(repo, ".dev", "kafka", "libs")); err != nil {
-		t.Fatal(err)
+	for _, l := range libs {
+		dir := filepath.Dir(l)
+		if err := os.Symlink(dir, filepath.Join(repo, ".dev", "kafka", filepath.Base(dir))); err != nil {
+			t.Fatal(err)
+		}
 	}
 	d := &devServices{t: t, repo: repo}
 	t.Cleanup(func() { d.run("down", "kafka") })
@@ -119,6 +129,86 @@ func TestCrashedBrokerResumesOnItsDataAndPorts(t *testing.T) {
 	if high := endOffset(t, bootstrap, topic); high != 3 {
 		t.Fatalf("after the restart the topic's end offset is %d, want the 3 records written before the crash", high)
 	}
+}
+
+// Issue 16: the broker's storage was keyed by listener configuration only, so a broker of
+// another KAFKA_VERSION started on storage that version had not written, and a changed broker
+// setting was ignored by a resumed broker. Now storage is keyed by version and listener
+// configuration, and resumed only under the server.properties that formatted it: switching
+// version formats the other version's storage, switching back resumes the first one with its
+// records, and a changed setting reformats.
+func TestSwitchingKafkaVersionsFormatsItsOwnStorageAndSwitchingBackResumes(t *testing.T) {
+	t.Parallel()
+	d := setup(t)
+	main := mainVersion(t)
+	other := os.Getenv("KAFKA2_VERSION")
+	if other == "" || other == main {
+		other = "4.1.2"
+	}
+	if other == main {
+		other = "4.3.1"
+	}
+	root, _ := filepath.Abs("../..")
+	if _, err := os.Stat(filepath.Join(root, ".dev", "kafka", "libs-"+other, ".complete")); err != nil {
+		testenv.Unavailable(t, "no cached jars of Kafka %s (scripts/dev-services up kafka2 fetches them)", other)
+	}
+	onMain, onOther := []string{"KAFKA_VERSION=" + main}, []string{"KAFKA_VERSION=" + other}
+	if _, _, code := d.runEnv(onMain, "up", "kafka"); code != 0 {
+		t.Fatalf("up kafka %s exited %d", main, code)
+	}
+	bootstrap := d.state("kafka.bootstrap")
+	topic := "devservices-switch"
+	produce(t, bootstrap, topic, 3)
+	d.run("down", "kafka")
+
+	if _, errOut, code := d.runEnv(onOther, "up", "kafka"); code != 0 || strings.Contains(errOut, "resuming") {
+		t.Fatalf("up kafka %s after %s: exit %d, %q; want a fresh start on its own storage", other, main, code, errOut)
+	}
+	if v, st := d.state("kafka.version"), d.state("kafka.storage"); v != other || st != "fresh" {
+		t.Fatalf("after switching to %s the broker runs %s on %s storage", other, v, st)
+	}
+	d.run("down", "kafka")
+
+	if _, errOut, code := d.runEnv(onMain, "up", "kafka"); code != 0 || !strings.Contains(errOut, "resuming") {
+		t.Fatalf("up kafka %s again: exit %d, %q; want its storage resumed", main, code, errOut)
+	}
+	if v := d.state("kafka.version"); v != main {
+		t.Fatalf("switched back, the broker runs %s, want %s", v, main)
+	}
+	if high := endOffset(t, d.state("kafka.bootstrap"), topic); high != 3 {
+		t.Fatalf("switched back to %s, the topic's end offset is %d, want the 3 records written on it", main, high)
+	}
+	d.run("down", "kafka")
+
+	// A broker setting that differs from what formatted the storage: formatted afresh.
+	conf := filepath.Join(d.repo, ".dev", "kafka", "server-"+main+"-plain.properties")
+	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString("# a setting this script no longer writes\n")
+	f.Close()
+	if _, errOut, code := d.runEnv(onMain, "up", "kafka"); code != 0 || !strings.Contains(errOut, "changed") || d.state("kafka.storage") != "fresh" {
+		t.Fatalf("up after a settings change: exit %d, storage %s, %q; want a fresh format", code, d.state("kafka.storage"), errOut)
+	}
+}
+
+// mainVersion is the Kafka version the main broker runs: KAFKA_VERSION, else the pom's.
+func mainVersion(t *testing.T) string {
+	if v := os.Getenv("KAFKA_VERSION"); v != "" {
+		return v
+	}
+	b, err := os.ReadFile("../../scripts/kafka/pom.xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	i := strings.Index(s, "<kafka.version>")
+	j := strings.Index(s, "</kafka.version>")
+	if i < 0 || j < i {
+		t.Fatal("no kafka.version in scripts/kafka/pom.xml")
+	}
+	return s[i+len("<kafka.version>") : j]
 }
 
 func produce(t *testing.T, bootstrap, topic string, n int) {

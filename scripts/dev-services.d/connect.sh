@@ -146,7 +146,7 @@ CONF
 
   local deadline=$((SECONDS + 120))
   while ((SECONDS < deadline)); do
-    connect_pid_ok "$pid" || { tail -30 "$logs/stdout.log" "$logs/connect.log" >&2 || true; die "Kafka Connect exited during startup (logs in $logs)"; }
+    connect_pid_ok "$pid" || { tail -n 30 "$logs/stdout.log" "$logs/connect.log" >&2 || true; die "Kafka Connect exited during startup (logs in $logs)"; }
     if connect_answers "$port"; then
       log "Kafka Connect $(connect_wanted | cut -d' ' -f1) with Debezium $(connect_wanted | cut -d' ' -f2) started: http://127.0.0.1:$port (pid $pid, logs $logs)"
       return 0

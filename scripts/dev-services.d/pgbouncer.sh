@@ -108,7 +108,7 @@ EOF
     fi
     sleep 0.2
   done
-  tail -20 "$base/pgbouncer.log" "$base/stdout.log" >&2 || true
+  tail -n 20 "$base/pgbouncer.log" "$base/stdout.log" >&2 || true
   die "PgBouncer did not answer within 30 s (log $base/pgbouncer.log)"
 }
 

@@ -4,7 +4,7 @@
 # up      Restarts the dev broker in its secure listener configuration (when it runs plain) and
 #         leaves it so: beside the PLAINTEXT listener a SECURE listener (SASL_SSL, mechanism
 #         SCRAM-SHA-512) on 127.0.0.1 on a free port. The secure configuration has its own
-#         storage (.dev/kafka/data-secure, server-secure.properties), so switching between plain
+#         storage (.dev/kafka/data-<version>-secure, server-<version>-secure.properties), so switching between plain
 #         and secure resumes or formats the other's storage and never fails on it.
 #         - TLS: a CA and a broker certificate (RSA 2048, 10 years) are generated once with
 #           openssl under .dev/kafka/secure (ca.pem, broker.p12). The broker certificate names

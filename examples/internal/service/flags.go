@@ -1,8 +1,11 @@
 package service
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -26,6 +29,9 @@ type Flags struct {
 	MetricsAddr                        string
 	Partitions, MaxAttempts, BatchSize int
 	ExitWhenIdle, SessionTimeout       time.Duration
+	// GroupProtocol is group.protocol: "classic" or "consumer" (KIP-848); empty leaves it to
+	// --kafka-config-file, else kafkatx's default (classic).
+	GroupProtocol string
 }
 
 // Register defines the flags on fs with the defaults in def (Topic, Group, BatchSize,
@@ -40,7 +46,8 @@ func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.IntVar(&f.Partitions, "partitions", def.Partitions, "partitions of topics created if missing")
 	fs.StringVar(&f.Schema, "schema", def.Schema, "schema of kafkatx's tables")
 	fs.DurationVar(&f.ExitWhenIdle, "exit-when-idle", 0, "exit once, for this long, no "+what+" arrived and nothing is in flight, in backoff or waiting in the outbox (clock starts at the first assignment; none within 2m: exit 0)")
-	fs.DurationVar(&f.SessionTimeout, "session-timeout", 0, "session.timeout.ms of the classic group protocol (default librdkafka's 45s)")
+	fs.DurationVar(&f.SessionTimeout, "session-timeout", 0, "session.timeout.ms of the classic group protocol (default librdkafka's 45s); refused with --group-protocol consumer, where the broker's group.consumer.session.timeout.ms decides")
+	fs.StringVar(&f.GroupProtocol, "group-protocol", "", "consumer group protocol: classic (the default) or consumer (KIP-848: the broker assigns partitions and owns the session timeout; a preview in the librdkafka 2.11 this build links)")
 	fs.IntVar(&f.MaxAttempts, "max-attempts", def.MaxAttempts, "tries, crashes included, before a "+what+" is dead-lettered")
 	fs.StringVar(&f.InstanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
 	fs.IntVar(&f.BatchSize, "batch-size", def.BatchSize, "most "+what+"s of one partition per transaction")
@@ -56,6 +63,22 @@ func (f *Flags) FromEnv() {
 	if f.DatabaseURL == "" {
 		f.DatabaseURL = os.Getenv("DATABASE_URL")
 	}
+}
+
+// Check refuses flag values that cannot work together, before anything starts: a
+// --group-protocol other than classic or consumer, and --session-timeout with --group-protocol
+// consumer (librdkafka refuses session.timeout.ms under KIP-848's protocol).
+func (f *Flags) Check() error {
+	switch strings.ToLower(f.GroupProtocol) {
+	case "", "classic":
+	case "consumer":
+		if f.SessionTimeout > 0 {
+			return errors.New("--session-timeout is refused with --group-protocol consumer: the broker's group.consumer.session.timeout.ms (default 45s) decides the session timeout under KIP-848")
+		}
+	default:
+		return fmt.Errorf("--group-protocol %q: want classic or consumer", f.GroupProtocol)
+	}
+	return nil
 }
 
 // LoadKafkaConfigFile reads --kafka-config-file (once; later calls reuse it). Errors name
@@ -92,6 +115,9 @@ func (f *Flags) KafkaConfig() kafka.ConfigMap {
 	}
 	if f.SessionTimeout > 0 {
 		cfg["session.timeout.ms"] = int(f.SessionTimeout.Milliseconds())
+	}
+	if f.GroupProtocol != "" {
+		cfg["group.protocol"] = strings.ToLower(f.GroupProtocol)
 	}
 	return cfg
 }
