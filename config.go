@@ -43,7 +43,9 @@ type Config struct {
 	// security settings such as sasl.* and ssl.* pass through). kafkatx sets
 	// enable.auto.commit=false and enable.auto.offset.store=false and refuses either set to
 	// true. Unless set here: partition.assignment.strategy=cooperative-sticky,
-	// auto.offset.reset=earliest, group.protocol=classic. group.instance.id (KIP-345 static
+	// auto.offset.reset=earliest, group.protocol=classic, isolation.level=read_committed
+	// (records of aborted transactions are never handed to the handler; read_uncommitted
+	// passes them on, as for any consumer). group.instance.id (KIP-345 static
 	// membership) passes through. librdkafka's log lines are written to Logger (named
 	// "kafkatx.consumer.librdkafka", with their facility and syslog level) unless
 	// go.logs.channel.enable is set here.
@@ -282,6 +284,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	out.Kafka["auto.offset.reset"] = "earliest"
 	setDefault("group.protocol", "classic")
+	// librdkafka's own default too, set so that it is kafkatx's decision: an exactly-once
+	// style loop must not apply what a transactional producer aborted.
+	setDefault("isolation.level", "read_committed")
 	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
 	// partition set), so a large backlog does not grow the process without bound.
 	setDefault("queued.max.messages.kbytes", 16384)

@@ -320,6 +320,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		select {
 		case <-lagTick.C:
 			c.updateLag()
+			c.passRecordless()
 		default:
 		}
 		switch e := kc.Poll(pollMs).(type) {
