@@ -337,6 +337,10 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		if err = r.pool.SendBatch(mctx, b).Close(); err == nil {
 			break
 		}
+		if readOnlyServer(err) {
+			r.pool.Reset() // the retry connects afresh: the rows were delivered, mark them on a writable server
+		}
+		b = freshBatch(b)
 		if !sleep(mctx, time.Duration(try)*200*time.Millisecond) {
 			break
 		}
@@ -348,4 +352,16 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	r.c.parked.Add(int64(len(parkIDs)))
 	r.c.retried.Add(int64(len(retryIDs)))
 	return nil
+}
+
+// freshBatch copies b's queries into a new batch for a retry: pgx keeps a queued query's
+// prepared statement in the Batch, so a retry of the same Batch on another connection (after
+// a lost one, or Reset on a read-only server) names a statement that connection never
+// prepared (SQLSTATE 26000) and every retry fails.
+func freshBatch(b *pgx.Batch) *pgx.Batch {
+	n := &pgx.Batch{}
+	for _, q := range b.QueuedQueries {
+		n.Queue(q.SQL, q.Arguments...)
+	}
+	return n
 }
