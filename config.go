@@ -43,7 +43,9 @@ type Config struct {
 	// security settings such as sasl.* and ssl.* pass through). kafkatx sets
 	// enable.auto.commit=false and enable.auto.offset.store=false and refuses either set to
 	// true. Unless set here: group.protocol=classic, partition.assignment.strategy=
-	// cooperative-sticky (classic only), auto.offset.reset=earliest. group.protocol=consumer
+	// cooperative-sticky (classic only), auto.offset.reset=earliest, isolation.level=
+	// read_committed (records of aborted transactions are never handed to the handler;
+	// read_uncommitted passes them on, as for any consumer). group.protocol=consumer
 	// (KIP-848, a preview in librdkafka 2.11: docs/consumer.md, "The consumer group protocol")
 	// is an opt-in: the broker then assigns partitions (group.remote.assignor passes through)
 	// and owns the session and heartbeat timing, so with it partition.assignment.strategy,
@@ -308,6 +310,9 @@ func (c *Config) withDefaults() (*Config, error) {
 		out.startAt = fmt.Sprint(v)
 	}
 	out.Kafka["auto.offset.reset"] = "earliest"
+	// librdkafka's own default too, set so that it is kafkatx's decision: an exactly-once
+	// style loop must not apply what a transactional producer aborted.
+	setDefault("isolation.level", "read_committed")
 	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
 	// partition set), so a large backlog does not grow the process without bound.
 	setDefault("queued.max.messages.kbytes", 16384)

@@ -321,6 +321,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case <-lagTick.C:
 			c.updateLag()
 			c.checkJoined() // KIP-848: a member with no partitions gets no callback
+			c.passRecordless()
 		default:
 		}
 		switch e := kc.Poll(pollMs).(type) {

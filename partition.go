@@ -40,6 +40,9 @@ type partition struct {
 	tp  offsetstore.TP
 	log *zap.Logger
 	in  chan *kafka.Message
+	// skips carries the poll loop's requests to pass offsets without a record
+	// (partition_recordless.go).
+	skips chan recordless
 
 	// Owned by the poll loop.
 	pending []*kafka.Message
@@ -81,6 +84,7 @@ func newPartition(c *Consumer, tp offsetstore.TP, w offsetstore.Watermark, atts 
 		tp:          tp,
 		log:         c.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition)),
 		in:          make(chan *kafka.Message, 2*c.cfg.Batch.Size),
+		skips:       make(chan recordless, 1),
 		inflightEnd: w.InflightEnd,
 		epoch:       w.ReplayEpoch,
 		attempts:    atts,
@@ -155,6 +159,11 @@ func (p *partition) run() {
 		case <-p.stopCh:
 			p.clearInflight()
 			return
+		case s := <-p.skips:
+			if !p.goOn(p.passRecordless(s)) {
+				return
+			}
+			continue
 		case first = <-p.in:
 		}
 		batch := p.collect(first)
@@ -166,21 +175,28 @@ func (p *partition) run() {
 			held += messageBytes(m)
 		}
 		p.bytes.Add(-held)
-		switch {
-		case err == nil:
-		case errors.Is(err, errStopped):
-			p.clearInflight()
-			return
-		case errors.Is(err, offsetstore.ErrFenced):
-			if !p.refence() {
-				return
-			}
-		default:
-			// Not expected: the loop's own errors are retried. Stop the consumer rather
-			// than leave the partition assigned and unprocessed.
-			p.c.fail(fmt.Errorf("partition %s: %w", p.tp, err))
+		if !p.goOn(err) {
 			return
 		}
+	}
+}
+
+// goOn handles the error of one round of the worker (a batch, or passing offsets without a
+// record) and reports whether the worker goes on.
+func (p *partition) goOn(err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errStopped):
+		p.clearInflight()
+		return false
+	case errors.Is(err, offsetstore.ErrFenced):
+		return p.refence()
+	default:
+		// Not expected: the loop's own errors are retried. Stop the consumer rather
+		// than leave the partition assigned and unprocessed.
+		p.c.fail(fmt.Errorf("partition %s: %w", p.tp, err))
+		return false
 	}
 }
 

@@ -22,7 +22,8 @@ type Config struct {
 	// given here: enable.idempotence=true, acks=all, partitioner=murmur2_random (the Java
 	// client's partitioner, so keys land where Java producers put them), linger.ms=5,
 	// message.timeout.ms=60000 and go.delivery.report.fields=none (delivery reports carry no
-	// copy of the key and value). enable.idempotence=false and acks other than all/-1 are refused.
+	// copy of the key and value). enable.idempotence=false, acks other than all/-1 and
+	// transactional.id are refused.
 	Kafka kafka.ConfigMap
 
 	// Schema holds the outbox table. Defaults to "kafkatx".
@@ -120,6 +121,13 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if v, ok := out.Kafka["enable.idempotence"]; ok && !strings.EqualFold(fmt.Sprint(v), "true") {
 		return nil, errors.New("relay: Config.Kafka enable.idempotence=false is refused: the relay needs the idempotent producer (no duplicates or reordering on retries)")
+	}
+	if v, ok := out.Kafka["transactional.id"]; ok && fmt.Sprint(v) != "" {
+		// A transactional producer refuses every produce outside a transaction, and the
+		// relay runs none: a row's "exactly once" comes from its outbox id, not from Kafka
+		// transactions. Refused here rather than failing every round.
+		return nil, errors.New("relay: Config.Kafka transactional.id is refused: the relay publishes with an idempotent, non-transactional producer " +
+			"(consumers deduplicate by the kafkatx-outbox-id header)")
 	}
 	for _, k := range []string{"acks", "request.required.acks"} {
 		if v, ok := out.Kafka[k]; ok {

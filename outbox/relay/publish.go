@@ -375,6 +375,9 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(mctx, newBatch()).Close() }); err == nil {
 			break
 		}
+		if readOnlyServer(err) {
+			r.pool.Reset() // the retry connects afresh: the rows were delivered, mark them on a writable server
+		}
 		if !sleep(mctx, time.Duration(try)*200*time.Millisecond) {
 			break
 		}
@@ -400,3 +403,4 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	r.c.retried.Add(int64(len(retryIDs)))
 	return nil
 }
+

@@ -162,8 +162,11 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	standbyLogged := false
 	for {
-		var got bool
-		err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtextextended('kafkatx.relay.' || $1, 0))`, r.cfg.Schema).Scan(&got)
+		// Never campaign on a read-only server (readonly.go): the lock is taken only when
+		// the session accepts writes.
+		var ro, got bool
+		err := conn.QueryRow(ctx, `SELECT current_setting('transaction_read_only') = 'on',
+			current_setting('transaction_read_only') <> 'on' AND pg_try_advisory_lock(hashtextextended('kafkatx.relay.' || $1, 0))`, r.cfg.Schema).Scan(&ro, &got)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -171,6 +174,9 @@ func (r *Relay) session(ctx context.Context) error {
 			return fmt.Errorf("try leadership lock: %w", err)
 		}
 		r.touch()
+		if ro {
+			return fmt.Errorf("leadership session: %w", errReadOnly)
+		}
 		if got {
 			return r.lead(ctx, conn)
 		}
@@ -217,6 +223,13 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 
 	wait := time.Duration(0)
 	for ctx.Err() == nil {
+		// Fencing: a round starts only once the lock's session answered and is still
+		// writable (one round trip per round), so a deposed leader — its session ended, or
+		// left on an old primary after a switchover — stops after at most the round it was
+		// in.
+		if err := requireWritable(ctx, conn); err != nil {
+			return lostLeadership(ctx, err)
+		}
 		if p.fatal.Load() {
 			r.log.Error("producer hit a fatal error; creating a new one")
 			p.close()
@@ -229,6 +242,11 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil
+		case err != nil && readOnlyServer(err):
+			// Discard the pool's sessions (they would be refused for ever); the next round
+			// checks the leadership session itself.
+			r.pool.Reset()
+			r.log.Warn("relay round failed: a write was refused by a read-only server; the pool's connections were discarded", zap.Error(err))
 		case err != nil:
 			r.log.Warn("relay round failed", zap.Error(err))
 		default:
@@ -243,12 +261,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 			wait = 0
 		}
 		if err == nil && res.full {
-			// More rows wait: go on at once, once the lock's session answered (one round trip
-			// per round, so a deposed leader stops after at most the round it was in).
-			if err := conn.Ping(ctx); err != nil {
-				return lostLeadership(ctx, err)
-			}
-			continue
+			continue // more rows wait: go on at once
 		}
 		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
 		_, err = conn.WaitForNotification(wctx)
