@@ -403,4 +403,3 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	r.c.retried.Add(int64(len(retryIDs)))
 	return nil
 }
-
