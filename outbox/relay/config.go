@@ -75,7 +75,9 @@ type Config struct {
 	// soon as the broker acknowledged it (the cheapest). Negative keeps published rows forever.
 	KeepPublished time.Duration
 
-	// MetricsInterval is how often the leader refreshes the backlog gauges. Defaults to 5s.
+	// MetricsInterval is how often the leader refreshes the backlog gauges, at most: it waits
+	// at least 20 times as long as the last count took (a long backlog is slow to count).
+	// Defaults to 5s.
 	MetricsInterval time.Duration
 
 	// Janitor configures the retention janitor that the leader runs.
