@@ -35,7 +35,7 @@ func runPipeline(ctx context.Context, s spec) error {
 	log := childLogger(s.Name)
 	defer log.Sync() //nolint:errcheck
 	probe := newCommitProbe()
-	pool, err := openPool(ctx, s, s.Schema, probe, 0)
+	pool, err := openPool(ctx, s, s.Schema, probe, service.DefaultMaxConns) // as service.OpenPools sizes it
 	if err != nil {
 		return err
 	}

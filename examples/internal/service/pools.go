@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -21,6 +22,12 @@ type Pools struct {
 	Pooled bool
 }
 
+// DefaultMaxConns is the least size of Pool unless --database-url sets pool_max_conns: one
+// connection per partition in a transaction (3 by default, 6 in the scale-out benchmark) and
+// the in-process relay's read, mark and gauge queries. pgxpool's own default, max(4, CPUs),
+// is 4 on a 2-core machine, and the relay's mark then waited for a partition's connection.
+const DefaultMaxConns = 10
+
 // OpenPools opens f's pools. Through a transaction pooler Pool uses QueryExecModeExec (unless
 // the URL sets default_query_exec_mode); Session is a second, small pool (4 connections) only
 // when --session-database-url differs from --database-url. Errors are pgx's, never a
@@ -32,6 +39,9 @@ func (f *Flags) OpenPools(ctx context.Context, log *zap.Logger) (*Pools, error) 
 	}
 	if pooled {
 		log.Info("--database-url goes through a transaction pooler: pgx runs without prepared statements (QueryExecModeExec); migrations and the relay's leadership use --session-database-url")
+	}
+	if !strings.Contains(f.DatabaseURL, "pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
