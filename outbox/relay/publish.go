@@ -282,18 +282,14 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		switch res.outcome {
 		case outcomeDelivered:
 			pubIDs = append(pubIDs, w.id)
-			r.m.published.WithLabelValues(w.topic).Inc()
-			r.m.latency.Observe(now.Sub(w.createdAt).Seconds())
 		case outcomePark:
 			parkIDs = append(parkIDs, w.id)
 			parkErrs = append(parkErrs, pg.SanitizeText(res.err.Error(), 1024))
-			r.m.parked.WithLabelValues(w.topic).Inc()
 			r.log.Error("outbox row parked: the broker refused it for good; later rows of its key wait behind it",
 				zap.Int64("outbox_row", w.id), zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
 		case outcomeRetry, outcomeIsolate:
 			retryIDs = append(retryIDs, w.id)
 			retryErrs = append(retryErrs, pg.SanitizeText(res.err.Error(), 1024))
-			r.m.retried.WithLabelValues(w.topic).Inc()
 			r.log.Warn("outbox row not published; will retry", zap.Int64("outbox_row", w.id),
 				zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
 		}
@@ -347,5 +343,6 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	r.c.published.Add(int64(len(pubIDs)))
 	r.c.parked.Add(int64(len(parkIDs)))
 	r.c.retried.Add(int64(len(retryIDs)))
+	r.marked(rows, results, now)
 	return nil
 }
