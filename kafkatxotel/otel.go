@@ -10,8 +10,10 @@
 // conventions for messaging, "process" operation):
 //   - one per batch transaction's handler call, a child of the handler's context, with
 //     messaging.batch.message_count and a link to each message's producer context;
-//   - one per message, a child of the producer's span when the message carries traceparent
-//     (else of the batch's span), with a link to the batch's span.
+//   - one per message that carries a trace context (traceparent), a child of the producer's
+//     span, with a link to the batch's span. A message without one is covered by its batch's
+//     span alone, and its context (kafkatx.Message.Context) is the batch span's; set
+//     Config.UntracedMessageSpans to give it a span of its own too, a child of the batch's.
 //
 // Both carry messaging.system=kafka, messaging.destination.name (the topic),
 // messaging.destination.partition.id, messaging.consumer.group.name (kafkatx.GroupFromContext),
@@ -69,6 +71,12 @@ type Config struct {
 	// global propagator, which is a no-op until the application sets one; pass
 	// otel.GetTextMapPropagator() to use the application's (with Baggage, for example).
 	Propagator propagation.TextMapPropagator
+	// UntracedMessageSpans starts a span also for each message without a trace context in
+	// its headers, as a child of its batch's span. Defaults to false: such a message is
+	// covered by the batch's span, which spares a span per message (measured: about 5 µs and
+	// 10 allocations per message in a batch of 5,000 on a loaded 2-core machine,
+	// BenchmarkMiddleware).
+	UntracedMessageSpans bool
 	// MaxLinks bounds the links of a batch span to its messages' producer contexts (the
 	// SDK's own default limit is 128 links per span). Defaults to 128; negative: no links.
 	MaxLinks int
@@ -80,6 +88,7 @@ type Tracer struct {
 	tracer   trace.Tracer
 	prop     propagation.TextMapPropagator
 	maxLinks int
+	untraced bool
 }
 
 // New returns a Tracer for cfg (nil: all defaults).
@@ -97,7 +106,7 @@ func New(cfg *Config) *Tracer {
 	if c.MaxLinks == 0 {
 		c.MaxLinks = 128
 	}
-	return &Tracer{tracer: c.TracerProvider.Tracer(ScopeName), prop: c.Propagator, maxLinks: c.MaxLinks}
+	return &Tracer{tracer: c.TracerProvider.Tracer(ScopeName), prop: c.Propagator, maxLinks: c.MaxLinks, untraced: c.UntracedMessageSpans}
 }
 
 // Middleware is a kafkatx.Middleware (give it as Config.Middleware: []kafkatx.Middleware{t.Middleware}):
@@ -141,7 +150,11 @@ func (t *Tracer) Middleware(next kafkatx.BatchHandler) kafkatx.BatchHandler {
 		for i, m := range msgs {
 			parent := parents[i]
 			if !trace.SpanContextFromContext(parent).IsValid() {
-				parent = bctx // no producer context: the message's span hangs under its batch's
+				if !t.untraced {
+					m.SetContext(bctx) // no producer context: the batch's span covers the message
+					continue
+				}
+				parent = bctx // the message's span hangs under its batch's
 			}
 			attrs := append(common[:len(common):len(common)], semconv.MessagingKafkaOffset(int(m.Offset)), AttributeAttempt.Int(m.Attempt))
 			if id, ok := m.Header(outbox.HeaderOutboxID); ok {
@@ -166,18 +179,20 @@ func (t *Tracer) Middleware(next kafkatx.BatchHandler) kafkatx.BatchHandler {
 				var me *kafkatx.MessageError
 				if errors.As(failed, &me) {
 					for i, m := range msgs {
-						if m.Offset == me.Offset {
+						if m.Offset == me.Offset && spans[i] != nil {
 							spans[i].RecordError(me.Err)
 							spans[i].SetStatus(codes.Error, me.Err.Error())
 						}
 					}
-				} else if len(msgs) == 1 {
+				} else if len(msgs) == 1 && spans[0] != nil {
 					spans[0].RecordError(failed)
 					spans[0].SetStatus(codes.Error, failed.Error())
 				}
 			}
 			for _, s := range spans {
-				s.End()
+				if s != nil {
+					s.End()
+				}
 			}
 			batch.End()
 			if r != nil {
