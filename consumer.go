@@ -143,7 +143,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	}
 	return &Consumer{
 		pool:      pool,
-		handler:   chain(handler, c.Middleware),
+		handler:   withGroup(chain(handler, c.Middleware), c.groupID()),
 		cfg:       c,
 		group:     c.groupID(),
 		store:     offsetstore.New(c.Schema),

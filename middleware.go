@@ -1,6 +1,10 @@
 package kafkatx
 
-import "context"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // Middleware wraps the batch handler, as Watermill's HandlerMiddleware wraps its handler:
 // it returns a BatchHandler that does its own work around a call of next. Config.Middleware
@@ -26,6 +30,13 @@ func chain(h BatchHandler, mws []Middleware) BatchHandler {
 		}
 	}
 	return h
+}
+
+// withGroup passes group to h and its middleware in the context (GroupFromContext).
+func withGroup(h BatchHandler, group string) BatchHandler {
+	return func(ctx context.Context, tx pgx.Tx, msgs []*Message) error {
+		return h(context.WithValue(ctx, groupKey{}, group), tx, msgs)
+	}
 }
 
 // groupKey is the context key of the consumer group passed to handlers.

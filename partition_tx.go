@@ -167,7 +167,7 @@ func (p *partition) callHandler(ctx context.Context, tx pgx.Tx, msgs []*Message)
 			err = &panicError{value: r, stack: debug.Stack()}
 		}
 	}()
-	return p.c.handler(context.WithValue(ctx, groupKey{}, p.c.group), tx, msgs)
+	return p.c.handler(ctx, tx, msgs)
 }
 
 // claimed is what claim found in one transaction's messages.
