@@ -130,9 +130,21 @@ type Config struct {
 	// routeLogs: Run routes librdkafka's logs into Logger.
 	routeLogs bool
 
-	// Registerer receives the consumer's Prometheus metrics. Defaults to none (metrics are
-	// still kept and readable with Stats).
+	// Registerer receives the consumer's Prometheus metrics (docs/consumer.md lists them).
+	// Defaults to none (the counters are still kept and readable with Stats).
 	Registerer prometheus.Registerer
+
+	// Middleware wraps the handler, in order: Middleware[0] is the outermost, it runs first
+	// and sees what the others and the handler returned. A middleware's error or panic is the
+	// handler's (see Middleware). Defaults to none.
+	Middleware []Middleware
+
+	// Hooks receive the loop's events (batch committed, retry scheduled, dead-lettered,
+	// fenced, partitions assigned and revoked, offsets skipped, ...): each a value that
+	// implements one or more of the Hook* interfaces (see Hook). They are called after
+	// kafkatx's own Prometheus hook, in order. NewConsumer refuses one that implements none.
+	// Defaults to none.
+	Hooks []Hook
 }
 
 // RetryPolicy is the blocking retry policy for handler failures. Attempts are counted

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,7 +66,8 @@ type Consumer struct {
 	group   string
 	store   *offsetstore.Store
 	log     *zap.Logger
-	metrics *metrics
+	hooks   hookSet
+	metrics *promHook // also in hooks; kept for tests that read a metric
 	stats   counters
 
 	running atomic.Bool
@@ -133,18 +133,23 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
-	m, err := newMetrics(c.Registerer)
+	prom, err := newPromHook(c.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatx: %w", err)
 	}
+	hooks, err := newHookSet([]Hook{prom}, c.Hooks)
+	if err != nil {
+		return nil, err
+	}
 	return &Consumer{
 		pool:      pool,
-		handler:   handler,
+		handler:   withGroup(chain(handler, c.Middleware), c.groupID()),
 		cfg:       c,
 		group:     c.groupID(),
 		store:     offsetstore.New(c.Schema),
 		log:       c.Logger.With(zap.String("group", c.groupID())),
-		metrics:   m,
+		hooks:     hooks,
+		metrics:   prom,
 		parts:     map[offsetstore.TP]*partition{},
 		probeWake: make(chan struct{}, 1),
 		beginSQL:  c.Transaction.beginSQL(),
@@ -374,7 +379,7 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 	hook("polled", off)
 	c.stats.lastMessage.Store(time.Now().UnixNano())
 	if off < p.dispatchedEnd.Load() {
-		c.countDuplicates(tp.Topic, 1)
+		c.redeliveryDropped(tp, 1)
 		return
 	}
 	p.dispatchedEnd.Store(off + 1)
@@ -394,7 +399,7 @@ func (c *Consumer) dispatch(m *kafka.Message) {
 			return
 		}
 		p.paused = true
-		c.countPause()
+		c.partitionPaused(p)
 	}
 }
 
@@ -502,7 +507,7 @@ func (c *Consumer) updateLag() {
 		if err != nil || high < 0 {
 			continue
 		}
-		c.metrics.lag.WithLabelValues(c.group, tp.Topic, strconv.Itoa(int(tp.Partition))).Set(float64(high - p.watermark.Load()))
+		c.partitionLag(tp, p.watermark.Load(), high)
 	}
 }
 

@@ -1,6 +1,9 @@
 package kafkatx
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Message is one Kafka record handed to a Handler, with its position and attempt number.
 type Message struct {
@@ -19,7 +22,26 @@ type Message struct {
 	// Attempt is 1 on the first try and counts every try, including tries that crashed
 	// the process, durably across restarts and rebalances.
 	Attempt int
+
+	// ctx is the message's own context, set by middleware with SetContext.
+	ctx context.Context
 }
+
+// Context returns the message's own context: the one a middleware attached with SetContext
+// (package kafkatxotel attaches the message's span, a child of the producer's trace context
+// in its headers), else context.Background(). Use it to label work done for one message of a
+// batch — for example the trace headers of the outbox record written for it; the handler's
+// ctx argument stays the one that carries cancellation. As in Watermill's Message.Context.
+func (m *Message) Context() context.Context {
+	if m.ctx != nil {
+		return m.ctx
+	}
+	return context.Background()
+}
+
+// SetContext attaches ctx to m for the handler and later middleware (see Context). Derive
+// ctx from the batch's ctx so that it keeps its cancellation. A nil ctx clears it.
+func (m *Message) SetContext(ctx context.Context) { m.ctx = ctx }
 
 // Header is one record header. Value is nil for a header with a null value.
 type Header struct {

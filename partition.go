@@ -274,6 +274,7 @@ func (p *partition) refence() bool {
 	if err != nil {
 		return false
 	}
+	p.c.fenced(p, p.watermark.Load(), w.Next)
 	p.inflightEnd, p.attempts, p.epoch = w.InflightEnd, atts, w.ReplayEpoch
 	p.crashedUntil = max(p.crashedUntil, w.InflightEnd)
 	p.watermark.Store(w.Next)
@@ -311,7 +312,7 @@ func (p *partition) process(batch []*kafka.Message) error {
 	msgs := batch[:0]
 	for _, m := range batch {
 		if int64(m.TopicPartition.Offset) < p.watermark.Load() {
-			p.c.countDuplicates(p.tp.Topic, 1)
+			p.c.redeliveryDropped(p.tp, 1)
 			continue
 		}
 		msgs = append(msgs, m)
@@ -376,7 +377,6 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 		}
 		p.inflightEnd = ahead
 	}
-	start := time.Now()
 	failed, herr := -1, error(nil)
 	if err := p.untilDone(first, func() (err error) {
 		failed, herr, err = p.batchTx(ctx, msgs, end)
@@ -386,7 +386,6 @@ func (p *partition) runBatch(msgs []*kafka.Message) (int, error) {
 	}
 	switch {
 	case herr == nil:
-		p.c.metrics.batchSeconds.Observe(time.Since(start).Seconds())
 		return -1, nil
 	case failed == unattributed:
 		p.availableUnless(herr)

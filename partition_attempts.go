@@ -39,10 +39,10 @@ func (p *partition) runOne(km *kafka.Message) error {
 		if a.Attempts > 0 && a.ErrorClass != "" {
 			d := p.c.cfg.Retry.Backoff(a.Attempts)
 			p.log.Info("retrying after backoff", zap.Int64("offset", off), zap.Int("attempt", a.Attempts+1), zap.Duration("backoff", d))
+			p.c.retryScheduled(p, off, a.Attempts, a.ErrorClass, d)
 			if err := p.waitRetry(d); err != nil {
 				return err
 			}
-			p.c.countRetry(p.tp.Topic)
 		}
 		n := a.Attempts + 1
 		// Durable before the handler runs: a crash during this try counts (invariant 3).
@@ -120,7 +120,7 @@ func (p *partition) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 		return err
 	}
 	delete(p.attempts, off)
-	p.c.countDeadLetter(p.tp.Topic, d.ErrorClass)
+	p.c.deadLettered(p, off, d.Attempts, d.ErrorClass)
 	p.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
 		zap.String("error_class", d.ErrorClass), zap.String("error", pg.SanitizeText(d.ErrorMessage, 512)))
 	return nil

@@ -104,6 +104,6 @@ func (p *partition) passRecordless(s recordless) error {
 	}
 	p.log.Debug("watermark moved over offsets without a record (transaction markers, aborted or compacted records)",
 		zap.Int64("from", s.from), zap.Int64("to", s.to))
-	p.committed(s.to, 0)
+	p.committed(s.to)
 	return nil
 }

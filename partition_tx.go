@@ -25,6 +25,7 @@ import (
 // herr is a handler failure at msgs[failed] (or unattributed); err is a database or fencing
 // error, or errWaited for an Unavailable answer.
 func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (failed int, herr, err error) {
+	start := time.Now()
 	tx, err := p.c.begin(ctx)
 	if err != nil {
 		return -1, nil, fmt.Errorf("begin: %w", err)
@@ -54,12 +55,13 @@ func (p *partition) batchTx(ctx context.Context, msgs []*kafka.Message, end int6
 	for _, km := range msgs {
 		hook("handled", int64(km.TopicPartition.Offset))
 	}
-	return -1, nil, p.finishTx(ctx, tx, msgs, end, p.markAhead(end), false, cl)
+	return -1, nil, p.finishTx(ctx, tx, msgs, end, p.markAhead(end), false, cl, start)
 }
 
 // oneTx runs one message's try in its own transaction. herr is the handler's failure; err a
 // database or fencing error, or errWaited for an Unavailable answer.
 func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
+	start := time.Now()
 	tx, err := p.c.begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -77,7 +79,7 @@ func (p *partition) oneTx(ctx context.Context, km *kafka.Message, attempt int) (
 		return herr, err
 	}
 	hook("handled", int64(km.TopicPartition.Offset))
-	return nil, p.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, p.inflightEnd, true, cl)
+	return nil, p.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, p.inflightEnd, true, cl, start)
 }
 
 // deadLetterTx writes dead letter d of km, publishes it through the outbox when configured,
@@ -103,15 +105,16 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kaf
 		}
 	}
 	hook("dead-letter", d.Offset)
-	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, claimed{})
+	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, claimed{}, time.Time{})
 }
 
 // finishTx is the tail that every transaction moving the watermark shares, in this order:
 // audit a gap that retention left below msgs' first offset, delete the attempt rows of
 // msgs when they had any (clearAttempts), advance the watermark from p.watermark.Load() to end
 // (compare-and-set; the in-flight marker to inflightEnd), commit, and record the commit and
-// what claim found (cl; empty for a dead letter).
-func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, cl claimed) error {
+// what claim found (cl; empty for a dead letter). start is when a transaction that ran the
+// handler began (zero for a dead letter, which deadLetter records).
+func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, cl claimed, start time.Time) error {
 	from := int64(msgs[0].TopicPartition.Offset)
 	if err := p.auditGap(ctx, tx, from); err != nil {
 		return err
@@ -131,9 +134,10 @@ func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Messa
 		hook("db-committed", int64(km.TopicPartition.Offset))
 	}
 	p.inflightEnd = inflightEnd
-	p.committed(end, len(cl.fresh))
-	p.c.countDuplicates(p.tp.Topic, cl.dups)
-	p.c.countNotChanges(p.tp.Topic, cl.notChanges)
+	p.committed(end)
+	if !start.IsZero() {
+		p.c.batchCommitted(p, from, end, cl, time.Since(start))
+	}
 	return nil
 }
 
@@ -252,7 +256,7 @@ func (p *partition) auditGap(ctx context.Context, tx pgx.Tx, first int64) error 
 		Kind: offsetstore.KindUnexplainedSkip, From: w, To: to, Actor: "kafkatx.consumer",
 		Reason: fmt.Sprintf("log start %d passed the watermark %d while the partition was assigned", low, w)})
 	if err == nil {
-		p.c.countSkipped(p.tp.Topic, offsetstore.KindUnexplainedSkip, to-w)
+		p.c.offsetsSkipped(p.tp, offsetstore.KindUnexplainedSkip, w, to)
 	}
 	return err
 }
@@ -272,14 +276,13 @@ func (p *partition) commit(ctx context.Context, tx pgx.Tx, end int64) error {
 	return fmt.Errorf("commit: %w", err)
 }
 
-// committed records a database commit that moved the watermark to next, processed messages
-// having run their handler, and hands the new watermark to the Kafka committer.
-func (p *partition) committed(next int64, processed int) {
+// committed records a database commit that moved the watermark to next and hands the new
+// watermark to the Kafka committer.
+func (p *partition) committed(next int64) {
 	p.available(true)
 	p.watermark.Store(next)
 	p.c.commits.enqueue(p.tp, next)
 	p.c.stats.lastCommit.Store(time.Now().UnixNano())
-	p.c.countProcessed(p.tp.Topic, processed)
 }
 
 // toMessages converts the records of one transaction, once for the key claims and the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -63,6 +62,11 @@ func (c *Consumer) onAssigned(ctx context.Context, assigned []kafka.TopicPartiti
 	c.stats.firstAssigned.CompareAndSwap(0, time.Now().UnixNano())
 	c.joined()
 	c.log.Info("partitions assigned", zap.Strings("partitions", tpOffsets(starts)), zap.Int("assigned_partitions", c.assignedCount()))
+	added := make([]PartitionOffset, len(starts))
+	for i, s := range starts {
+		added[i] = PartitionOffset{Topic: *s.Topic, Partition: s.Partition, Offset: int64(s.Offset)}
+	}
+	c.partitionsAssigned(added)
 	if c.eager {
 		// Eager protocols hand over the whole assignment each time.
 		return c.kc.Assign(starts)
@@ -155,7 +159,6 @@ func committedOf(res []kafka.TopicPartition) (map[offsetstore.TP]int64, error) {
 // *OffsetAheadError) or makes the caller retry.
 func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.Watermark, k, low, high int64,
 	d startDecision, log *zap.Logger) (offsetstore.Watermark, error) {
-	drift := c.metrics.drift.WithLabelValues(c.group, tp.Topic, strconv.Itoa(int(tp.Partition)))
 	audit := func(kind string, from, to int64, reason string) error {
 		_, err := c.store.InsertEvent(ctx, c.pool, offsetstore.Event{Group: c.group, Topic: tp.Topic, Partition: tp.Partition,
 			Kind: kind, From: from, To: to, Actor: "kafkatx.consumer", Reason: reason})
@@ -179,7 +182,7 @@ func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetst
 		if _, err := c.follow(ctx, tp, w.Next, low, fmt.Sprintf("log start %d passed the watermark %d: records removed by retention or delete-records before they were processed", low, w.Next)); err != nil {
 			return w, err
 		}
-		c.countSkipped(tp.Topic, offsetstore.KindUnexplainedSkip, low-w.Next)
+		c.offsetsSkipped(tp, offsetstore.KindUnexplainedSkip, w.Next, low)
 		w.Next, w.InflightEnd = low, -1
 	}
 	switch d.Case {
@@ -210,7 +213,7 @@ func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetst
 		e := &OffsetAheadError{Group: c.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k}
 		log.Error("Kafka committed offset ahead of the database watermark; halting", zap.Int64("committed", k), zap.Int64("watermark", w.Next))
 		_ = audit(offsetstore.KindHalt, w.Next, k, "Kafka ahead of the database; policy halt")
-		drift.Set(float64(d.Drift))
+		c.reconciled(tp, d.Drift, d.Start, true)
 		return w, e
 	case caseAheadFollow:
 		kind, err := c.follow(ctx, tp, w.Next, k, "Kafka committed offset ahead of the database watermark with no kafkatx command on record")
@@ -223,13 +226,13 @@ func (c *Consumer) applyStart(ctx context.Context, tp offsetstore.TP, w offsetst
 		} else {
 			log.Warn("following an operator skip", zap.Int64("from", w.Next), zap.Int64("to", k))
 		}
-		c.countSkipped(tp.Topic, kind, k-w.Next)
+		c.offsetsSkipped(tp, kind, w.Next, k)
 		w.Next, w.InflightEnd = k, -1
 	}
 	if d.Commit {
 		c.commits.enqueue(tp, d.Start)
 	}
-	drift.Set(float64(d.Drift))
+	c.reconciled(tp, d.Drift, d.Start, false)
 	return w, nil
 }
 
@@ -325,6 +328,7 @@ func (c *Consumer) onRevoked(revoked []kafka.TopicPartition, lost bool) error {
 	}
 	c.mu.Unlock()
 	c.stopPartitions(ps, lost)
+	defer c.partitionsRevoked(ps, lost)
 	if lost {
 		c.commits.drop(only)
 		c.health.set(func(h *health) { h.joined = false })
@@ -384,6 +388,7 @@ func (c *Consumer) revokeAll(lost bool) {
 	if len(ps) > 0 {
 		c.log.Info("partitions revoked", zap.Strings("partitions", finalOffsets(ps)), zap.String("why", "consumer stopping"))
 	}
+	c.partitionsRevoked(ps, lost)
 }
 
 // finalOffsets names stopped partitions with their watermarks, "topic[partition]@offset".

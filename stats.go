@@ -3,10 +3,6 @@ package kafkatx
 import (
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kafkatx/kafkatx/internal/promreg"
 )
 
 // Stats is a snapshot of a Consumer's counters since Run started.
@@ -18,7 +14,9 @@ type Stats struct {
 	// a lost Kafka commit), or their business idempotency key (Config.Idempotency) was already
 	// claimed in the group's replay epoch (a copy re-published at another offset).
 	Duplicates int64
-	// Retries counts tries after the first, crashes excluded.
+	// Retries counts tries after the first, crashes excluded, as they are scheduled (before
+	// their backoff; HookRetryScheduled): a retry whose backoff a shutdown or revocation cut
+	// short is counted here and its try runs on the partition's next owner.
 	Retries int64
 	// DeadLettered counts messages this consumer dead-lettered.
 	DeadLettered int64
@@ -59,54 +57,4 @@ func unixNanoTime(n int64) time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, n)
-}
-
-// metrics are the consumer's Prometheus collectors (names per the Prometheus naming guide).
-type metrics struct {
-	processed    *prometheus.CounterVec
-	duplicates   *prometheus.CounterVec
-	retries      *prometheus.CounterVec
-	deadLetters  *prometheus.CounterVec
-	skipped      *prometheus.CounterVec
-	notChanges   *prometheus.CounterVec
-	drift        *prometheus.GaugeVec
-	lag          *prometheus.GaugeVec
-	batchSeconds prometheus.Histogram
-	unavailable  *prometheus.CounterVec
-	waiting      *prometheus.GaugeVec
-}
-
-// newMetrics creates the consumer's collectors and registers them with reg (nil: none). A
-// collector reg already holds is shared; any other refusal is returned.
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		processed:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_processed_total", Help: "Messages whose handler effects committed."}, []string{"group", "topic"}),
-		duplicates:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_duplicate_total", Help: "Messages dropped because they were already below the watermark."}, []string{"group", "topic"}),
-		retries:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_message_retries_total", Help: "Handler tries after the first."}, []string{"group", "topic"}),
-		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dead_letters_total", Help: "Messages dead-lettered."}, []string{"group", "topic", "error_class"}),
-		skipped:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_offsets_skipped_total", Help: "Offsets skipped by following Kafka's committed offset, by audit kind."}, []string{"group", "topic", "kind"}),
-		notChanges:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_not_a_change_total", Help: "Records the idempotency key function reported as not a change (tombstones, heartbeats, transaction metadata); the handler did not run."}, []string{"group", "topic"}),
-		drift:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_offset_drift", Help: "Kafka committed offset minus database watermark, found on assignment (0 when aligned)."}, []string{"group", "topic", "partition"}),
-		lag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_lag", Help: "Log end offset minus database watermark, in messages."}, []string{"group", "topic", "partition"}),
-		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kafkatx_batch_duration_seconds", Help: "Time to run and commit one batch transaction.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dependency_unavailable_total", Help: "Handler answers of Unavailable waited out (tries rolled back, no attempt counted)."}, []string{"group", "topic"}),
-		waiting:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_waiting", Help: "1 while the partition waits for a dependency its handler reported Unavailable."}, []string{"group", "topic", "partition"}),
-	}
-	var err error
-	promreg.Into(reg, &m.processed, &err)
-	promreg.Into(reg, &m.duplicates, &err)
-	promreg.Into(reg, &m.retries, &err)
-	promreg.Into(reg, &m.deadLetters, &err)
-	promreg.Into(reg, &m.skipped, &err)
-	promreg.Into(reg, &m.drift, &err)
-	promreg.Into(reg, &m.lag, &err)
-	promreg.Into(reg, &m.batchSeconds, &err)
-	promreg.Into(reg, &m.unavailable, &err)
-	promreg.Into(reg, &m.waiting, &err)
-	promreg.Into(reg, &m.notChanges, &err)
-	if err != nil {
-		return nil, err
-	}
-	return m, nil
 }

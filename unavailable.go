@@ -2,7 +2,6 @@ package kafkatx
 
 import (
 	"errors"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -122,7 +121,6 @@ func (p *partition) unavailable(herr error) bool {
 func (p *partition) waitUnavailable(offset int64, cause error) error {
 	if p.unavailSince.IsZero() {
 		p.unavailSince = time.Now()
-		p.c.metrics.waiting.WithLabelValues(p.c.group, p.tp.Topic, strconv.Itoa(int(p.tp.Partition))).Set(1)
 	}
 	p.waiting.Store(&WaitingPartition{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: offset,
 		Since: p.unavailSince, Cause: pg.SanitizeText(cause.Error(), 512)})
@@ -130,7 +128,7 @@ func (p *partition) waitUnavailable(offset int64, cause error) error {
 	pol := p.c.cfg.Retry
 	pol.MaxBackoff = UnavailableMaxBackoff
 	d := pol.Backoff(min(p.unavailN, 16))
-	p.c.countUnavailable(p.tp.Topic)
+	p.c.dependencyUnavailable(p, offset, p.unavailSince, d)
 	p.log.Warn("dependency unavailable; the partition waits and runs the message again (not an attempt)",
 		zap.Int64("offset", offset), zap.String("cause", pg.SanitizeText(cause.Error(), 512)),
 		zap.Duration("waited", time.Since(p.unavailSince)), zap.Duration("backoff", d))
@@ -146,9 +144,10 @@ func (p *partition) available(answered bool) {
 	if answered {
 		p.log.Info("dependency answered again; the partition goes on", zap.Duration("waited", time.Since(p.unavailSince)))
 	}
+	since := p.unavailSince
 	p.unavailSince, p.unavailN, p.unavailExpired = time.Time{}, 0, false
 	p.waiting.Store(nil)
-	p.c.metrics.waiting.WithLabelValues(p.c.group, p.tp.Topic, strconv.Itoa(int(p.tp.Partition))).Set(0)
+	p.c.dependencyAvailable(p, since)
 }
 
 // availableUnless ends a wait when herr, an ordinary failure of the message, is not an

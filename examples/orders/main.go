@@ -35,6 +35,7 @@ type options struct {
 	eventsTopic, produceFile     string
 	generate, poisonEvery        int
 	produceOnly, inProcessBroker bool
+	traceStderr                  bool
 }
 
 func main() {
@@ -52,6 +53,7 @@ func run() int {
 	fs.IntVar(&o.generate, "generate", 0, "produce N synthetic orders (ids unique across runs) before consuming")
 	fs.IntVar(&o.poisonEvery, "poison-every", 0, "with --generate, make every K-th message a non-JSON poison pill")
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
+	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
 	_ = fs.Parse(os.Args[1:])
 	o.FromEnv()
 	if err := o.LoadKafkaConfigFile(); err != nil {
@@ -141,10 +143,22 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 	if err := order.Migrate(ctx, pools.Session); err != nil {
 		return err
 	}
-	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.WriteTx}
+	tr, err := newTracing(o.traceStderr)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tr.shutdown(sctx)
+	}()
+	// Trace context per order: the middleware continues each message's traceparent in a
+	// consumer span; the event written for the order carries that span's (annotate).
+	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.WriteTx, Annotate: tr.annotate(o.traceStderr)}
 	reg := prometheus.NewRegistry()
 	ccfg := o.ConsumerConfig(log, reg)
 	ccfg.SkipMigrations = true // applied above, on the session pool
+	ccfg.Middleware = []kafkatx.Middleware{tr.tracer.Middleware}
 	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, ccfg)
 	if err != nil {
 		return err

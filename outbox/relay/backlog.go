@@ -60,9 +60,7 @@ func (r *Relay) refreshGauges(ctx context.Context) {
 		if err == nil {
 			var parked int64
 			parked, err = r.parkedRows(ctx)
-			r.m.backlog.Set(float64(n))
-			r.m.oldest.Set(age.Seconds())
-			r.m.parkedNow.Set(float64(parked))
+			r.backlogMeasured(n, age, parked)
 		}
 		if err != nil && ctx.Err() == nil {
 			r.log.Debug("refresh outbox gauges", zap.Error(err))

@@ -83,8 +83,14 @@ type Config struct {
 	// Janitor configures the retention janitor that the leader runs.
 	Janitor JanitorConfig
 
-	// Registerer receives the relay's Prometheus metrics. Defaults to none (Stats still works).
+	// Registerer receives the relay's Prometheus metrics (docs/relay.md lists them). Defaults
+	// to none (Stats still works).
 	Registerer prometheus.Registerer
+
+	// Hooks receive the relay's events (published, parked, retried, backlog, leadership,
+	// janitor deletions): each a value that implements one or more of the Hook* interfaces
+	// (see Hook), called after the relay's own Prometheus hook, in order. Defaults to none.
+	Hooks []Hook
 }
 
 // JanitorConfig configures the retention janitor: it deletes, in batches, published rows kept

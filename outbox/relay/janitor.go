@@ -64,7 +64,9 @@ func (r *Relay) Clean(ctx context.Context) error {
 			}
 			n := tag.RowsAffected()
 			total += n
-			r.m.deleted.WithLabelValues(job.table).Add(float64(n))
+			if n > 0 {
+				r.janitorDeleted(job.table, n)
+			}
 			if n < int64(j.BatchSize) {
 				break
 			}

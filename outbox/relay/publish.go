@@ -386,20 +386,9 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		return fmt.Errorf("mark %d published, %d parked outbox rows: %w", len(pubIDs), len(parkIDs), err)
 	}
 	// Counted once marked: a mark that failed is tried again with the next round's (marker).
-	for i, res := range results {
-		w := &rows[i]
-		switch res.outcome {
-		case outcomeDelivered:
-			r.m.published.WithLabelValues(w.topic).Inc()
-			r.m.latency.Observe(now.Sub(w.createdAt).Seconds())
-		case outcomePark:
-			r.m.parked.WithLabelValues(w.topic).Inc()
-		case outcomeRetry, outcomeIsolate:
-			r.m.retried.WithLabelValues(w.topic).Inc()
-		}
-	}
 	r.c.published.Add(int64(len(pubIDs)))
 	r.c.parked.Add(int64(len(parkIDs)))
 	r.c.retried.Add(int64(len(retryIDs)))
+	r.marked(rows, results, now)
 	return nil
 }

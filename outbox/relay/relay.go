@@ -46,9 +46,9 @@ type Relay struct {
 	cfg     *Config
 	log     *zap.Logger
 	t       tables.Names
-	commits string // quoted outbox_commits table
-	channel string // LISTEN channel, quoted
-	m       *metrics
+	commits string  // quoted outbox_commits table
+	channel string  // LISTEN channel, quoted
+	hooks   hookSet // the Prometheus hook, then Config.Hooks
 	c       counters
 	running atomic.Bool
 	contact atomic.Int64 // unix nanoseconds of the last successful database round trip
@@ -64,7 +64,8 @@ type Relay struct {
 
 // New returns a relay for pool's database. It checks cfg and starts nothing: Run does.
 // It returns an error when cfg is nil or its Kafka settings are refused (see Config.Kafka),
-// or when Config.Registerer refuses a metric (one of the same name with other labels).
+// when Config.Registerer refuses a metric (one of the same name with other labels), or when a
+// Config.Hooks value implements no Hook interface.
 func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 	if pool == nil {
 		return nil, errors.New("relay: nil pool")
@@ -80,9 +81,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		return nil, fmt.Errorf("relay: Kafka configuration: %w", err) // names the setting, never its value
 	}
 	kp.Close()
-	m, err := newMetrics(c.Registerer, c.Schema)
+	prom, err := newPromHook(c.Registerer, c.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
+	}
+	hooks, err := newHookSet([]Hook{prom}, c.Hooks)
+	if err != nil {
+		return nil, err
 	}
 	rl := &Relay{
 		pool:    pool,
@@ -91,7 +96,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		t:       tables.For(c.Schema),
 		commits: pgx.Identifier{c.Schema, "outbox_commits"}.Sanitize(),
 		channel: pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
-		m:       m,
+		hooks:   hooks,
 		isolate: map[int64]bool{},
 	}
 	rl.marker.r = rl
@@ -196,12 +201,8 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 		return fmt.Errorf("listen %s: %w", r.channel, err)
 	}
 	r.log.Info("relay is the leader; publishing", zap.String("schema", r.cfg.Schema))
-	r.c.leader.Store(true)
-	r.m.leader.Set(1)
-	defer func() {
-		r.c.leader.Store(false)
-		r.m.leader.Set(0)
-	}()
+	r.leadership(true)
+	defer r.leadership(false)
 
 	p, err := newProducer(r.cfg.Kafka, r.log)
 	if err != nil {

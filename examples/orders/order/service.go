@@ -68,6 +68,10 @@ type Service struct {
 	// WriteEvents writes the events in the batch's transaction. Defaults to
 	// outbox.Writer{}.WriteTx (schema kafkatx).
 	WriteEvents func(ctx context.Context, tx pgx.Tx, events ...outbox.Record) ([]int64, error)
+	// Annotate, when set, is called for each event with the order's message before the event
+	// is written: the command sets it to carry the message's trace context in the event's
+	// headers (kafkatxotel.Tracer.InjectOutbox with m.Context()).
+	Annotate func(m *kafkatx.Message, event *outbox.Record)
 }
 
 // Applied is the event published to --events-topic for each applied order.
@@ -121,6 +125,9 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 		if s.EventsTopic != "" {
 			ev, _ := json.Marshal(Applied{OrderID: id, Customer: c, TotalCents: cents})
 			events = append(events, outbox.Record{Topic: s.EventsTopic, Key: []byte(id), Value: ev})
+			if s.Annotate != nil {
+				s.Annotate(msgs[i], &events[len(events)-1])
+			}
 		}
 		if byCustomer[c] == nil {
 			byCustomer[c] = &sum{}

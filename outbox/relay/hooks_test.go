@@ -1,0 +1,106 @@
+package relay
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// recorder implements every relay hook.
+type recorder struct {
+	mu        sync.Mutex
+	published []Published
+	parked    []Parked
+	backlog   int
+	leader    []bool
+}
+
+func (h *recorder) OnPublished(e Published) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.published = append(h.published, e)
+}
+func (h *recorder) OnParked(e Parked) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.parked = append(h.parked, e)
+}
+func (h *recorder) OnBacklogMeasured(BacklogMeasured) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.backlog++
+}
+func (h *recorder) OnLeadership(e Leadership) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.leader = append(h.leader, e.Leader)
+}
+
+type panicky struct{}
+
+func (panicky) OnPublished(Published) { panic("hook bug") }
+
+// The relay's hooks see each published and parked row with its ids, the leadership and the
+// backlog; a panicking hook changes nothing; the counts agree with Stats.
+func TestHooksSeePublishedAndParkedRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.TopicWithConfig(t, b.brokers, 1, map[string]string{"max.message.bytes": "4000"})
+	h := &recorder{}
+	cfg := b.config(t)
+	cfg.Hooks = []Hook{panicky{}, h}
+	r, stop := b.start(t, cfg)
+	ids := b.write(t,
+		outbox.Record{Topic: topic, Key: []byte("a"), Value: []byte("a1")},
+		outbox.Record{Topic: topic, Key: []byte("b"), Value: bytes.Repeat([]byte("x"), 8000)},
+		outbox.Record{Topic: topic, Key: []byte("c"), Value: []byte("c1")})
+	waitFor(t, 30*time.Second, "2 published, 1 parked", func() bool {
+		st := b.states(t)
+		return st[ids[0]] == "published" && st[ids[1]] == "parked" && st[ids[2]] == "published"
+	})
+	time.Sleep(1500 * time.Millisecond) // a backlog tick
+	stop()
+	oids := b.outboxIDs(t)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.published) != 2 || len(h.parked) != 1 {
+		t.Fatalf("published %+v parked %+v", h.published, h.parked)
+	}
+	for _, e := range h.published {
+		if e.Topic != topic || e.Schema != b.schema || e.OutboxID != oids[e.RowID] || e.Latency <= 0 || (e.RowID != ids[0] && e.RowID != ids[2]) {
+			t.Fatalf("odd Published %+v", e)
+		}
+	}
+	if p := h.parked[0]; p.RowID != ids[1] || p.OutboxID != oids[ids[1]] || !strings.Contains(strings.ToLower(p.Error), "too large") {
+		t.Fatalf("Parked %+v", p)
+	}
+	if s := r.Stats(); s.Published != 2 || s.Parked != 1 {
+		t.Fatalf("Stats %+v", s)
+	}
+	if len(h.leader) != 2 || !h.leader[0] || h.leader[1] {
+		t.Fatalf("leadership events %v, want [true false]", h.leader)
+	}
+	if h.backlog == 0 {
+		t.Fatal("no BacklogMeasured event")
+	}
+}
+
+func TestNewRefusesAValueThatIsNoHook(t *testing.T) {
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	_, err = New(pool, &Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "127.0.0.1:1"}, Hooks: []Hook{&recorder{}, 42}})
+	if err == nil || !strings.Contains(err.Error(), "Config.Hooks[1] (int) implements none") {
+		t.Fatalf("err = %v", err)
+	}
+}
