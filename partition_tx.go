@@ -170,7 +170,7 @@ func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (cl c
 	if err != nil || kerr != nil {
 		return claimed{}, failed, Permanent(kerr), err
 	}
-	cl.dups, cl.notChanges = c.Dups, c.NotChanges
+	cl.dups, cl.notChanges = len(c.Dups), len(c.NotChanges)
 	if len(c.Fresh) == len(msgs) {
 		cl.fresh = msgs
 		return cl, -1, nil, nil

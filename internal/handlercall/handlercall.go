@@ -142,8 +142,8 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, schema string, d *dlq.DeadL
 // Claimed is what ClaimKeys found in one transaction's messages.
 type Claimed struct {
 	Fresh      []int // indexes of the messages the handler runs on: no business key, or its first claim
-	Dups       int   // skipped: their business key was claimed before
-	NotChanges int   // skipped: the key function answered idempotency.ErrNotAChange
+	Dups       []int // indexes skipped: their business key was claimed before
+	NotChanges []int // indexes skipped: the key function answered idempotency.ErrNotAChange
 }
 
 // ClaimKeys derives the business idempotency key of each of msgs with key and claims the keys
@@ -160,7 +160,7 @@ func ClaimKeys(ctx context.Context, tx pgx.Tx, store idempotency.Store, scope st
 		k, ok, err := key(m)
 		if errors.Is(err, idempotency.ErrNotAChange) {
 			skip[i] = true
-			cl.NotChanges++
+			cl.NotChanges = append(cl.NotChanges, i)
 			continue
 		}
 		if err != nil {
@@ -182,7 +182,7 @@ func ClaimKeys(ctx context.Context, tx pgx.Tx, store idempotency.Store, scope st
 		for j, ok := range first {
 			if !ok {
 				skip[keyed[j]] = true
-				cl.Dups++
+				cl.Dups = append(cl.Dups, keyed[j])
 			}
 		}
 	}
