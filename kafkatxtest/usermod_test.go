@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +25,7 @@ func TestAUserModuleTestsItsHandlerWithTheKit(t *testing.T) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatalf("the go command is not on PATH: %v", err)
 	}
 	dir, err := filepath.Abs(filepath.Join("testdata", "usermod"))
 	if err != nil {
