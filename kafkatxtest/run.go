@@ -135,12 +135,8 @@ func (k *Kit) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) *Tx {
 	return tx
 }
 
-func (k *Kit) ctx() context.Context {
-	if c, ok := k.t.(interface{ Context() context.Context }); ok {
-		return c.Context()
-	}
-	return context.Background()
-}
+// ctx is the test's context, cancelled just before its cleanups run.
+func (k *Kit) ctx() context.Context { return k.t.Context() }
 
 // Run runs the per-message handler h over msgs as the loop runs a Handler (each message in
 // turn inside the batch's try, a failure naming its message, a panic recovered) and returns
