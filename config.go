@@ -151,7 +151,7 @@ type Config struct {
 // durably; a retry pauses only the message's partition.
 type RetryPolicy struct {
 	// MaxAttempts is the number of tries, crashes included, after which a message is
-	// dead-lettered. Defaults to 5.
+	// dead-lettered. Defaults to DefaultMaxAttempts (5).
 	MaxAttempts int
 	// InitialBackoff is the wait before the second try. Defaults to 200ms.
 	InitialBackoff time.Duration
@@ -163,6 +163,9 @@ type RetryPolicy struct {
 	// [d·(1−Jitter), d·(1+Jitter)]. Defaults to 0.2.
 	Jitter float64
 }
+
+// DefaultMaxAttempts is RetryPolicy.MaxAttempts' default.
+const DefaultMaxAttempts = 5
 
 // Backoff returns the wait before try number attempt+1 after attempt failed tries
 // (attempt ≥ 1): InitialBackoff·Multiplier^(attempt−1), capped at MaxBackoff, with jitter
@@ -340,7 +343,7 @@ func (c *Config) withDefaults() (*Config, error) {
 	out.Logger = out.Logger.Named("kafkatx.consumer")
 	r := &out.Retry
 	if r.MaxAttempts <= 0 {
-		r.MaxAttempts = 5
+		r.MaxAttempts = DefaultMaxAttempts
 	}
 	if r.InitialBackoff <= 0 {
 		r.InitialBackoff = 200 * time.Millisecond

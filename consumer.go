@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/handlercall"
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/pg"
@@ -116,13 +116,8 @@ func perMessage(h Handler) BatchHandler {
 	}
 }
 
-func callOne(ctx context.Context, tx pgx.Tx, h Handler, m *Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &panicError{value: r, stack: debug.Stack()}
-		}
-	}()
-	return h(ctx, tx, m)
+func callOne(ctx context.Context, tx pgx.Tx, h Handler, m *Message) error {
+	return handlercall.Call(func() error { return h(ctx, tx, m) })
 }
 
 func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consumer, error) {

@@ -17,5 +17,7 @@
 // Related packages: outbox (records published iff their transaction commits) and
 // outbox/relay (the publisher, also the `kafkatx relay` sidecar); dlq (dead letters);
 // idempotency (business keys, the Idempotency-Key HTTP middleware, the Airflow client); pg
-// (what they share about PostgreSQL). docs/design.md states the guarantees and maps the code.
+// (what they share about PostgreSQL); kafkatxtest (run a handler the way the loop would, in a
+// rolled-back transaction, without Kafka) and kafkatxtest/kafkatxbroker (an in-process broker
+// for whole-loop tests). docs/design.md states the guarantees and maps the code.
 package kafkatx

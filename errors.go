@@ -2,12 +2,10 @@ package kafkatx
 
 import (
 	"errors"
-	"fmt"
-	"net"
-	"net/url"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkatx/kafkatx/internal/handlercall"
 )
 
 // PermanentError marks a handler error as not worth retrying: the message is dead-lettered
@@ -44,24 +42,14 @@ const (
 	ErrorClassOversized = "oversized" // the value exceeded Config.MaxValueBytes; the handler never ran
 )
 
-// panicError is a recovered handler panic with its stack.
-type panicError struct {
-	value any
-	stack []byte
-}
-
-func (e *panicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.value) }
-
-func errorClass(err error) string {
-	var pe *panicError
-	switch {
-	case errors.As(err, &pe):
-		return ErrorClassPanic
-	case IsPermanent(err):
-		return ErrorClassPermanent
-	default:
-		return ErrorClassHandler
+// permanentCause returns the error inside the first *PermanentError of err's chain, or nil:
+// handlercall.Describe's check for the class "permanent".
+func permanentCause(err error) error {
+	var pe *PermanentError
+	if errors.As(err, &pe) {
+		return pe.Err
 	}
+	return nil
 }
 
 // readOnlyServer reports whether err is SQLSTATE 25006 (read_only_sql_transaction): the
@@ -76,52 +64,5 @@ func readOnlyServer(err error) bool {
 }
 
 // retryableDB reports whether err is a database condition that means "run the transaction
-// again": serialization failure (40001), deadlock (40P01), a lock wait past lock_timeout
-// (55P03), a session ended by idle_in_transaction_session_timeout (25P03) or
-// idle_session_timeout (57P05), a write refused by a read-only server (25006: after a
-// switchover the old primary stays up read-only; see readOnlyServer), or a lost or refused
-// connection. Such errors never count as attempts (docs/design.md, "Retry without an attempt";
-// Config.Transaction sets the timeouts).
-func retryableDB(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", "40P01", // serialization_failure, deadlock_detected
-			"55P03",          // lock_not_available: lock_timeout passed (a frozen holder, Config.Transaction)
-			"25P03", "57P05", // idle_in_transaction_session_timeout, idle_session_timeout: the session was ended
-			"25006",                   // read_only_sql_transaction: a read-only server (old primary, standby)
-			"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-			"08000", "08003", "08006", "08001", "08004": // connection exceptions
-			return true
-		}
-		return false
-	}
-	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
-		return true
-	}
-	// An HTTP client's failure (net/http reports every one as a *url.Error, itself a
-	// net.Error) is the handler's own, never the loop's database: it is a handler error.
-	var urlErr *url.Error
-	if errors.As(err, &urlErr) {
-		return false
-	}
-	var netErr net.Error
-	if errors.As(err, &netErr) {
-		return true
-	}
-	var connErr *pgconn.ConnectError
-	if errors.As(err, &connErr) {
-		return true
-	}
-	// pgx reports a closed or broken connection with these messages.
-	msg := strings.ToLower(err.Error())
-	for _, s := range []string{"conn closed", "unexpected eof", "connection reset", "broken pipe"} {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
-}
+// again" and never counts as an attempt; the list of conditions is handlercall.RetryableDB's.
+func retryableDB(err error) bool { return handlercall.RetryableDB(err) }

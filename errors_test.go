@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kafkatx/kafkatx/internal/handlercall"
 )
 
 // TestRetryableDB needs no services: the conditions that re-run a transaction without an
@@ -50,5 +52,28 @@ func TestRetryableDB(t *testing.T) {
 				t.Errorf("retryableDB(%v) = %v; want %v", tc.err, got, tc.want)
 			}
 		})
+	}
+}
+
+// TestErrorClassesAreTheSharedRules: the classes handlercall stores (for the loop and for
+// kafkatxtest) are the documented ErrorClass constants, and describe sorts a panic, a wrapped
+// Permanent and a plain error into them.
+func TestErrorClassesAreTheSharedRules(t *testing.T) {
+	for got, want := range map[string]string{
+		handlercall.ClassPanic: ErrorClassPanic, handlercall.ClassPermanent: ErrorClassPermanent, handlercall.ClassHandler: ErrorClassHandler,
+	} {
+		if got != want {
+			t.Errorf("handlercall class %q, want kafkatx's %q", got, want)
+		}
+	}
+	herr := handlercall.Call(func() error { panic("boom") })
+	if class, msg, stack := describe(herr); class != ErrorClassPanic || msg != "handler panicked: boom" || stack == "" {
+		t.Errorf("describe(panic) = %q %q (stack %d bytes)", class, msg, len(stack))
+	}
+	if class, msg, _ := describe(fmt.Errorf("decode: %w", Permanent(io.ErrUnexpectedEOF))); class != ErrorClassPermanent || msg != io.ErrUnexpectedEOF.Error() {
+		t.Errorf("describe(wrapped Permanent) = %q %q", class, msg)
+	}
+	if class, msg, _ := describe(io.EOF); class != ErrorClassHandler || msg != "EOF" {
+		t.Errorf("describe(EOF) = %q %q", class, msg)
 	}
 }

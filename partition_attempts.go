@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/internal/handlercall"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -33,7 +34,7 @@ func (p *partition) runOne(km *kafka.Message) error {
 			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), p.c.cfg.MaxValueBytes)})
 	}
 	for {
-		if a.ErrorClass == ErrorClassPermanent || a.Attempts >= p.c.cfg.Retry.MaxAttempts {
+		if handlercall.GiveUp(a.ErrorClass, a.Attempts, p.c.cfg.Retry.MaxAttempts) {
 			return p.deadLetter(km, a)
 		}
 		if a.Attempts > 0 && a.ErrorClass != "" {
@@ -127,19 +128,7 @@ func (p *partition) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 }
 
 // describe splits a handler failure into its class, message and (for panics) stack.
-func describe(err error) (class, msg, stack string) {
-	class = errorClass(err)
-	msg = err.Error()
-	var perm *PermanentError
-	if errors.As(err, &perm) {
-		msg = perm.Err.Error() // the class already says "permanent"
-	}
-	var pe *panicError
-	if errors.As(err, &pe) {
-		stack = string(pe.stack)
-	}
-	return class, pg.SanitizeText(msg, dlq.MaxErrorMessageBytes), pg.SanitizeText(stack, dlq.MaxStackBytes)
-}
+func describe(err error) (class, msg, stack string) { return handlercall.Describe(err, permanentCause) }
 
 // untilDone runs op — a transaction body or one of the loop's own statements — until it
 // succeeds, and is the loop's one retry of database work: a database error (retryable or not,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -13,8 +12,8 @@ import (
 
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/internal/handlercall"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
-	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // The three transaction bodies of a partition worker — a batch (batchTx), one message
@@ -90,19 +89,12 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kaf
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	id, _, err := dlq.InsertTx(ctx, tx, p.c.cfg.Schema, d)
-	if err != nil {
-		return err
-	}
+	topic := "" // kept in the database only
 	if !p.c.cfg.DeadLetter.Disabled {
-		// Published through the outbox in this transaction: the dead-letter record exists
-		// if and only if the dead letter does (invariant 4). A message failing again after a
-		// replay updates its row and is published again.
-		d.ID = id
-		rec := dlq.Record(p.c.cfg.DeadLetter.Topic(d.Topic), d)
-		if _, err := (outbox.Writer{Schema: p.c.cfg.Schema}).WriteTx(ctx, tx, rec); err != nil {
-			return fmt.Errorf("publish dead letter through the outbox: %w", err)
-		}
+		topic = p.c.cfg.DeadLetter.Topic(d.Topic)
+	}
+	if err := handlercall.WriteDeadLetter(ctx, tx, p.c.cfg.Schema, d, topic); err != nil {
+		return err
 	}
 	hook("dead-letter", d.Offset)
 	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, claimed{}, time.Time{})
@@ -149,25 +141,16 @@ func (p *partition) call(ctx context.Context, tx pgx.Tx, msgs []*Message) (herr,
 	if len(msgs) == 0 {
 		return nil, nil // every message was a duplicate by its business key
 	}
-	herr = p.callHandler(ctx, tx, msgs)
-	switch {
-	case herr == nil:
+	herr = handlercall.Call(func() error { return p.c.handler(ctx, tx, msgs) })
+	switch handlercall.Sort(ctx, herr, p.unavailable) {
+	case handlercall.Done:
 		return nil, nil
-	case retryableDB(herr) || ctx.Err() != nil:
+	case handlercall.Again:
 		return nil, herr
-	case p.unavailable(herr):
+	case handlercall.Wait:
 		return nil, &errWaited{cause: herr}
 	}
 	return herr, nil
-}
-
-func (p *partition) callHandler(ctx context.Context, tx pgx.Tx, msgs []*Message) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = &panicError{value: r, stack: debug.Stack()}
-		}
-	}()
-	return p.c.handler(ctx, tx, msgs)
 }
 
 // claimed is what claim found in one transaction's messages.
@@ -186,50 +169,30 @@ func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (cl c
 	if idem.Disabled {
 		return claimed{fresh: msgs}, -1, nil, nil
 	}
-	var keys []string
-	var keyed []int
-	skip := make(map[int]bool)
-	for i, m := range msgs {
-		k, ok, kerr := idem.Key(idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header})
-		if errors.Is(kerr, idempotency.ErrNotAChange) {
-			skip[i] = true
-			cl.notChanges++
-			continue
-		}
-		if kerr != nil {
-			return claimed{}, i, Permanent(fmt.Errorf("idempotency key: %w", kerr)), nil
-		}
-		if ok && len(k) > idempotency.MaxKeyBytes {
-			return claimed{}, i, Permanent(fmt.Errorf("idempotency key of %d bytes is longer than %d", len(k), idempotency.MaxKeyBytes)), nil
-		}
-		if ok && k != "" {
-			keys = append(keys, k)
-			keyed = append(keyed, i)
-		}
+	c, failed, kerr, err := handlercall.ClaimKeys(ctx, tx, idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention},
+		p.scope(), idem.Key, keyMessages(msgs))
+	if err != nil || kerr != nil {
+		return claimed{}, failed, Permanent(kerr), err
 	}
-	if len(keys) > 0 {
-		first, err := idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention}.ClaimManyTx(ctx, tx, p.scope(), keys)
-		if err != nil {
-			return claimed{}, -1, nil, err
-		}
-		for j, ok := range first {
-			if !ok {
-				skip[keyed[j]] = true
-				cl.dups++
-			}
-		}
-	}
-	if len(skip) == 0 {
+	cl.dups, cl.notChanges = len(c.Dups), len(c.NotChanges)
+	if len(c.Fresh) == len(msgs) {
 		cl.fresh = msgs
 		return cl, -1, nil, nil
 	}
-	cl.fresh = make([]*Message, 0, len(msgs)-len(skip))
-	for i, m := range msgs {
-		if !skip[i] {
-			cl.fresh = append(cl.fresh, m)
-		}
+	cl.fresh = make([]*Message, len(c.Fresh))
+	for j, i := range c.Fresh {
+		cl.fresh[j] = msgs[i]
 	}
 	return cl, -1, nil, nil
+}
+
+// keyMessages gives msgs to the idempotency key function.
+func keyMessages(msgs []*Message) []idempotency.Message {
+	out := make([]idempotency.Message, len(msgs))
+	for i, m := range msgs {
+		out[i] = idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
+	}
+	return out
 }
 
 // scope is the idempotency scope of the partition's group and replay epoch.

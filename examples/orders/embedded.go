@@ -3,12 +3,12 @@ package main
 import (
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/examples/internal/embedded"
+	"github.com/kafkatx/kafkatx/kafkatxtest/kafkatxbroker"
 )
 
 // startEmbedded starts the in-process broker of the zero-setup demo.
 func startEmbedded(log *zap.Logger) (brokers string, closeFn func(), err error) {
-	b, err := embedded.Start(&embedded.Options{Logger: log})
+	b, err := kafkatxbroker.Start(&kafkatxbroker.Options{Logger: log})
 	if err != nil {
 		return "", nil, err
 	}

@@ -2,66 +2,64 @@ package order
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/kafkatx/kafkatx"
-	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/kafkatxtest"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // TestHandleBatchRefusesACustomerTotalPastBigint applies 100 maximal orders of one customer in
-// one batch: the order that would take the running total past int64 fails alone, as a
-// permanent error, instead of wrapping around.
+// one batch, the way the loop runs it: the order that would take the running total past int64
+// fails alone, as a permanent error naming its message, instead of wrapping around; the orders
+// before it commit, and each later one, which can only pass the range too, is dead-lettered.
 func TestHandleBatchRefusesACustomerTotalPastBigint(t *testing.T) {
-	ctx := context.Background()
-	pool := migrated(t)
+	k := migrated(t)
 	var msgs []*kafkatx.Message
 	for i := range 100 {
 		v := fmt.Sprintf(`{"order_id":"W-%d","customer":"whale","item":"w","quantity":1000000,"price":999999999.99}`, i)
-		msgs = append(msgs, &kafkatx.Message{Offset: int64(i), Value: []byte(v)})
+		msgs = append(msgs, kafkatxtest.NewMessage("orders", 0, int64(i), nil, []byte(v)))
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
+	tx := k.RunBatch((&Service{}).HandleBatch, msgs...)
+	for _, o := range tx.Outcomes() {
+		want := kafkatxtest.Committed
+		if o.Message.Offset >= 92 {
+			want = kafkatxtest.DeadLettered
+		}
+		if o.Kind != want || (want == kafkatxtest.DeadLettered && o.ErrorClass != kafkatx.ErrorClassPermanent) {
+			t.Fatalf("%v; want %v (permanent) from offset 92, the first order past the bigint range", o, want)
+		}
 	}
-	defer tx.Rollback(ctx)
-	err = (&Service{}).HandleBatch(ctx, tx, msgs)
-	var me *kafkatx.MessageError
-	if !errors.As(err, &me) || !kafkatx.IsPermanent(err) || me.Offset != 92 {
-		t.Fatalf("HandleBatch = %v, want a permanent failure of offset 92 (the first order past the bigint range)", err)
+	if o := tx.Outcome(92); o.ErrorMessage != "customer whale: total would pass the bigint range" {
+		t.Errorf("offset 92: %v", o)
+	}
+	var orders int64
+	if err := tx.QueryRow(context.Background(), `SELECT orders FROM customer_totals WHERE customer = 'whale'`).Scan(&orders); err != nil || orders != 92 {
+		t.Fatalf("whale counted %d orders (%v), want 92", orders, err)
+	}
+	if ds := tx.DeadLetters(); len(ds) != 8 {
+		t.Fatalf("%d dead letters, want 8", len(ds))
 	}
 }
 
 // TestHandleBatchAppliesTheFirstOfTwoMessagesWithOneOrderID: within one batch the first
-// message of an order id is the one applied, and its event and counter carry its values.
+// message of an order id is the one applied, and its event (written to the outbox in the
+// batch's transaction) and counter carry its values.
 func TestHandleBatchAppliesTheFirstOfTwoMessagesWithOneOrderID(t *testing.T) {
 	ctx := context.Background()
-	pool := migrated(t)
-	var msgs []*kafkatx.Message
-	for i, v := range []string{
+	k := migrated(t)
+	msgs := kafkatxtest.Messages("orders",
 		`{"order_id":"D-1","customer":"first","item":"w","quantity":1,"price":1.00}`,
 		`{"order_id":"D-2","customer":"other","item":"w","quantity":1,"price":5.00}`,
 		`{"order_id":"D-1","customer":"second","item":"w","quantity":3,"price":2.00}`,
-	} {
-		msgs = append(msgs, &kafkatx.Message{Offset: int64(i), Value: []byte(v)})
-	}
-	var events []outbox.Record
-	svc := &Service{EventsTopic: "order-events", WriteEvents: func(_ context.Context, _ pgx.Tx, recs ...outbox.Record) ([]int64, error) {
-		events = append(events, recs...)
-		return make([]int64, len(recs)), nil
-	}}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if err := svc.HandleBatch(ctx, tx, msgs); err != nil {
-		t.Fatal(err)
+	)
+	svc := &Service{EventsTopic: "order-events", WriteEvents: outbox.Writer{Schema: k.Schema()}.WriteTx}
+	tx := k.RunBatch(svc.HandleBatch, msgs...)
+	for _, o := range tx.Outcomes() {
+		if o.Kind != kafkatxtest.Committed {
+			t.Fatalf("%v, want committed", o)
+		}
 	}
 	var customer string
 	var cents int64
@@ -73,7 +71,11 @@ func TestHandleBatchAppliesTheFirstOfTwoMessagesWithOneOrderID(t *testing.T) {
 		t.Fatalf("customer second counted %d orders (%v), want 0", counted, err)
 	}
 	got := map[string]string{}
+	events := tx.Outbox()
 	for _, e := range events {
+		if e.Topic != "order-events" {
+			t.Errorf("event for topic %s", e.Topic)
+		}
 		got[string(e.Key)] = string(e.Value)
 	}
 	if len(events) != 2 || got["D-1"] != `{"order_id":"D-1","customer":"first","total_cents":100}` {
@@ -81,16 +83,40 @@ func TestHandleBatchAppliesTheFirstOfTwoMessagesWithOneOrderID(t *testing.T) {
 	}
 }
 
-// migrated returns a pool on a fresh database with the service's tables.
-func migrated(t *testing.T) *pgxpool.Pool {
+// TestHandleBatchDeadLettersAnInvalidOrderAlone: an order that does not parse is dead-lettered
+// at once with its bytes, and its neighbours apply.
+func TestHandleBatchDeadLettersAnInvalidOrderAlone(t *testing.T) {
+	k := migrated(t)
+	tx := k.RunBatch((&Service{}).HandleBatch, kafkatxtest.Messages("orders",
+		`{"order_id":"A-1","customer":"c","item":"w","quantity":1,"price":1.00}`,
+		`{"order_id":`,
+		`{"order_id":"A-2","customer":"c","item":"w","quantity":2,"price":1.00}`,
+	)...)
+	if o := tx.Outcome(1); o.Kind != kafkatxtest.DeadLettered || o.ErrorClass != kafkatx.ErrorClassPermanent {
+		t.Fatalf("the invalid order: %v, want dead-lettered (permanent)", o)
+	}
+	for _, off := range []int64{0, 2} {
+		if o := tx.Outcome(off); o.Kind != kafkatxtest.Committed {
+			t.Fatalf("%v, want committed", o)
+		}
+	}
+	ds := tx.DeadLetters()
+	if len(ds) != 1 || string(ds[0].Value) != `{"order_id":` {
+		t.Fatalf("dead letters %+v", ds)
+	}
+	if recs := tx.Outbox(); len(recs) != 1 || recs[0].Topic != "orders.dlq" {
+		t.Fatalf("outbox %+v, want the dead letter for orders.dlq", recs)
+	}
+}
+
+// migrated returns a kit on a fresh schema holding kafkatx's and the service's tables
+// (order.Migrate creates them unqualified: the kit's pool has the schema first on its
+// search_path).
+func migrated(t *testing.T) *kafkatxtest.Kit {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.Database(t))
-	if err != nil {
+	k := kafkatxtest.New(t, nil)
+	if err := Migrate(context.Background(), k.Pool()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
-	if err := Migrate(context.Background(), pool); err != nil {
-		t.Fatal(err)
-	}
-	return pool
+	return k
 }

@@ -1,5 +1,7 @@
-// Package embedded runs an in-process Kafka-compatible broker, for the zero-setup demo and for
-// fast unit tests.
+// Package kafkatxbroker runs an in-process Kafka-compatible broker, for tests that want a
+// whole kafkatx loop (a real Consumer, the relay, topic creation) without a JVM, and for the
+// zero-setup demo of examples/orders. It lives apart from kafkatx and kafkatxtest so that
+// importing either does not compile franz-go's fake cluster.
 //
 // It wraps franz-go's kfake (github.com/twmb/franz-go/pkg/kfake), which serves librdkafka (and
 // so confluent-kafka-go) for what kafkatx needs: AdminClient topic creation, the idempotent
@@ -8,8 +10,13 @@
 // (kafka.NewMockCluster) was tried first and hung on AdminClient topic creation.
 //
 // It is not Apache Kafka: every test that proves one of kafkatx's guarantees runs against the
-// real broker started by scripts/dev-services (see package internal/testenv).
-package embedded
+// real broker started by the repository's scripts/dev-services.
+//
+//	b, err := kafkatxbroker.Start(&kafkatxbroker.Options{Topics: map[string]int32{"orders": 3}})
+//	if err != nil { ... }
+//	defer b.Close()
+//	cfg := &kafkatx.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": b.Bootstrap(), "group.id": "g"}, Topics: []string{"orders"}}
+package kafkatxbroker
 
 import (
 	"errors"
@@ -46,7 +53,7 @@ type Options struct {
 	// ask for (the broker setting group.min.session.timeout.ms). Defaults to 1 second.
 	GroupMinSessionTimeout time.Duration
 
-	// Logger receives the broker's warnings and errors, named "kafkatx.embedded".
+	// Logger receives the broker's warnings and errors, named "kafkatx.broker".
 	// Defaults to zap.NewNop().
 	Logger *zap.Logger
 }
@@ -81,13 +88,13 @@ func Start(opts *Options) (*Broker, error) {
 				return nil, err
 			}
 			if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-				return nil, fmt.Errorf("embedded broker: refusing to listen on %q (loopback only)", address)
+				return nil, fmt.Errorf("kafkatxbroker: refusing to listen on %q (loopback only)", address)
 			}
 			return net.Listen(network, address)
 		}),
 		kfake.ClusterID("kafkatx-embedded"),
 		kfake.GroupMinSessionTimeout(minSession),
-		kfake.WithLogger(zapLogger{logger.Named("kafkatx.embedded")}),
+		kfake.WithLogger(zapLogger{logger.Named("kafkatx.broker")}),
 	}
 	if opts.AutoCreateTopics {
 		kopts = append(kopts, kfake.AllowAutoTopicCreation())
@@ -97,18 +104,18 @@ func Start(opts *Options) (*Broker, error) {
 	}
 	for topic, partitions := range opts.Topics {
 		if partitions <= 0 {
-			return nil, fmt.Errorf("embedded broker: topic %q: partitions must be positive, got %d", topic, partitions)
+			return nil, fmt.Errorf("kafkatxbroker: topic %q: partitions must be positive, got %d", topic, partitions)
 		}
 		kopts = append(kopts, kfake.SeedTopics(partitions, topic))
 	}
 	c, err := kfake.NewCluster(kopts...)
 	if err != nil {
-		return nil, fmt.Errorf("start embedded broker: %w", err)
+		return nil, fmt.Errorf("kafkatxbroker: start: %w", err)
 	}
 	addrs := c.ListenAddrs()
 	if len(addrs) == 0 {
 		c.Close()
-		return nil, errors.New("start embedded broker: no listener")
+		return nil, errors.New("kafkatxbroker: start: no listener")
 	}
 	return &Broker{cluster: c, bootstrap: addrs[0]}, nil
 }

@@ -1,4 +1,4 @@
-package embedded_test
+package kafkatxbroker_test
 
 import (
 	"context"
@@ -10,14 +10,14 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/kafkatx/kafkatx/examples/internal/embedded"
+	"github.com/kafkatx/kafkatx/kafkatxtest/kafkatxbroker"
 )
 
 // TestConsumerGroupCommits checks what the demo and the fast tests need from the in-process
 // broker with librdkafka: AdminClient topic creation, the idempotent producer, a consumer group
 // with manual commits, and reading the committed offsets back in a new consumer.
 func TestConsumerGroupCommits(t *testing.T) {
-	b, err := embedded.Start(nil)
+	b, err := kafkatxbroker.Start(nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,370 @@
+package kafkatxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/internal/handlercall"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// Kind is what the loop does with a message after one try.
+type Kind int
+
+const (
+	// Committed: the handler succeeded; its effects commit with the watermark advance.
+	Committed Kind = iota + 1
+	// Duplicate: the message's business idempotency key was claimed before (in an earlier
+	// transaction, or by an earlier message of the run); the handler did not run for it.
+	Duplicate
+	// NotAChange: the key function answered idempotency.ErrNotAChange; the handler did not
+	// run for it and the offset is passed.
+	NotAChange
+	// Retried: the handler failed at Outcome.Attempt, below Config.Retry.MaxAttempts; the
+	// attempt is recorded and the loop runs the message again, alone, after a backoff.
+	Retried
+	// DeadLettered: the handler failed with Permanent, or at attempt MaxAttempts or later
+	// (or its key function failed); Outcome.DeadLetter was written in the transaction.
+	DeadLettered
+	// Unavailable: the handler answered kafkatx.Unavailable; the try is rolled back, the
+	// partition waits and runs it again, and it is not an attempt.
+	Unavailable
+	// RunAgain: the handler returned a retryable database condition (40001, 40P01, a lost
+	// connection; see kafkatx.Handler) or the context ended; the try is rolled back and run
+	// again, and it is not an attempt.
+	RunAgain
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Committed:
+		return "committed"
+	case Duplicate:
+		return "duplicate"
+	case NotAChange:
+		return "not-a-change"
+	case Retried:
+		return "retried"
+	case DeadLettered:
+		return "dead-lettered"
+	case Unavailable:
+		return "unavailable"
+	case RunAgain:
+		return "run-again"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Outcome is what one try did to one message.
+type Outcome struct {
+	Message *kafkatx.Message
+	Kind    Kind
+	// Attempt is the try: Message.Attempt, or 1 when it is 0.
+	Attempt int
+	// Err is the handler's error for this message (FailMessage's wrapper removed), or for an
+	// Unavailable or RunAgain batch the batch's error; nil when Committed or skipped.
+	Err error
+	// ErrorClass, ErrorMessage and Stack are what the loop stores with the attempt and the
+	// dead letter (Retried, DeadLettered): kafkatx.ErrorClassPermanent, ErrorClassHandler
+	// or ErrorClassPanic; the sanitized message; the stack of a panic.
+	ErrorClass, ErrorMessage, Stack string
+	// DeadLetter is the dead letter written in the transaction (DeadLettered), with its ID.
+	DeadLetter *dlq.DeadLetter
+}
+
+func (o Outcome) String() string {
+	s := fmt.Sprintf("%s[%d]@%d attempt %d: %s", o.Message.Topic, o.Message.Partition, o.Message.Offset, o.Attempt, o.Kind)
+	if o.ErrorClass != "" {
+		s += fmt.Sprintf(" (%s: %s)", o.ErrorClass, o.ErrorMessage)
+	} else if o.Err != nil {
+		s += fmt.Sprintf(" (%v)", o.Err)
+	}
+	return s
+}
+
+// Tx is a transaction of the kit's pool, rolled back when the test ends (or by Rollback),
+// in which handlers run the way the loop runs them. Its pgx.Tx is the caller's too: prepare
+// rows before Run, read the handler's effects after.
+type Tx struct {
+	pgx.Tx
+	k        *Kit
+	outcomes []Outcome
+}
+
+// LockTimeout is the lock_timeout of the kit's transactions. Transactions of one test stay
+// open until it ends, so two of them writing the same row (a dead letter of the same offset,
+// the same idempotency key) would wait on each other for good; past LockTimeout the second
+// fails with SQLSTATE 55P03 instead. Roll the first back (Tx.Rollback) or use distinct
+// offsets and keys.
+const LockTimeout = 5 * time.Second
+
+// Begin opens a transaction on the kit's pool, rolled back when the test ends, with
+// LockTimeout. A database error, or no free connection within 10 s, fails the test.
+func (k *Kit) Begin() *Tx {
+	k.t.Helper()
+	ctx, cancel := context.WithTimeout(k.ctx(), 10*time.Second)
+	defer cancel()
+	tx, err := k.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d", LockTimeout.Milliseconds())})
+	if err != nil {
+		k.t.Fatalf("kafkatxtest: begin (each Tx holds a connection until the test ends or Tx.Rollback): %v", err)
+	}
+	k.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return &Tx{Tx: tx, k: k}
+}
+
+// Run runs h over msgs in a new transaction (Begin, then Tx.Run) and returns it.
+func (k *Kit) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) *Tx {
+	k.t.Helper()
+	tx := k.Begin()
+	tx.Run(h, msgs...)
+	return tx
+}
+
+// RunBatch runs h over msgs in a new transaction (Begin, then Tx.RunBatch) and returns it.
+func (k *Kit) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) *Tx {
+	k.t.Helper()
+	tx := k.Begin()
+	tx.RunBatch(h, msgs...)
+	return tx
+}
+
+// ctx is the test's context, cancelled just before its cleanups run.
+func (k *Kit) ctx() context.Context { return k.t.Context() }
+
+// Run runs the per-message handler h over msgs as the loop runs a Handler (each message in
+// turn inside the batch's try, a failure naming its message, a panic recovered) and returns
+// the outcome of each message, in order; see RunBatch.
+func (tx *Tx) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) []Outcome {
+	tx.k.t.Helper()
+	return tx.RunBatch(func(ctx context.Context, btx pgx.Tx, msgs []*kafkatx.Message) error {
+		for _, m := range msgs {
+			if err := handlercall.Call(func() error { return h(ctx, btx, m) }); err != nil {
+				return kafkatx.FailMessage(m, err)
+			}
+		}
+		return nil
+	}, msgs...)
+}
+
+// RunBatch runs h over msgs (one partition's messages in offset order) one try each, as the
+// loop would: all of them in one try (a savepoint of tx), claiming their business keys
+// first; when the try fails naming a message (FailMessage, or a batch of one), the messages
+// before it are run again as a batch, the failure settles that message (Retried or
+// DeadLettered, with Message.Attempt as the attempt), and the rest go on as a batch; when it
+// fails naming none, the messages run one per try. A failed try's writes are rolled back; a
+// dead letter is written in tx as the loop writes it. It returns the outcome of each message
+// in order (also kept for Outcome and Outcomes). A database error of the kit's own statements
+// fails the test.
+func (tx *Tx) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) []Outcome {
+	tx.k.t.Helper()
+	from := len(tx.outcomes)
+	tx.process(tx.k.ctx(), h, msgs)
+	return tx.outcomes[from:]
+}
+
+// unattributed is try's answer for a batch that failed without naming its message.
+const unattributed = -2
+
+// process runs msgs as the loop's partition worker does (kafkatx's partition.process).
+func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafkatx.Message) {
+	split := 0 // while > 0, the next split messages run one per try
+	for len(msgs) > 0 {
+		n := len(msgs)
+		if split > 0 {
+			n = 1
+		}
+		failed, herr := tx.try(ctx, h, msgs[:n])
+		switch failed {
+		case -1:
+			msgs, split = msgs[n:], max(split-n, 0)
+		case unattributed:
+			split = n
+		default:
+			if failed > 0 {
+				tx.process(ctx, h, msgs[:failed])
+			}
+			tx.settle(ctx, msgs[failed], herr)
+			msgs, split = msgs[failed+1:], max(split-failed-1, 0)
+		}
+	}
+}
+
+// try runs h over batch in a savepoint: it records the outcomes and returns -1 when the try
+// ended (committed, skipped, or an Unavailable/RunAgain answer for the whole batch), or the
+// index of the message whose failure herr is, or unattributed.
+func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.Message) (failed int, herr error) {
+	k := tx.k
+	sp, err := tx.Tx.Begin(ctx)
+	if err != nil {
+		k.t.Fatalf("kafkatxtest: savepoint: %v", err)
+	}
+	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }()
+	kinds := make([]Kind, len(batch))
+	fresh := batch
+	if !k.idem.Disabled {
+		keyed := make([]idempotency.Message, len(batch))
+		for i, m := range batch {
+			keyed[i] = idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
+		}
+		cl, failed, kerr, err := handlercall.ClaimKeys(ctx, sp, idempotency.Store{Schema: k.schema, Retention: k.idem.Retention},
+			k.group+"/0", k.idem.Key, keyed)
+		if err != nil {
+			k.t.Fatalf("kafkatxtest: claim idempotency keys: %v (a lock timeout: another open Tx of this test claimed the same key; see LockTimeout)", err)
+		}
+		if kerr != nil {
+			return failed, kafkatx.Permanent(kerr)
+		}
+		for _, i := range cl.Dups {
+			kinds[i] = Duplicate
+		}
+		for _, i := range cl.NotChanges {
+			kinds[i] = NotAChange
+		}
+		fresh = make([]*kafkatx.Message, len(cl.Fresh))
+		for j, i := range cl.Fresh {
+			fresh[j] = batch[i]
+		}
+	}
+	if len(fresh) > 0 {
+		herr = handlercall.Call(func() error { return h(ctx, sp, fresh) })
+		switch v := handlercall.Sort(ctx, herr, kafkatx.IsUnavailable); v {
+		case handlercall.Again, handlercall.Wait:
+			kind := RunAgain
+			if v == handlercall.Wait {
+				kind = Unavailable
+			}
+			for _, m := range batch {
+				tx.outcomes = append(tx.outcomes, Outcome{Message: m, Kind: kind, Attempt: attempt(m), Err: herr})
+			}
+			return -1, nil
+		case handlercall.Failed:
+			var me *kafkatx.MessageError
+			if errors.As(herr, &me) {
+				for i, m := range batch {
+					if m.Offset == me.Offset {
+						return i, me.Err
+					}
+				}
+			}
+			if len(batch) == 1 {
+				return 0, herr
+			}
+			return unattributed, herr
+		}
+	}
+	if err := sp.Commit(ctx); err != nil {
+		k.t.Fatalf("kafkatxtest: release savepoint: %v", err)
+	}
+	for i, m := range batch {
+		kind := kinds[i]
+		if kind == 0 {
+			kind = Committed
+		}
+		tx.outcomes = append(tx.outcomes, Outcome{Message: m, Kind: kind, Attempt: attempt(m)})
+	}
+	return -1, nil
+}
+
+// settle records the failure herr of m's try: an attempt the loop retries, or its dead
+// letter, written in tx as the loop writes it.
+func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
+	k := tx.k
+	o := Outcome{Message: m, Kind: Retried, Attempt: attempt(m), Err: herr}
+	o.ErrorClass, o.ErrorMessage, o.Stack = handlercall.Describe(herr, permanentCause)
+	if handlercall.GiveUp(o.ErrorClass, o.Attempt, k.maxAttempt) {
+		now := time.Now()
+		d := &dlq.DeadLetter{Group: k.group, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
+			Key: m.Key, Value: m.Value, Timestamp: m.Timestamp, Attempts: o.Attempt,
+			ErrorClass: o.ErrorClass, ErrorMessage: o.ErrorMessage, Stack: o.Stack, FirstFailureAt: now, LastFailureAt: now}
+		for _, h := range m.Headers {
+			d.Headers = append(d.Headers, dlq.Header{Key: h.Key, Value: h.Value})
+		}
+		topic := ""
+		if k.dlqTopic != nil {
+			topic = k.dlqTopic(m.Topic)
+		}
+		if err := handlercall.WriteDeadLetter(ctx, tx.Tx, k.schema, d, topic); err != nil {
+			k.t.Fatalf("kafkatxtest: %v (a lock timeout: another open Tx of this test wrote the same offset's dead letter; see LockTimeout)", err)
+		}
+		o.Kind, o.DeadLetter = DeadLettered, d
+	}
+	tx.outcomes = append(tx.outcomes, o)
+}
+
+// permanentCause is the error inside err's *kafkatx.PermanentError (found with errors.As,
+// as the type's documentation says), or nil.
+func permanentCause(err error) error {
+	var pe *kafkatx.PermanentError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return nil
+}
+
+func attempt(m *kafkatx.Message) int { return max(m.Attempt, 1) }
+
+// Outcomes returns the outcomes of every Run and RunBatch in tx, in order.
+func (tx *Tx) Outcomes() []Outcome { return tx.outcomes }
+
+// Outcome returns the latest outcome of the message at offset (of any topic and partition
+// run in tx); it fails the test when no message at offset was run.
+func (tx *Tx) Outcome(offset int64) Outcome {
+	tx.k.t.Helper()
+	for i := len(tx.outcomes) - 1; i >= 0; i-- {
+		if tx.outcomes[i].Message.Offset == offset {
+			return tx.outcomes[i]
+		}
+	}
+	tx.k.t.Fatalf("kafkatxtest: no message at offset %d was run in this transaction", offset)
+	return Outcome{}
+}
+
+// OutboxRecord is one row of the outbox written in the transaction.
+type OutboxRecord struct {
+	ID int64 // the outbox table's id
+	outbox.Record
+}
+
+// Outbox returns the outbox records written in tx (by the handlers, and the dead letters'
+// records for their dead-letter topics), in write order. A database error fails the test.
+func (tx *Tx) Outbox() []OutboxRecord {
+	tx.k.t.Helper()
+	rows, err := tx.Query(tx.k.ctx(), `SELECT id, topic, key, value, header_keys, header_values, partition
+		FROM `+pgx.Identifier{tx.k.schema, "outbox"}.Sanitize()+` WHERE txid = pg_current_xact_id() ORDER BY id`)
+	if err != nil {
+		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRecord, error) {
+		var r OutboxRecord
+		var hk, hv [][]byte
+		if err := row.Scan(&r.ID, &r.Topic, &r.Key, &r.Value, &hk, &hv, &r.Partition); err != nil {
+			return r, err
+		}
+		for i := range hk {
+			r.Headers = append(r.Headers, outbox.Header{Key: string(hk[i]), Value: hv[i]})
+		}
+		return r, nil
+	})
+	if err != nil {
+		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
+	}
+	return recs
+}
+
+// DeadLetters returns the dead letters visible in tx — in the kit's fresh schema, those
+// written by Run and RunBatch — oldest first. A database error fails the test.
+func (tx *Tx) DeadLetters() []dlq.DeadLetter {
+	tx.k.t.Helper()
+	ds, err := dlq.List(tx.k.ctx(), tx, tx.k.schema, dlq.Filter{Limit: 1 << 20})
+	if err != nil {
+		tx.k.t.Fatalf("kafkatxtest: read the dead letters: %v", err)
+	}
+	return ds
+}
