@@ -14,7 +14,9 @@
 //     one; every record carries the row's kafkatx-outbox-id header, the same on every copy.
 //   - One relay publishes an outbox at a time: the leader holds a session-level advisory lock
 //     on a dedicated connection; standbys try the lock every StandbyInterval and take over
-//     once the leader's session ends (process killed, connection lost).
+//     once the leader's session ends (process killed, connection lost). A session on a
+//     read-only server (an old primary after a switchover, a standby) never leads: the leader
+//     checks its session before every round and gives the leadership up (readonly.go).
 //   - A record the broker refuses for good is parked with its error; later rows with the same
 //     (topic, key) wait behind it, other keys flow. `kafkatx outbox release|discard` resolves it.
 //
