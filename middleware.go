@@ -21,6 +21,12 @@ import (
 // must not keep state across calls that assumes one call per message.
 type Middleware func(next BatchHandler) BatchHandler
 
+// Chain returns h wrapped in mws as a Consumer wraps its handler with Config.Middleware:
+// mws[0] is the outermost (it runs first and sees what every later middleware and the handler
+// returned); nil entries are skipped. Package kafkatxtest uses it to run a handler with the
+// middleware the loop would apply.
+func Chain(h BatchHandler, mws ...Middleware) BatchHandler { return chain(h, mws) }
+
 // chain applies mws to h so that mws[0] is the outermost: it runs first and sees what every
 // later middleware and the handler returned.
 func chain(h BatchHandler, mws []Middleware) BatchHandler {

@@ -56,7 +56,8 @@ type Options struct {
 	// search_path is the test's schema, then public.
 	Pool *pgxpool.Pool
 
-	// Config supplies the loop's rules: Retry.MaxAttempts, Idempotency and DeadLetter. Kafka,
+	// Config supplies the loop's rules: Retry.MaxAttempts, Idempotency, DeadLetter and
+	// Middleware (applied around the handler as the loop applies it, kafkatx.Chain). Kafka,
 	// Topics, Schema and the loop's other settings are ignored (the schema is the kit's).
 	// Defaults to nil: the defaults of kafkatx.Config (5 attempts, business keys from the
 	// kafkatx-outbox-id header, dead letters published to "<topic>.dlq").
@@ -75,6 +76,7 @@ type Kit struct {
 	group      string
 	maxAttempt int
 	idem       kafkatx.IdempotencyConfig
+	middleware []kafkatx.Middleware
 	dlqTopic   func(string) string // nil: dead letters kept in the database only
 }
 
@@ -103,6 +105,7 @@ func New(t testing.TB, opts *Options) *Kit {
 		k.maxAttempt = kafkatx.DefaultMaxAttempts
 	}
 	k.idem = cfg.Idempotency
+	k.middleware = cfg.Middleware
 	if k.idem.Key == nil {
 		k.idem.Key = idempotency.FromOutboxID()
 	}

@@ -270,3 +270,37 @@ func TestSchemaIsFreshAndDropped(t *testing.T) {
 		t.Fatalf("fresh schema holds dead letters %+v", ds)
 	}
 }
+
+// Config.Middleware wraps the handler as in the loop, outermost first: a middleware's
+// Permanent answer dead-letters, and what it writes is part of the try.
+func TestMiddlewareRunsAroundTheHandler(t *testing.T) {
+	t.Parallel()
+	var order []string
+	mw := func(name string, refuse string) kafkatx.Middleware {
+		return func(next kafkatx.BatchHandler) kafkatx.BatchHandler {
+			return func(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
+				order = append(order, name)
+				for _, m := range msgs {
+					if string(m.Value) == refuse {
+						return kafkatx.FailMessage(m, kafkatx.Permanent(errors.New("refused by "+name)))
+					}
+				}
+				return next(ctx, tx, msgs)
+			}
+		}
+	}
+	k := setup(t, &kafkatx.Config{Middleware: []kafkatx.Middleware{mw("outer", ""), mw("inner", "ok-1")}})
+	tx := k.RunBatch(func(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
+		order = append(order, "handler")
+		return handler(ctx, tx, msgs[0])
+	}, kafkatxtest.Messages("orders", "ok-0", "ok-1")...)
+	if got, want := kinds(tx.Outcomes()), "committed dead-lettered"; got != want {
+		t.Fatalf("outcomes %q, want %q", got, want)
+	}
+	if o := tx.Outcome(1); o.ErrorMessage != "refused by inner" {
+		t.Errorf("dead letter message %q, want the middleware's", o.ErrorMessage)
+	}
+	if len(order) < 3 || order[0] != "outer" || order[1] != "inner" {
+		t.Errorf("call order %v, want outer, inner, ... (first middleware outermost)", order)
+	}
+}

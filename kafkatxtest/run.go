@@ -165,7 +165,7 @@ func (tx *Tx) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) []Outcome {
 func (tx *Tx) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) []Outcome {
 	tx.k.t.Helper()
 	from := len(tx.outcomes)
-	tx.process(tx.k.ctx(), h, msgs)
+	tx.process(tx.k.ctx(), kafkatx.Chain(h, tx.k.middleware...), msgs)
 	return tx.outcomes[from:]
 }
 
