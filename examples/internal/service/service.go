@@ -212,7 +212,7 @@ func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *re
 		if pending, err := rl.Pending(ctx); err != nil || pending {
 			continue
 		}
-		o.Logger.Info("idle; exiting", zap.Duration("idle", time.Since(last)))
+		o.Logger.Info("idle; exiting", zap.Duration("since_last_message", time.Since(last)))
 		cancel()
 		return
 	}
