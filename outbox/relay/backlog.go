@@ -17,7 +17,7 @@ func (r *Relay) Backlog(ctx context.Context) (count int64, oldest time.Duration,
 	err = r.pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(o.created_at)), 0)::float8
 		FROM `+r.t.Outbox+` o
 		WHERE o.state = 'pending'
-		  AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)`).Scan(&count, &secs)
+		  AND `+r.notBehindParked()).Scan(&count, &secs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay: read outbox backlog: %w", err)
 	}
@@ -33,11 +33,18 @@ func (r *Relay) Pending(ctx context.Context) (bool, error) {
 	var pending bool
 	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o
 		WHERE o.state = 'pending'
-		  AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key))`).Scan(&pending)
+		  AND `+r.notBehindParked()+`)`).Scan(&pending)
 	if err != nil {
 		return false, fmt.Errorf("relay: read outbox backlog: %w", err)
 	}
 	return pending, nil
+}
+
+// notBehindParked is the SQL condition that outbox row o (aliased o) does not wait behind a
+// parked row of its (topic, key): such rows belong to an operator, not to the relay. Backlog,
+// Pending and the round's read share it.
+func (r *Relay) notBehindParked() string {
+	return `NOT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)`
 }
 
 // parkedRows counts the parked rows.

@@ -57,9 +57,12 @@ func (m *marker) wait() error {
 	for _, w := range d.rows {
 		m.carried[w.id] = true
 	}
-	m.afterSeq, m.afterID = 0, 0
+	m.fromHead()
 	return d.err
 }
+
+// fromHead makes the next round read from the head of the outbox.
+func (m *marker) fromHead() { m.afterSeq, m.afterID = 0, 0 }
 
 // start marks rows (and the rows carried from a failed mark) in the background. The
 // previous mark must be done (wait).
@@ -95,7 +98,7 @@ func (m *marker) dropCarried(rows []row) []row {
 // advance sets where the next round reads: after the last row when the round was full and
 // every row of it was delivered, else from the head.
 func (m *marker) advance(rows []row, results []result, full bool) {
-	m.afterSeq, m.afterID = 0, 0
+	m.fromHead()
 	if !full || len(rows) == 0 {
 		return
 	}
@@ -125,5 +128,5 @@ func (m *marker) finish(timeout time.Duration) {
 	case <-t.C:
 	}
 	m.carryRows, m.carryResults, m.carried = nil, nil, nil
-	m.afterSeq, m.afterID = 0, 0
+	m.fromHead()
 }

@@ -66,7 +66,7 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 	}
 	rows, err := r.fetch(ctx, r.topics.excluded(p, r.cfg.UnknownTopicTimeout), m.afterSeq, m.afterID)
 	if err != nil {
-		m.afterSeq, m.afterID = 0, 0
+		m.fromHead()
 		return roundResult{}, err
 	}
 	res := roundResult{rows: len(rows), full: len(rows) >= r.cfg.BatchSize}
@@ -78,12 +78,12 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 				return roundResult{rows: fetched, full: res.full}, nil // marked meanwhile
 			}
 			m.start(ctx, nil, nil)
-			m.afterSeq, m.afterID = 0, 0
+			m.fromHead()
 			return roundResult{rows: fetched, retry: true}, nil
 		}
 	}
 	if len(rows) == 0 {
-		m.afterSeq, m.afterID = 0, 0
+		m.fromHead()
 		return res, nil
 	}
 	results := make([]result, len(rows))
@@ -130,8 +130,7 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 	prevErr := m.wait()
 	m.start(ctx, rows, results)
 	if prevErr != nil {
-		m.afterSeq, m.afterID = 0, 0
-		return res, prevErr
+		return res, prevErr // wait read from the head again
 	}
 	m.advance(rows, results, res.full)
 	return res, nil
@@ -284,7 +283,7 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 			SELECT * FROM `+r.t.Outbox+` o
 			 WHERE o.txid = c.txid AND o.state = 'pending' AND o.topic <> ALL($2::text[])
 			   AND (o.txid, o.id) > (c.txid, CASE WHEN c.commit_seq = $3 THEN $4 ELSE 0 END)
-			   AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` p WHERE p.state = 'parked' AND p.topic = o.topic AND p.key = o.key)
+			   AND `+r.notBehindParked()+`
 			 ORDER BY o.id
 			 LIMIT $1
 		) o
