@@ -20,12 +20,17 @@ var ErrTransactionPooled = errors.New("the connection goes through a transaction
 
 // RequireSession returns nil when conn keeps one PostgreSQL backend across transactions (a
 // direct connection, or a session pooler), and an error wrapping ErrTransactionPooled when
-// it does not. The probe opens a second connection with conn's configuration, holds a
-// transaction open on it, and compares backend pids (pg_backend_pid()): under a transaction
-// pooler either the second connection gets the backend conn just used, or conn's next
-// statement runs on another backend; on a session conn neither can happen. The probe uses
-// the simple protocol (no prepared statements) and costs one connection and four round
-// trips; other errors (connecting, querying) are returned as they are.
+// it does not. A direct connection is recognised at once: the backend pid PostgreSQL sent at
+// startup (BackendKeyData) is the one pg_backend_pid() reports. A pooler sends its own key,
+// so then the probe decides between session and transaction pooling: it opens a second
+// connection with conn's configuration, holds a transaction open on it, and compares
+// backend pids — under a transaction pooler either the second connection gets the backend
+// conn just used, or conn's next statement runs on another backend; under a session pooler
+// neither can happen. A round where neither happened proves nothing when other clients
+// share the pooler (one of them may have taken the backend conn released), so the probe
+// runs up to probeRounds rounds before it calls the pooler session-mode. The probe uses the
+// simple protocol (no prepared statements); other errors (connecting, querying) are
+// returned as they are.
 func RequireSession(ctx context.Context, conn *pgx.Conn) error {
 	pooled, err := probePooled(ctx, conn)
 	if err != nil {
@@ -36,6 +41,11 @@ func RequireSession(ctx context.Context, conn *pgx.Conn) error {
 	}
 	return nil
 }
+
+// probeRounds bounds the session/transaction rounds of the probe through a pooler. One
+// round is conclusive on an idle transaction pooler (PgBouncer hands the most recently
+// released server connection out first); more cover a busy one.
+const probeRounds = 8
 
 func backendPID(ctx context.Context, q Querier) (int32, error) {
 	var pid int32
@@ -48,6 +58,9 @@ func probePooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("session probe: %w", err)
 	}
+	if uint32(p1) == conn.PgConn().PID() {
+		return false, nil // PostgreSQL itself answered the startup: a direct connection
+	}
 	cfg := conn.Config().Copy()
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	other, err := pgx.ConnectConfig(ctx, cfg)
@@ -55,6 +68,21 @@ func probePooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		return false, fmt.Errorf("session probe: connect: %w", err)
 	}
 	defer other.Close(context.WithoutCancel(ctx)) //nolint:errcheck
+	for round := 0; round < probeRounds; round++ {
+		pooled, err := probeRound(ctx, conn, other, p1)
+		if err != nil || pooled {
+			return pooled, err
+		}
+		if p1, err = backendPID(ctx, conn); err != nil {
+			return false, fmt.Errorf("session probe: %w", err)
+		}
+	}
+	return false, nil
+}
+
+// probeRound holds a transaction open on other and reports whether it proves transaction
+// pooling: other's backend is the one conn had (p1), or conn's next statement runs elsewhere.
+func probeRound(ctx context.Context, conn, other *pgx.Conn, p1 int32) (bool, error) {
 	tx, err := other.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("session probe: %w", err)

@@ -3,6 +3,7 @@ package pg_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -74,5 +75,58 @@ func TestTransactionPoolerIsDetectedAndSessionLocksRefused(t *testing.T) {
 				t.Fatalf("migrations.Apply: %v, want refused=%v", err, tc.pooled)
 			}
 		})
+	}
+}
+
+// Regression: with other clients busy on the same PgBouncer, one of them often takes the
+// server connection the probe just released, and a single round then proved nothing; the
+// probe read that as "session" and a relay behind PgBouncer ran with pgx's statement cache
+// ("prepared statement ... already exists", found in CI). Every answer must still be
+// "transaction pooler".
+func TestTransactionPoolerIsDetectedWhileOthersUseIt(t *testing.T) {
+	t.Parallel()
+	direct := testenv.Database(t)
+	pooled := testenv.ThroughPgBouncer(t, direct)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	busyCfg, err := pgxpool.ParseConfig(pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	busyCfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	busyCfg.MaxConns = 12
+	busy, err := pgxpool.NewWithConfig(ctx, busyCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	var wg sync.WaitGroup
+	for i := 0; i < 12; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				_, _ = busy.Exec(ctx, "SELECT 1")
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer cancel()
+
+	cc, err := pgx.ParseConfig(pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	for i := 0; i < 200; i++ {
+		if err := pg.RequireSession(ctx, conn); !errors.Is(err, pg.ErrTransactionPooled) {
+			t.Fatalf("RequireSession #%d with other clients on the pooler: %v, want ErrTransactionPooled", i, err)
+		}
 	}
 }
