@@ -20,17 +20,17 @@ var ErrTransactionPooled = errors.New("the connection goes through a transaction
 
 // RequireSession returns nil when conn keeps one PostgreSQL backend across transactions (a
 // direct connection, or a session pooler), and an error wrapping ErrTransactionPooled when
-// it does not. A direct connection is recognised at once: the backend pid PostgreSQL sent at
-// startup (BackendKeyData) is the one pg_backend_pid() reports. A pooler sends its own key,
-// so then the probe decides between session and transaction pooling: it opens a second
+// it does not. The backend pid PostgreSQL sends at startup (BackendKeyData) is the one
+// pg_backend_pid() reports on a direct connection; a pooler usually sends its own key. The
+// probe then decides between a session and a transaction pooler: it opens a second
 // connection with conn's configuration, holds a transaction open on it, and compares
 // backend pids — under a transaction pooler either the second connection gets the backend
 // conn just used, or conn's next statement runs on another backend; under a session pooler
 // neither can happen. A round where neither happened proves nothing when other clients
 // share the pooler (one of them may have taken the backend conn released), so the probe
-// runs up to probeRounds rounds before it calls the pooler session-mode. The probe uses the
-// simple protocol (no prepared statements); other errors (connecting, querying) are
-// returned as they are.
+// runs up to probeRounds rounds (one when the startup pid matched) before it calls the
+// connection a session. The probe uses the simple protocol (no prepared statements); other
+// errors (connecting, querying) are returned as they are.
 func RequireSession(ctx context.Context, conn *pgx.Conn) error {
 	pooled, err := probePooled(ctx, conn)
 	if err != nil {
@@ -58,8 +58,11 @@ func probePooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("session probe: %w", err)
 	}
+	rounds := probeRounds
 	if uint32(p1) == conn.PgConn().PID() {
-		return false, nil // PostgreSQL itself answered the startup: a direct connection
+		// The startup's BackendKeyData names this backend: PostgreSQL itself answered, or a
+		// pooler that passes the key through. One round tells the latter apart.
+		rounds = 1
 	}
 	cfg := conn.Config().Copy()
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
@@ -68,7 +71,7 @@ func probePooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		return false, fmt.Errorf("session probe: connect: %w", err)
 	}
 	defer other.Close(context.WithoutCancel(ctx)) //nolint:errcheck
-	for round := 0; round < probeRounds; round++ {
+	for round := 0; round < rounds; round++ {
 		pooled, err := probeRound(ctx, conn, other, p1)
 		if err != nil || pooled {
 			return pooled, err

@@ -77,6 +77,9 @@ func (m *marker) start(ctx context.Context, rows []row, results []result) {
 	// Config.ShutdownTimeout).
 	mctx := context.WithoutCancel(ctx)
 	go func() {
+		if h := m.r.testHookMark; h != nil {
+			h()
+		}
 		done <- markDone{rows: rows, results: results, err: m.r.mark(mctx, rows, results)}
 	}()
 }

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -51,17 +52,30 @@ type roundResult struct {
 	rows  int  // rows read
 	full  bool // a full batch was read: more may wait
 	retry bool // some row failed with a retriable error: back off
+	// fenced: the leadership session was checked in this round, right before producing.
+	fenced bool
 }
+
+// errFenced wraps the leadership session's answer when a round's fence refused: the session
+// ended or is read-only. The leader stops leading.
+var errFenced = errors.New("relay: the leadership session refused the round")
 
 // round reads one batch of pending rows in publication order, produces them all without
 // waiting per record, waits for their delivery reports, and starts marking the outcomes in
 // one database transaction, which runs while the next round reads and produces (marker).
-func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
+//
+// fence checks the leadership session (requireWritable) right before anything is produced,
+// after the read and after any wait for the previous mark, so a leader whose session ended
+// or turned read-only while it waited produces nothing more; its error is returned wrapped
+// in errFenced.
+func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Context) error) (roundResult, error) {
 	m := &r.marker
 	if m.afterSeq == 0 {
-		// Reading from the head: the previous round's mark must be in first.
+		// Reading from the head: the previous round's mark must be in first. When it failed
+		// (the database refused, or is read-only), produce nothing this round: the leader
+		// backs off and the rows are marked with the next one.
 		if err := m.wait(); err != nil {
-			r.log.Warn("relay: marking published rows failed; they are marked with the next round", zap.Error(err))
+			return roundResult{retry: true}, fmt.Errorf("marking published rows failed; they are marked with the next round: %w", err)
 		}
 	}
 	rows, err := r.fetch(ctx, r.topics.excluded(p, r.cfg.UnknownTopicTimeout), m.afterSeq, m.afterID)
@@ -86,6 +100,11 @@ func (r *Relay) round(ctx context.Context, p *producer) (roundResult, error) {
 		m.fromHead()
 		return res, nil
 	}
+	if err := fence(ctx); err != nil {
+		m.fromHead()
+		return roundResult{}, fmt.Errorf("%w: %w", errFenced, err)
+	}
+	res.fenced = true
 	results := make([]result, len(rows))
 	alone := false
 	for _, w := range rows {

@@ -192,3 +192,109 @@ func isConnectionError(err error) bool {
 	return pgconn.Timeout(err) || strings.Contains(err.Error(), "conn closed") || strings.Contains(err.Error(), "unexpected EOF") ||
 		strings.Contains(err.Error(), "connection reset")
 }
+
+// Regression (CI, TestReadOnlySwitchUnderTwoRelays: 20 records published while read-only): a
+// round that waited for the previous round's mark while the database turned read-only read
+// the next rows on a fresh read-only session (reads still work there) and produced them,
+// although the mark had just failed and the leadership session had ended: the fence ran only
+// before the round, not before the produce. Here the mark of a first round (30 rows) is held
+// while 20 more rows are written, so the next round is waiting for it; then the database
+// turns read-only, every session ends, and the mark is let go (it fails). None of the 20 rows
+// may be published until the database is writable again; afterwards all 50 are.
+func TestNothingProducedAfterTheMarkFailedOnAReadOnlyDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.Database(t)
+	dbName := url[strings.LastIndex(url, "/")+1:]
+	if i := strings.IndexByte(dbName, '?'); i >= 0 {
+		dbName = dbName[:i]
+	}
+	db := pgx.Identifier{dbName}.Sanitize()
+	admin := testenv.Postgres(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := &testBundle{pool: pool, schema: "kafkatx", brokers: testenv.Brokers(t), w: outbox.Writer{Schema: "kafkatx"}, t: tables.For("kafkatx")}
+	if _, err := migrations.Apply(ctx, pool, b.schema); err != nil {
+		t.Fatal(err)
+	}
+	topic := testenv.Topic(t, b.brokers, 3)
+	rp, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rp.Close)
+	cfg := b.config(t)
+	cfg.BatchSize = 50
+	cfg.MaxBackoff = 500 * time.Millisecond
+	r, err := New(rp, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	r.testHookMark = func() { once.Do(func() { close(held); <-release }) }
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	write := func(from, n int) {
+		t.Helper()
+		recs := make([]outbox.Record, n)
+		for i := range recs {
+			recs[i] = outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", (from+i)%7)), Value: []byte(fmt.Sprint(from + i))}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { _, err := b.w.WriteTx(ctx, tx, recs...); return err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, 30)
+	select {
+	case <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the first round's mark never started")
+	}
+	waitFor(t, 30*time.Second, "the first 30 records on the topic", func() bool { return topicCount(t, b.brokers, topic) == 30 })
+	write(30, 20)
+	time.Sleep(time.Second) // the leader wakes on the NOTIFY and its round waits for the held mark
+
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" SET default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "ALTER DATABASE "+db+" RESET default_transaction_read_only")
+	})
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'", dbName); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	// The mark retries for about 3 s (five tries) before it fails; look past that.
+	time.Sleep(6 * time.Second)
+	if n := topicCount(t, b.brokers, topic); n != 30 {
+		t.Fatalf("%d records on the topic after the failed mark on the read-only database, want the first round's 30 only", n)
+	}
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+db+" RESET default_transaction_read_only"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "all 50 rows published", func() bool {
+		var n int64
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+b.t.Outbox+` WHERE state = 'published'`).Scan(&n)
+		return n == 50
+	})
+	ids := map[string]bool{}
+	for _, m := range readAll(t, b.brokers, topic) {
+		id, _ := header(m, outbox.HeaderOutboxID)
+		ids[id] = true
+	}
+	if len(ids) != 50 {
+		t.Fatalf("%d distinct outbox ids on the topic, want 50", len(ids))
+	}
+}

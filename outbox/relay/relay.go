@@ -62,6 +62,8 @@ type Relay struct {
 	topics *topics
 	// marker runs each round's mark in the background. Run's goroutine only.
 	marker marker
+	// testHookMark, set by a test before Run, runs in the mark's goroutine before it writes.
+	testHookMark func()
 }
 
 // New returns a relay for pool's database. It checks cfg and starts nothing: Run does.
@@ -224,14 +226,19 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 		go func() { defer wg.Done(); r.runJanitor(bg) }()
 	}
 
+	// Fencing: a round produces only once the lock's session answered and is still writable,
+	// checked after the round's read and right before it produces (one round trip per
+	// round), so a deposed leader — its session ended, or left on an old primary after a
+	// switchover — publishes nothing read after it was deposed. A round that produced
+	// nothing did not check: the next loop checks first, so an idle leader notices too.
+	fence := func(ctx context.Context) error { return requireWritable(ctx, conn) }
 	wait := time.Duration(0)
+	fenced := false
 	for ctx.Err() == nil {
-		// Fencing: a round starts only once the lock's session answered and is still
-		// writable (one round trip per round), so a deposed leader — its session ended, or
-		// left on an old primary after a switchover — stops after at most the round it was
-		// in.
-		if err := requireWritable(ctx, conn); err != nil {
-			return lostLeadership(ctx, err)
+		if !fenced {
+			if err := fence(ctx); err != nil {
+				return lostLeadership(ctx, err)
+			}
 		}
 		if p.fatal.Load() {
 			r.log.Error("producer hit a fatal error; creating a new one")
@@ -241,10 +248,13 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 			}
 			r.topics = newTopics()
 		}
-		res, err := r.round(ctx, p)
+		res, err := r.round(ctx, p, fence)
+		fenced = res.fenced
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil
+		case errors.Is(err, errFenced):
+			return lostLeadership(ctx, err)
 		case err != nil && readOnlyServer(err):
 			// Discard the pool's sessions (they would be refused for ever); the next round
 			// checks the leadership session itself.
