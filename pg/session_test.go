@@ -28,16 +28,8 @@ func TestTransactionPoolerIsDetectedAndSessionLocksRefused(t *testing.T) {
 		pooled bool
 	}{{"direct", direct, false}, {"pgbouncer transaction mode", pooled, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			cc, err := pgx.ParseConfig(tc.url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-			conn, err := pgx.ConnectConfig(ctx, cc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
+			conn := simpleConn(t, tc.url)
+			var err error
 			// Several times: the answer must not depend on which backend the pooler hands out.
 			for i := 0; i < 5; i++ {
 				err = pg.RequireSession(ctx, conn)
@@ -114,19 +106,26 @@ func TestTransactionPoolerIsDetectedWhileOthersUseIt(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 
-	cc, err := pgx.ParseConfig(pooled)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	conn := simpleConn(t, pooled)
 	for i := 0; i < 200; i++ {
 		if err := pg.RequireSession(ctx, conn); !errors.Is(err, pg.ErrTransactionPooled) {
 			t.Fatalf("RequireSession #%d with other clients on the pooler: %v, want ErrTransactionPooled", i, err)
 		}
 	}
+}
+
+// simpleConn connects to url with the simple protocol (as the probe does), closed at cleanup.
+func simpleConn(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(context.Background(), cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
 }

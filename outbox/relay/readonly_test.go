@@ -34,21 +34,8 @@ import (
 func TestReadOnlySwitchUnderTwoRelays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.Database(t)
-	dbName := url[strings.LastIndex(url, "/")+1:]
-	if i := strings.IndexByte(dbName, '?'); i >= 0 {
-		dbName = dbName[:i]
-	}
-	admin := testenv.Postgres(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	b := &testBundle{pool: pool, schema: "kafkatx", brokers: testenv.Brokers(t), w: outbox.Writer{Schema: "kafkatx"}, t: tables.For("kafkatx")}
-	if _, err := migrations.Apply(ctx, pool, b.schema); err != nil {
-		t.Fatal(err)
-	}
+	b, url, dbName, admin := ownDatabase(t)
+	pool := b.pool
 	topic := testenv.Topic(t, b.brokers, 3)
 	const batch = 50
 	leads, leadLogs := observer.New(zapcore.InfoLevel)
@@ -183,6 +170,30 @@ func TestReadOnlySwitchUnderTwoRelays(t *testing.T) {
 	}
 }
 
+// ownDatabase returns a bundle on a database of the test's own (migrated, schema kafkatx), so
+// that the test can turn the whole database read-only: its URL, its name, and a pool on the
+// server's default database for the switch.
+func ownDatabase(t *testing.T) (b *testBundle, url, dbName string, admin *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url = testenv.Database(t)
+	dbName = url[strings.LastIndex(url, "/")+1:]
+	if i := strings.IndexByte(dbName, '?'); i >= 0 {
+		dbName = dbName[:i]
+	}
+	admin = testenv.Postgres(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b = &testBundle{pool: pool, schema: "kafkatx", brokers: testenv.Brokers(t), w: outbox.Writer{Schema: "kafkatx"}, t: tables.For("kafkatx")}
+	if _, err := migrations.Apply(ctx, pool, b.schema); err != nil {
+		t.Fatal(err)
+	}
+	return b, url, dbName, admin
+}
+
 // isConnectionError reports an error of a session the test's switch ended.
 func isConnectionError(err error) bool {
 	var pgErr *pgconn.PgError
@@ -204,22 +215,9 @@ func isConnectionError(err error) bool {
 func TestNothingProducedAfterTheMarkFailedOnAReadOnlyDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.Database(t)
-	dbName := url[strings.LastIndex(url, "/")+1:]
-	if i := strings.IndexByte(dbName, '?'); i >= 0 {
-		dbName = dbName[:i]
-	}
+	b, url, dbName, admin := ownDatabase(t)
+	pool := b.pool
 	db := pgx.Identifier{dbName}.Sanitize()
-	admin := testenv.Postgres(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	b := &testBundle{pool: pool, schema: "kafkatx", brokers: testenv.Brokers(t), w: outbox.Writer{Schema: "kafkatx"}, t: tables.For("kafkatx")}
-	if _, err := migrations.Apply(ctx, pool, b.schema); err != nil {
-		t.Fatal(err)
-	}
 	topic := testenv.Topic(t, b.brokers, 3)
 	rp, err := pgxpool.New(ctx, url)
 	if err != nil {
