@@ -35,10 +35,45 @@ type producer struct {
 }
 
 func newProducer(brokers, topic string) (*producer, error) {
-	p, err := kafka.NewProducer(&kafka.ConfigMap{
+	return newProducerWith(brokers, topic, nil)
+}
+
+// newTxProducer is newProducer in one Kafka transaction (transactional.id txID, begun):
+// consumers that read committed (kafkatx sets isolation.level=read_committed) see none of
+// its records until commit, then all of them at once.
+func newTxProducer(ctx context.Context, brokers, topic, txID string) (*producer, error) {
+	pr, err := newProducerWith(brokers, topic, kafka.ConfigMap{"transactional.id": txID})
+	if err != nil {
+		return nil, err
+	}
+	if err := pr.p.InitTransactions(ctx); err != nil {
+		pr.close()
+		return nil, fmt.Errorf("producer: init transactions: %w", err)
+	}
+	if err := pr.p.BeginTransaction(); err != nil {
+		pr.close()
+		return nil, fmt.Errorf("producer: begin transaction: %w", err)
+	}
+	return pr, nil
+}
+
+// commit commits newTxProducer's transaction.
+func (pr *producer) commit(ctx context.Context) error {
+	if err := pr.p.CommitTransaction(ctx); err != nil {
+		return fmt.Errorf("producer: commit transaction: %w", err)
+	}
+	return nil
+}
+
+func newProducerWith(brokers, topic string, extra kafka.ConfigMap) (*producer, error) {
+	cfg := kafka.ConfigMap{
 		"bootstrap.servers": brokers, "enable.idempotence": true, "acks": "all", "linger.ms": 5,
 		"go.logs.channel.enable": false,
-	})
+	}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	p, err := kafka.NewProducer(&cfg)
 	if err != nil {
 		return nil, fmt.Errorf("producer: %w", err)
 	}

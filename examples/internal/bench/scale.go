@@ -46,8 +46,8 @@ type scaleRow struct {
 }
 
 // scaleOut runs -scale's process counts, each without events (drain) and with them (end to
-// end), over one backlog of -scale-messages orders on a -scale-partitions topic; every run
-// has a fresh database and group, so each consumes the whole backlog.
+// end), each over -scale-messages orders on a fresh -scale-partitions topic, database and
+// group.
 func (b *bench) scaleOut(ctx context.Context) error {
 	if b.o.scale == "" {
 		return nil
@@ -80,28 +80,11 @@ func (b *bench) scaleOut(ctx context.Context) error {
 		return err
 	}
 	progress("scale: the processes' logs go to %s", logs)
-	topic := "bench-scale-" + b.suffix
-	parts := b.o.scalePartitions
-	b.topics = append(b.topics, topic, topic+".dlq")
-	if err := createTopics(ctx, b.o.brokers, []string{topic, topic + ".dlq"}, parts); err != nil {
-		return err
-	}
-	pr, err := newProducer(b.o.brokers, topic)
-	if err != nil {
-		return err
-	}
-	t0 := time.Now()
-	err = pr.backlog(ctx, b.o.scaleMessages)
-	pr.close()
-	if err != nil {
-		return err
-	}
-	progress("scale: produced %d orders to %d partitions in %s", b.o.scaleMessages, parts, time.Since(t0).Round(time.Millisecond))
 	pgPID := listenerPID(dbPort(b.o.databaseURL))
 	for _, k := range counts {
 		var drain float64
 		for _, events := range []bool{false, true} {
-			x, err := b.scaleRun(ctx, bin, logs, topic, k, events, pgPID)
+			x, err := b.scaleRun(ctx, bin, logs, k, events, pgPID)
 			if err != nil {
 				return fmt.Errorf("%d processes, events %v: %w", k, events, err)
 			}
@@ -116,11 +99,16 @@ func (b *bench) scaleOut(ctx context.Context) error {
 	return nil
 }
 
-// scaleRun starts k processes of examples/orders on topic in a fresh group and database and
-// times them from the moment the group is stable with all k members and an order is applied
-// (the orders applied by then are not counted) until every order is applied and, with
-// events, every event is on the events topic and the outbox holds no pending row.
-func (b *bench) scaleRun(ctx context.Context, bin, logs, topic string, k int, events bool, pgPID int) (scaleRow, error) {
+// scaleRun starts k processes of examples/orders on a fresh, empty topic in a fresh group and
+// database, waits until the group is stable with all k members, produces the backlog in one
+// Kafka transaction, and times from its commit until every order is applied and, with
+// events, every event is on the events topic and the outbox holds no pending row. Every
+// order is counted and every process has its share from the start, and no producer runs in
+// the window. (A backlog produced before the processes started was mostly drained by the
+// first member while the others joined — the broker's group.initial.rebalance.delay.ms is 0
+// here — and the window measured the rest with the machine half idle; one produced inside
+// the window paced the drain.)
+func (b *bench) scaleRun(ctx context.Context, bin, logs string, k int, events bool, pgPID int) (scaleRow, error) {
 	x := scaleRow{Procs: k, Events: events, Messages: int64(b.o.scaleMessages), NProc: numCPU(), Load1: loadAvg()[0]}
 	mode := "drain"
 	if events {
@@ -142,6 +130,11 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs, topic string, k int, ev
 	}
 	defer pool.Close()
 	group := "bench-" + name + "-" + b.suffix
+	topic := "bench-" + name + "-" + b.suffix
+	b.topics = append(b.topics, topic, topic+".dlq")
+	if err := createTopics(ctx, b.o.brokers, []string{topic, topic + ".dlq"}, b.o.scalePartitions); err != nil {
+		return x, err
+	}
 	eventsTopic := ""
 	var wm *watermarks
 	if events {
@@ -205,8 +198,42 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs, topic string, k int, ev
 		s.busy, s.total = machineCPU()
 		return s
 	}
-	var start, end *snap
-	var firstApplied *snap
+	// Every member joined (on an empty topic), then the backlog.
+	joinBy := time.Now().Add(2 * time.Minute)
+	for !groupStable(ctx, admin, group, k) {
+		if time.Now().After(joinBy) {
+			return x, fmt.Errorf("the group did not become stable with %d members within 2 minutes (logs in %s)", k, logs)
+		}
+		select {
+		case <-exited:
+			return x, fmt.Errorf("a process exited early (logs in %s)", logs)
+		case <-ctx.Done():
+			return x, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	x.Stable = true
+	var start *snap
+	// The backlog in one Kafka transaction: produced while the members wait (they read
+	// committed and see nothing), visible to all of them at the commit, which starts the
+	// window.
+	pr, err := newTxProducer(ctx, b.o.brokers, topic, "bench-"+name+"-"+b.suffix)
+	if err != nil {
+		return x, err
+	}
+	t0 := time.Now()
+	err = pr.backlog(ctx, int(x.Messages))
+	if err == nil {
+		progress("%s: produced %d orders in one transaction in %s", name, x.Messages, time.Since(t0).Round(time.Millisecond))
+		st := take(0)
+		start = &st
+		err = pr.commit(ctx)
+	}
+	pr.close()
+	if err != nil {
+		return x, err
+	}
+	var end *snap
 	deadline := time.Now().Add(15 * time.Minute)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -231,19 +258,7 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs, topic string, k int, ev
 				return x, err
 			}
 		}
-		if applied > 0 && firstApplied == nil {
-			s := take(applied)
-			firstApplied = &s
-		}
-		if start == nil && applied > 0 && groupStable(ctx, admin, group, k) {
-			s := take(applied)
-			start = &s
-			x.Stable = true
-		}
 		if applied >= x.Messages {
-			if start == nil { // the drain ended before the group settled: time from the first order applied
-				start = firstApplied
-			}
 			if !events {
 				s := take(applied)
 				end = &s
