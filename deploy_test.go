@@ -171,8 +171,8 @@ func TestSecuredListenerRefusalsAreOneClearError(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 1)
 			if tc.topic != "" {
-				tc.topic = "denied." + b.topic // created over PLAINTEXT, by its super user
-				createTopic(t, b.brokers, tc.topic)
+				tc.topic = "denied." + b.topic                     // created over PLAINTEXT, by its super user
+				testenv.NamedTopic(t, b.brokers, tc.topic, 1, nil) // over PLAINTEXT
 			} else {
 				tc.topic = b.topic
 			}
@@ -216,33 +216,4 @@ func TestSecuredListenerRefusalsAreOneClearError(t *testing.T) {
 			t.Logf("%s: refused after %s: %s", tc.name, time.Since(start).Round(time.Millisecond), rd.AuthError)
 		})
 	}
-}
-
-// createTopic creates topic (1 partition) over the PLAINTEXT listener.
-func createTopic(t *testing.T, brokers, topic string) {
-	t.Helper()
-	a, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := a.CreateTopics(ctx, []kafka.TopicSpecification{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e := res[0].Error; e.Code() != kafka.ErrNoError && e.Code() != kafka.ErrTopicAlreadyExists {
-		t.Fatal(e)
-	}
-	t.Cleanup(func() {
-		a, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
-		if err != nil {
-			return
-		}
-		defer a.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = a.DeleteTopics(ctx, []string{topic})
-	})
 }

@@ -225,10 +225,17 @@ func Topic(t testing.TB, brokers string, partitions int) string {
 // "LogAppendTime"} or {"max.message.bytes": "2097152"}.
 func TopicWithConfig(t testing.TB, brokers string, partitions int, config map[string]string) string {
 	t.Helper()
+	return NamedTopic(t, brokers, UniqueName(t, "kafkatx-test-", 200), partitions, config)
+}
+
+// NamedTopic is TopicWithConfig for a topic whose name the test chooses (one an ACL names,
+// for example): created (an existing one is taken as it is) with its partitions led and
+// answering, deleted when the test ends.
+func NamedTopic(t testing.TB, brokers, name string, partitions int, config map[string]string) string {
+	t.Helper()
 	if partitions <= 0 {
 		t.Fatalf("testenv: topic partitions must be positive, got %d", partitions)
 	}
-	name := UniqueName(t, "kafkatx-test-", 200)
 	admin := newAdmin(t, brokers)
 	defer admin.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), defaultOpTimeout)
@@ -236,7 +243,7 @@ func TopicWithConfig(t testing.TB, brokers string, partitions int, config map[st
 	res, err := admin.CreateTopics(ctx, []kafka.TopicSpecification{{
 		Topic: name, NumPartitions: partitions, ReplicationFactor: 1, Config: config,
 	}}, kafka.SetAdminOperationTimeout(30*time.Second))
-	if err == nil && len(res) == 1 && res[0].Error.Code() != kafka.ErrNoError {
+	if err == nil && len(res) == 1 && res[0].Error.Code() != kafka.ErrNoError && res[0].Error.Code() != kafka.ErrTopicAlreadyExists {
 		err = res[0].Error
 	}
 	if err != nil {

@@ -57,7 +57,7 @@ func TestRelayDeniedTopicOverSASLSSLIsOneClearError(t *testing.T) {
 	b := setup(t)
 	allowed := testenv.Topic(t, b.brokers, 1)
 	denied := "denied." + allowed
-	createDenied(t, b.brokers, denied)
+	testenv.NamedTopic(t, b.brokers, denied, 1, nil) // over PLAINTEXT: its super user may
 	buf := &lockedBuffer{}
 	cfg := b.config(t)
 	cfg.Logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(buf), zapcore.DebugLevel))
@@ -93,33 +93,4 @@ func TestRelayDeniedTopicOverSASLSSLIsOneClearError(t *testing.T) {
 	if pw := fmt.Sprint(props["sasl.password"]); pw == "" || strings.Contains(logs, pw) {
 		t.Fatal("the SASL password appears in the relay's logs (or the test has none)")
 	}
-}
-
-// createDenied creates topic over the PLAINTEXT listener (its super user may).
-func createDenied(t *testing.T, brokers, topic string) {
-	t.Helper()
-	a, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := a.CreateTopics(ctx, []kafka.TopicSpecification{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e := res[0].Error; e.Code() != kafka.ErrNoError && e.Code() != kafka.ErrTopicAlreadyExists {
-		t.Fatal(e)
-	}
-	t.Cleanup(func() {
-		a, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
-		if err != nil {
-			return
-		}
-		defer a.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = a.DeleteTopics(ctx, []string{topic})
-	})
 }
