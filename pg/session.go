@@ -71,21 +71,24 @@ func probePooled(ctx context.Context, conn *pgx.Conn) (bool, error) {
 		return false, fmt.Errorf("session probe: connect: %w", err)
 	}
 	defer other.Close(context.WithoutCancel(ctx)) //nolint:errcheck
-	for round := 0; round < rounds; round++ {
-		pooled, err := probeRound(ctx, conn, other, p1)
+	for range rounds {
+		pooled, err := probeRound(ctx, conn, other)
 		if err != nil || pooled {
 			return pooled, err
-		}
-		if p1, err = backendPID(ctx, conn); err != nil {
-			return false, fmt.Errorf("session probe: %w", err)
 		}
 	}
 	return false, nil
 }
 
-// probeRound holds a transaction open on other and reports whether it proves transaction
-// pooling: other's backend is the one conn had (p1), or conn's next statement runs elsewhere.
-func probeRound(ctx context.Context, conn, other *pgx.Conn, p1 int32) (bool, error) {
+// probeRound reads conn's backend pid, holds a transaction open on other, and reports
+// whether that proves transaction pooling: other got the backend conn just released, or
+// conn's next statement runs on another one. Reading conn's pid right before other begins
+// makes its backend the one a LIFO pooler such as PgBouncer hands out next.
+func probeRound(ctx context.Context, conn, other *pgx.Conn) (bool, error) {
+	p1, err := backendPID(ctx, conn)
+	if err != nil {
+		return false, fmt.Errorf("session probe: %w", err)
+	}
 	tx, err := other.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("session probe: %w", err)

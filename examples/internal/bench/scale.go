@@ -213,7 +213,6 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs string, k int, events bo
 		}
 	}
 	x.Stable = true
-	var start *snap
 	// The backlog in one Kafka transaction: produced while the members wait (they read
 	// committed and see nothing), visible to all of them at the commit, which starts the
 	// window.
@@ -222,13 +221,13 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs string, k int, events bo
 		return x, err
 	}
 	t0 := time.Now()
-	err = pr.backlog(ctx, int(x.Messages))
-	if err == nil {
-		progress("%s: produced %d orders in one transaction in %s", name, x.Messages, time.Since(t0).Round(time.Millisecond))
-		st := take(0)
-		start = &st
-		err = pr.commit(ctx)
+	if err := pr.backlog(ctx, int(x.Messages)); err != nil {
+		pr.close()
+		return x, err
 	}
+	progress("%s: produced %d orders in one transaction in %s", name, x.Messages, time.Since(t0).Round(time.Millisecond))
+	start := take(0)
+	err = pr.commit(ctx)
 	pr.close()
 	if err != nil {
 		return x, err
