@@ -63,6 +63,7 @@ var errFenced = errors.New("relay: the leadership session refused the round")
 // round reads one batch of pending rows in publication order, produces them all without
 // waiting per record, waits for their delivery reports, and starts marking the outcomes in
 // one database transaction, which runs while the next round reads and produces (marker).
+// After a full batch it reads the next one while this one is produced (readAhead).
 //
 // fence checks the leadership session (requireWritable) right before anything is produced,
 // after the read and after any wait for the previous mark, so a leader whose session ended
@@ -78,7 +79,12 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 			return roundResult{retry: true}, fmt.Errorf("marking published rows failed; they are marked with the next round: %w", err)
 		}
 	}
-	rows, err := r.fetch(ctx, r.topics.excluded(p, r.cfg.UnknownTopicTimeout), m.afterSeq, m.afterID)
+	skip := r.topics.excluded(p, r.cfg.UnknownTopicTimeout)
+	rows, ahead := r.ahead.take(skip, m.afterSeq, m.afterID)
+	var err error
+	if !ahead {
+		rows, err = r.fetch(ctx, skip, m.afterSeq, m.afterID)
+	}
 	if err != nil {
 		m.fromHead()
 		return roundResult{}, err
@@ -105,6 +111,11 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 		return roundResult{}, fmt.Errorf("%w: %w", errFenced, err)
 	}
 	res.fenced = true
+	if res.full {
+		// More rows wait: read them while these are produced (readAhead).
+		last := rows[len(rows)-1]
+		r.ahead.start(ctx, skip, last.commitSeq, last.id)
+	}
 	results := make([]result, len(rows))
 	alone := false
 	for _, w := range rows {

@@ -27,11 +27,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -62,6 +62,8 @@ type Relay struct {
 	topics *topics
 	// marker runs each round's mark in the background. Run's goroutine only.
 	marker marker
+	// ahead reads the next round's rows while a round produces. Run's goroutine only.
+	ahead readAhead
 	// testHookMark, set by a test before Run, runs in the mark's goroutine before it writes.
 	testHookMark func()
 }
@@ -104,6 +106,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		isolate: map[int64]bool{},
 	}
 	rl.marker.r = rl
+	rl.ahead.r = rl
 	return rl, nil
 }
 
@@ -215,6 +218,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	defer func() { p.close() }()
 	r.topics = newTopics()
 	defer r.marker.finish(r.cfg.ShutdownTimeout)
+	defer r.ahead.drop()
 
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup

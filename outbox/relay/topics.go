@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -47,7 +48,8 @@ func (p *producer) exists(topic string) (exists, ok bool) {
 	return false, false
 }
 
-// excluded returns the missing topics whose rows the next read skips, re-checking those due.
+// excluded returns the missing topics whose rows the next read skips, re-checking those due,
+// sorted (a read ahead is taken only with the same list).
 func (ts *topics) excluded(p *producer, timeout time.Duration) []string {
 	now := time.Now()
 	out := []string{}
@@ -64,6 +66,7 @@ func (ts *topics) excluded(p *producer, timeout time.Duration) []string {
 			out = append(out, t)
 		}
 	}
+	slices.Sort(out)
 	return out
 }
 
