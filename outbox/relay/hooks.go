@@ -104,6 +104,27 @@ type JanitorDeleted struct {
 	Rows   int64
 }
 
+// HookRound is called after each round that produced rows, before its outcomes are marked:
+// how the leader's time went, step by step. A leader that keeps up spends most of it in
+// Produce; Read or MarkWait growing says the database is the wall.
+type HookRound interface {
+	OnRound(Round)
+}
+
+// Round is one publishing round. Read is the time waiting for the round's rows: the read
+// itself, or only the rest of the read started during the previous round (ReadAhead true).
+// Produce is the time from the first record handed to the producer to the last delivery
+// report. MarkWait is the time waiting for the previous round's mark to finish (before a
+// read from the head of the outbox, and before this round's own mark starts).
+type Round struct {
+	Schema    string
+	Rows      int
+	Read      time.Duration
+	ReadAhead bool
+	Produce   time.Duration
+	MarkWait  time.Duration
+}
+
 // hookSet is Config.Hooks sorted by interface once.
 type hookSet struct {
 	published []HookPublished
@@ -112,6 +133,7 @@ type hookSet struct {
 	backlog   []HookBacklogMeasured
 	leader    []HookLeadership
 	deleted   []HookJanitorDeleted
+	round     []HookRound
 }
 
 // newHookSet sorts own (the relay's) then user hooks; a user hook that implements none of
@@ -142,6 +164,10 @@ func newHookSet(own []Hook, user []Hook) (hookSet, error) {
 		}
 		if v, ok := h.(HookJanitorDeleted); ok {
 			s.deleted = append(s.deleted, v)
+			n++
+		}
+		if v, ok := h.(HookRound); ok {
+			s.round = append(s.round, v)
 			n++
 		}
 		if n == 0 {
@@ -201,6 +227,13 @@ func (r *Relay) janitorDeleted(table string, n int64) {
 	ev := JanitorDeleted{Schema: r.cfg.Schema, Table: table, Rows: n}
 	for _, h := range r.hooks.deleted {
 		func() { defer r.recoverHook(h); h.OnJanitorDeleted(ev) }()
+	}
+}
+
+func (r *Relay) roundDone(ev Round) {
+	ev.Schema = r.cfg.Schema
+	for _, h := range r.hooks.round {
+		func() { defer r.recoverHook(h); h.OnRound(ev) }()
 	}
 }
 

@@ -21,6 +21,13 @@ type recorder struct {
 	parked    []Parked
 	backlog   int
 	leader    []bool
+	rounds    []Round
+}
+
+func (h *recorder) OnRound(e Round) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rounds = append(h.rounds, e)
 }
 
 func (h *recorder) OnPublished(e Published) {
@@ -90,6 +97,16 @@ func TestHooksSeePublishedAndParkedRows(t *testing.T) {
 	}
 	if h.backlog == 0 {
 		t.Fatal("no BacklogMeasured event")
+	}
+	rows := 0
+	for _, e := range h.rounds {
+		if e.Schema != b.schema || e.Rows <= 0 || e.Produce <= 0 || e.Read <= 0 {
+			t.Fatalf("odd Round %+v", e)
+		}
+		rows += e.Rows
+	}
+	if rows < 3 { // the parked row may have been produced twice (batched, then alone)
+		t.Fatalf("rounds %+v produced %d rows, want at least the 3 written", h.rounds, rows)
 	}
 }
 

@@ -42,6 +42,8 @@ type promHook struct {
 	retried   *prometheus.CounterVec
 	latency   prometheus.Histogram
 	deleted   *prometheus.CounterVec
+	rounds    prometheus.Counter
+	roundStep *prometheus.CounterVec
 }
 
 var (
@@ -51,6 +53,7 @@ var (
 	_ HookBacklogMeasured = (*promHook)(nil)
 	_ HookLeadership      = (*promHook)(nil)
 	_ HookJanitorDeleted  = (*promHook)(nil)
+	_ HookRound           = (*promHook)(nil)
 )
 
 // newPromHook creates the relay's collectors and registers them with reg (nil: none). A
@@ -77,6 +80,11 @@ func newPromHook(reg prometheus.Registerer, schema string) (*promHook, error) {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18)}),
 		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_janitor_deleted_rows_total", ConstLabels: l,
 			Help: "Rows deleted by the retention janitor, by table."}, []string{"table"}),
+		rounds: prometheus.NewCounter(prometheus.CounterOpts{Name: "kafkatx_outbox_relay_rounds_total", ConstLabels: l,
+			Help: "Publishing rounds that produced rows."}),
+		roundStep: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_outbox_relay_round_seconds_total", ConstLabels: l,
+			Help: "Time the leader spent in its rounds, by step: read (waiting for rows), produce (until the last delivery report), mark_wait (waiting for the previous mark)."},
+			[]string{"step"}),
 	}
 	var err error
 	promreg.Into(reg, &m.backlog, &err)
@@ -88,6 +96,8 @@ func newPromHook(reg prometheus.Registerer, schema string) (*promHook, error) {
 	promreg.Into(reg, &m.retried, &err)
 	promreg.Into(reg, &m.latency, &err)
 	promreg.Into(reg, &m.deleted, &err)
+	promreg.Into(reg, &m.rounds, &err)
+	promreg.Into(reg, &m.roundStep, &err)
 	if err != nil {
 		return nil, err
 	}
@@ -119,4 +129,11 @@ func (m *promHook) OnLeadership(e Leadership) {
 
 func (m *promHook) OnJanitorDeleted(e JanitorDeleted) {
 	m.deleted.WithLabelValues(e.Table).Add(float64(e.Rows))
+}
+
+func (m *promHook) OnRound(e Round) {
+	m.rounds.Inc()
+	m.roundStep.WithLabelValues("read").Add(e.Read.Seconds())
+	m.roundStep.WithLabelValues("produce").Add(e.Produce.Seconds())
+	m.roundStep.WithLabelValues("mark_wait").Add(e.MarkWait.Seconds())
 }

@@ -71,6 +71,8 @@ var errFenced = errors.New("relay: the leadership session refused the round")
 // in errFenced.
 func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Context) error) (roundResult, error) {
 	m := &r.marker
+	var rt Round // the round's steps, reported when it produced (roundDone)
+	t := time.Now()
 	if m.afterSeq == 0 {
 		// Reading from the head: the previous round's mark must be in first. When it failed
 		// (the database refused, or is read-only), produce nothing this round: the leader
@@ -79,12 +81,15 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 			return roundResult{retry: true}, fmt.Errorf("marking published rows failed; they are marked with the next round: %w", err)
 		}
 	}
+	rt.MarkWait = time.Since(t)
+	t = time.Now()
 	skip := r.topics.excluded(p, r.cfg.UnknownTopicTimeout)
 	rows, ahead := r.ahead.take(skip, m.afterSeq, m.afterID)
 	var err error
 	if !ahead {
 		rows, err = r.fetch(ctx, skip, m.afterSeq, m.afterID)
 	}
+	rt.Read, rt.ReadAhead = time.Since(t), ahead
 	if err != nil {
 		m.fromHead()
 		return roundResult{}, err
@@ -111,6 +116,7 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 		return roundResult{}, fmt.Errorf("%w: %w", errFenced, err)
 	}
 	res.fenced = true
+	t = time.Now()
 	if res.full {
 		// More rows wait: read them while these are produced (readAhead).
 		last := rows[len(rows)-1]
@@ -157,7 +163,12 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 	if testHookBeforeMark != nil {
 		testHookBeforeMark(results)
 	}
+	rt.Produce = time.Since(t)
+	t = time.Now()
 	prevErr := m.wait()
+	rt.MarkWait += time.Since(t)
+	rt.Rows = len(rows)
+	r.roundDone(rt)
 	m.start(ctx, rows, results)
 	if prevErr != nil {
 		return res, prevErr // wait read from the head again

@@ -61,23 +61,24 @@ type event struct {
 
 	// Drain of the backlog: messages committed from the first commit to the one that
 	// reached Messages, excluding the first commit's own messages (as 05-throughput does).
-	Messages   int64   `json:"messages,omitempty"`
-	FirstN     int64   `json:"first_n,omitempty"`
-	Seconds    float64 `json:"seconds,omitempty"`
-	Rate       float64 `json:"rate,omitempty"`
-	ProcCPU    float64 `json:"proc_cpu_s,omitempty"` // this process, start to drained
-	PGCPU      float64 `json:"pg_cpu_s,omitempty"`   // its PostgreSQL backends, start to drained
-	GoHeapMB   float64 `json:"go_sys_mb,omitempty"`  // Go runtime's memory from the OS at drained
-	Latency    int     `json:"latency_n,omitempty"`  // latency samples
-	P50        float64 `json:"p50_ms"`               // produce -> commit, stamped messages
-	P99        float64 `json:"p99_ms"`
-	MaxMs      float64 `json:"max_ms,omitempty"`      //
-	Variants   []cell  `json:"variants,omitempty"`    // ceiling
-	StartupSec float64 `json:"startup_s,omitempty"`   // child start to first commit
-	PeakRSSMB  float64 `json:"peak_rss_mb,omitempty"` // VmHWM when the event was written
-	Batches    int64   `json:"batches,omitempty"`     // kafkatx: batch transactions committed
-	BatchSec   float64 `json:"batch_s,omitempty"`     // kafkatx: their total time, all partitions
-	Extra      string  `json:"note,omitempty"`
+	Messages   int64       `json:"messages,omitempty"`
+	FirstN     int64       `json:"first_n,omitempty"`
+	Seconds    float64     `json:"seconds,omitempty"`
+	Rate       float64     `json:"rate,omitempty"`
+	ProcCPU    float64     `json:"proc_cpu_s,omitempty"` // this process, start to drained
+	PGCPU      float64     `json:"pg_cpu_s,omitempty"`   // its PostgreSQL backends, start to drained
+	GoHeapMB   float64     `json:"go_sys_mb,omitempty"`  // Go runtime's memory from the OS at drained
+	Latency    int         `json:"latency_n,omitempty"`  // latency samples
+	P50        float64     `json:"p50_ms"`               // produce -> commit, stamped messages
+	P99        float64     `json:"p99_ms"`
+	MaxMs      float64     `json:"max_ms,omitempty"`      //
+	Variants   []cell      `json:"variants,omitempty"`    // ceiling
+	StartupSec float64     `json:"startup_s,omitempty"`   // child start to first commit
+	PeakRSSMB  float64     `json:"peak_rss_mb,omitempty"` // VmHWM when the event was written
+	Batches    int64       `json:"batches,omitempty"`     // kafkatx: batch transactions committed
+	BatchSec   float64     `json:"batch_s,omitempty"`     // kafkatx: their total time, all partitions
+	Relay      *relaySteps `json:"relay,omitempty"`       // pipeline: the in-process relay's rounds
+	Extra      string      `json:"note,omitempty"`
 
 	// Pipeline phases.
 	AppliedSec  float64 `json:"applied_s,omitempty"`    // first commit to the last order applied

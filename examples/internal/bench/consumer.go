@@ -190,3 +190,48 @@ func batchHistogram(reg *prometheus.Registry) (int64, float64) {
 	}
 	return 0, 0
 }
+
+// relaySteps is where the relay's leader spent its rounds (relay.HookRound, through its
+// Prometheus counters): seconds waiting for rows, producing until the last delivery report,
+// and waiting for the previous round's mark.
+type relaySteps struct {
+	Rounds   int64   `json:"rounds,omitempty"`
+	Read     float64 `json:"read_s,omitempty"`
+	Produce  float64 `json:"produce_s,omitempty"`
+	MarkWait float64 `json:"mark_wait_s,omitempty"`
+}
+
+// relayRounds reads relaySteps from reg (zero when the relay registered nothing there).
+func relayRounds(reg *prometheus.Registry) relaySteps {
+	var out relaySteps
+	mfs, err := reg.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "kafkatx_outbox_relay_rounds_total":
+			for _, m := range mf.GetMetric() {
+				out.Rounds += int64(m.GetCounter().GetValue())
+			}
+		case "kafkatx_outbox_relay_round_seconds_total":
+			for _, m := range mf.GetMetric() {
+				v := m.GetCounter().GetValue()
+				for _, l := range m.GetLabel() {
+					if l.GetName() != "step" {
+						continue
+					}
+					switch l.GetValue() {
+					case "read":
+						out.Read += v
+					case "produce":
+						out.Produce += v
+					case "mark_wait":
+						out.MarkWait += v
+					}
+				}
+			}
+		}
+	}
+	return out
+}

@@ -352,6 +352,9 @@ func (b *bench) child(ctx context.Context, s spec, r *row, onDrained func(event)
 				progress("%s: %d batch transactions, %.1f messages each, %.2fs in them (%.0f%% of %d partitions' time)", s.Name, e.Batches,
 					float64(e.Messages)/float64(e.Batches), e.BatchSec, 100*e.BatchSec/(e.Seconds*float64(b.o.partitions)), b.o.partitions)
 			}
+			if rs := e.Relay; rs != nil {
+				progress("%s: relay %d rounds: waiting for rows %.2fs, producing %.2fs, waiting for marks %.2fs", s.Name, rs.Rounds, rs.Read, rs.Produce, rs.MarkWait)
+			}
 			telling = true
 			go func() {
 				line, err := onDrained(e)

@@ -116,6 +116,9 @@ func runPipeline(ctx context.Context, s spec) error {
 		drained.PGCPU = d.Seconds()
 	}
 	drained.Batches, drained.BatchSec = batchHistogram(reg)
+	if rs := relayRounds(reg); rs.Rounds > 0 {
+		drained.Relay = &rs
+	}
 	emit(drained)
 
 	// The soak's samples run from now until the offered load is applied and published.

@@ -46,20 +46,22 @@ type row struct {
 	Note         string  `json:"note,omitempty"`
 
 	// Pipeline phases (kind pipeline, soak): examples/orders' settings, relay in-process.
-	Events      bool    `json:"events,omitempty"`              // one event per applied order
-	VsDrain     float64 `json:"vs_drain,omitempty"`            // e2e: msgs/s over orders-noevents' of this run
-	AppliedSec  float64 `json:"applied_s,omitempty"`           // e2e: first commit to the last order applied
-	PeakBacklog int64   `json:"outbox_peak_backlog,omitempty"` // e2e: most orders committed, not yet published
-	PubN        int     `json:"published_latency_n,omitempty"` // events of stamped orders read back
-	PubP50      float64 `json:"published_p50_ms,omitempty"`    // produce -> event's broker append time
-	PubP99      float64 `json:"published_p99_ms,omitempty"`    //
-	PubMax      float64 `json:"published_max_ms,omitempty"`    //
+	Events      bool        `json:"events,omitempty"`              // one event per applied order
+	VsDrain     float64     `json:"vs_drain,omitempty"`            // e2e: msgs/s over orders-noevents' of this run
+	AppliedSec  float64     `json:"applied_s,omitempty"`           // e2e: first commit to the last order applied
+	PeakBacklog int64       `json:"outbox_peak_backlog,omitempty"` // e2e: most orders committed, not yet published
+	PubN        int         `json:"published_latency_n,omitempty"` // events of stamped orders read back
+	PubP50      float64     `json:"published_p50_ms,omitempty"`    // produce -> event's broker append time
+	PubP99      float64     `json:"published_p99_ms,omitempty"`    //
+	PubMax      float64     `json:"published_max_ms,omitempty"`    //
+	Relay       *relaySteps `json:"relay,omitempty"`               // e2e: the relay's rounds, step by step
 }
 
 func (r *row) fromDrain(e event) {
 	r.Messages, r.Rate, r.DrainSeconds, r.StartupSec = e.Messages, e.Rate, e.Seconds, e.StartupSec
 	r.ProcCPU, r.PGCPU, r.GoSysMB = e.ProcCPU, e.PGCPU, e.GoHeapMB
 	r.Batches, r.BatchSec = e.Batches, e.BatchSec
+	r.Relay = e.Relay
 }
 
 func (r *row) fromResult(e event) {
