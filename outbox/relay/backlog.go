@@ -29,7 +29,15 @@ func (r *Relay) Backlog(ctx context.Context) (count int64, oldest time.Duration,
 // costs one index probe however long the backlog is: use it to ask "is the outbox drained?"
 // often (Backlog counted 190,000 pending rows in 160 ms; asked 10 times a second it took a
 // PostgreSQL core).
+//
+// While this relay leads and its last round, less than a second ago, read a full batch, it
+// answers true without a query: more rows were waiting then and the leader is on them. (The
+// probe scans the table when dead rows fill its head: 12 ms a probe with 150,000 rows behind
+// a draining leader, asked 10 times a second by the example service's idle exit.)
 func (r *Relay) Pending(ctx context.Context) (bool, error) {
+	if at := r.fullRoundAt.Load(); at != 0 && time.Since(time.Unix(0, at)) < time.Second && r.c.leader.Load() {
+		return true, nil
+	}
 	var pending bool
 	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o
 		WHERE o.state = 'pending'

@@ -54,6 +54,9 @@ type Relay struct {
 	c       counters
 	running atomic.Bool
 	contact atomic.Int64 // unix nanoseconds of the last successful database round trip
+	// fullRoundAt: unix nanoseconds when the leader's last round read a full batch; 0 when
+	// the last round did not (Pending).
+	fullRoundAt atomic.Int64
 
 	// isolate holds row ids refused with a record-level error while batched: they are
 	// produced one at a time until each is delivered or parked. Used by Run's goroutine only.
@@ -210,6 +213,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	r.log.Info("relay is the leader; publishing", zap.String("schema", r.cfg.Schema))
 	r.leadership(true)
 	defer r.leadership(false)
+	defer r.fullRoundAt.Store(0)
 
 	p, err := newProducer(r.cfg.Kafka, r.log)
 	if err != nil {
@@ -254,6 +258,11 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 		}
 		res, err := r.round(ctx, p, fence)
 		fenced = res.fenced
+		if err == nil && res.full {
+			r.fullRoundAt.Store(time.Now().UnixNano())
+		} else {
+			r.fullRoundAt.Store(0)
+		}
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil

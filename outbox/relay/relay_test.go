@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"testing"
 	"time"
 
@@ -491,4 +492,37 @@ func TestNewRefusesAConfigurationLibrdkafkaRefuses(t *testing.T) {
 			t.Errorf("New accepted %v", bad)
 		}
 	}
+}
+
+// While the leader's rounds read full batches, Pending answers true without a query (asked
+// here with a cancelled context, which any query would fail with); once the outbox is
+// drained it queries again and answers false.
+func TestPendingAnswersFromFullRoundsWithoutAQuery(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	cfg := b.config(t)
+	cfg.BatchSize = 10 // many full rounds
+	var recs []outbox.Record
+	for i := 0; i < 3000; i++ {
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte(strconv.Itoa(i % 7)), Value: []byte(strconv.Itoa(i))})
+	}
+	b.write(t, recs...)
+	r, _ := b.start(t, cfg)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	answered := false
+	waitFor(t, 60*time.Second, "every row published", func() bool {
+		if pending, err := r.Pending(cancelled); err == nil && pending {
+			answered = true
+		}
+		return r.Stats().Published >= 3000
+	})
+	if !answered {
+		t.Fatal("Pending never answered true without a query while full rounds ran")
+	}
+	waitFor(t, 10*time.Second, "Pending false once drained", func() bool {
+		pending, err := r.Pending(context.Background())
+		return err == nil && !pending
+	})
 }
