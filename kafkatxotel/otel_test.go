@@ -48,7 +48,7 @@ func TestTraceContextFromConsumedMessageToPublishedEventAndDeadLetter(t *testing
 	if err := kafkatx.Migrate(ctx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
-	produce(t, brokers, in, []kafka.Message{
+	testenv.Produce(t, brokers, in, []kafka.Message{
 		{Key: []byte("a"), Value: []byte("order a"), Headers: []kafka.Header{{Key: "traceparent", Value: []byte(traceparent)}, {Key: "tracestate", Value: []byte("vendor=x")}}},
 		{Key: []byte("b"), Value: []byte("order b")},
 		{Key: []byte("c"), Value: []byte("poison"), Headers: []kafka.Header{{Key: "traceparent", Value: []byte(traceparent)}, {Key: "other", Value: []byte{0, 0xff}}}},
@@ -92,8 +92,8 @@ func TestTraceContextFromConsumedMessageToPublishedEventAndDeadLetter(t *testing
 	done := make(chan error, 2)
 	go func() { done <- c.Run(runCtx) }()
 	go func() { done <- rl.Run(runCtx) }()
-	got := consume(t, brokers, events, 2)
-	dl := consume(t, brokers, dlqTopic, 1)
+	got := testenv.Read(t, brokers, events, 2)
+	dl := testenv.Read(t, brokers, dlqTopic, 1)
 	cancel()
 	for range 2 {
 		if err := <-done; err != nil {
@@ -286,52 +286,6 @@ func mustSpan(s string) trace.SpanID {
 		panic(err)
 	}
 	return id
-}
-
-func produce(t *testing.T, brokers, topic string, msgs []kafka.Message) {
-	t.Helper()
-	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": brokers, "enable.idempotence": true, "go.logs.channel.enable": false})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ch := make(chan kafka.Event, len(msgs))
-	for i := range msgs {
-		m := msgs[i]
-		m.TopicPartition = kafka.TopicPartition{Topic: &topic, Partition: 0}
-		if err := p.Produce(&m, ch); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range msgs {
-		if m := (<-ch).(*kafka.Message); m.TopicPartition.Error != nil {
-			t.Fatal(m.TopicPartition.Error)
-		}
-	}
-}
-
-// consume reads n records of topic from its start (60 s at most).
-func consume(t *testing.T, brokers, topic string, n int) []*kafka.Message {
-	t.Helper()
-	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": brokers, "group.id": "reader-" + topic, "auto.offset.reset": "earliest"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.Subscribe(topic, nil); err != nil {
-		t.Fatal(err)
-	}
-	var out []*kafka.Message
-	deadline := time.Now().Add(60 * time.Second)
-	for len(out) < n && time.Now().Before(deadline) {
-		if m, err := c.ReadMessage(time.Second); err == nil {
-			out = append(out, m)
-		}
-	}
-	if len(out) < n {
-		t.Fatalf("%d of %d records on %s", len(out), n, topic)
-	}
-	return out
 }
 
 // The consumer loop, the outbox and the relay compile without OpenTelemetry: only this

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +28,7 @@ func TestOrdersCarryTraceContextToEventsAndDeadLetters(t *testing.T) {
 	for _, toStderr := range []bool{false, true} {
 		topic := testenv.Topic(t, brokers, 1)
 		events := topic + ".events"
-		produceRaw(t, brokers, topic, []kafka.Message{
+		testenv.Produce(t, brokers, topic, []kafka.Message{
 			{Key: []byte("o-t1"), Value: []byte(`{"order_id":"o-t1-` + topic + `","customer":"c","item":"book","quantity":1,"price":1.5}`), Headers: tp()},
 			{Key: []byte("o-t2"), Value: []byte(`{"order_id":"o-t2-` + topic + `","customer":"c","item":"book","quantity":1,"price":1.5}`)},
 			{Key: []byte("o-t3"), Value: []byte("not json"), Headers: tp()},
@@ -42,7 +41,7 @@ func TestOrdersCarryTraceContextToEventsAndDeadLetters(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("orders: exit %d; stderr:\n%s", r.code, tail(r.stderr))
 		}
-		evs := readTopic(t, brokers, events, 2)
+		evs := testenv.Read(t, brokers, events, 2)
 		for _, m := range evs {
 			h, ok := headerOf(m, "traceparent")
 			traced := strings.HasPrefix(string(m.Key), "o-t1")
@@ -55,7 +54,7 @@ func TestOrdersCarryTraceContextToEventsAndDeadLetters(t *testing.T) {
 				t.Fatalf("--trace-stderr: untraced order's event has traceparent %q, want its batch span's", h)
 			}
 		}
-		dl := readTopic(t, brokers, topic+".dlq", 1)
+		dl := testenv.Read(t, brokers, topic+".dlq", 1)
 		if h, _ := headerOf(dl[0], "traceparent"); h != traceparent {
 			t.Fatalf(".dlq record traceparent %q, want the original %q", h, traceparent)
 		}
@@ -74,51 +73,4 @@ func headerOf(m *kafka.Message, key string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-func produceRaw(t *testing.T, brokers, topic string, msgs []kafka.Message) {
-	t.Helper()
-	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": brokers, "go.logs.channel.enable": false})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ch := make(chan kafka.Event, len(msgs))
-	for i := range msgs {
-		m := msgs[i]
-		m.TopicPartition = kafka.TopicPartition{Topic: &topic, Partition: 0}
-		if err := p.Produce(&m, ch); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for range msgs {
-		if m := (<-ch).(*kafka.Message); m.TopicPartition.Error != nil {
-			t.Fatal(m.TopicPartition.Error)
-		}
-	}
-}
-
-// readTopic reads n records of topic from its start (60 s at most).
-func readTopic(t *testing.T, brokers, topic string, n int) []*kafka.Message {
-	t.Helper()
-	c, err := kafka.NewConsumer(&kafka.ConfigMap{"bootstrap.servers": brokers, "group.id": "reader-" + topic, "auto.offset.reset": "earliest"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := c.Subscribe(topic, nil); err != nil {
-		t.Fatal(err)
-	}
-	var out []*kafka.Message
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	for len(out) < n && ctx.Err() == nil {
-		if m, err := c.ReadMessage(time.Second); err == nil {
-			out = append(out, m)
-		}
-	}
-	if len(out) < n {
-		t.Fatalf("%d of %d records on %s", len(out), n, topic)
-	}
-	return out
 }
