@@ -115,17 +115,23 @@ func runConsumer(ctx context.Context, s spec) error {
 			res.MaxMs = quantile(lat, 1)
 		}
 	}
+	stopAndEmit(log, cancel, errc, "consumer", res)
+	return nil
+}
+
+// stopAndEmit cancels the phase's loop, waits up to 60 s for it to end (logging an error it
+// ended with, other than the cancellation), and writes res.
+func stopAndEmit(log *zap.Logger, cancel context.CancelFunc, errc <-chan error, what string, res event) {
 	cancel()
 	select {
 	case err := <-errc:
 		if err != nil && !errors.Is(err, context.Canceled) {
-			log.Warn("consumer stopped with an error", zap.Error(err))
+			log.Warn(what+" stopped with an error", zap.Error(err))
 		}
 	case <-time.After(60 * time.Second):
-		log.Warn("consumer did not stop within 60s")
+		log.Warn(what + " did not stop within 60s")
 	}
 	emit(res)
-	return nil
 }
 
 // naiveLoop is the loop users write by hand with confluent-kafka-go: for each message, one

@@ -9,7 +9,6 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/internal/service"
@@ -150,16 +149,7 @@ func runPipeline(ctx context.Context, s spec) error {
 		lat := probe.latencies()
 		res.Latency, res.P50, res.P99, res.MaxMs = len(lat), quantile(lat, 0.50), quantile(lat, 0.99), quantile(lat, 1)
 	}
-	cancel()
-	select {
-	case err := <-errc:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			log.Warn("service stopped with an error", zap.Error(err))
-		}
-	case <-time.After(60 * time.Second):
-		log.Warn("service did not stop within 60s")
-	}
-	emit(res)
+	stopAndEmit(log, cancel, errc, "service", res)
 	return nil
 }
 
