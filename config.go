@@ -1,6 +1,7 @@
 package kafkatx
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -124,6 +125,16 @@ type Config struct {
 	// handler reported Unavailable before further Unavailable answers count as ordinary
 	// failures (attempts). Defaults to DefaultUnavailableMaxWait (30 minutes).
 	UnavailableMaxWait time.Duration
+
+	// Backpressure, when set, is called by each partition's worker before a batch's
+	// transaction begins, outside any transaction, and may block to hold the partition back:
+	// outbox.Writer.WaitBelow returns one that waits while the outbox holds too many rows, so
+	// a consumer does not outrun its relay without bound. ctx ends when the partition stops
+	// (revoked, or the consumer shuts down). An error or a panic is logged and the batch runs
+	// (a broken throttle must not stop the loop). While it blocks, the partition's messages
+	// stay buffered and count as in flight; past its MaxBufferedBytes share it stops fetching.
+	// Defaults to nil: no wait.
+	Backpressure func(ctx context.Context) error
 
 	// startAt is the user's auto.offset.reset, applied to partitions seen for the first time.
 	startAt string

@@ -168,7 +168,10 @@ func (p *partition) run() {
 		}
 		batch := p.collect(first)
 		p.busy.Store(int64(len(batch)))
-		err := p.process(batch)
+		err := p.holdBack()
+		if err == nil {
+			err = p.process(batch)
+		}
 		p.busy.Store(0)
 		var held int64
 		for _, m := range batch {
@@ -179,6 +182,40 @@ func (p *partition) run() {
 			return
 		}
 	}
+}
+
+// holdBack calls Config.Backpressure, if set, before a batch: it returns errStopped when the
+// worker was asked to stop while it waited, else nil (the throttle's own error or panic is
+// logged; the batch runs).
+func (p *partition) holdBack() error {
+	bp := p.c.cfg.Backpressure
+	if bp == nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(p.workCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stopCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := func() (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("Config.Backpressure panicked: %v", v)
+			}
+		}()
+		return bp(ctx)
+	}()
+	if p.stopping() {
+		return errStopped
+	}
+	if err != nil {
+		p.log.Warn("Config.Backpressure failed; the batch runs", zap.Error(err))
+	}
+	return nil
 }
 
 // goOn handles the error of one round of the worker (a batch, or passing offsets without a

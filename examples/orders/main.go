@@ -34,6 +34,7 @@ type options struct {
 	service.Flags
 	eventsTopic, produceFile     string
 	generate, poisonEvery        int
+	maxOutboxRows                int
 	produceOnly, inProcessBroker bool
 	traceStderr                  bool
 }
@@ -53,6 +54,7 @@ func run() int {
 	fs.IntVar(&o.generate, "generate", 0, "produce N synthetic orders (ids unique across runs) before consuming")
 	fs.IntVar(&o.poisonEvery, "poison-every", 0, "with --generate, make every K-th message a non-JSON poison pill")
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
+	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (PostgreSQL's live-row estimate), so the relay is not left behind without bound; 0: no bound")
 	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
 	_ = fs.Parse(os.Args[1:])
 	o.FromEnv()
@@ -70,6 +72,9 @@ func run() int {
 		return 2
 	case o.Brokers != "" && o.inProcessBroker:
 		fmt.Fprintln(os.Stderr, "orders: --in-process-broker and a broker address (--brokers or KAFKA_BOOTSTRAP_SERVERS) exclude each other; see --help")
+		return 2
+	case o.maxOutboxRows < 0:
+		fmt.Fprintf(os.Stderr, "orders: --max-outbox-rows (%d) must not be negative (0: no bound); see --help\n", o.maxOutboxRows)
 		return 2
 	case o.generate < 0 || o.poisonEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --generate (%d) and --poison-every (%d) must not be negative; see --help\n", o.generate, o.poisonEvery)
@@ -159,6 +164,7 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 	ccfg := o.ConsumerConfig(log, reg)
 	ccfg.SkipMigrations = true // applied above, on the session pool
 	ccfg.Middleware = []kafkatx.Middleware{tr.tracer.Middleware}
+	ccfg.Backpressure = outbox.Writer{Schema: o.Schema}.WaitBelow(pool, int64(o.maxOutboxRows))
 	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, ccfg)
 	if err != nil {
 		return err

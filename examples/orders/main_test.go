@@ -27,6 +27,7 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--database-url", "postgres://nowhere/x"}, want: "--in-process-broker"},
 		{args: []string{"--in-process-broker"}, env: "KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092", want: "--in-process-broker"},
 		{args: []string{"--in-process-broker", "--generate", "-5"}, want: "--generate"},
+		{args: []string{"--in-process-broker", "--max-outbox-rows", "-1"}, want: "--max-outbox-rows"},
 	} {
 		cmd := exec.Command(bin, tc.args...)
 		cmd.Env = append(os.Environ(), "KAFKA_BOOTSTRAP_SERVERS=", tc.env)

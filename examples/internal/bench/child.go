@@ -45,11 +45,12 @@ type spec struct {
 	Seconds     float64           `json:"seconds"`    // ceiling: duration of each variant
 	Conns       int               `json:"conns"`      // ceiling: connections
 	CPUProfile  string            `json:"cpu_profile"`
-	KafkaExtra  map[string]string `json:"kafka_extra,omitempty"`  // kafkatx: extra librdkafka settings
-	Timeout     float64           `json:"timeout"`                // seconds
-	Partitions  int               `json:"partitions,omitempty"`   // pipeline: of the events topic
-	Events      bool              `json:"events,omitempty"`       // pipeline: one event per applied order
-	SampleEvery float64           `json:"sample_every,omitempty"` // pipeline (soak): seconds between samples
+	KafkaExtra  map[string]string `json:"kafka_extra,omitempty"`     // kafkatx: extra librdkafka settings
+	Timeout     float64           `json:"timeout"`                   // seconds
+	Partitions  int               `json:"partitions,omitempty"`      // pipeline: of the events topic
+	Events      bool              `json:"events,omitempty"`          // pipeline: one event per applied order
+	MaxOutbox   int               `json:"max_outbox_rows,omitempty"` // pipeline: examples/orders' --max-outbox-rows (0: none)
+	SampleEvery float64           `json:"sample_every,omitempty"`    // pipeline (soak): seconds between samples
 }
 
 func (s spec) app() string { return "kafkatx-bench/" + s.Name }

@@ -46,6 +46,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
 )
@@ -70,6 +71,7 @@ type options struct {
 	e2e                            bool
 	e2eRate                        float64
 	e2eBacklog                     int
+	maxOutboxRows                  int
 	soak, soakEvery                time.Duration
 	soakRate                       float64
 	scale, ordersBin               string
@@ -97,6 +99,7 @@ func main() {
 	fs.IntVar(&o.backlog, "backlog", 0, "also drain a backlog of N messages (e.g. 1000000) with kafkatx and report its peak RSS (slow: off by default)")
 	fs.IntVar(&o.backlogBat, "backlog-batch", 500, "Batch.Size for -backlog")
 	fs.BoolVar(&o.e2e, "e2e", true, "run the pipeline pair as examples/orders runs (order.DefaultBatchSize, relay in-process, its GC setting): orders-noevents (no events) and e2e (one event per order, timed until all are published and the outbox is empty), then the offered load at -e2e-rate on e2e")
+	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "the pipeline phases' --max-outbox-rows, as examples/orders (0: no bound)")
 	fs.Float64Var(&o.e2eRate, "e2e-rate", 10000, "offered load on the e2e phase with the relay running, msgs/s (not capped), for -latency-seconds: produce -> effect and produce -> published")
 	fs.IntVar(&o.e2eBacklog, "e2e-backlog", 0, "also drain N orders (e.g. 1000000) as e2e does, with events, for the example's peak RSS (off by default)")
 	fs.DurationVar(&o.soak, "soak", 0, "also run a soak of this long (e.g. 10m) at -soak-rate with the relay running (off by default)")
@@ -259,7 +262,7 @@ func (b *bench) spec(phase, name string) spec {
 	slug := strings.NewReplacer("+", "_", "-", "_").Replace(name)
 	s := spec{Phase: phase, Name: name, DatabaseURL: b.o.databaseURL, Database: b.db, Brokers: b.o.brokers,
 		Schema: "b_" + slug, Topic: "bench-" + name + "-" + b.suffix, EventsTopic: "bench-" + name + "-events-" + b.suffix,
-		Group: "bench-" + name + "-" + b.suffix, Timeout: 1200}
+		Group: "bench-" + name + "-" + b.suffix, Timeout: 1200, MaxOutbox: b.o.maxOutboxRows}
 	s.Topic = strings.ReplaceAll(s.Topic, "+", "_")
 	s.EventsTopic = strings.ReplaceAll(s.EventsTopic, "+", "_")
 	if s.Phase == "kafkatx" && b.o.kafkaExtra != "" {

@@ -52,6 +52,7 @@ func runPipeline(ctx context.Context, s spec) error {
 	reg := prometheus.NewRegistry()
 	ccfg := f.ConsumerConfig(log, reg)
 	ccfg.SkipMigrations = true // applied above
+	ccfg.Backpressure = outbox.Writer{Schema: s.Schema}.WaitBelow(pool, int64(s.MaxOutbox))
 	c, err := kafkatx.NewBatchConsumer(pool, handler(svc, probe), ccfg)
 	if err != nil {
 		return err

@@ -1,0 +1,90 @@
+package kafkatx
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Config.Backpressure holds every partition back before its transaction: while it blocks
+// nothing is applied and the messages count as in flight; once it lets go they are applied,
+// each once. A throttle that panics or fails is logged and the batches run.
+func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	release := make(chan struct{})
+	var calls atomic.Int64
+	cfg := b.config(t)
+	cfg.Backpressure = func(ctx context.Context) error {
+		calls.Add(1)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }
+	r := b.start(t, h, cfg)
+	produce(t, b.brokers, b.topic, values(40, -1, func(i int) string { return "v" }))
+	waitFor(t, 30*time.Second, "both partitions held back", func() bool { return calls.Load() >= 2 })
+	time.Sleep(1500 * time.Millisecond) // a held partition must not run meanwhile
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects`); n != 0 {
+		t.Fatalf("%d effects applied while Backpressure held the partitions back", n)
+	}
+	if s := r.c.Stats(); s.InFlight == 0 || s.Processed != 0 {
+		t.Fatalf("Stats while held back: %+v; want messages in flight, none processed", s)
+	}
+	close(release)
+	waitFor(t, 30*time.Second, "all 40 applied", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 40 })
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != 0 {
+		t.Fatalf("%d effects applied more than once", n)
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	// A throttle that panics, then one that fails: logged, the batches run.
+	var mode atomic.Int64
+	cfg2 := b.config(t)
+	cfg2.Backpressure = func(context.Context) error {
+		if mode.Add(1)%2 == 1 {
+			panic("throttle bug")
+		}
+		return context.DeadlineExceeded
+	}
+	r2 := b.start(t, h, cfg2)
+	produce(t, b.brokers, b.topic, values(20, -1, func(i int) string { return "w" }))
+	waitFor(t, 30*time.Second, "all 60 applied past a broken throttle", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 60 })
+	if mode.Load() < 2 {
+		t.Fatalf("Backpressure called %d times, want at least 2", mode.Load())
+	}
+	if err := r2.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	// Stopping while held back: the throttle's ctx ends and Run returns; the held messages
+	// are left for the next run (applied once, by it).
+	var held atomic.Int64
+	cfg3 := b.config(t)
+	cfg3.Backpressure = func(ctx context.Context) error {
+		held.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	r3 := b.start(t, h, cfg3)
+	produce(t, b.brokers, b.topic, values(10, -1, func(i int) string { return "x" }))
+	waitFor(t, 30*time.Second, "held back again", func() bool { return held.Load() >= 1 })
+	if err := r3.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	r4 := b.start(t, h, b.config(t))
+	waitFor(t, 30*time.Second, "the 10 held messages applied by the next run", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 70 })
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != 0 {
+		t.Fatalf("%d effects applied more than once", n)
+	}
+	_ = r4.stop(t)
+}
