@@ -133,16 +133,19 @@ func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Messa
 	return nil
 }
 
-// call runs the handler over msgs and sorts what it returned: herr is the handler's own
-// failure (a panic is recovered as one, with its stack); err is what the loop retries without
-// an attempt — a retryable database error, the worker's cancellation, or errWaited for an
-// Unavailable answer still within its window.
+// call runs the handler over msgs and sorts what it returned (handlercall.Sort): herr is the
+// handler's own failure (a panic is recovered as one, with its stack; its own timeout is one;
+// a Commit or Rollback of tx, which the handler's wrapper refuses with ErrTxOwnedByLoop, is
+// one); err is what the loop retries without an attempt — a retryable PostgreSQL error, tx's
+// connection lost, the worker's cancellation, or errWaited for an Unavailable answer still
+// within its window.
 func (p *partition) call(ctx context.Context, tx pgx.Tx, msgs []*Message) (herr, err error) {
 	if len(msgs) == 0 {
 		return nil, nil // every message was a duplicate by its business key
 	}
-	herr = handlercall.Call(func() error { return p.c.handler(ctx, tx, msgs) })
-	switch handlercall.Sort(ctx, herr, p.unavailable) {
+	herr = handlercall.CallTx(tx, func(htx pgx.Tx) error { return p.c.handler(ctx, htx, msgs) })
+	v, herr := handlercall.Sort(ctx, tx, herr, p.unavailable)
+	switch v {
 	case handlercall.Done:
 		return nil, nil
 	case handlercall.Again:
@@ -163,7 +166,8 @@ type claimed struct {
 // claim claims the business idempotency keys of msgs in tx and sorts the messages. A key
 // function error fails its message (herr at msgs[failed]) as a permanent error, except
 // idempotency.ErrNotAChange (a Debezium tombstone, heartbeat, transaction marker): that
-// message is skipped, counted, never dead-lettered.
+// message is skipped, counted, never dead-lettered. A key function panic fails its message
+// as a handler panic would (class panic, an attempt; handlercall.ClaimKeys).
 func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (cl claimed, failed int, herr, err error) {
 	idem := p.c.cfg.Idempotency
 	if idem.Disabled {
@@ -171,6 +175,10 @@ func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (cl c
 	}
 	c, failed, kerr, err := handlercall.ClaimKeys(ctx, tx, idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention},
 		p.scope(), idem.Key, keyMessages(msgs))
+	var pe *handlercall.Panic
+	if errors.As(kerr, &pe) {
+		return claimed{}, failed, kerr, nil
+	}
 	if err != nil || kerr != nil {
 		return claimed{}, failed, Permanent(kerr), err
 	}
