@@ -136,9 +136,13 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
+	chained, err := safeChain(handler, c.Middleware)
+	if err != nil {
+		return nil, err
+	}
 	return &Consumer{
 		pool:      pool,
-		handler:   withGroup(chain(handler, c.Middleware), c.groupID()),
+		handler:   withGroup(chained, c.groupID()),
 		cfg:       c,
 		group:     c.groupID(),
 		store:     offsetstore.New(c.Schema),

@@ -2,13 +2,17 @@ package kafkatx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestHandlersOwnTimeoutIsAnAttemptEvenWhenPgxClosedTheConnection: a handler whose own
@@ -141,5 +145,37 @@ func TestHandlerCommittingTheLoopsTransactionIsRefused(t *testing.T) {
 	}
 	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects`); n != 1 {
 		t.Errorf("%d effects committed, want 1 (only ok's)", n)
+	}
+}
+
+// TestPanickingConfigCallbacksDoNotEndTheProcess: a Config.DeadLetter.Topic that panics leaves
+// the partition waiting on the dead letter (logged, tried again), the process alive and
+// nothing committed; a middleware that panics while wrapping, or wraps into nil, is
+// NewConsumer's error. Before, the first ended the process from the worker goroutine and the
+// second panicked in NewConsumer (or on every call).
+func TestPanickingConfigCallbacksDoNotEndTheProcess(t *testing.T) {
+	t.Parallel()
+	nop := func(ctx context.Context, tx pgx.Tx, m *Message) error { return nil }
+	boom := func(next BatchHandler) BatchHandler { panic("middleware constructor") }
+	none := func(next BatchHandler) BatchHandler { return nil }
+	for _, mws := range [][]Middleware{{boom}, {nil, none}} {
+		if _, err := NewConsumer(new(pgxpool.Pool), nop, &Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "x", "group.id": "g"}, Topics: []string{"t"}, Middleware: mws}); err == nil ||
+			!strings.Contains(err.Error(), "Config.Middleware[") {
+			t.Errorf("NewConsumer with a bad middleware: %v", err)
+		}
+	}
+
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, []testRecord{{value: []byte("bad")}})
+	var calls atomic.Int32
+	cfg := b.config(t)
+	cfg.DeadLetter.Topic = func(topic string) string { calls.Add(1); panic("no dead-letter topic for " + topic) }
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return Permanent(errors.New("bad order")) }, cfg)
+	waitFor(t, 60*time.Second, "the dead-letter topic asked twice", func() bool { return calls.Load() >= 2 })
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters") + b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks"); n != 0 {
+		t.Fatalf("a dead letter or watermark advance committed without its dead-letter topic")
 	}
 }

@@ -91,13 +91,28 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kaf
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	topic := "" // kept in the database only
 	if !p.c.cfg.DeadLetter.Disabled {
-		topic = p.c.cfg.DeadLetter.Topic(d.Topic)
+		if topic, err = deadLetterTopic(p.c.cfg.DeadLetter.Topic, d.Topic); err != nil {
+			return err
+		}
 	}
 	if err := handlercall.WriteDeadLetter(ctx, tx, p.c.cfg.Schema, d, topic); err != nil {
 		return err
 	}
 	hook("dead-letter", d.Offset)
 	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, claimed{}, time.Time{})
+}
+
+// deadLetterTopic calls Config.DeadLetter.Topic (f) for topic. A panic of f is returned as an
+// error of the loop's own work: the dead-letter transaction is logged at error level and tried
+// again (untilDone), so the partition waits for the configuration to be fixed rather than the
+// process ending or the dead letter going unpublished.
+func deadLetterTopic(f func(string) string, topic string) (dlqTopic string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("kafkatx: Config.DeadLetter.Topic panicked for topic %q: %v", topic, r)
+		}
+	}()
+	return f(topic), nil
 }
 
 // finishTx is the tail that every transaction moving the watermark shares, in this order:

@@ -2,6 +2,7 @@ package kafkatxtest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -169,5 +170,27 @@ func TestKitRefusesTheHandlersCommitAndKeepsItsSavepoints(t *testing.T) {
 	}
 	if got := strings.Join(effects(t, tx), ","); got != "in-savepoint,savepoint" {
 		t.Errorf("effects %s, want in-savepoint,savepoint", got)
+	}
+}
+
+// TestKitFailsTheTestOnPanickingConfigCallbacks: a middleware that panics while wrapping and a
+// dead-letter topic function that panics fail the test with what panicked, as NewConsumer and
+// the loop refuse them; before, the panic ended the test binary.
+func TestKitFailsTheTestOnPanickingConfigCallbacks(t *testing.T) {
+	t.Parallel()
+	r := &recorder{TB: t}
+	k := kafkatxtest.New(r, &kafkatxtest.Options{Config: &kafkatx.Config{Middleware: []kafkatx.Middleware{
+		func(next kafkatx.BatchHandler) kafkatx.BatchHandler { panic("middleware constructor") }}}})
+	nop := func(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error { return nil }
+	if got := r.do(func() { k.Run(nop, kafkatxtest.Messages("orders", "a")...) }); len(got) != 1 || !strings.Contains(got[0], "Config.Middleware[0] panicked") {
+		t.Errorf("a panicking middleware constructor: %q", got)
+	}
+	k = kafkatxtest.New(r, &kafkatxtest.Options{Config: &kafkatx.Config{DeadLetter: kafkatx.DeadLetterConfig{
+		Topic: func(string) string { panic("no topic") }}}})
+	bad := func(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
+		return kafkatx.Permanent(errors.New("bad"))
+	}
+	if got := r.do(func() { k.Run(bad, kafkatxtest.Messages("orders", "a")...) }); len(got) != 1 || !strings.Contains(got[0], "Config.DeadLetter.Topic panicked") {
+		t.Errorf("a panicking dead-letter topic function: %q", got)
 	}
 }

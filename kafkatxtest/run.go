@@ -185,8 +185,33 @@ func (tx *Tx) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) []Outco
 		tx.k.t.Fatal(errNilBatchHandler)
 	}
 	from := len(tx.outcomes)
-	tx.process(tx.k.ctx(), kafkatx.Chain(h, tx.k.middleware...), msgs)
+	tx.process(tx.k.ctx(), tx.chain(h), msgs)
 	return tx.outcomes[from:]
+}
+
+// chain wraps h in Config.Middleware as kafkatx.NewConsumer does, refusing (failing the test)
+// where NewConsumer returns an error: a middleware that panics while wrapping, or returns nil.
+func (tx *Tx) chain(h kafkatx.BatchHandler) kafkatx.BatchHandler {
+	tx.k.t.Helper()
+	mws := tx.k.middleware
+	var out kafkatx.BatchHandler
+	i := len(mws) - 1
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				tx.k.t.Fatalf("kafkatxtest: Config.Middleware[%d] panicked wrapping its next handler: %v (kafkatx.NewConsumer returns this as an error)", i, r)
+			}
+		}()
+		for out = h; i >= 0; i-- {
+			if mws[i] == nil {
+				continue
+			}
+			if out = mws[i](out); out == nil {
+				tx.k.t.Fatalf("kafkatxtest: Config.Middleware[%d] returned a nil BatchHandler (kafkatx.NewConsumer refuses it)", i)
+			}
+		}
+	}()
+	return out
 }
 
 // The kit refuses a nil handler as kafkatx.NewConsumer and NewBatchConsumer do.
@@ -330,7 +355,14 @@ func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
 		}
 		topic := ""
 		if k.dlqTopic != nil {
-			topic = k.dlqTopic(m.Topic)
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						k.t.Fatalf("kafkatxtest: Config.DeadLetter.Topic panicked for topic %q: %v (the loop logs this at error level and retries the dead letter until the configuration is fixed)", m.Topic, r)
+					}
+				}()
+				topic = k.dlqTopic(m.Topic)
+			}()
 		}
 		if err := handlercall.WriteDeadLetter(ctx, tx.Tx, k.schema, d, topic); err != nil {
 			hint := tx.connClosedHint()
