@@ -17,7 +17,9 @@ import (
 // returns is treated as the handler's answer — nil commits, Permanent(err) or
 // FailMessage(m, Permanent(err)) dead-letters, any other error is retried with backoff and
 // counts an attempt, Unavailable(err) waits without one — and a panic in it is recovered and
-// counted as an attempt with its stack, like a panic in the handler. It may be called again
+// counted as an attempt with its stack, like a panic in the handler. Its tx refuses Commit and
+// Rollback as the handler's does (ErrTxOwnedByLoop). A middleware that panics while wrapping
+// next, or returns nil, makes NewConsumer return an error. It may be called again
 // for the same messages when kafkatx re-runs a batch to isolate a failing message, so it
 // must not keep state across calls that assumes one call per message.
 type Middleware func(next BatchHandler) BatchHandler
