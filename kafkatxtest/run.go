@@ -237,6 +237,7 @@ const unattributed = -2
 
 // process runs msgs as the loop's partition worker does (kafkatx's partition.process).
 func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafkatx.Message) {
+	tx.k.t.Helper()
 	split := 0 // while > 0, the next split messages run one per try
 	for len(msgs) > 0 {
 		n := len(msgs)
@@ -263,6 +264,7 @@ func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafka
 // ended (committed, skipped, or an Unavailable/RunAgain answer for the whole batch), or the
 // index of the message whose failure herr is, or unattributed.
 func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.Message) (failed int, herr error) {
+	tx.k.t.Helper()
 	k := tx.k
 	sp, err := tx.Tx.Begin(ctx)
 	if err != nil {
@@ -344,6 +346,7 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 // settle records the failure herr of m's try: an attempt the loop retries, or its dead
 // letter, written in tx as the loop writes it.
 func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
+	tx.k.t.Helper()
 	k := tx.k
 	o := Outcome{Message: m, Kind: Retried, Attempt: attempt(m), Err: herr}
 	o.ErrorClass, o.ErrorMessage, o.Stack = handlercall.Describe(herr, permanentCause)
