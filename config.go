@@ -247,7 +247,9 @@ func (t TransactionConfig) beginSQL() string {
 type DeadLetterConfig struct {
 	// Disabled keeps dead letters in the database only.
 	Disabled bool
-	// Topic maps a source topic to its dead-letter topic. Defaults to topic + ".dlq".
+	// Topic maps a source topic to its dead-letter topic. Defaults to topic + ".dlq". A panic
+	// of Topic is recovered: the dead letter is not written, the error is logged and the
+	// dead-letter transaction tried again, so the partition waits for a fixed configuration.
 	Topic func(topic string) string
 }
 
@@ -263,7 +265,10 @@ type IdempotencyConfig struct {
 	// error dead-letters the message (error class "permanent"), except one wrapping
 	// idempotency.ErrNotAChange (FromDebezium's answer for tombstones, heartbeats and
 	// transaction metadata): the handler does not run for that message, it is committed past
-	// and counted in Stats.NotChanges.
+	// and counted in Stats.NotChanges. A panic of Key is recovered and treated as a handler
+	// panic (class "panic", its stack kept): an attempt, retried, dead-lettered after
+	// Retry.MaxAttempts — not at once, since a panic may come from state other than the
+	// message's bytes.
 	Key idempotency.KeyFunc
 	// Disabled turns business keys off; the watermark still makes each offset effective once.
 	Disabled bool

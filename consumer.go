@@ -21,11 +21,16 @@ import (
 )
 
 // Handler processes one message inside the transaction that also advances the partition's
-// watermark. It must do its database work through tx and must not commit or roll it back.
-// Returning an error rolls the transaction back; the message is retried with backoff until
+// watermark. It must do its database work through tx; tx.Commit and tx.Rollback return
+// ErrTxOwnedByLoop and count as its failure (tx.Begin opens a savepoint). Returning an error
+// rolls the transaction back; the message is retried with backoff until
 // Config.Retry.MaxAttempts, then dead-lettered. Return Permanent(err) to dead-letter at once.
-// Errors that are retryable database conditions (40001, 40P01, a lost connection) re-run the
-// transaction without counting an attempt. A panic is recovered and counted as an attempt.
+// The transaction is run again without counting an attempt only when ctx is done (shutdown,
+// a lost partition), the error holds a retryable PostgreSQL SQLSTATE (40001, 40P01, 55P03,
+// 25P03, 57P05, 25006, 57P0x, 08xxx), or tx's connection was lost and the error is not the
+// handler's own context ending; the handler's own timeout or cancellation (a context it
+// derived from ctx) and its own network errors are attempts. A panic is recovered and counted
+// as an attempt.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // BatchHandler processes messages of one partition, in offset order, inside the one
@@ -136,9 +141,13 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
+	chained, err := safeChain(handler, c.Middleware)
+	if err != nil {
+		return nil, err
+	}
 	return &Consumer{
 		pool:      pool,
-		handler:   withGroup(chain(handler, c.Middleware), c.groupID()),
+		handler:   withGroup(chained, c.groupID()),
 		cfg:       c,
 		group:     c.groupID(),
 		store:     offsetstore.New(c.Schema),

@@ -42,6 +42,14 @@ const (
 	ErrorClassOversized = "oversized" // the value exceeded Config.MaxValueBytes; the handler never ran
 )
 
+// ErrTxOwnedByLoop is what Commit and Rollback return on the pgx.Tx a Handler, BatchHandler or
+// Middleware is given: the transaction also holds the watermark advance and the dead letters,
+// and only the loop commits it (after the handler returns nil) or rolls it back (after an
+// error). The call does nothing else; the try is the handler's failure — an attempt, retried
+// and dead-lettered after Config.Retry.MaxAttempts — even when the handler ignores the error
+// and returns nil. tx.Begin (a savepoint) and every other method work as in pgx.
+var ErrTxOwnedByLoop = handlercall.ErrTxOwnedByLoop
+
 // permanentCause returns the error inside the first *PermanentError of err's chain, or nil:
 // handlercall.Describe's check for the class "permanent".
 func permanentCause(err error) error {

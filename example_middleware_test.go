@@ -53,12 +53,18 @@ func ExampleMiddleware_timing() {
 		messages int
 		took     time.Duration
 	}
-	observed := make(chan observation, 1) // in a service: a Prometheus histogram, an OpenTelemetry metric
+	// In a service: a Prometheus histogram, an OpenTelemetry metric. A channel must never
+	// block the loop (the middleware runs inside every batch's transaction): send without
+	// waiting, and drop what nobody reads.
+	observed := make(chan observation, 1)
 	timing := func(next kafkatx.BatchHandler) kafkatx.BatchHandler {
 		return func(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
 			start := time.Now()
 			err := next(ctx, tx, msgs)
-			observed <- observation{topic: msgs[0].Topic, messages: len(msgs), took: time.Since(start)}
+			select {
+			case observed <- observation{topic: msgs[0].Topic, messages: len(msgs), took: time.Since(start)}:
+			default: // the reader is behind: drop this observation rather than stall the partition
+			}
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -16,7 +17,9 @@ import (
 // returns is treated as the handler's answer — nil commits, Permanent(err) or
 // FailMessage(m, Permanent(err)) dead-letters, any other error is retried with backoff and
 // counts an attempt, Unavailable(err) waits without one — and a panic in it is recovered and
-// counted as an attempt with its stack, like a panic in the handler. It may be called again
+// counted as an attempt with its stack, like a panic in the handler. Its tx refuses Commit and
+// Rollback as the handler's does (ErrTxOwnedByLoop). A middleware that panics while wrapping
+// next, or returns nil, makes NewConsumer return an error. It may be called again
 // for the same messages when kafkatx re-runs a batch to isolate a failing message, so it
 // must not keep state across calls that assumes one call per message.
 type Middleware func(next BatchHandler) BatchHandler
@@ -26,6 +29,26 @@ type Middleware func(next BatchHandler) BatchHandler
 // returned); nil entries are skipped. Package kafkatxtest uses it to run a handler with the
 // middleware the loop would apply.
 func Chain(h BatchHandler, mws ...Middleware) BatchHandler { return chain(h, mws) }
+
+// safeChain is chain for NewConsumer: a middleware that panics while it wraps its next
+// handler, or returns a nil BatchHandler, is an error of the configuration, not a panic of
+// NewConsumer or of every handler call.
+func safeChain(h BatchHandler, mws []Middleware) (out BatchHandler, err error) {
+	i := len(mws) - 1
+	defer func() {
+		if r := recover(); r != nil {
+			out, err = nil, fmt.Errorf("kafkatx: Config.Middleware[%d] panicked wrapping its next handler: %v", i, r)
+		}
+	}()
+	for ; i >= 0; i-- {
+		if mws[i] != nil {
+			if h = mws[i](h); h == nil {
+				return nil, fmt.Errorf("kafkatx: Config.Middleware[%d] returned a nil BatchHandler", i)
+			}
+		}
+	}
+	return h, nil
+}
 
 // chain applies mws to h so that mws[0] is the outermost: it runs first and sees what every
 // later middleware and the handler returned.

@@ -91,13 +91,28 @@ func (p *partition) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kaf
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	topic := "" // kept in the database only
 	if !p.c.cfg.DeadLetter.Disabled {
-		topic = p.c.cfg.DeadLetter.Topic(d.Topic)
+		if topic, err = deadLetterTopic(p.c.cfg.DeadLetter.Topic, d.Topic); err != nil {
+			return err
+		}
 	}
 	if err := handlercall.WriteDeadLetter(ctx, tx, p.c.cfg.Schema, d, topic); err != nil {
 		return err
 	}
 	hook("dead-letter", d.Offset)
 	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, claimed{}, time.Time{})
+}
+
+// deadLetterTopic calls Config.DeadLetter.Topic (f) for topic. A panic of f is returned as an
+// error of the loop's own work: the dead-letter transaction is logged at error level and tried
+// again (untilDone), so the partition waits for the configuration to be fixed rather than the
+// process ending or the dead letter going unpublished.
+func deadLetterTopic(f func(string) string, topic string) (dlqTopic string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("kafkatx: Config.DeadLetter.Topic panicked for topic %q: %v", topic, r)
+		}
+	}()
+	return f(topic), nil
 }
 
 // finishTx is the tail that every transaction moving the watermark shares, in this order:
@@ -133,16 +148,19 @@ func (p *partition) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Messa
 	return nil
 }
 
-// call runs the handler over msgs and sorts what it returned: herr is the handler's own
-// failure (a panic is recovered as one, with its stack); err is what the loop retries without
-// an attempt — a retryable database error, the worker's cancellation, or errWaited for an
-// Unavailable answer still within its window.
+// call runs the handler over msgs and sorts what it returned (handlercall.Sort): herr is the
+// handler's own failure (a panic is recovered as one, with its stack; its own timeout is one;
+// a Commit or Rollback of tx, which the handler's wrapper refuses with ErrTxOwnedByLoop, is
+// one); err is what the loop retries without an attempt — a retryable PostgreSQL error, tx's
+// connection lost, the worker's cancellation, or errWaited for an Unavailable answer still
+// within its window.
 func (p *partition) call(ctx context.Context, tx pgx.Tx, msgs []*Message) (herr, err error) {
 	if len(msgs) == 0 {
 		return nil, nil // every message was a duplicate by its business key
 	}
-	herr = handlercall.Call(func() error { return p.c.handler(ctx, tx, msgs) })
-	switch handlercall.Sort(ctx, herr, p.unavailable) {
+	herr = handlercall.CallTx(tx, func(htx pgx.Tx) error { return p.c.handler(ctx, htx, msgs) })
+	v, herr := handlercall.Sort(ctx, tx, herr, p.unavailable)
+	switch v {
 	case handlercall.Done:
 		return nil, nil
 	case handlercall.Again:
@@ -163,7 +181,8 @@ type claimed struct {
 // claim claims the business idempotency keys of msgs in tx and sorts the messages. A key
 // function error fails its message (herr at msgs[failed]) as a permanent error, except
 // idempotency.ErrNotAChange (a Debezium tombstone, heartbeat, transaction marker): that
-// message is skipped, counted, never dead-lettered.
+// message is skipped, counted, never dead-lettered. A key function panic fails its message
+// as a handler panic would (class panic, an attempt; handlercall.ClaimKeys).
 func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (cl claimed, failed int, herr, err error) {
 	idem := p.c.cfg.Idempotency
 	if idem.Disabled {
@@ -171,6 +190,10 @@ func (p *partition) claim(ctx context.Context, tx pgx.Tx, msgs []*Message) (cl c
 	}
 	c, failed, kerr, err := handlercall.ClaimKeys(ctx, tx, idempotency.Store{Schema: p.c.cfg.Schema, Retention: idem.Retention},
 		p.scope(), idem.Key, keyMessages(msgs))
+	var pe *handlercall.Panic
+	if errors.As(kerr, &pe) {
+		return claimed{}, failed, kerr, nil
+	}
 	if err != nil || kerr != nil {
 		return claimed{}, failed, Permanent(kerr), err
 	}

@@ -9,17 +9,23 @@
 // FailMessage names the failing message of a batch and the others are re-run without it; a
 // batch that fails without naming a message is re-run one message per transaction; an
 // ordinary failure at Message.Attempt < Config.Retry.MaxAttempts is an attempt (the loop
-// would try again after a backoff), at MaxAttempts a dead letter; Unavailable and retryable
-// database errors (40001, 40P01, a lost connection) roll back without an attempt; business
+// would try again after a backoff), at MaxAttempts a dead letter — the handler's own timeout,
+// cancellation or network error included; Unavailable, retryable PostgreSQL errors (40001,
+// 40P01, ...) and the transaction's connection lost roll back without an attempt; the
+// handler's tx refuses Commit and Rollback (kafkatx.ErrTxOwnedByLoop); business
 // idempotency keys (Config.Idempotency) are claimed and a key claimed before skips its
 // message. Dead letters are written in the transaction as the loop writes them (the
 // dead_letters row and, unless Config.DeadLetter.Disabled, its outbox record for the
 // dead-letter topic), so Tx.DeadLetters and Tx.Outbox show what the loop would commit.
 //
 // Each New gets a fresh schema with kafkatx's migrations applied, dropped when the test ends,
-// so tests run in parallel against one server. Give New your *pgxpool.Pool, or nothing: the
-// kit connects to DATABASE_URL with the test's schema first on the search_path, so your
-// service's own tables, created through Kit.Pool with unqualified names, land in it too.
+// so tests run in parallel against one server. Give New nothing, and the kit connects to
+// DATABASE_URL with the test's schema first on the search_path, so your service's own tables,
+// created through Kit.Pool with unqualified names, land in it too; give it your own
+// *pgxpool.Pool (Options.Pool), and the search_path stays yours: qualify your tables with
+// Kit.Schema. Either way the code under test must write kafkatx's tables in Kit.Schema — pass
+// outbox.Writer{Schema: k.Schema()}, not outbox.Writer{} (Tx.Outbox fails the test on records
+// written to the default "kafkatx" schema).
 //
 // For a whole loop — a real Consumer over Kafka's protocol — without a JVM, see package
 // kafkatxtest/kafkatxbroker.
@@ -52,8 +58,11 @@ const DefaultGroup = "kafkatxtest"
 // Options configures New. A nil *Options means all defaults.
 type Options struct {
 	// Pool connects to PostgreSQL; its role must be able to create a schema. The kit does not
-	// close it. Defaults to a pool on DATABASE_URL (closed when the test ends) whose
-	// search_path is the test's schema, then public.
+	// close it, nor change its search_path: an unqualified CREATE TABLE through it lands where
+	// the pool's search_path says (usually public) and outlives the test, so qualify your
+	// tables with Kit.Schema (pgx.Identifier{k.Schema(), "orders"}.Sanitize()). Defaults to a
+	// pool on DATABASE_URL (closed when the test ends) whose search_path is the test's schema,
+	// then public.
 	Pool *pgxpool.Pool
 
 	// Config supplies the loop's rules: Retry.MaxAttempts, Idempotency, DeadLetter and
@@ -178,8 +187,9 @@ func unavailable(t testing.TB, format string, args ...any) {
 	t.Skipf("kafkatxtest: SKIPPED: %s; set it to a PostgreSQL URL whose role may create schemas", reason)
 }
 
-// Pool returns the kit's pool: Options.Pool, or the one on DATABASE_URL whose search_path
-// starts with Schema — create your service's tables through it.
+// Pool returns the kit's pool: Options.Pool (its own search_path: qualify tables with Schema),
+// or the one on DATABASE_URL whose search_path starts with Schema — create your service's
+// tables through it.
 func (k *Kit) Pool() *pgxpool.Pool { return k.pool }
 
 // Schema returns the test's schema (unquoted), which holds kafkatx's tables: pass it to

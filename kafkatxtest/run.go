@@ -13,6 +13,7 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/handlercall"
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Kind is what the loop does with a message after one try.
@@ -36,9 +37,11 @@ const (
 	// Unavailable: the handler answered kafkatx.Unavailable; the try is rolled back, the
 	// partition waits and runs it again, and it is not an attempt.
 	Unavailable
-	// RunAgain: the handler returned a retryable database condition (40001, 40P01, a lost
-	// connection; see kafkatx.Handler) or the context ended; the try is rolled back and run
-	// again, and it is not an attempt.
+	// RunAgain: the handler returned a retryable PostgreSQL error (40001, 40P01, ...; see
+	// kafkatx.Handler), the transaction's connection was lost under it (and its error is not
+	// its own context ending), or the test's context ended; the try is rolled back and run
+	// again, and it is not an attempt. A handler's own timeout, cancellation or network error
+	// is Retried or DeadLettered instead.
 	RunAgain
 )
 
@@ -113,6 +116,10 @@ func (k *Kit) Begin() *Tx {
 	defer cancel()
 	tx, err := k.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d", LockTimeout.Milliseconds())})
 	if err != nil {
+		if k.ctx().Err() != nil {
+			k.t.Fatalf("kafkatxtest: begin: %v (the test's context is done: t.Context() is cancelled before t.Cleanup functions run, "+
+				"so the kit cannot run handlers from a Cleanup or after the test returned)", err)
+		}
 		k.t.Fatalf("kafkatxtest: begin (each Tx holds a connection until the test ends or Tx.Rollback): %v", err)
 	}
 	k.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
@@ -122,6 +129,9 @@ func (k *Kit) Begin() *Tx {
 // Run runs h over msgs in a new transaction (Begin, then Tx.Run) and returns it.
 func (k *Kit) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) *Tx {
 	k.t.Helper()
+	if h == nil {
+		k.t.Fatal(errNilHandler)
+	}
 	tx := k.Begin()
 	tx.Run(h, msgs...)
 	return tx
@@ -130,6 +140,9 @@ func (k *Kit) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) *Tx {
 // RunBatch runs h over msgs in a new transaction (Begin, then Tx.RunBatch) and returns it.
 func (k *Kit) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) *Tx {
 	k.t.Helper()
+	if h == nil {
+		k.t.Fatal(errNilBatchHandler)
+	}
 	tx := k.Begin()
 	tx.RunBatch(h, msgs...)
 	return tx
@@ -143,6 +156,9 @@ func (k *Kit) ctx() context.Context { return k.t.Context() }
 // the outcome of each message, in order; see RunBatch.
 func (tx *Tx) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) []Outcome {
 	tx.k.t.Helper()
+	if h == nil {
+		tx.k.t.Fatal(errNilHandler)
+	}
 	return tx.RunBatch(func(ctx context.Context, btx pgx.Tx, msgs []*kafkatx.Message) error {
 		for _, m := range msgs {
 			if err := handlercall.Call(func() error { return h(ctx, btx, m) }); err != nil {
@@ -161,12 +177,59 @@ func (tx *Tx) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) []Outcome {
 // fails naming none, the messages run one per try. A failed try's writes are rolled back; a
 // dead letter is written in tx as the loop writes it. It returns the outcome of each message
 // in order (also kept for Outcome and Outcomes). A database error of the kit's own statements
-// fails the test.
+// fails the test, and so does a nil h (kafkatx.NewBatchConsumer refuses one too).
+//
+// The handler's pgx.Tx is the loop's wrapper: Commit and Rollback return
+// kafkatx.ErrTxOwnedByLoop and count as the handler's failure; Begin opens a savepoint.
 func (tx *Tx) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) []Outcome {
 	tx.k.t.Helper()
+	if h == nil {
+		tx.k.t.Fatal(errNilBatchHandler)
+	}
 	from := len(tx.outcomes)
-	tx.process(tx.k.ctx(), kafkatx.Chain(h, tx.k.middleware...), msgs)
+	tx.process(tx.k.ctx(), tx.chain(h), msgs)
 	return tx.outcomes[from:]
+}
+
+// chain wraps h in Config.Middleware as kafkatx.NewConsumer does, refusing (failing the test)
+// where NewConsumer returns an error: a middleware that panics while wrapping, or returns nil.
+func (tx *Tx) chain(h kafkatx.BatchHandler) kafkatx.BatchHandler {
+	tx.k.t.Helper()
+	mws := tx.k.middleware
+	var out kafkatx.BatchHandler
+	i := len(mws) - 1
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				tx.k.t.Fatalf("kafkatxtest: Config.Middleware[%d] panicked wrapping its next handler: %v (kafkatx.NewConsumer returns this as an error)", i, r)
+			}
+		}()
+		for out = h; i >= 0; i-- {
+			if mws[i] == nil {
+				continue
+			}
+			if out = mws[i](out); out == nil {
+				tx.k.t.Fatalf("kafkatxtest: Config.Middleware[%d] returned a nil BatchHandler (kafkatx.NewConsumer refuses it)", i)
+			}
+		}
+	}()
+	return out
+}
+
+// The kit refuses a nil handler as kafkatx.NewConsumer and NewBatchConsumer do.
+const (
+	errNilHandler      = "kafkatxtest: nil Handler (kafkatx.NewConsumer refuses it too: \"kafkatx: nil Handler\")"
+	errNilBatchHandler = "kafkatxtest: nil BatchHandler (kafkatx.NewBatchConsumer refuses it too: \"kafkatx: nil BatchHandler\")"
+)
+
+// connClosedHint explains a kit statement that failed because the handler left the
+// transaction's connection closed.
+func (tx *Tx) connClosedHint() string {
+	if c := tx.Conn(); c != nil && c.IsClosed() {
+		return " (the transaction's connection is closed: a handler whose own context ended during a statement makes pgx close it; " +
+			"the loop counts that try as an attempt and goes on with a new connection, but this Tx cannot go on — run the next messages in a new Kit.Run)"
+	}
+	return ""
 }
 
 // unattributed is try's answer for a batch that failed without naming its message.
@@ -174,6 +237,7 @@ const unattributed = -2
 
 // process runs msgs as the loop's partition worker does (kafkatx's partition.process).
 func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafkatx.Message) {
+	tx.k.t.Helper()
 	split := 0 // while > 0, the next split messages run one per try
 	for len(msgs) > 0 {
 		n := len(msgs)
@@ -200,10 +264,11 @@ func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafka
 // ended (committed, skipped, or an Unavailable/RunAgain answer for the whole batch), or the
 // index of the message whose failure herr is, or unattributed.
 func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.Message) (failed int, herr error) {
+	tx.k.t.Helper()
 	k := tx.k
 	sp, err := tx.Tx.Begin(ctx)
 	if err != nil {
-		k.t.Fatalf("kafkatxtest: savepoint: %v", err)
+		k.t.Fatalf("kafkatxtest: savepoint: %v%s", err, tx.connClosedHint())
 	}
 	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }()
 	kinds := make([]Kind, len(batch))
@@ -217,6 +282,10 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 			k.group+"/0", k.idem.Key, keyed)
 		if err != nil {
 			k.t.Fatalf("kafkatxtest: claim idempotency keys: %v (a lock timeout: another open Tx of this test claimed the same key; see LockTimeout)", err)
+		}
+		var pe *handlercall.Panic
+		if errors.As(kerr, &pe) {
+			return failed, kerr // a panic of the key function: a handler panic's rules
 		}
 		if kerr != nil {
 			return failed, kafkatx.Permanent(kerr)
@@ -233,8 +302,10 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 		}
 	}
 	if len(fresh) > 0 {
-		herr = handlercall.Call(func() error { return h(ctx, sp, fresh) })
-		switch v := handlercall.Sort(ctx, herr, kafkatx.IsUnavailable); v {
+		herr = handlercall.CallTx(sp, func(htx pgx.Tx) error { return h(ctx, htx, fresh) })
+		var v handlercall.Verdict
+		v, herr = handlercall.Sort(ctx, sp, herr, kafkatx.IsUnavailable)
+		switch v {
 		case handlercall.Again, handlercall.Wait:
 			kind := RunAgain
 			if v == handlercall.Wait {
@@ -260,7 +331,7 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 		}
 	}
 	if err := sp.Commit(ctx); err != nil {
-		k.t.Fatalf("kafkatxtest: release savepoint: %v", err)
+		k.t.Fatalf("kafkatxtest: release savepoint: %v%s", err, tx.connClosedHint())
 	}
 	for i, m := range batch {
 		kind := kinds[i]
@@ -275,6 +346,7 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 // settle records the failure herr of m's try: an attempt the loop retries, or its dead
 // letter, written in tx as the loop writes it.
 func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
+	tx.k.t.Helper()
 	k := tx.k
 	o := Outcome{Message: m, Kind: Retried, Attempt: attempt(m), Err: herr}
 	o.ErrorClass, o.ErrorMessage, o.Stack = handlercall.Describe(herr, permanentCause)
@@ -288,10 +360,21 @@ func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
 		}
 		topic := ""
 		if k.dlqTopic != nil {
-			topic = k.dlqTopic(m.Topic)
+			func() {
+				defer func() {
+					if r := recover(); r != nil {
+						k.t.Fatalf("kafkatxtest: Config.DeadLetter.Topic panicked for topic %q: %v (the loop logs this at error level and retries the dead letter until the configuration is fixed)", m.Topic, r)
+					}
+				}()
+				topic = k.dlqTopic(m.Topic)
+			}()
 		}
 		if err := handlercall.WriteDeadLetter(ctx, tx.Tx, k.schema, d, topic); err != nil {
-			k.t.Fatalf("kafkatxtest: %v (a lock timeout: another open Tx of this test wrote the same offset's dead letter; see LockTimeout)", err)
+			hint := tx.connClosedHint()
+			if hint == "" {
+				hint = " (a lock timeout: another open Tx of this test wrote the same offset's dead letter; see LockTimeout)"
+			}
+			k.t.Fatalf("kafkatxtest: write the dead letter of offset %d: %v%s", m.Offset, err, hint)
 		}
 		o.Kind, o.DeadLetter = DeadLettered, d
 	}
@@ -333,9 +416,13 @@ type OutboxRecord struct {
 }
 
 // Outbox returns the outbox records written in tx (by the handlers, and the dead letters'
-// records for their dead-letter topics), in write order. A database error fails the test.
+// records for their dead-letter topics) to the outbox table of the kit's schema (Kit.Schema),
+// in write order. A database error fails the test. Records the code under test wrote in tx to
+// the default schema's outbox ("kafkatx".outbox, an outbox.Writer without Schema) fail the test
+// with that reason: they are not the kit's, and would otherwise go unseen.
 func (tx *Tx) Outbox() []OutboxRecord {
 	tx.k.t.Helper()
+	tx.checkDefaultOutbox()
 	rows, err := tx.Query(tx.k.ctx(), `SELECT id, topic, key, value, header_keys, header_values, partition
 		FROM `+pgx.Identifier{tx.k.schema, "outbox"}.Sanitize()+` WHERE txid = pg_current_xact_id() ORDER BY id`)
 	if err != nil {
@@ -367,4 +454,29 @@ func (tx *Tx) DeadLetters() []dlq.DeadLetter {
 		tx.k.t.Fatalf("kafkatxtest: read the dead letters: %v", err)
 	}
 	return ds
+}
+
+// checkDefaultOutbox fails the test when tx holds records written to the outbox of the default
+// schema "kafkatx" rather than the kit's: the code under test used outbox.Writer{} (or a
+// Schema of ""), which a database with a real kafkatx schema accepts silently. The query runs
+// in a savepoint, so a missing or unreadable table changes nothing.
+func (tx *Tx) checkDefaultOutbox() {
+	tx.k.t.Helper()
+	ctx := tx.k.ctx()
+	def := pg.SchemaOr("")
+	if tx.k.schema == def {
+		return
+	}
+	sp, err := tx.Tx.Begin(ctx)
+	if err != nil {
+		return // Outbox's own query reports the error
+	}
+	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }()
+	var n int64
+	if err := sp.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{def, "outbox"}.Sanitize()+` WHERE txid = pg_current_xact_id()`).Scan(&n); err != nil || n == 0 {
+		return
+	}
+	tx.k.t.Errorf("kafkatxtest: the code under test wrote %d outbox records in this transaction to %s, the default schema's outbox, "+
+		"not to the kit's schema %q: pass outbox.Writer{Schema: k.Schema()} (the schema your Config.Schema names in production) to the code under test",
+		n, pgx.Identifier{def, "outbox"}.Sanitize(), tx.k.schema)
 }

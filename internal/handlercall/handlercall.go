@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,23 +36,78 @@ const (
 	ClassPanic     = "panic"
 )
 
-// Panic is a recovered handler panic with the stack of the goroutine that panicked.
+// Panic is a recovered panic of user code the loop called — the handler, a middleware, the
+// idempotency key function, a method of the handler's error value — with the stack of the
+// goroutine that panicked. Its class is ClassPanic: an attempt, like a handler panic.
 type Panic struct {
 	Value any
 	Stack []byte
+	// Of names what panicked in Error's text; "" means "handler".
+	Of string
 }
 
-func (e *Panic) Error() string { return fmt.Sprintf("handler panicked: %v", e.Value) }
+func (e *Panic) Error() string {
+	of := e.Of
+	if of == "" {
+		of = "handler"
+	}
+	return fmt.Sprintf("%s panicked: %v", of, e.Value)
+}
 
 // Call runs f and returns its error, or a *Panic when f panics: a handler's panic never
 // escapes the loop (a runtime.Goexit, as from t.FailNow, is not a panic and is not caught).
+// A non-nil error's Error method is called once inside the recover, so an error value that
+// panics when printed (a nil *T whose Error dereferences it) is a *Panic too, not a crash of
+// the loop when it logs or stores the message.
 func Call(f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &Panic{Value: r, Stack: debug.Stack()}
 		}
 	}()
-	return f()
+	err = f()
+	if err != nil {
+		_ = err.Error()
+	}
+	return err
+}
+
+// ErrTxOwnedByLoop is the answer of Commit and Rollback on the pgx.Tx the loop hands a handler
+// (OwnTx): the transaction is the loop's — it also holds the watermark advance, the attempt
+// bookkeeping and the dead letters — and only the loop ends it. Package kafkatx exports it as
+// kafkatx.ErrTxOwnedByLoop.
+var ErrTxOwnedByLoop = errors.New("kafkatx: the transaction belongs to the consumer loop, which commits or rolls it back after the handler returns; " +
+	"return nil to commit, an error to roll back (use tx.Begin for a savepoint)")
+
+// Tx is the pgx.Tx handed to the handler and its middleware: every method passes through to
+// the loop's transaction — Begin (a savepoint, whose own Commit and Rollback work), Exec,
+// Query, CopyFrom, SendBatch, Conn — except Commit and Rollback, which do nothing and return
+// ErrTxOwnedByLoop.
+type Tx struct {
+	pgx.Tx
+	refused atomic.Bool
+}
+
+// OwnTx wraps tx, the loop's transaction, for a handler call.
+func OwnTx(tx pgx.Tx) *Tx { return &Tx{Tx: tx} }
+
+// Commit refuses: see ErrTxOwnedByLoop.
+func (t *Tx) Commit(context.Context) error { t.refused.Store(true); return ErrTxOwnedByLoop }
+
+// Rollback refuses: see ErrTxOwnedByLoop.
+func (t *Tx) Rollback(context.Context) error { t.refused.Store(true); return ErrTxOwnedByLoop }
+
+// CallTx is Call for a handler call given tx, the loop's transaction, wrapped by OwnTx: the
+// handler cannot commit or roll it back, and a handler that tried and then returned nil
+// anyway has failed with ErrTxOwnedByLoop (the loop cannot tell what it meant to keep), an
+// attempt like any handler error; it never commits the loop's transaction twice.
+func CallTx(tx pgx.Tx, f func(pgx.Tx) error) error {
+	own := OwnTx(tx)
+	err := Call(func() error { return f(own) })
+	if err == nil && own.refused.Load() {
+		err = fmt.Errorf("the handler called Commit or Rollback on the loop's transaction and returned nil: %w", ErrTxOwnedByLoop)
+	}
+	return err
 }
 
 // Verdict is what the loop does with a handler's answer.
@@ -60,8 +116,9 @@ type Verdict int
 const (
 	// Done: the handler succeeded; the transaction commits.
 	Done Verdict = iota
-	// Again: a retryable database condition or the worker's cancellation; the transaction is
-	// rolled back and run again, and the try is not an attempt.
+	// Again: the worker's cancellation, a retryable PostgreSQL error, or the loop's own
+	// transaction connection lost (see Sort); the transaction is rolled back and run again,
+	// and the try is not an attempt.
 	Again
 	// Wait: the handler answered Unavailable within its window; the transaction is rolled
 	// back, the partition waits and runs the message again, not an attempt.
@@ -82,19 +139,55 @@ func (v Verdict) String() string {
 	return "failed"
 }
 
-// Sort returns the verdict on herr, the answer of a handler called with ctx. unavailable
-// reports an Unavailable answer the partition still waits out (the loop's window applies; the
-// kit passes kafkatx.IsUnavailable).
-func Sort(ctx context.Context, herr error, unavailable func(error) bool) Verdict {
-	switch {
-	case herr == nil:
-		return Done
-	case RetryableDB(herr) || ctx.Err() != nil:
-		return Again
-	case unavailable(herr):
-		return Wait
+// Sort returns the verdict on herr, the answer of a handler called with ctx (the loop's, or
+// the worker's, context) in tx (the loop's transaction). unavailable reports an Unavailable
+// answer the partition still waits out (the loop's window applies; the kit passes
+// kafkatx.IsUnavailable). The rule, in order:
+//
+//   - nil: Done.
+//   - Again — run the transaction again, not an attempt — only when (a) ctx is done (shutdown,
+//     a lost partition), (b) herr holds a *pgconn.PgError whose SQLSTATE is a retryable
+//     condition (RetryableSQLState: 40001, 40P01, 55P03, 25P03, 57P05, 25006, 57P0x, 08xxx),
+//     or (c) tx's connection is closed after the handler returned (the server or the network
+//     dropped it) and herr is not the handler's own context ending.
+//   - Wait: an Unavailable answer within its window.
+//   - Failed: everything else, an attempt retried with backoff and dead-lettered at
+//     MaxAttempts. That includes a context.DeadlineExceeded or context.Canceled of a context
+//     the handler made while ctx is alive — its own timeout, even when pgx closed tx's
+//     connection because of it (the loop records the attempt on another connection) — and
+//     any net.Error, *url.Error or *pgconn.ConnectError of the handler's own calls: no error
+//     text is guessed at, tx's connection is asked.
+//
+// err is herr, or a *Panic when a method of herr's value (Is, As, Unwrap, Unavailable)
+// panicked while it was sorted: that verdict is Failed.
+func Sort(ctx context.Context, tx pgx.Tx, herr error, unavailable func(error) bool) (v Verdict, err error) {
+	if herr == nil {
+		return Done, nil
 	}
-	return Failed
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = Failed, &Panic{Value: r, Stack: debug.Stack(), Of: "a method of the handler's error"}
+		}
+	}()
+	switch {
+	case ctx.Err() != nil, RetryableSQLState(herr):
+		return Again, herr
+	case connLost(tx) && !errors.Is(herr, context.DeadlineExceeded) && !errors.Is(herr, context.Canceled):
+		return Again, herr
+	case unavailable(herr):
+		return Wait, herr
+	}
+	return Failed, herr
+}
+
+// connLost reports whether tx's connection is closed: pgx closes it on a network error, a
+// server that ended the session, or a context that ended during a statement.
+func connLost(tx pgx.Tx) bool {
+	if tx == nil {
+		return false
+	}
+	c := tx.Conn()
+	return c != nil && c.IsClosed()
 }
 
 // Describe splits a handler failure into the class, message and stack stored with its attempt
@@ -151,13 +244,20 @@ type Claimed struct {
 // earlier transaction or earlier in msgs — is skipped, and so is one whose key function
 // answered idempotency.ErrNotAChange. A key function error, or a key longer than
 // idempotency.MaxKeyBytes, fails message msgs[failed] with kerr, which the loop dead-letters
-// as a permanent error. err is a database error of the claim.
+// as a permanent error. A key function that panics fails msgs[failed] with a *Panic (class
+// ClassPanic, its stack kept), which the loop treats as a handler panic: an attempt, retried,
+// dead-lettered at MaxAttempts — not permanent, since a panic may come from state other than
+// the message's bytes. err is a database error of the claim.
 func ClaimKeys(ctx context.Context, tx pgx.Tx, store idempotency.Store, scope string, key idempotency.KeyFunc, msgs []idempotency.Message) (cl Claimed, failed int, kerr, err error) {
 	var keys []string
 	var keyed []int
 	skip := make(map[int]bool)
 	for i, m := range msgs {
-		k, ok, err := key(m)
+		k, ok, err := callKey(key, m)
+		var pe *Panic
+		if errors.As(err, &pe) {
+			return Claimed{}, i, pe, nil
+		}
 		if errors.Is(err, idempotency.ErrNotAChange) {
 			skip[i] = true
 			cl.NotChanges = append(cl.NotChanges, i)
@@ -195,29 +295,59 @@ func ClaimKeys(ctx context.Context, tx pgx.Tx, store idempotency.Store, scope st
 	return cl, -1, nil, nil
 }
 
+// callKey calls key on m, recovering a panic as a *Panic.
+func callKey(key idempotency.KeyFunc, m idempotency.Message) (k string, ok bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			k, ok, err = "", false, &Panic{Value: r, Stack: debug.Stack(), Of: "the idempotency key function (Config.Idempotency.Key)"}
+		}
+	}()
+	k, ok, err = key(m)
+	if err != nil {
+		_ = err.Error()
+	}
+	return k, ok, err
+}
+
+// RetryableSQLState reports whether err holds a *pgconn.PgError whose SQLSTATE means "run
+// the transaction again": serialization failure (40001), deadlock (40P01), a lock wait past
+// lock_timeout (55P03), a session ended by idle_in_transaction_session_timeout (25P03) or
+// idle_session_timeout (57P05), a write refused by a read-only server (25006: after a
+// switchover the old primary stays up read-only), a server shutting down or starting
+// (57P01, 57P02, 57P03), or a connection exception (08000, 08001, 08003, 08004, 08006).
+func RetryableSQLState(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "40001", "40P01", // serialization_failure, deadlock_detected
+		"55P03",          // lock_not_available: lock_timeout passed (a frozen holder, Config.Transaction)
+		"25P03", "57P05", // idle_in_transaction_session_timeout, idle_session_timeout: the session was ended
+		"25006",                   // read_only_sql_transaction: a read-only server (old primary, standby)
+		"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
+		"08000", "08003", "08006", "08001", "08004": // connection exceptions
+		return true
+	}
+	return false
+}
+
 // RetryableDB reports whether err is a database condition that means "run the transaction
 // again": serialization failure (40001), deadlock (40P01), a lock wait past lock_timeout
 // (55P03), a session ended by idle_in_transaction_session_timeout (25P03) or
 // idle_session_timeout (57P05), a write refused by a read-only server (25006: after a
-// switchover the old primary stays up read-only), or a lost or refused connection. Such errors
-// never count as attempts (docs/design.md, "Retry without an attempt"; Config.Transaction sets
-// the timeouts).
+// switchover the old primary stays up read-only), or a lost or refused connection. It sorts
+// errors of the loop's OWN statements (attempt rows, markers, the watermark, COMMIT) for the
+// loop's log; a handler's answer is sorted by Sort, which asks the transaction's connection
+// instead of guessing from the error (a handler's own timeout or network error is its
+// failure). Config.Transaction sets the timeouts.
 func RetryableDB(err error) bool {
 	if err == nil {
 		return false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "40001", "40P01", // serialization_failure, deadlock_detected
-			"55P03",          // lock_not_available: lock_timeout passed (a frozen holder, Config.Transaction)
-			"25P03", "57P05", // idle_in_transaction_session_timeout, idle_session_timeout: the session was ended
-			"25006",                   // read_only_sql_transaction: a read-only server (old primary, standby)
-			"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-			"08000", "08003", "08006", "08001", "08004": // connection exceptions
-			return true
-		}
-		return false
+		return RetryableSQLState(err)
 	}
 	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
 		return true
