@@ -31,11 +31,11 @@ const DefaultMaxConns = 10
 // DefaultMaxOutboxRows is examples/orders' --max-outbox-rows: the consumer's partitions wait
 // before a transaction while the outbox holds more rows (outbox.Writer.WaitBelow, through
 // kafkatx.Config.Backpressure), so a drain of a large backlog does not leave the relay an
-// outbox as large as the backlog. Measured on 300,000 orders with events (2 cores): no bound
-// 19.2–21.7 s and an outbox of 157,000–163,000 rows; 100,000 rows 15.9 s; 50,000 16.2–16.8 s
-// (62,000–70,000 rows); 20,000 27–44 s, because the row estimate is about a second late and
-// the partitions then wait while the relay has already caught up: keep the bound at several
-// seconds of the relay's rate.
+// outbox as large as the backlog. Measured on 300,000 orders with events (2 cores, make
+// bench): no bound 19.2–21.7 s and an outbox of 157,000–163,000 rows; 100,000 rows 15.9 s
+// (109,673); 50,000 16.2–16.8 s (62,000–70,000 rows); 20,000 27–44 s, because the row
+// estimate is about a second late and the partitions then wait while the relay has already
+// caught up: keep the bound at several seconds of the relay's rate (docs/relay.md).
 const DefaultMaxOutboxRows = 100_000
 
 // OpenPools opens f's pools. Through a transaction pooler Pool uses QueryExecModeExec (unless
