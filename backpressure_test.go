@@ -35,8 +35,8 @@ func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
 	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects`); n != 0 {
 		t.Fatalf("%d effects applied while Backpressure held the partitions back", n)
 	}
-	if s := r.c.Stats(); s.InFlight == 0 || s.Processed != 0 {
-		t.Fatalf("Stats while held back: %+v; want messages in flight, none processed", s)
+	if s := r.c.Stats(); s.InFlight == 0 || s.Processed != 0 || s.HeldBack == 0 {
+		t.Fatalf("Stats while held back: %+v; want messages in flight and partitions held back, none processed", s)
 	}
 	close(release)
 	waitFor(t, 30*time.Second, "all 40 applied", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 40 })
@@ -86,5 +86,26 @@ func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
 	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != 0 {
 		t.Fatalf("%d effects applied more than once", n)
 	}
-	_ = r4.stop(t)
+	if err := r4.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	// A throttle that ignores its context does not hold Run past the shutdown timeout: the
+	// worker leaves it behind once its work is aborted.
+	ignore := make(chan struct{})
+	var stuck atomic.Int64
+	cfg5 := b.config(t)
+	cfg5.ShutdownTimeout = time.Second
+	cfg5.Backpressure = func(context.Context) error {
+		stuck.Add(1)
+		<-ignore // not ctx
+		return nil
+	}
+	r5 := b.start(t, h, cfg5)
+	produce(t, b.brokers, b.topic, values(4, -1, func(i int) string { return "y" }))
+	waitFor(t, 30*time.Second, "held back by a throttle that ignores ctx", func() bool { return stuck.Load() >= 1 })
+	if err := r5.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	close(ignore) // let the goroutines left behind end (goleak checks at the end)
 }

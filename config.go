@@ -130,11 +130,14 @@ type Config struct {
 	// transaction begins, outside any transaction, and may block to hold the partition back:
 	// outbox.Writer.WaitBelow returns one that waits while the outbox holds too many rows, so
 	// a consumer does not outrun its relay without bound. ctx ends when the partition stops
-	// (revoked, or the consumer shuts down), and it must return then: one that ignores ctx
-	// holds the partition's stop, and Run's, as a handler that ignores its context does. An
-	// error or a panic is logged and the batch runs (a broken throttle must not stop the loop).
-	// While it blocks, the partition's messages stay buffered and count as in flight; past its
-	// MaxBufferedBytes share it stops fetching. Defaults to nil: no wait.
+	// (revoked, or the consumer shuts down), and it should return then; one that ignores ctx
+	// is left behind (its goroutine goes on) once the partition's work is aborted, after
+	// ShutdownTimeout or when the partition is lost. An error or a panic is logged (at most
+	// once a minute per partition, a panic with its stack) and the batch runs: a broken
+	// throttle must not stop the loop. While it blocks, the partition's messages stay buffered
+	// and count as in flight, Stats.HeldBack counts the partition, a hold over 10 s is logged
+	// at info level, and past its MaxBufferedBytes share the partition stops fetching.
+	// Defaults to nil: no wait.
 	Backpressure func(ctx context.Context) error
 
 	// startAt is the user's auto.offset.reset, applied to partitions seen for the first time.

@@ -229,6 +229,9 @@ func (c *Consumer) Stats() Stats {
 	s.Assigned = len(c.parts)
 	for _, p := range c.parts {
 		s.InFlight += p.inFlight()
+		if p.heldBack.Load() {
+			s.HeldBack++
+		}
 		if p.waiting.Load() != nil {
 			s.Waiting++
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/handlercall"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -69,6 +71,10 @@ type partition struct {
 	unavailN       int                              // Unavailable answers since unavailSince
 	unavailExpired bool                             // Config.UnavailableMaxWait passed: answers count as attempts
 	waiting        atomic.Pointer[WaitingPartition] // set while waiting, for Stats and Readiness
+
+	// Owned by the worker: Config.Backpressure's hold (holdBack).
+	heldBack      atomic.Bool // in Config.Backpressure now, for Stats
+	backpressWarn time.Time   // its last failure logged (at most one a minute)
 
 	stopOnce  sync.Once
 	stopCh    chan struct{} // closed: finish the current transaction and return
@@ -185,8 +191,11 @@ func (p *partition) run() {
 }
 
 // holdBack calls Config.Backpressure, if set, before a batch: it returns errStopped when the
-// worker was asked to stop while it waited, else nil (the throttle's own error or panic is
-// logged; the batch runs).
+// worker was asked to stop while it waited, else nil. The throttle's own error or panic (with
+// its stack) is logged, at most once a minute per partition, and the batch runs. A hold longer
+// than backpressureNote is logged when it starts to show and when it ends. A throttle that
+// ignores its context is left behind once the partition's work is aborted (the shutdown
+// timeout, a lost partition): the worker returns, the throttle's goroutine goes on.
 func (p *partition) holdBack() error {
 	bp := p.c.cfg.Backpressure
 	if bp == nil {
@@ -201,22 +210,57 @@ func (p *partition) holdBack() error {
 		case <-ctx.Done():
 		}
 	}()
-	err := func() (err error) {
-		defer func() {
-			if v := recover(); v != nil {
-				err = fmt.Errorf("Config.Backpressure panicked: %v", v)
-			}
+	done := make(chan error, 1)
+	go func() {
+		done <- func() (err error) {
+			defer func() {
+				if v := recover(); v != nil {
+					err = &handlercall.Panic{Value: v, Stack: debug.Stack(), Of: "Config.Backpressure"}
+				}
+			}()
+			return bp(ctx)
 		}()
-		return bp(ctx)
 	}()
+	p.heldBack.Store(true)
+	defer p.heldBack.Store(false)
+	start := time.Now()
+	note := time.NewTimer(backpressureNote)
+	defer note.Stop()
+	noted := false
+	var err error
+wait:
+	for {
+		select {
+		case err = <-done:
+			break wait
+		case <-note.C:
+			noted = true
+			p.log.Info("partition held back by Config.Backpressure", zap.Duration("for", time.Since(start)))
+		case <-p.workCtx.Done():
+			p.log.Warn("Config.Backpressure did not return after the partition's work was aborted; left behind")
+			return errStopped
+		}
+	}
+	if noted {
+		p.log.Info("partition no longer held back", zap.Duration("held", time.Since(start)))
+	}
 	if p.stopping() {
 		return errStopped
 	}
-	if err != nil {
-		p.log.Warn("Config.Backpressure failed; the batch runs", zap.Error(err))
+	if err != nil && time.Since(p.backpressWarn) >= time.Minute {
+		p.backpressWarn = time.Now()
+		fields := []zap.Field{zap.Error(err)}
+		var pe *handlercall.Panic
+		if errors.As(err, &pe) {
+			fields = append(fields, zap.ByteString("stack", pe.Stack))
+		}
+		p.log.Warn("Config.Backpressure failed; the batch runs (logged at most once a minute)", fields...)
 	}
 	return nil
 }
+
+// backpressureNote is how long a Config.Backpressure hold lasts before it is logged.
+const backpressureNote = 10 * time.Second
 
 // goOn handles the error of one round of the worker (a batch, or passing offsets without a
 // record) and reports whether the worker goes on.

@@ -44,6 +44,9 @@ type Stats struct {
 	// Waiting is the number of assigned partitions now waiting for a dependency their handler
 	// reported Unavailable (their messages count in InFlight).
 	Waiting int
+	// HeldBack is the number of assigned partitions now waiting in Config.Backpressure before
+	// a transaction (their messages count in InFlight).
+	HeldBack int
 }
 
 type counters struct {

@@ -17,17 +17,22 @@ import (
 const backpressureInterval = 100 * time.Millisecond
 
 // WaitBelow returns a function for kafkatx.Config.Backpressure: it returns nil at once while
-// w.Schema's outbox table holds at most rows live rows, and otherwise waits until it does
-// (or ctx ends: then ctx's error). rows <= 0 returns a function that never waits.
+// w.Schema's outbox holds at most rows open rows (pending or parked), and otherwise waits
+// until it does (or ctx ends: then ctx's error). rows <= 0 returns a function that never
+// waits.
 //
-// The count is PostgreSQL's running estimate of the table's live rows
-// (pg_stat_user_tables.n_live_tup: rows inserted minus rows deleted, which each session
-// reports as its transactions end, at most about a second late), read through q at most
-// every 100 ms and shared by every caller of the returned function: one small query, not a
-// count of the table, whoever the relay is (in-process or `kafkatx relay`). So the outbox
-// can pass rows by what the writers add in about a second; parked rows and rows the relay
-// keeps as published (KeepPublished) count too; with track_counts off the estimate stays 0
-// and nothing waits. A failed read returns its error (the consumer logs it and goes on).
+// It reads PostgreSQL's running estimate of the table's live rows first
+// (pg_stat_user_tables.n_live_tup), through q, at most every 100 ms, shared by every caller of
+// the returned function: one small query, whoever the relay is (in-process or `kafkatx
+// relay`). Only when the estimate is over rows does it count the open rows themselves, up to
+// rows+1 (at most once a second while over), and it waits only on that count: the estimate
+// lags about a second behind the writers, and vacuum and analyze replace it with a sample's,
+// which can stay above an empty table for as long as nothing writes to it. So the outbox can
+// pass rows by what the writers add in about a second; parked rows count (a relay that parks
+// more than rows holds the consumer until an operator acts); with track_counts off the
+// estimate stays 0 and nothing waits. A failed read returns its error (the consumer logs it
+// and goes on).
+//
 // Keep rows at several seconds of the relay's rate: with a bound the relay drains within the
 // estimate's second, partitions wait while it has already caught up (on the 2-core test
 // machine 20,000 rows halved the end-to-end rate of a 300,000-order drain; 100,000 kept the
@@ -36,14 +41,14 @@ func (w Writer) WaitBelow(q pg.Querier, rows int64) func(context.Context) error 
 	if rows <= 0 {
 		return func(context.Context) error { return nil }
 	}
-	e := &liveRows{q: q, table: tables.For(w.schema()).Outbox}
+	e := &liveRows{q: q, table: tables.For(w.schema()).Outbox, bound: rows}
 	return func(ctx context.Context) error {
 		for {
-			n, err := e.read(ctx)
+			over, err := e.over(ctx)
 			if err != nil {
 				return err
 			}
-			if n <= rows {
+			if !over {
 				return nil
 			}
 			t := time.NewTimer(backpressureInterval)
@@ -57,22 +62,51 @@ func (w Writer) WaitBelow(q pg.Querier, rows int64) func(context.Context) error 
 	}
 }
 
-// liveRows caches the outbox's n_live_tup for backpressureInterval.
+// countInterval is how often WaitBelow counts the open rows, at most, while the estimate is
+// over the bound.
+const countInterval = time.Second
+
+// liveRows decides whether the outbox is over bound: the estimate (n_live_tup) cached for
+// backpressureInterval, and when it is over, the open rows counted up to bound+1, cached for
+// countInterval.
 type liveRows struct {
 	q     pg.Querier
 	table string // quoted
+	bound int64
 
-	mu   sync.Mutex
-	at   time.Time
-	rows int64
+	mu        sync.Mutex
+	at        time.Time // estimate read
+	estimate  int64
+	countedAt time.Time
+	counted   bool // the count's answer: over bound
 }
 
-func (e *liveRows) read(ctx context.Context) (int64, error) {
+func (e *liveRows) over(ctx context.Context) (bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.at.IsZero() && time.Since(e.at) < backpressureInterval {
-		return e.rows, nil
+	if e.at.IsZero() || time.Since(e.at) >= backpressureInterval {
+		n, err := e.readEstimate(ctx)
+		if err != nil {
+			return false, err
+		}
+		e.at, e.estimate = time.Now(), n
 	}
+	if e.estimate <= e.bound {
+		return false, nil
+	}
+	if e.countedAt.IsZero() || time.Since(e.countedAt) >= countInterval {
+		var n int64
+		err := e.q.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+e.table+` o
+			WHERE o.state IN ('pending', 'parked') LIMIT $1) x`, e.bound+1).Scan(&n)
+		if err != nil {
+			return false, fmt.Errorf("outbox: count the outbox's open rows: %w", err)
+		}
+		e.countedAt, e.counted = time.Now(), n > e.bound
+	}
+	return e.counted, nil
+}
+
+func (e *liveRows) readEstimate(ctx context.Context) (int64, error) {
 	var n int64
 	err := e.q.QueryRow(ctx, `SELECT s.n_live_tup FROM pg_stat_user_tables s WHERE s.relid = to_regclass($1)`, e.table).Scan(&n)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -81,6 +115,5 @@ func (e *liveRows) read(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("outbox: read the outbox's row estimate: %w", err)
 	}
-	e.at, e.rows = time.Now(), n
-	return e.rows, nil
+	return n, nil
 }
