@@ -2,13 +2,18 @@ package relay
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
@@ -121,3 +126,48 @@ func TestNewRefusesAValueThatIsNoHook(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// A mark with many rows to retry logs one line for them, not one a row (a round of rows
+// produced one at a time after a batch-level refusal logged tens of thousands of lines); each
+// row still gets its error stored and its HookPublishRetried event.
+func TestRetriedRowsAreLoggedOnceAMark(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	core, logs := observer.New(zap.WarnLevel)
+	h := &retryRecorder{}
+	cfg := b.config(t)
+	cfg.Logger = zap.New(core)
+	cfg.Hooks = []Hook{h}
+	r, err := New(b.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := b.write(t,
+		outbox.Record{Topic: "t", Value: []byte("1")},
+		outbox.Record{Topic: "t", Value: []byte("2")},
+		outbox.Record{Topic: "t", Value: []byte("3")})
+	rows := make([]row, len(ids))
+	results := make([]result, len(ids))
+	for i, id := range ids {
+		rows[i] = row{id: id, topic: "t"}
+		results[i] = result{outcome: outcomeRetry, err: errors.New("Broker: Message size too large")}
+	}
+	if err := r.mark(context.Background(), rows, results); err != nil {
+		t.Fatal(err)
+	}
+	entries := logs.FilterMessageSnippet("will retry").All()
+	if len(entries) != 1 || entries[0].ContextMap()["rows"] != int64(3) {
+		t.Fatalf("retry log lines %+v, want one for 3 rows", entries)
+	}
+	if n := h.n.Load(); n != 3 {
+		t.Fatalf("HookPublishRetried called %d times, want 3 (one a row)", n)
+	}
+	var withErr int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.t.Outbox+` WHERE attempts = 1 AND last_error LIKE '%too large%'`).Scan(&withErr); err != nil || withErr != 3 {
+		t.Fatalf("%d rows with their error stored (%v), want 3", withErr, err)
+	}
+}
+
+type retryRecorder struct{ n atomic.Int64 }
+
+func (h *retryRecorder) OnPublishRetried(PublishRetried) { h.n.Add(1) }

@@ -352,6 +352,8 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	var pubIDs, parkIDs, retryIDs []int64
 	var parkErrs, retryErrs []string
+	var firstRetry *row // the first row to retry, logged for all of them (one line a mark)
+	var firstErr error
 	now := time.Now()
 	for i, res := range results {
 		w := &rows[i]
@@ -366,9 +368,18 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		case outcomeRetry, outcomeIsolate:
 			retryIDs = append(retryIDs, w.id)
 			retryErrs = append(retryErrs, pg.SanitizeText(res.err.Error(), 1024))
-			r.log.Warn("outbox row not published; will retry", zap.Int64("outbox_row", w.id),
-				zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
+			if firstRetry == nil {
+				firstRetry, firstErr = w, res.err
+			}
 		}
+	}
+	if firstRetry != nil {
+		// One line a mark, not one a row: a round of rows produced one at a time after a
+		// batch-level refusal logged tens of thousands of lines. Each row's error is stored
+		// in its last_error and reported to HookPublishRetried.
+		r.log.Warn("outbox rows not published; will retry", zap.Int("rows", len(retryIDs)),
+			zap.Int64("first_outbox_row", firstRetry.id), zap.String("first_outbox_id", firstRetry.outboxID),
+			zap.String("topic", firstRetry.topic), zap.Error(firstErr))
 	}
 	if len(pubIDs)+len(parkIDs)+len(retryIDs) == 0 {
 		return nil
