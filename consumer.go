@@ -141,7 +141,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
-	chained, err := safeChain(handler, c.Middleware)
+	chained, err := Chain(handler, c.Middleware...)
 	if err != nil {
 		return nil, err
 	}

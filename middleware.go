@@ -26,14 +26,11 @@ type Middleware func(next BatchHandler) BatchHandler
 
 // Chain returns h wrapped in mws as a Consumer wraps its handler with Config.Middleware:
 // mws[0] is the outermost (it runs first and sees what every later middleware and the handler
-// returned); nil entries are skipped. Package kafkatxtest uses it to run a handler with the
-// middleware the loop would apply.
-func Chain(h BatchHandler, mws ...Middleware) BatchHandler { return chain(h, mws) }
-
-// safeChain is chain for NewConsumer: a middleware that panics while it wraps its next
-// handler, or returns a nil BatchHandler, is an error of the configuration, not a panic of
-// NewConsumer or of every handler call.
-func safeChain(h BatchHandler, mws []Middleware) (out BatchHandler, err error) {
+// returned); nil entries are skipped. A middleware that panics while it wraps its next handler,
+// or returns a nil BatchHandler, is an error of the configuration (NewConsumer returns it),
+// not a panic of NewConsumer or of every handler call. Package kafkatxtest uses it to run a
+// handler with the middleware the loop would apply.
+func Chain(h BatchHandler, mws ...Middleware) (out BatchHandler, err error) {
 	i := len(mws) - 1
 	defer func() {
 		if r := recover(); r != nil {
@@ -48,17 +45,6 @@ func safeChain(h BatchHandler, mws []Middleware) (out BatchHandler, err error) {
 		}
 	}
 	return h, nil
-}
-
-// chain applies mws to h so that mws[0] is the outermost: it runs first and sees what every
-// later middleware and the handler returned.
-func chain(h BatchHandler, mws []Middleware) BatchHandler {
-	for i := len(mws) - 1; i >= 0; i-- {
-		if mws[i] != nil {
-			h = mws[i](h)
-		}
-	}
-	return h
 }
 
 // withGroup passes group to h and its middleware in the context (GroupFromContext).

@@ -167,7 +167,10 @@ func TestChainOrder(t *testing.T) {
 			}
 		}
 	}
-	h := chain(func(context.Context, pgx.Tx, []*Message) error { got = append(got, "h"); return nil }, []Middleware{mw("1"), mw("2"), mw("3")})
+	h, err := Chain(func(context.Context, pgx.Tx, []*Message) error { got = append(got, "h"); return nil }, mw("1"), mw("2"), mw("3"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := h(context.Background(), nil, nil); err != nil || strings.Join(got, "") != "123h" {
 		t.Fatalf("order %v (%v), want 123h", got, err)
 	}

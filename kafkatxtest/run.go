@@ -191,28 +191,15 @@ func (tx *Tx) RunBatch(h kafkatx.BatchHandler, msgs ...*kafkatx.Message) []Outco
 	return tx.outcomes[from:]
 }
 
-// chain wraps h in Config.Middleware as kafkatx.NewConsumer does, refusing (failing the test)
-// where NewConsumer returns an error: a middleware that panics while wrapping, or returns nil.
+// chain wraps h in Config.Middleware as kafkatx.NewConsumer does (kafkatx.Chain), failing the
+// test where NewConsumer returns an error: a middleware that panics while wrapping, or returns
+// nil.
 func (tx *Tx) chain(h kafkatx.BatchHandler) kafkatx.BatchHandler {
 	tx.k.t.Helper()
-	mws := tx.k.middleware
-	var out kafkatx.BatchHandler
-	i := len(mws) - 1
-	func() {
-		defer func() {
-			if r := recover(); r != nil {
-				tx.k.t.Fatalf("kafkatxtest: Config.Middleware[%d] panicked wrapping its next handler: %v (kafkatx.NewConsumer returns this as an error)", i, r)
-			}
-		}()
-		for out = h; i >= 0; i-- {
-			if mws[i] == nil {
-				continue
-			}
-			if out = mws[i](out); out == nil {
-				tx.k.t.Fatalf("kafkatxtest: Config.Middleware[%d] returned a nil BatchHandler (kafkatx.NewConsumer refuses it)", i)
-			}
-		}
-	}()
+	out, err := kafkatx.Chain(h, tx.k.middleware...)
+	if err != nil {
+		tx.k.t.Fatalf("kafkatxtest: %v (kafkatx.NewConsumer returns this as an error)", err)
+	}
 	return out
 }
 
