@@ -22,6 +22,7 @@ var testHookBeforeMark func([]result)
 type row struct {
 	id        int64
 	commitSeq int64
+	txid      uint64 // the writing transaction (xid8): with id, the row's place in outbox_open_idx
 	outboxID  string
 	topic     string
 	key       []byte
@@ -318,7 +319,7 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 	// it is an index condition there: written as o.id > $4 (or with OR) the planner scanned
 	// the primary key instead, or the transaction's rows still waiting for their mark (50 ms
 	// a round, against 2 ms).
-	rows, err := r.pool.Query(ctx, `SELECT c.commit_seq, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
+	rows, err := r.pool.Query(ctx, `SELECT c.commit_seq, o.txid, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
 		FROM `+r.commits+` c
 		CROSS JOIN LATERAL (
 			SELECT * FROM `+r.t.Outbox+` o
@@ -336,7 +337,7 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 	}
 	out, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 		var w row
-		err := cr.Scan(&w.commitSeq, &w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt)
+		err := cr.Scan(&w.commitSeq, &w.txid, &w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt)
 		return w, err
 	})
 	if err != nil {
@@ -384,6 +385,13 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	if len(pubIDs)+len(parkIDs)+len(retryIDs) == 0 {
 		return nil
 	}
+	// Delivered rows are deleted by range (deleteRanges), or by id once a range held a row
+	// that was not delivered (byID).
+	byID := false
+	delivered := make(map[int64]bool, len(pubIDs))
+	for _, id := range pubIDs {
+		delivered[id] = true
+	}
 	// A new batch per try: pgx keeps statement descriptions in a sent batch's queued queries,
 	// and a batch sent again after an error used them stale ("prepared statement ... does not
 	// exist", SQLSTATE 26000, on every retry).
@@ -393,7 +401,9 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		// they are published again with the same kafkatx-outbox-id, as after a relay crash between
 		// produce and mark. So the round does not wait for the WAL flush (one fsync per round).
 		b.Queue(`SET LOCAL synchronous_commit = off`)
-		if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
+		if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 && !byID {
+			r.deleteRanges(b, rows, results, delivered)
+		} else if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
 			b.Queue(`DELETE FROM `+r.t.Outbox+` WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
 		} else if len(pubIDs) > 0 {
 			b.Queue(`UPDATE `+r.t.Outbox+` SET state = 'published', resolved_at = now(), attempts = attempts + 1, last_error = NULL
@@ -429,6 +439,13 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	for try := 1; try <= 5; try++ {
 		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(mctx, newBatch()).Close() }); err == nil {
 			break
+		}
+		if errors.Is(err, errRangeWider) && !byID {
+			// Rolled back: mark again at once, deleting the delivered rows by id.
+			byID = true
+			r.log.Debug("relay: a delivered range held rows that were not delivered; deleting the delivered rows by id", zap.Error(err))
+			try--
+			continue
 		}
 		if readOnlyServer(err) {
 			r.pool.Reset() // the retry connects afresh: the rows were delivered, mark them on a writable server

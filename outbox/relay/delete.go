@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// errRangeWider is returned (and the mark's transaction rolled back) when deleting a mark's
+// delivered rows by range took a row that was not delivered: an open row lay inside a range
+// without being read with it. The mark is then made again, row by row (deleteByID).
+var errRangeWider = errors.New("relay: a delivered range held a row that was not delivered")
+
+// deliveredRuns returns a mark's delivered rows as ranges of outbox_open_idx ((txid, id)):
+// runs of rows that follow each other in the mark, belong to one transaction and were all
+// delivered. A round reads a transaction's rows in id order, so a round of R delivered rows
+// over T transactions gives about T ranges, not R ids.
+//
+// A range can hold rows the round did not read: rows of a topic set aside (missing), rows
+// waiting behind a parked row of their key, a row released by an operator after the read.
+// deleteRanges returns what it deleted so that the mark can tell (errRangeWider).
+func deliveredRuns(rows []row, results []result) (txids []uint64, los, his []int64) {
+	open := false
+	for i := range rows {
+		if results[i].outcome != outcomeDelivered {
+			open = false
+			continue
+		}
+		w := &rows[i]
+		if n := len(txids); open && txids[n-1] == w.txid && w.id > his[n-1] {
+			his[n-1] = w.id
+			continue
+		}
+		txids, los, his = append(txids, w.txid), append(los, w.id), append(his, w.id)
+		open = true
+	}
+	return txids, los, his
+}
+
+// deleteRanges queues the DELETE of the open rows inside the ranges of deliveredRuns and a
+// check that each row it took is in delivered; when one is not, the batch fails with
+// errRangeWider (and its transaction must roll back).
+//
+// Why ranges: deleting 1,000 rows by `id = ANY($1)` descends the primary key once per id,
+// 4.4–5.7 µs a row on an idle 2-core machine (PostgreSQL 15); the same rows as ranges of
+// outbox_open_idx took 1.2–1.5 µs a row, the same WAL (76 bytes a row). The bounds are row
+// comparisons on the index's columns so that they are its index condition (as in fetch).
+func (r *Relay) deleteRanges(b *pgx.Batch, rows []row, results []result, delivered map[int64]bool) {
+	txids, los, his := deliveredRuns(rows, results)
+	b.Queue(`DELETE FROM `+r.t.Outbox+` o USING unnest($1::xid8[], $2::bigint[], $3::bigint[]) AS d(txid, lo, hi)
+		WHERE (o.txid, o.id) >= (d.txid, d.lo) AND (o.txid, o.id) <= (d.txid, d.hi)
+		  AND o.state IN ('pending', 'parked') AND o.state = 'pending'
+		RETURNING o.id`, txids, los, his).Query(func(rs pgx.Rows) error {
+		wider := 0
+		for rs.Next() {
+			var id int64
+			if err := rs.Scan(&id); err != nil {
+				return err
+			}
+			if !delivered[id] {
+				wider++
+			}
+		}
+		if err := rs.Err(); err != nil {
+			return err
+		}
+		if wider > 0 {
+			return fmt.Errorf("%w: %d rows", errRangeWider, wider)
+		}
+		return nil
+	})
+}
