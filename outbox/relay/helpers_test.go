@@ -64,6 +64,13 @@ func (b *testBundle) start(t testing.TB, cfg *Config) (*Relay, func()) {
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
 	}
+	return r, b.run(t, r)
+}
+
+// run runs r until the test ends (or the returned stop is called) and checks that Run
+// returns nil.
+func (b *testBundle) run(t testing.TB, r *Relay) func() {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -82,7 +89,7 @@ func (b *testBundle) start(t testing.TB, cfg *Config) (*Relay, func()) {
 		})
 	}
 	t.Cleanup(stop)
-	return r, stop
+	return stop
 }
 
 // write writes records in one transaction and returns their row ids.

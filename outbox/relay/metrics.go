@@ -27,6 +27,7 @@ type Stats struct {
 type counters struct {
 	published, parked, retried atomic.Int64
 	leader                     atomic.Bool
+	alone                      atomic.Int64 // productions with one record in flight (tests)
 }
 
 // promHook is the relay's Prometheus metrics, kept as one of its hooks (hooks.go): every

@@ -146,14 +146,20 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 				}
 			}
 		}
+	} else if r.ask(ctx, p, rows, time.Now()); r.limits.any(rows) {
+		// A topic of this round takes smaller batches than librdkafka builds (split.go).
+		r.produceChunked(ctx, p, rows, results, blocked)
 	} else {
 		r.produce(ctx, p, rows, results, blocked, false)
 	}
+	r.learnLimits(rows, results)
 	for i, res2 := range results {
 		if res2.outcome == outcomeDelivered || res2.outcome == outcomePark {
 			delete(r.isolate, rows[i].id)
 		}
-		if res2.outcome == outcomeIsolate {
+		if res2.outcome == outcomeIsolate && !sizeRefusal(res2.err) {
+			// Another record's refusal (INVALID_RECORD) may have failed the batch: each
+			// such row goes alone until delivered or parked. Size refusals go in chunks.
 			r.isolate[rows[i].id] = true
 		}
 		if res2.outcome == outcomeRetry || res2.outcome == outcomeIsolate {
@@ -229,6 +235,11 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 			}
 			break
 		}
+	}
+	if inFlight == 1 {
+		// The only record in flight: a record-level refusal is its own.
+		alone = true
+		r.c.alone.Add(1)
 	}
 	// librdkafka reports every message within message.timeout.ms; after ctx is cancelled
 	// wait at most ShutdownTimeout, then leave the rest pending (published again later).

@@ -61,12 +61,18 @@ type Relay struct {
 	// isolate holds row ids refused with a record-level error while batched: they are
 	// produced one at a time until each is delivered or parked. Used by Run's goroutine only.
 	isolate map[int64]bool
+	// limits holds the byte budgets of topics that refused batches as too large (split.go).
+	// Run's goroutine only.
+	limits     sizeLimits
+	batchBytes int // batchBytes(Config.Kafka)
 	// topics tracks which topics exist for the current producer. Run's goroutine only.
 	topics *topics
 	// marker runs each round's mark in the background. Run's goroutine only.
 	marker marker
 	// ahead reads the next round's rows while a round produces. Run's goroutine only.
 	ahead readAhead
+	// testHookMaxMessageBytes, set by a test before Run, answers for the broker (split.go).
+	testHookMaxMessageBytes func(topic string) (int, error)
 	// testHookMark, set by a test before Run, runs in the mark's goroutine before it writes.
 	testHookMark func()
 }
@@ -99,14 +105,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		return nil, err
 	}
 	rl := &Relay{
-		pool:    pool,
-		cfg:     c,
-		log:     c.Logger,
-		t:       tables.For(c.Schema),
-		commits: pgx.Identifier{c.Schema, "outbox_commits"}.Sanitize(),
-		channel: pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
-		hooks:   hooks,
-		isolate: map[int64]bool{},
+		pool:       pool,
+		cfg:        c,
+		log:        c.Logger,
+		t:          tables.For(c.Schema),
+		commits:    pgx.Identifier{c.Schema, "outbox_commits"}.Sanitize(),
+		channel:    pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
+		hooks:      hooks,
+		isolate:    map[int64]bool{},
+		limits:     sizeLimits{},
+		batchBytes: batchBytes(c.Kafka),
 	}
 	rl.marker.r = rl
 	rl.ahead.r = rl

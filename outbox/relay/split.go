@@ -1,0 +1,236 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// limitTTL is how often a topic's max.message.bytes is asked again, so that a changed
+// limit is picked up.
+const limitTTL = 10 * time.Minute
+
+// sizeLimit is what the relay knows of one topic's size limit.
+type sizeLimit struct {
+	bytes int       // most bytes of the topic's records in flight at once; 0: no budget
+	at    time.Time // when it was asked or learned
+}
+
+// sizeLimits keeps, per topic, a byte budget under the topic's max.message.bytes.
+//
+// librdkafka fills a partition's batch up to batch.size (1,000,000 bytes by default) whatever
+// the topic accepts, and a broker refuses a batch over the topic's max.message.bytes whole
+// (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE) without saying which record; the Java producer
+// splits such a batch and sends it again (KIP-126), librdkafka does not. So the relay asks each
+// topic's max.message.bytes when it first produces to it (DescribeConfigs, again every
+// limitTTL), and when it is below what librdkafka may put in one batch it produces that
+// topic's records in chunks whose estimated size stays under it, each chunk's delivery
+// reports awaited before the next. A refusal all the same (the topic's limit could not be
+// read, or was lowered meanwhile) halves the budget (tighten). Before, every refused record
+// was sent again alone: a topic with a 16 KiB limit and 260-byte records was published at
+// about 170 records a second, and a refused batch split over two requests published later
+// rows of a key before the earlier ones. Used by Run's goroutine only.
+type sizeLimits map[string]sizeLimit
+
+// of returns topic's budget, when it has one.
+func (l sizeLimits) of(topic string) (int, bool) {
+	s, ok := l[topic]
+	return s.bytes, ok && s.bytes > 0
+}
+
+// any reports whether a row of rows has a topic with a budget.
+func (l sizeLimits) any(rows []row) bool {
+	if len(l) == 0 {
+		return false
+	}
+	for i := range rows {
+		if _, ok := l.of(rows[i].topic); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// batchBytes is the most bytes librdkafka puts in one batch with these producer settings:
+// the smaller of batch.size and message.max.bytes (both 1,000,000 by default).
+func batchBytes(cfg kafka.ConfigMap) int {
+	n := 1_000_000
+	for _, k := range []string{"batch.size", "message.max.bytes"} {
+		if v, ok := cfg[k]; ok {
+			if m, err := strconv.Atoi(fmt.Sprint(v)); err == nil && m > 0 {
+				n = min(n, m)
+			}
+		}
+	}
+	return n
+}
+
+// ask reads the max.message.bytes of every topic of rows not asked within limitTTL and sets
+// its budget: none when librdkafka's batches fit (batchBytes), else the limit less
+// limitMargin. A topic whose limit cannot be read keeps what it had (none at first) until the
+// next ask; a refusal still sets a budget (tighten).
+func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time) {
+	var seen map[string]bool
+	for i := range rows {
+		topic := rows[i].topic
+		if s, ok := r.limits[topic]; (ok && now.Sub(s.at) < limitTTL) || seen[topic] {
+			continue
+		}
+		if seen == nil {
+			seen = map[string]bool{}
+		}
+		seen[topic] = true
+		s := r.limits[topic]
+		s.at = now
+		var mmb int
+		var err error
+		if r.testHookMaxMessageBytes != nil {
+			mmb, err = r.testHookMaxMessageBytes(topic)
+		} else {
+			mmb, err = maxMessageBytes(ctx, p.p, topic)
+		}
+		switch {
+		case err != nil:
+			r.log.Debug("relay: could not read the topic's max.message.bytes; a batch it refuses as too large sets its chunk size",
+				zap.String("topic", topic), zap.Error(err))
+		case mmb-limitMargin >= r.batchBytes:
+			s.bytes = 0
+		default:
+			if s.bytes == 0 || s.bytes > mmb-limitMargin {
+				r.log.Info("relay: the topic's max.message.bytes is below librdkafka's batch size; producing its records in chunks under it",
+					zap.String("topic", topic), zap.Int("max_message_bytes", mmb), zap.Int("batch_bytes", r.batchBytes))
+			}
+			s.bytes = max(mmb-limitMargin, 1)
+		}
+		r.limits[topic] = s
+	}
+}
+
+// recordSize estimates the bytes of w's record in a Kafka record batch (v2): key, value,
+// headers (with the kafkatx-outbox-id header the relay adds) and the varints and attributes
+// around them, rounded up. The batch's own header (61 bytes) is in limitMargin.
+func recordSize(w *row) int {
+	n := len(w.key) + len(w.value) + len(outbox.HeaderOutboxID) + len(w.outboxID) + 48
+	for j := range w.hk {
+		n += len(w.hk[j]) + len(w.hv[j]) + 10
+	}
+	return n
+}
+
+// limitMargin is kept below a topic's max.message.bytes for the batch header and for
+// estimates that fall short.
+const limitMargin = 512
+
+// sizeRefusal reports whether err is a broker's refusal of a batch too large for the topic.
+func sizeRefusal(err error) bool {
+	var ke kafka.Error
+	if !errors.As(err, &ke) {
+		return false
+	}
+	return ke.Code() == kafka.ErrMsgSizeTooLarge || ke.Code() == kafka.ErrRecordListTooLarge
+}
+
+// tighten sets topic's budget after refused bytes of it were refused as too large: half of
+// the smaller of its budget (none: unbounded) and what was refused, at least 1 (a record
+// alone).
+func (r *Relay) tighten(topic string, refused int, now time.Time) {
+	s := r.limits[topic]
+	cur := refused
+	if s.bytes > 0 {
+		cur = min(s.bytes, refused)
+	}
+	if s.at.IsZero() {
+		s.at = now
+	}
+	s.bytes = max(cur/2, 1)
+	r.limits[topic] = s
+	r.log.Info("relay: the broker refused a batch as too large for the topic; producing its records in smaller chunks",
+		zap.String("topic", topic), zap.Int("chunk_bytes", s.bytes))
+}
+
+// maxMessageBytes asks the broker for topic's max.message.bytes (its effective value: the
+// topic's own or the broker's default), within 5 s.
+func maxMessageBytes(ctx context.Context, p *kafka.Producer, topic string) (int, error) {
+	a, err := kafka.NewAdminClientFromProducer(p)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := a.DescribeConfigs(ctx, []kafka.ConfigResource{{Type: kafka.ResourceTopic, Name: topic}})
+	if err != nil {
+		return 0, err
+	}
+	if len(res) != 1 {
+		return 0, fmt.Errorf("describe topic configuration: %d results", len(res))
+	}
+	if res[0].Error.Code() != kafka.ErrNoError {
+		return 0, res[0].Error
+	}
+	e, ok := res[0].Config["max.message.bytes"]
+	if !ok {
+		return 0, errors.New("describe topic configuration: no max.message.bytes")
+	}
+	return strconv.Atoi(e.Value)
+}
+
+// produceChunked produces rows in order in chunks that keep each budgeted topic's estimated
+// bytes within its budget (rows of other topics join any chunk), waiting for a chunk's
+// delivery reports before sending the next. A row that failed blocks its key for the later
+// chunks, as one sent alone does. A chunk of one record is a record alone: a size refusal
+// parks it.
+func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool) {
+	used := map[string]int{}
+	for start := 0; start < len(rows) && ctx.Err() == nil; {
+		clear(used)
+		end := start
+		for ; end < len(rows); end++ {
+			w := &rows[end]
+			if k, ok := w.keyID(); ok && blocked[k] {
+				continue // not sent: takes no room
+			}
+			if limit, ok := r.limits.of(w.topic); ok {
+				size := recordSize(w)
+				if end > start && used[w.topic]+size > limit {
+					break
+				}
+				used[w.topic] += size
+			}
+		}
+		r.produce(ctx, p, rows[start:end], results[start:end], blocked, false)
+		for i := start; i < end; i++ {
+			if o := results[i].outcome; o != outcomeDelivered && o != outcomeNone {
+				if k, ok := rows[i].keyID(); ok {
+					blocked[k] = true
+				}
+			}
+		}
+		start = end
+	}
+}
+
+// learnLimits tightens the budget of every topic that refused a batch of this round as too
+// large (tighten), with the bytes of its refused rows.
+func (r *Relay) learnLimits(rows []row, results []result) {
+	var refused map[string]int
+	for i := range results {
+		if results[i].outcome == outcomeIsolate && sizeRefusal(results[i].err) {
+			if refused == nil {
+				refused = map[string]int{}
+			}
+			refused[rows[i].topic] += recordSize(&rows[i])
+		}
+	}
+	now := time.Now()
+	for topic, bytes := range refused {
+		r.tighten(topic, bytes, now)
+	}
+}
