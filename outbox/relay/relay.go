@@ -61,8 +61,8 @@ type Relay struct {
 	// isolate holds row ids refused with a record-level error while batched: they are
 	// produced one at a time until each is delivered or parked. Used by Run's goroutine only.
 	isolate map[int64]bool
-	// limits holds the byte budgets of topics that refused batches as too large (split.go).
-	// Run's goroutine only.
+	// limits holds the byte budgets of topics whose max.message.bytes is below librdkafka's
+	// batches (split.go). Run's goroutine only.
 	limits     sizeLimits
 	batchBytes int // batchBytes(Config.Kafka)
 	// topics tracks which topics exist for the current producer. Run's goroutine only.
