@@ -132,6 +132,7 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 		}
 	}
 	blocked := map[keyID]bool{} // keys with a failed row this round: their later rows wait
+	topics := topicStates{}     // each topic's state, looked up once a round
 	if alone {
 		// After a batch-level refusal: one record in flight at a time, so a refusal is the
 		// record's own. Rare, and slow on purpose.
@@ -139,7 +140,7 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 			if ctx.Err() != nil {
 				break
 			}
-			r.produce(ctx, p, rows[i:i+1], results[i:i+1], blocked, true)
+			r.produce(ctx, p, rows[i:i+1], results[i:i+1], blocked, topics)
 			if o := results[i].outcome; o != outcomeDelivered && o != outcomeNone {
 				if k, ok := rows[i].keyID(); ok {
 					blocked[k] = true
@@ -148,9 +149,9 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 		}
 	} else if r.ask(ctx, p, rows, time.Now()); r.limits.any(rows) {
 		// A topic of this round takes smaller batches than librdkafka builds (split.go).
-		r.produceChunked(ctx, p, rows, results, blocked)
+		r.produceChunked(ctx, p, rows, results, blocked, topics)
 	} else {
-		r.produce(ctx, p, rows, results, blocked, false)
+		r.produce(ctx, p, rows, results, blocked, topics)
 	}
 	r.learnLimits(rows, results)
 	for i, res2 := range results {
@@ -184,16 +185,33 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 	return res, nil
 }
 
+// topicState is what a round found of a topic: missing (its rows wait aside) or refused
+// for good (its rows are parked). Kept for the whole round, so that every row of a topic in
+// the round gets the same answer: a topic missing when its first row was set aside and found
+// past UnknownTopicTimeout at a later row would park a later row of a key while the earlier
+// one stays pending, holding the earlier one behind it.
+type topicState struct {
+	wait bool
+	park error
+}
+
+type topicStates map[string]topicState
+
+// topicPartition names a partition of a topic, for counting what a production put in flight.
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
 // produce sends rows (in order) and waits for their delivery reports, filling results.
 // Rows whose (topic, key) is in blocked are not sent; a row refused before sending blocks
-// its key for the rest of the round.
-func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool, alone bool) {
+// its key for the rest of the round. topicStates holds the round's answers per topic.
+//
+// A broker refuses a whole batch, and a batch holds the records of one partition: a record
+// refused as too large or invalid while it was the only record of its partition in flight
+// is refused for its own sake (parked); otherwise it may be a neighbour's (outcomeIsolate).
+func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool, topicStates topicStates) {
 	reports := make(chan kafka.Event, len(rows))
-	type topicState struct {
-		wait bool
-		park error
-	}
-	topicStates := map[string]topicState{}
 	inFlight := 0
 	for i := range rows {
 		w := &rows[i]
@@ -237,10 +255,22 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 		}
 	}
 	if inFlight == 1 {
-		// The only record in flight: a record-level refusal is its own.
-		alone = true
 		r.c.alone.Add(1)
 	}
+	// Refusals are classified once every report is in (or given up on): whether the record
+	// was alone in its partition needs the partitions of all of them.
+	type refusal struct {
+		i   int
+		err error
+		tp  topicPartition
+	}
+	var refused []refusal
+	sent := make(map[topicPartition]int, 4)
+	defer func() {
+		for _, f := range refused {
+			results[f.i] = result{outcome: classify(f.err, sent[f.tp] == 1), err: f.err}
+		}
+	}()
 	// librdkafka reports every message within message.timeout.ms; after ctx is cancelled
 	// wait at most ShutdownTimeout, then leave the rest pending (published again later).
 	var giveUp <-chan time.Time
@@ -254,8 +284,10 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 			}
 			inFlight--
 			i := m.Opaque.(int)
+			tp := topicPartition{rows[i].topic, m.TopicPartition.Partition}
+			sent[tp]++
 			if err := m.TopicPartition.Error; err != nil {
-				results[i] = result{outcome: classify(err, alone), err: err}
+				refused = append(refused, refusal{i, err, tp})
 				continue
 			}
 			results[i] = result{outcome: outcomeDelivered}

@@ -21,6 +21,7 @@ const limitTTL = 10 * time.Minute
 type sizeLimit struct {
 	bytes int       // most bytes of the topic's records in flight at once; 0: no budget
 	at    time.Time // when it was asked or learned
+	asked int       // the topic's max.message.bytes when last asked; 0: not known
 }
 
 // sizeLimits keeps, per topic, a byte budget under the topic's max.message.bytes.
@@ -59,23 +60,24 @@ func (l sizeLimits) any(rows []row) bool {
 }
 
 // batchBytes is the most bytes librdkafka puts in one batch with these producer settings:
-// the smaller of batch.size and message.max.bytes (both 1,000,000 by default).
+// the smaller of batch.size and message.max.bytes, each 1,000,000 unless set.
 func batchBytes(cfg kafka.ConfigMap) int {
-	n := 1_000_000
-	for _, k := range []string{"batch.size", "message.max.bytes"} {
+	setting := func(k string) int {
 		if v, ok := cfg[k]; ok {
 			if m, err := strconv.Atoi(fmt.Sprint(v)); err == nil && m > 0 {
-				n = min(n, m)
+				return m
 			}
 		}
+		return 1_000_000
 	}
-	return n
+	return min(setting("batch.size"), setting("message.max.bytes"))
 }
 
 // ask reads the max.message.bytes of every topic of rows not asked within limitTTL and sets
 // its budget: none when librdkafka's batches fit (batchBytes), else the limit less
-// limitMargin. A topic whose limit cannot be read keeps what it had (none at first) until the
-// next ask; a refusal still sets a budget (tighten).
+// limitMargin. An unchanged limit keeps the budget as refusals left it (the size estimate fell
+// short once: it would again). A topic whose limit cannot be read keeps what it had (none at
+// first) until the next ask; a refusal still sets a budget (tighten).
 func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time) {
 	var seen map[string]bool
 	for i := range rows {
@@ -100,14 +102,14 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 		case err != nil:
 			r.log.Debug("relay: could not read the topic's max.message.bytes; a batch it refuses as too large sets its chunk size",
 				zap.String("topic", topic), zap.Error(err))
+		case mmb == s.asked:
+			// Unchanged: keep the budget, lowered by refusals since if it was.
 		case mmb-limitMargin >= r.batchBytes:
-			s.bytes = 0
+			s.bytes, s.asked = 0, mmb
 		default:
-			if s.bytes == 0 || s.bytes > mmb-limitMargin {
-				r.log.Info("relay: the topic's max.message.bytes is below librdkafka's batch size; producing its records in chunks under it",
-					zap.String("topic", topic), zap.Int("max_message_bytes", mmb), zap.Int("batch_bytes", r.batchBytes))
-			}
-			s.bytes = max(mmb-limitMargin, 1)
+			r.log.Info("relay: the topic's max.message.bytes is below librdkafka's batch size; producing its records in chunks under it",
+				zap.String("topic", topic), zap.Int("max_message_bytes", mmb), zap.Int("batch_bytes", r.batchBytes))
+			s.bytes, s.asked = max(mmb-limitMargin, 1), mmb
 		}
 		r.limits[topic] = s
 	}
@@ -185,9 +187,10 @@ func maxMessageBytes(ctx context.Context, p *kafka.Producer, topic string) (int,
 // produceChunked produces rows in order in chunks that keep each budgeted topic's estimated
 // bytes within its budget (rows of other topics join any chunk), waiting for a chunk's
 // delivery reports before sending the next. A row that failed blocks its key for the later
-// chunks, as one sent alone does. A chunk of one record is a record alone: a size refusal
-// parks it.
-func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool) {
+// chunks, as one sent alone does. A record over its topic's budget is the only record of its
+// topic in its chunk, so a size refusal of it is its own (produce): it is parked, and the
+// budget is not halved for it.
+func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool, topics topicStates) {
 	used := map[string]int{}
 	for start := 0; start < len(rows) && ctx.Err() == nil; {
 		clear(used)
@@ -205,7 +208,7 @@ func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, res
 				used[w.topic] += size
 			}
 		}
-		r.produce(ctx, p, rows[start:end], results[start:end], blocked, false)
+		r.produce(ctx, p, rows[start:end], results[start:end], blocked, topics)
 		for i := start; i < end; i++ {
 			if o := results[i].outcome; o != outcomeDelivered && o != outcomeNone {
 				if k, ok := rows[i].keyID(); ok {

@@ -129,3 +129,138 @@ func TestSizeBudgetHalvesWhenTheTopicsLimitIsUnknown(t *testing.T) {
 		t.Fatalf("budget %d after an unanswered ask, want the learned 1 kept", got)
 	}
 }
+
+// A record over a small topic's limit produced beside another topic's rows (which join any
+// chunk) is still the only record of its partition in flight: parked at its first attempt,
+// and the topic's budget is left as it was. It used to count as batched: retried 16–75 times
+// while the other topic flowed, each refusal halving the budget, down to one record a chunk
+// (1,000 rows of 260 bytes then took 6.6 s instead of 0.2 s). Found by a fresh-eyes attack.
+func TestRecordOverTheLimitBesideAnotherTopicIsParkedAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	small := testenv.TopicWithConfig(t, b.brokers, 1, map[string]string{"max.message.bytes": "16384"})
+	other := testenv.Topic(t, b.brokers, 1)
+	cfg := b.config(t)
+	cfg.KeepPublished = 0
+	r, _ := b.start(t, cfg)
+	b.write(t, outbox.Record{Topic: small, Key: []byte("w"), Value: []byte("warm")})
+	waitFor(t, 10*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
+
+	var recs []outbox.Record
+	for i := range 200 {
+		recs = append(recs, outbox.Record{Topic: other, Key: []byte(fmt.Sprint(i % 10)), Value: []byte("o")})
+		if i == 100 {
+			recs = append(recs, outbox.Record{Topic: small, Key: []byte("big"), Value: bytes.Repeat([]byte("x"), 20000)})
+		}
+	}
+	ids := b.write(t, recs...)
+	big := ids[101]
+	waitFor(t, 30*time.Second, "the record over the limit parked", func() bool { return b.states(t)[big] == "parked" })
+	var attempts int
+	if err := b.pool.QueryRow(context.Background(), `SELECT attempts FROM `+b.t.Outbox+` WHERE id = $1`, big).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 1 {
+		t.Errorf("the record over the limit was parked after %d attempts, want 1", attempts)
+	}
+	waitFor(t, 30*time.Second, "the other topic's rows published", func() bool { return r.Stats().Published >= 201 })
+
+	const n = 1000
+	recs = recs[:0]
+	for i := range n {
+		recs = append(recs, outbox.Record{Topic: small, Key: []byte(fmt.Sprintf("k%d", i%50)), Value: []byte(strings.Repeat("v", 200))})
+	}
+	alone := r.c.alone.Load()
+	b.write(t, recs...)
+	waitFor(t, 120*time.Second, "the small topic's rows published", func() bool { return r.Stats().Published >= 201+n })
+	if a := r.c.alone.Load() - alone; a > 5 {
+		t.Errorf("%d of %d rows of the small topic produced alone after the parked record: its budget collapsed", a, n)
+	}
+}
+
+// A topic found missing is answered once a round: a round that produces in chunks (each
+// waiting for its reports) used to ask again per chunk, so a key's first row was set aside
+// while its second, in a later chunk past UnknownTopicTimeout, was parked — and the first
+// then waited behind the second. Found by a fresh-eyes attack.
+func TestMissingTopicIsOneAnswerForTheWholeRound(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	small := testenv.TopicWithConfig(t, b.brokers, 1, map[string]string{"max.message.bytes": "16384"})
+	missing := testenv.UniqueName(t, "kafkatx-test-missing-", 200)
+	cfg := b.config(t)
+	cfg.KeepPublished = 0
+	cfg.BatchSize = 5000
+	cfg.UnknownTopicTimeout = 200 * time.Millisecond
+	r, _ := b.start(t, cfg)
+	b.write(t, outbox.Record{Topic: small, Key: []byte("w"), Value: []byte("warm")})
+	waitFor(t, 10*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
+
+	recs := []outbox.Record{{Topic: missing, Key: []byte("k"), Value: []byte("first")}}
+	for i := range 3000 {
+		recs = append(recs, outbox.Record{Topic: small, Key: []byte(fmt.Sprintf("k%d", i%50)), Value: []byte(strings.Repeat("v", 250))})
+	}
+	recs = append(recs, outbox.Record{Topic: missing, Key: []byte("k"), Value: []byte("second")})
+	ids := b.write(t, recs...)
+	first, second := ids[0], ids[len(ids)-1]
+	waitFor(t, 60*time.Second, "a row of the missing topic parked", func() bool {
+		st := b.states(t)
+		return st[first] == "parked" || st[second] == "parked"
+	})
+	waitFor(t, 60*time.Second, "the small topic's rows published", func() bool { return r.Stats().Published >= 3001 })
+	if st := b.states(t); st[first] != "parked" || st[second] != "pending" {
+		t.Fatalf("key k: first row %q, second %q; want the first parked and the second pending behind it", st[first], st[second])
+	}
+}
+
+func TestBatchBytesIsTheSmallerOfBatchSizeAndMessageMaxBytes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		cfg  kafka.ConfigMap
+		want int
+	}{
+		{kafka.ConfigMap{}, 1_000_000},
+		{kafka.ConfigMap{"batch.size": 16384}, 16384},
+		{kafka.ConfigMap{"message.max.bytes": "200000"}, 200_000},
+		{kafka.ConfigMap{"batch.size": 2_000_000}, 1_000_000},
+		// Both raised: librdkafka builds batches of 2,000,000 bytes (found by a fresh-eyes
+		// attack: 1,000,000 was returned, a 1.5 MB topic got no budget and per-key order broke).
+		{kafka.ConfigMap{"batch.size": 2_000_000, "message.max.bytes": 3_000_000}, 2_000_000},
+	} {
+		if got := batchBytes(c.cfg); got != c.want {
+			t.Errorf("batchBytes(%v) = %d, want %d", c.cfg, got, c.want)
+		}
+	}
+}
+
+// With batch.size and message.max.bytes raised to 2 and 3 MB, a topic taking 1.5 MB gets a
+// budget: no row is refused as too large, and every key is published in write order.
+func TestRaisedBatchSizeAboveTheTopicsLimitGetsABudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.TopicWithConfig(t, b.brokers, 1, map[string]string{"max.message.bytes": "1500000"})
+	cfg := b.config(t)
+	cfg.KeepPublished = 0
+	cfg.BatchSize = 3000
+	cfg.Kafka["batch.size"] = 2_000_000
+	cfg.Kafka["message.max.bytes"] = 3_000_000
+	cfg.Kafka["linger.ms"] = 50
+	r, _ := b.start(t, cfg)
+	const n = 3000
+	var recs []outbox.Record
+	for i := range n {
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", i%50)), Value: []byte(fmt.Sprintf("%05d-%s", i, strings.Repeat("v", 1000)))})
+	}
+	b.write(t, recs...)
+	waitFor(t, 120*time.Second, "published", func() bool { return r.Stats().Published >= n })
+	if s := r.Stats(); s.Retried > 0 || s.Parked > 0 {
+		t.Fatalf("%d rows retried, %d parked: refused as too large although the topic's limit was readable", s.Retried, s.Parked)
+	}
+	last := map[string]string{}
+	for _, m := range readAll(t, b.brokers, topic) {
+		v := string(m.Value[:5])
+		if v < last[string(m.Key)] {
+			t.Fatalf("key %s: %s published after %s", m.Key, v, last[string(m.Key)])
+		}
+		last[string(m.Key)] = v
+	}
+}
