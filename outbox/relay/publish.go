@@ -153,7 +153,7 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 	} else {
 		r.produce(ctx, p, rows, results, blocked, topics)
 	}
-	r.learnLimits(rows, results)
+	r.learnLimits(p, rows, results)
 	for i, res2 := range results {
 		if res2.outcome == outcomeDelivered || res2.outcome == outcomePark {
 			delete(r.isolate, rows[i].id)

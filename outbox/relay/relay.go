@@ -64,7 +64,8 @@ type Relay struct {
 	// limits holds the byte budgets of topics whose max.message.bytes is below librdkafka's
 	// batches (split.go). Run's goroutine only.
 	limits     sizeLimits
-	batchBytes int // batchBytes(Config.Kafka)
+	batchBytes int  // batchBytes(Config.Kafka)
+	byMurmur2  bool // Config.Kafka's partitioner is murmur2 or murmur2_random (partitionOf)
 	// topics tracks which topics exist for the current producer. Run's goroutine only.
 	topics *topics
 	// marker runs each round's mark in the background. Run's goroutine only.
@@ -115,6 +116,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		isolate:    map[int64]bool{},
 		limits:     sizeLimits{},
 		batchBytes: batchBytes(c.Kafka),
+		byMurmur2:  byMurmur2(c.Kafka),
 	}
 	rl.marker.r = rl
 	rl.ahead.r = rl

@@ -178,37 +178,6 @@ func TestKeyedRecordsArePartitionedWithMurmur2(t *testing.T) {
 	}
 }
 
-// murmur2 is Kafka's org.apache.kafka.common.utils.Utils.murmur2 (seed 0x9747b28c).
-func murmur2(data []byte) uint32 {
-	const m, r = 0x5bd1e995, 24
-	n := len(data)
-	h := uint32(0x9747b28c) ^ uint32(n)
-	for i := 0; i+4 <= n; i += 4 {
-		k := uint32(data[i]) | uint32(data[i+1])<<8 | uint32(data[i+2])<<16 | uint32(data[i+3])<<24
-		k *= m
-		k ^= k >> r
-		k *= m
-		h *= m
-		h ^= k
-	}
-	tail := data[n&^3:]
-	switch len(tail) {
-	case 3:
-		h ^= uint32(tail[2]) << 16
-		fallthrough
-	case 2:
-		h ^= uint32(tail[1]) << 8
-		fallthrough
-	case 1:
-		h ^= uint32(tail[0])
-		h *= m
-	}
-	h ^= h >> 13
-	h *= m
-	h ^= h >> 15
-	return h
-}
-
 // Nil keys stay nil, empty values stay empty, nil values are tombstones, headers keep their
 // bytes and order, and a row's own kafkatx-outbox-id header is replaced by the relay's.
 func TestRecordBytesArePublishedAsWritten(t *testing.T) {

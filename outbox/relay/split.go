@@ -22,6 +22,9 @@ type sizeLimit struct {
 	bytes int       // most bytes of the topic's records in flight at once; 0: no budget
 	at    time.Time // when it was asked or learned
 	asked int       // the topic's max.message.bytes when last asked; 0: not known
+	// partitions is the topic's partition count when its budget was set (metadata); 0: not
+	// known, and the budget is the topic's, not each partition's.
+	partitions int
 }
 
 // sizeLimits keeps, per topic, a byte budget under the topic's max.message.bytes.
@@ -111,6 +114,9 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 				zap.String("topic", topic), zap.Int("max_message_bytes", mmb), zap.Int("batch_bytes", r.batchBytes))
 			s.bytes, s.asked = max(mmb-limitMargin, 1), mmb
 		}
+		if s.bytes > 0 {
+			s.partitions = p.partitions(topic)
+		}
 		r.limits[topic] = s
 	}
 }
@@ -142,7 +148,7 @@ func sizeRefusal(err error) bool {
 // tighten sets topic's budget after refused bytes of it were refused as too large: half of
 // the smaller of its budget (none: unbounded) and what was refused, at least 1 (a record
 // alone).
-func (r *Relay) tighten(topic string, refused int, now time.Time) {
+func (r *Relay) tighten(p *producer, topic string, refused int, now time.Time) {
 	s := r.limits[topic]
 	cur := refused
 	if s.bytes > 0 {
@@ -150,6 +156,9 @@ func (r *Relay) tighten(topic string, refused int, now time.Time) {
 	}
 	if s.at.IsZero() {
 		s.at = now
+	}
+	if s.bytes == 0 {
+		s.partitions = p.partitions(topic)
 	}
 	s.bytes = max(cur/2, 1)
 	r.limits[topic] = s
@@ -184,14 +193,14 @@ func maxMessageBytes(ctx context.Context, p *kafka.Producer, topic string) (int,
 	return strconv.Atoi(e.Value)
 }
 
-// produceChunked produces rows in order in chunks that keep each budgeted topic's estimated
-// bytes within its budget (rows of other topics join any chunk), waiting for a chunk's
+// produceChunked produces rows in order in chunks that keep the estimated bytes of each
+// partition of a budgeted topic within its budget (rows of other topics join any chunk), waiting for a chunk's
 // delivery reports before sending the next. A row that failed blocks its key for the later
 // chunks, as one sent alone does. A record over its topic's budget is the only record of its
-// topic in its chunk, so a size refusal of it is its own (produce): it is parked, and the
+// partition in its chunk, so a size refusal of it is its own (produce): it is parked, and the
 // budget is not halved for it.
 func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool, topics topicStates) {
-	used := map[string]int{}
+	used := map[string]*chunkUse{}
 	for start := 0; start < len(rows) && ctx.Err() == nil; {
 		clear(used)
 		end := start
@@ -200,13 +209,20 @@ func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, res
 			if k, ok := w.keyID(); ok && blocked[k] {
 				continue // not sent: takes no room
 			}
-			if limit, ok := r.limits.of(w.topic); ok {
-				size := recordSize(w)
-				if end > start && used[w.topic]+size > limit {
-					break
-				}
-				used[w.topic] += size
+			limit, ok := r.limits.of(w.topic)
+			if !ok {
+				continue
 			}
+			u := used[w.topic]
+			if u == nil {
+				u = &chunkUse{byPartition: map[int32]int{}}
+				used[w.topic] = u
+			}
+			part, known := partitionOf(w, r.limits[w.topic].partitions, r.byMurmur2)
+			if !u.fits(part, known, recordSize(w), limit) && end > start {
+				break
+			}
+			u.add(part, known, recordSize(w))
 		}
 		r.produce(ctx, p, rows[start:end], results[start:end], blocked, topics)
 		for i := start; i < end; i++ {
@@ -222,7 +238,7 @@ func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, res
 
 // learnLimits tightens the budget of every topic that refused a batch of this round as too
 // large (tighten), with the bytes of its refused rows.
-func (r *Relay) learnLimits(rows []row, results []result) {
+func (r *Relay) learnLimits(p *producer, rows []row, results []result) {
 	var refused map[string]int
 	for i := range results {
 		if results[i].outcome == outcomeIsolate && sizeRefusal(results[i].err) {
@@ -234,6 +250,34 @@ func (r *Relay) learnLimits(rows []row, results []result) {
 	}
 	now := time.Now()
 	for topic, bytes := range refused {
-		r.tighten(topic, bytes, now)
+		r.tighten(p, topic, bytes, now)
 	}
+}
+
+// chunkUse is what a chunk holds of one budgeted topic: bytes per partition where the
+// partition is known before producing (partitionOf), and bytes of records whose partition is
+// not, counted against every partition. A batch holds one partition's records, so a chunk
+// may hold up to the budget per partition.
+type chunkUse struct {
+	byPartition map[int32]int
+	most        int // the largest of byPartition
+	anywhere    int // records of unknown partition
+}
+
+// fits reports whether a record of size bytes (on partition part when known) keeps every
+// partition of the chunk within limit.
+func (u *chunkUse) fits(part int32, known bool, size, limit int) bool {
+	if known {
+		return u.anywhere+u.byPartition[part]+size <= limit
+	}
+	return u.anywhere+u.most+size <= limit
+}
+
+func (u *chunkUse) add(part int32, known bool, size int) {
+	if !known {
+		u.anywhere += size
+		return
+	}
+	u.byPartition[part] += size
+	u.most = max(u.most, u.byPartition[part])
 }
