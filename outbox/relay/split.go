@@ -194,11 +194,11 @@ func maxMessageBytes(ctx context.Context, p *kafka.Producer, topic string) (int,
 }
 
 // produceChunked produces rows in order in chunks that keep the estimated bytes of each
-// partition of a budgeted topic within its budget (rows of other topics join any chunk), waiting for a chunk's
-// delivery reports before sending the next. A row that failed blocks its key for the later
-// chunks, as one sent alone does. A record over its topic's budget is the only record of its
-// partition in its chunk, so a size refusal of it is its own (produce): it is parked, and the
-// budget is not halved for it.
+// partition of a budgeted topic within its budget (rows of other topics join any chunk),
+// waiting for a chunk's delivery reports before sending the next. A row that failed blocks
+// its key for the later chunks, as one sent alone does. A record over its topic's budget is
+// the only record of its partition in its chunk, so a size refusal of it is its own
+// (produce): it is parked, and the budget is not halved for it.
 func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool, topics topicStates) {
 	used := map[string]*chunkUse{}
 	for start := 0; start < len(rows) && ctx.Err() == nil; {
