@@ -233,6 +233,11 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 			}
 			continue
 		}
+		if w.key == nil && r.limits[w.topic].compacted {
+			// The broker would refuse it (INVALID_RECORD) and the whole batch with it.
+			results[i] = result{outcome: outcomePark, err: errNilKeyOnCompactedTopic}
+			continue
+		}
 		msg := r.message(w, i)
 		for {
 			err := p.p.Produce(msg, reports)

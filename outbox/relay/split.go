@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -22,9 +23,13 @@ type sizeLimit struct {
 	bytes int       // most bytes of the topic's records in flight at once; 0: no budget
 	at    time.Time // when it was asked or learned
 	asked int       // the topic's max.message.bytes when last asked; 0: not known
-	// partitions is the topic's partition count when its budget was set (metadata); 0: not
-	// known, and the budget is the topic's, not each partition's.
+	// partitions is the topic's partition count when its budget was set or a refusal was
+	// seen (metadata); 0: not known, and the budget is the topic's, not each partition's.
 	partitions int
+	// compacted: the topic's cleanup.policy includes compact, so the broker refuses records
+	// with a nil key (INVALID_RECORD) together with their whole batch; such rows are parked
+	// before they are sent (produce).
+	compacted bool
 }
 
 // sizeLimits keeps, per topic, a byte budget under the topic's max.message.bytes.
@@ -78,9 +83,10 @@ func batchBytes(cfg kafka.ConfigMap) int {
 
 // ask reads the max.message.bytes of every topic of rows not asked within limitTTL and sets
 // its budget: none when librdkafka's batches fit (batchBytes), else the limit less
-// limitMargin. An unchanged limit keeps the budget as refusals left it (the size estimate fell
-// short once: it would again). A topic whose limit cannot be read keeps what it had (none at
-// first) until the next ask; a refusal still sets a budget (tighten).
+// limitMargin. An unchanged limit over unchanged partitions keeps the budget as refusals left
+// it (the size estimate fell short once: it would again); a changed one starts again from the
+// limit. A topic whose limit cannot be read keeps what it had (none at first) until the next
+// ask; a refusal still sets a budget (tighten). It also reads the topic's cleanup.policy.
 func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time) {
 	var seen map[string]bool
 	for i := range rows {
@@ -99,13 +105,17 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 		if r.testHookMaxMessageBytes != nil {
 			mmb, err = r.testHookMaxMessageBytes(topic)
 		} else {
-			mmb, err = maxMessageBytes(ctx, p.p, topic)
+			mmb, s.compacted, err = topicLimits(ctx, p.p, topic)
+		}
+		parts := 0
+		if err == nil && (s.bytes > 0 || mmb-limitMargin < r.batchBytes) {
+			parts = p.partitions(topic)
 		}
 		switch {
 		case err != nil:
 			r.log.Debug("relay: could not read the topic's max.message.bytes; a batch it refuses as too large sets its chunk size",
 				zap.String("topic", topic), zap.Error(err))
-		case mmb == s.asked:
+		case mmb == s.asked && parts == s.partitions:
 			// Unchanged: keep the budget, lowered by refusals since if it was.
 		case mmb-limitMargin >= r.batchBytes:
 			s.bytes, s.asked = 0, mmb
@@ -114,8 +124,8 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 				zap.String("topic", topic), zap.Int("max_message_bytes", mmb), zap.Int("batch_bytes", r.batchBytes))
 			s.bytes, s.asked = max(mmb-limitMargin, 1), mmb
 		}
-		if s.bytes > 0 {
-			s.partitions = p.partitions(topic)
+		if err == nil {
+			s.partitions = parts
 		}
 		r.limits[topic] = s
 	}
@@ -147,18 +157,27 @@ func sizeRefusal(err error) bool {
 
 // tighten sets topic's budget after refused bytes of it were refused as too large: half of
 // the smaller of its budget (none: unbounded) and what was refused, at least 1 (a record
-// alone).
+// alone) — unless the topic's partition count changed since the budget was set, which is then
+// the cause: the budget restarts from the topic's limit over the new count.
 func (r *Relay) tighten(p *producer, topic string, refused int, now time.Time) {
 	s := r.limits[topic]
-	cur := refused
-	if s.bytes > 0 {
-		cur = min(s.bytes, refused)
-	}
 	if s.at.IsZero() {
 		s.at = now
 	}
-	if s.bytes == 0 {
-		s.partitions = p.partitions(topic)
+	parts := p.partitions(topic)
+	if s.bytes > 0 && s.asked > 0 && parts != s.partitions {
+		// Partitions were added since the budget was set: records counted on two partitions
+		// shared one. Count on the new partitions, from the topic's limit.
+		r.log.Info("relay: the topic's partitions changed; producing its records in chunks over the new partitions",
+			zap.String("topic", topic), zap.Int("partitions", parts), zap.Int("was", s.partitions))
+		s.partitions, s.bytes = parts, max(s.asked-limitMargin, 1)
+		r.limits[topic] = s
+		return
+	}
+	s.partitions = parts
+	cur := refused
+	if s.bytes > 0 {
+		cur = min(s.bytes, refused)
 	}
 	s.bytes = max(cur/2, 1)
 	r.limits[topic] = s
@@ -166,31 +185,35 @@ func (r *Relay) tighten(p *producer, topic string, refused int, now time.Time) {
 		zap.String("topic", topic), zap.Int("chunk_bytes", s.bytes))
 }
 
-// maxMessageBytes asks the broker for topic's max.message.bytes (its effective value: the
-// topic's own or the broker's default), within 5 s.
-func maxMessageBytes(ctx context.Context, p *kafka.Producer, topic string) (int, error) {
+// topicLimits asks the broker for topic's max.message.bytes and whether its cleanup.policy
+// includes compact (their effective values: the topic's own or the broker's defaults), within
+// 5 s.
+func topicLimits(ctx context.Context, p *kafka.Producer, topic string) (maxMessageBytes int, compacted bool, err error) {
 	a, err := kafka.NewAdminClientFromProducer(p)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer a.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	res, err := a.DescribeConfigs(ctx, []kafka.ConfigResource{{Type: kafka.ResourceTopic, Name: topic}})
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if len(res) != 1 {
-		return 0, fmt.Errorf("describe topic configuration: %d results", len(res))
+		return 0, false, fmt.Errorf("describe topic configuration: %d results", len(res))
 	}
 	if res[0].Error.Code() != kafka.ErrNoError {
-		return 0, res[0].Error
+		return 0, false, res[0].Error
 	}
 	e, ok := res[0].Config["max.message.bytes"]
 	if !ok {
-		return 0, errors.New("describe topic configuration: no max.message.bytes")
+		return 0, false, errors.New("describe topic configuration: no max.message.bytes")
 	}
-	return strconv.Atoi(e.Value)
+	if maxMessageBytes, err = strconv.Atoi(e.Value); err != nil {
+		return 0, false, fmt.Errorf("describe topic configuration: max.message.bytes: %w", err)
+	}
+	return maxMessageBytes, strings.Contains(res[0].Config["cleanup.policy"].Value, "compact"), nil
 }
 
 // produceChunked produces rows in order in chunks that keep the estimated bytes of each

@@ -12,6 +12,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
@@ -341,5 +342,110 @@ func TestChunkUseCountsUnknownPartitionsAgainstEveryPartition(t *testing.T) {
 	two := int32(2)
 	if p, ok := partitionOf(&row{partition: &two}, 0, false); !ok || p != 2 {
 		t.Fatalf("explicit partition: %d, %v", p, ok)
+	}
+}
+
+func addPartitions(t *testing.T, brokers, topic string, total int) {
+	t.Helper()
+	a, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := a.CreatePartitions(ctx, []kafka.PartitionsSpecification{{Topic: topic, IncreaseTo: total}})
+	if err == nil && res[0].Error.Code() != kafka.ErrNoError {
+		err = res[0].Error
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Partitions added to a small topic while the relay runs: librdkafka spreads keys over the
+// new count before the relay's next ask, two records counted on two partitions share one, and
+// the broker refuses their batch. The refusal re-reads the partition count and the budget
+// starts again from the topic's limit; it used to be halved below one record and kept, every
+// record alone until a restart (186, then 600 of 600). Found by a fresh-eyes attack.
+func TestPartitionsAddedWhileRunningKeepChunksShared(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.TopicWithConfig(t, b.brokers, 6, map[string]string{"max.message.bytes": "16384"})
+	cfg := b.config(t)
+	cfg.KeepPublished = 0
+	cfg.Kafka["topic.metadata.refresh.interval.ms"] = 1000
+	r, _ := b.start(t, cfg)
+	b.write(t, outbox.Record{Topic: topic, Key: []byte("w"), Value: []byte("warm")})
+	waitFor(t, 10*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
+	addPartitions(t, b.brokers, topic, 7)
+	time.Sleep(3 * time.Second) // librdkafka sees the seventh partition (metadata every second)
+	const n = 600
+	var recs []outbox.Record
+	for i := range n {
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", i%60)), Value: []byte(fmt.Sprintf("%05d-%s", i, strings.Repeat("v", 10000)))})
+	}
+	b.write(t, recs...)
+	waitFor(t, 120*time.Second, "published", func() bool { return r.Stats().Published >= n+1 })
+	alone := r.c.alone.Load()
+	b.write(t, recs...)
+	waitFor(t, 120*time.Second, "published again", func() bool { return r.Stats().Published >= 2*n+1 })
+	if a := r.c.alone.Load() - alone; a > n/4 {
+		t.Fatalf("after 6 -> 7 partitions, %d of %d records of the second pass produced alone", a, n)
+	}
+	if s := r.Stats(); s.Parked > 0 {
+		t.Fatalf("%d rows parked, want none (every record fits the topic)", s.Parked)
+	}
+}
+
+// A nil key on a compacted topic is refused by the broker with its whole batch. The relay
+// reads cleanup.policy with max.message.bytes and parks such a row before sending it, so the
+// rest of the batch is published at once and in order; it used to send every row of the
+// refused batches again alone (10,691–11,423 of 20,000) and log thousands of per-key order
+// breaks. Found by a fresh-eyes attack.
+func TestNilKeyOnACompactedTopicIsParkedBeforeSending(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.TopicWithConfig(t, b.brokers, 3, map[string]string{"cleanup.policy": "compact"})
+	core, logs := observer.New(zap.ErrorLevel)
+	cfg := b.config(t)
+	cfg.KeepPublished = 0
+	cfg.Logger = zap.New(core)
+	r, _ := b.start(t, cfg)
+	const n = 3000
+	var recs []outbox.Record
+	var nils []int
+	for i := range n {
+		if i%1000 == 500 {
+			recs = append(recs, outbox.Record{Topic: topic, Value: []byte("nil key")})
+			nils = append(nils, len(recs)-1)
+		}
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", i%50)), Value: []byte(fmt.Sprintf("%05d", i))})
+	}
+	ids := b.write(t, recs...)
+	waitFor(t, 60*time.Second, "the keyed rows published", func() bool { return r.Stats().Published >= n })
+	st := b.states(t)
+	for _, i := range nils {
+		var attempts int
+		var lastErr string
+		if err := b.pool.QueryRow(context.Background(), `SELECT attempts, last_error FROM `+b.t.Outbox+` WHERE id = $1`, ids[i]).Scan(&attempts, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		if st[ids[i]] != "parked" || attempts != 1 || !strings.Contains(lastErr, "compacted topic") {
+			t.Errorf("nil-key row: %s after %d attempts (%q), want parked at once", st[ids[i]], attempts, lastErr)
+		}
+	}
+	if s := r.Stats(); s.Retried > 0 || s.Parked != int64(len(nils)) {
+		t.Errorf("retried %d, parked %d; want 0 and %d", s.Retried, s.Parked, len(nils))
+	}
+	if n := logs.FilterMessageSnippet("per-key order broken").Len(); n > 0 {
+		t.Errorf("%d per-key order breaks logged", n)
+	}
+	last := map[string]string{}
+	for _, m := range readAll(t, b.brokers, topic) {
+		if v := string(m.Value); v < last[string(m.Key)] {
+			t.Fatalf("key %s: %s published after %s", m.Key, v, last[string(m.Key)])
+		}
+		last[string(m.Key)] = string(m.Value)
 	}
 }
