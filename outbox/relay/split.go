@@ -18,6 +18,10 @@ import (
 // limit is picked up.
 const limitTTL = 10 * time.Minute
 
+// askRetry is how soon an ask the broker did not answer is made again: the topic may not
+// exist yet (its rows wait aside until it does) or the broker may be unreachable.
+const askRetry = 30 * time.Second
+
 // sizeLimit is what the relay knows of one topic's size limit.
 type sizeLimit struct {
 	bytes int       // most bytes of the topic's records in flight at once; 0: no budget
@@ -85,8 +89,9 @@ func batchBytes(cfg kafka.ConfigMap) int {
 // its budget: none when librdkafka's batches fit (batchBytes), else the limit less
 // limitMargin. An unchanged limit over unchanged partitions keeps the budget as refusals left
 // it (the size estimate fell short once: it would again); a changed one starts again from the
-// limit. A topic whose limit cannot be read keeps what it had (none at first) until the next
-// ask; a refusal still sets a budget (tighten). It also reads the topic's cleanup.policy.
+// limit. A topic whose limit cannot be read keeps what it had (none at first) and is asked
+// again after askRetry; a refusal still sets a budget (tighten). It also reads the topic's
+// cleanup.policy.
 func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time) {
 	var seen map[string]bool
 	for i := range rows {
@@ -115,6 +120,7 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 		case err != nil:
 			r.log.Debug("relay: could not read the topic's max.message.bytes; a batch it refuses as too large sets its chunk size",
 				zap.String("topic", topic), zap.Error(err))
+			s.at = now.Add(askRetry - limitTTL) // asked again after askRetry
 		case mmb == s.asked && parts == s.partitions:
 			// Unchanged: keep the budget, lowered by refusals since if it was.
 		case mmb-limitMargin >= r.batchBytes:

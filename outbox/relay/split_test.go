@@ -128,11 +128,50 @@ func TestSizeBudgetHalvesWhenTheTopicsLimitIsUnknown(t *testing.T) {
 	if got, _ := r.limits.of(topic); got != 1 {
 		t.Fatalf("budget %d after many refusals, want 1 (a record alone)", got)
 	}
-	// Asked again within limitTTL: not asked (the budget stays); after it, an unanswered ask
-	// keeps the budget learned.
+	// An unanswered ask keeps the budget learned.
 	r.ask(ctx, p, rows, now.Add(limitTTL+time.Second))
 	if got, _ := r.limits.of(topic); got != 1 {
 		t.Fatalf("budget %d after an unanswered ask, want the learned 1 kept", got)
+	}
+}
+
+// An ask the broker did not answer (the topic did not exist yet: its rows wait aside until it
+// does) is made again after askRetry, not after limitTTL: a topic created a few seconds later
+// with a small limit gets its budget before a batch of it is refused.
+func TestUnansweredAskIsRetriedSoon(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p, err := newProducer(kafka.ConfigMap{"bootstrap.servers": b.brokers}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	r := &Relay{log: zap.NewNop(), limits: sizeLimits{}, batchBytes: 1_000_000}
+	exists := false
+	asked := 0
+	r.testHookMaxMessageBytes = func(string) (int, error) {
+		asked++
+		if !exists {
+			return 0, errors.New("Broker: Unknown topic or partition")
+		}
+		return 16384, nil
+	}
+	topic := testenv.Topic(t, b.brokers, 1)
+	rows := []row{{topic: topic}}
+	now := time.Now()
+	r.ask(context.Background(), p, rows, now)
+	exists = true
+	r.ask(context.Background(), p, rows, now.Add(askRetry/2))
+	if asked != 1 {
+		t.Fatalf("asked %d times within askRetry, want 1", asked)
+	}
+	r.ask(context.Background(), p, rows, now.Add(askRetry+time.Second))
+	if got, ok := r.limits.of(topic); asked != 2 || !ok || got != 16384-limitMargin {
+		t.Fatalf("after askRetry: asked %d times, budget %d (%v); want 2 and %d", asked, got, ok, 16384-limitMargin)
+	}
+	r.ask(context.Background(), p, rows, now.Add(askRetry+limitTTL/2))
+	if asked != 2 {
+		t.Fatalf("an answered ask made again within limitTTL (%d asks)", asked)
 	}
 }
 
