@@ -32,7 +32,9 @@ type childSpec struct {
 	crashMark   string // the marker file that makes the crash happen once
 	runsFile    string // the handler appends "offset attempt" per run of a special value
 	maxAttempts int
-	backoff     time.Duration
+	backoff     time.Duration // RetryPolicy.InitialBackoff, and MaxBackoff unless maxBackoff is set
+	maxBackoff  time.Duration
+	multiplier  float64 // RetryPolicy.Multiplier; 0: its default
 	idle        time.Duration
 }
 
@@ -47,6 +49,8 @@ func (s childSpec) cmd(t *testing.T) *exec.Cmd {
 		"CHILD_RUNS_FILE="+s.runsFile,
 		"CHILD_MAX_ATTEMPTS="+strconv.Itoa(s.maxAttempts),
 		"CHILD_BACKOFF="+s.backoff.String(),
+		"CHILD_MAX_BACKOFF="+max(s.maxBackoff, s.backoff).String(),
+		"CHILD_MULTIPLIER="+strconv.FormatFloat(s.multiplier, 'f', -1, 64),
 		"CHILD_IDLE="+s.idle.String(),
 	)
 	out, _ := os.Create(filepath.Join(t.TempDir(), "child.log"))
@@ -152,6 +156,8 @@ func childMain() int {
 	}
 	maxAttempts, _ := strconv.Atoi(env("CHILD_MAX_ATTEMPTS"))
 	backoff, _ := time.ParseDuration(env("CHILD_BACKOFF"))
+	maxBackoff, _ := time.ParseDuration(env("CHILD_MAX_BACKOFF"))
+	multiplier, _ := strconv.ParseFloat(env("CHILD_MULTIPLIER"), 64)
 	idle, _ := time.ParseDuration(env("CHILD_IDLE"))
 	c, err := NewConsumer(pool, h, &Config{
 		Kafka: kafka.ConfigMap{"bootstrap.servers": env("CHILD_BROKERS"), "group.id": env("CHILD_GROUP"),
@@ -159,7 +165,7 @@ func childMain() int {
 		Topics: []string{env("CHILD_TOPIC")},
 		Schema: schema,
 		Logger: log,
-		Retry:  RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: backoff, MaxBackoff: backoff},
+		Retry:  RetryPolicy{MaxAttempts: maxAttempts, InitialBackoff: backoff, MaxBackoff: maxBackoff, Multiplier: multiplier},
 	})
 	if err != nil {
 		log.Error("consumer", zap.Error(err))
@@ -281,7 +287,10 @@ func TestSIGTERMDuringBackoffKeepsTheAttemptCount(t *testing.T) {
 		return fmt.Sprint(i)
 	}))
 	runs := filepath.Join(t.TempDir(), "runs")
-	s := childSpec{b: b, runsFile: runs, maxAttempts: 4, backoff: 3 * time.Second, idle: 2 * time.Second}
+	// 200 ms before try 2, then 20 s (±20%) before try 3: a shutdown that waited out the
+	// backoff takes 15 s or more, one that did not takes what closing the consumer takes,
+	// up to 2-3 s under CI's load (a 3 s backoff and a 2 s bound failed there).
+	s := childSpec{b: b, runsFile: runs, maxAttempts: 4, backoff: 200 * time.Millisecond, maxBackoff: time.Minute, multiplier: 100, idle: 2 * time.Second}
 	cmd := s.cmd(t)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -290,15 +299,16 @@ func TestSIGTERMDuringBackoffKeepsTheAttemptCount(t *testing.T) {
 		got, _ := os.ReadFile(runs)
 		return strings.Count(string(got), "\n") == 2
 	})
-	time.Sleep(300 * time.Millisecond) // inside the 3 s backoff before try 3
+	time.Sleep(300 * time.Millisecond) // inside the 20 s backoff before try 3
 	start := time.Now()
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("SIGTERM during backoff: %v", err)
 	}
-	if d := time.Since(start); d > 2*time.Second {
+	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("shutdown waited out the backoff: %s", d)
 	}
+	s.backoff, s.maxBackoff, s.multiplier = 50*time.Millisecond, 0, 0 // the restart retries at once
 	if n := b.q(t, `SELECT attempts FROM {{schema}}.attempts WHERE "offset" = 3`); n != 2 {
 		t.Fatalf("attempt count after SIGTERM %d, want 2", n)
 	}
