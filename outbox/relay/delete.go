@@ -9,7 +9,7 @@ import (
 
 // errRangeWider is returned (and the mark's transaction rolled back) when deleting a mark's
 // delivered rows by range took a row that was not delivered: an open row lay inside a range
-// without being read with it. The mark is then made again, row by row (deleteByID).
+// without being read with it. The mark is then made again, deleting by id.
 var errRangeWider = errors.New("relay: a delivered range held a row that was not delivered")
 
 // deliveredRuns returns a mark's delivered rows as ranges of outbox_open_idx ((txid, id)):

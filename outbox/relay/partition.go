@@ -16,20 +16,6 @@ func byMurmur2(cfg kafka.ConfigMap) bool {
 	return false
 }
 
-// partitions returns topic's partition count from the broker's metadata, 0 when it cannot
-// be read.
-func (p *producer) partitions(topic string) int {
-	md, err := p.p.GetMetadata(&topic, false, 5000)
-	if err != nil {
-		return 0
-	}
-	tm, ok := md.Topics[topic]
-	if !ok || tm.Error.Code() != kafka.ErrNoError {
-		return 0
-	}
-	return len(tm.Partitions)
-}
-
 // murmur2 is the hash of the Java client's default partitioner (Kafka's
 // org.apache.kafka.common.utils.Utils.murmur2, seed 0x9747b28c), which librdkafka's
 // partitioner=murmur2 and murmur2_random (the relay's default) use for keyed records: the

@@ -436,9 +436,12 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	// Delivered rows are deleted by range (deleteRanges), or by id once a range held a row
 	// that was not delivered (byID).
 	byID := false
-	delivered := make(map[int64]bool, len(pubIDs))
-	for _, id := range pubIDs {
-		delivered[id] = true
+	var delivered map[int64]bool // the check of deleteRanges; KeepPublished updates by id
+	if r.cfg.KeepPublished == 0 {
+		delivered = make(map[int64]bool, len(pubIDs))
+		for _, id := range pubIDs {
+			delivered[id] = true
+		}
 	}
 	// A new batch per try: pgx keeps statement descriptions in a sent batch's queued queries,
 	// and a batch sent again after an error used them stale ("prepared statement ... does not

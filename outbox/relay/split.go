@@ -114,7 +114,7 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 		}
 		parts := 0
 		if err == nil && (s.bytes > 0 || mmb-limitMargin < r.batchBytes) {
-			parts = p.partitions(topic)
+			parts, _ = p.partitionCount(topic) // 0 when unknown: the budget is the topic's
 		}
 		switch {
 		case err != nil:
@@ -170,7 +170,7 @@ func (r *Relay) tighten(p *producer, topic string, refused int, now time.Time) {
 	if s.at.IsZero() {
 		s.at = now
 	}
-	parts := p.partitions(topic)
+	parts, _ := p.partitionCount(topic) // 0 when unknown: the budget is the topic's
 	if s.bytes > 0 && s.asked > 0 && parts != s.partitions {
 		// Partitions were added since the budget was set: records counted on two partitions
 		// shared one. Count on the new partitions, from the topic's limit.
@@ -248,10 +248,11 @@ func (r *Relay) produceChunked(ctx context.Context, p *producer, rows []row, res
 				used[w.topic] = u
 			}
 			part, known := partitionOf(w, r.limits[w.topic].partitions, r.byMurmur2)
-			if !u.fits(part, known, recordSize(w), limit) && end > start {
+			size := recordSize(w)
+			if !u.fits(part, known, size, limit) && end > start {
 				break
 			}
-			u.add(part, known, recordSize(w))
+			u.add(part, known, size)
 		}
 		r.produce(ctx, p, rows[start:end], results[start:end], blocked, topics)
 		for i := start; i < end; i++ {

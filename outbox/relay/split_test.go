@@ -93,12 +93,7 @@ func testSmallMaxMessageBytes(t *testing.T, noDescribe bool) {
 func TestSizeBudgetHalvesWhenTheTopicsLimitIsUnknown(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p, err := newProducer(kafka.ConfigMap{"bootstrap.servers": b.brokers}, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	r := &Relay{log: zap.NewNop(), limits: sizeLimits{}, batchBytes: batchBytes(kafka.ConfigMap{"batch.size": 500000})}
+	r, p := b.bareRelay(t, batchBytes(kafka.ConfigMap{"batch.size": 500000}))
 	r.testHookMaxMessageBytes = func(string) (int, error) { return 0, errors.New("Broker: Topic authorization failed") }
 	if r.batchBytes != 500000 {
 		t.Fatalf("batchBytes %d, want batch.size 500000", r.batchBytes)
@@ -141,12 +136,7 @@ func TestSizeBudgetHalvesWhenTheTopicsLimitIsUnknown(t *testing.T) {
 func TestUnansweredAskIsRetriedSoon(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p, err := newProducer(kafka.ConfigMap{"bootstrap.servers": b.brokers}, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
-	r := &Relay{log: zap.NewNop(), limits: sizeLimits{}, batchBytes: 1_000_000}
+	r, p := b.bareRelay(t, 1_000_000)
 	exists := false
 	asked := 0
 	r.testHookMaxMessageBytes = func(string) (int, error) {
@@ -481,4 +471,16 @@ func requireKeyOrder(t *testing.T, brokers, topic string) {
 		}
 		last[string(m.Key)] = v
 	}
+}
+
+// bareRelay returns a Relay with only what ask and tighten use, and a producer on the test
+// broker (closed when the test ends), for driving the size budget step by step.
+func (b *testBundle) bareRelay(t *testing.T, batchBytes int) (*Relay, *producer) {
+	t.Helper()
+	p, err := newProducer(kafka.ConfigMap{"bootstrap.servers": b.brokers}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.close)
+	return &Relay{log: zap.NewNop(), limits: sizeLimits{}, batchBytes: batchBytes}, p
 }

@@ -31,21 +31,29 @@ func newTopics() *topics {
 // exists asks the broker (metadata request for that topic alone) whether topic exists.
 // ok is false when the broker could not be asked.
 func (p *producer) exists(topic string) (exists, ok bool) {
+	n, ok := p.partitionCount(topic)
+	return n > 0, ok
+}
+
+// partitionCount asks the broker (metadata request for that topic alone) for topic's
+// partition count: 0 when the topic does not exist. ok is false when the broker could not
+// be asked.
+func (p *producer) partitionCount(topic string) (n int, ok bool) {
 	md, err := p.p.GetMetadata(&topic, false, 5000)
 	if err != nil {
-		return false, false
+		return 0, false
 	}
 	tm, found := md.Topics[topic]
 	if !found {
-		return false, true
+		return 0, true
 	}
 	switch tm.Error.Code() {
 	case kafka.ErrNoError:
-		return len(tm.Partitions) > 0, true
+		return len(tm.Partitions), true
 	case kafka.ErrUnknownTopicOrPart, kafka.ErrUnknownTopic:
-		return false, true
+		return 0, true
 	}
-	return false, false
+	return 0, false
 }
 
 // excluded returns the missing topics whose rows the next read skips, re-checking those due,
