@@ -35,15 +35,7 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, schema string, id int64, r Replay)
 	if err != nil {
 		return 0, nil, err
 	}
-	rec := outbox.Record{Topic: d.Topic, Key: d.Key, Value: d.Value}
-	if r.ToTopic != "" {
-		rec.Topic = r.ToTopic
-	}
-	for _, h := range d.Headers {
-		if h.Key != outbox.HeaderOutboxID {
-			rec.Headers = append(rec.Headers, outbox.Header{Key: h.Key, Value: h.Value})
-		}
-	}
+	rec := replayRecord(d, r.ToTopic)
 	ids, err := outbox.Writer{Schema: schema}.WriteTx(ctx, tx, rec)
 	if err != nil {
 		return 0, nil, fmt.Errorf("replay dead letter %d: %w", id, err)
@@ -54,4 +46,19 @@ func ReplayTx(ctx context.Context, tx pgx.Tx, schema string, id int64, r Replay)
 		return 0, nil, err
 	}
 	return ids[0], d, nil
+}
+
+// replayRecord is the outbox record that replays d: to toTopic ("" for d's own topic), its
+// key, value and headers byte for byte, without an original kafkatx-outbox-id header.
+func replayRecord(d *DeadLetter, toTopic string) outbox.Record {
+	rec := outbox.Record{Topic: d.Topic, Key: d.Key, Value: d.Value}
+	if toTopic != "" {
+		rec.Topic = toTopic
+	}
+	for _, h := range d.Headers {
+		if h.Key != outbox.HeaderOutboxID {
+			rec.Headers = append(rec.Headers, outbox.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	return rec
 }
