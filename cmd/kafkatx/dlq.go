@@ -174,13 +174,29 @@ func (c *DLQShowCmd) Run(ctx context.Context, g *Globals) error {
 	return nil
 }
 
-// DLQReplayCmd re-publishes a dead letter through the outbox.
+// DLQReplayCmd re-publishes one dead letter, or every one a selection picks with --all,
+// through the outbox.
 type DLQReplayCmd struct {
-	ID      int64  `arg:"" help:"Dead letter id."`
+	ID      int64  `arg:"" optional:"" help:"Dead letter id; or --all with --topic, --group, --error-class, --since, --until."`
 	ToTopic string `name:"to-topic" help:"Publish to this topic instead of the original one (default: the original topic, so its consumer runs the handler again)."`
-	Reason  string `required:"" help:"Why (recorded in dlq_audit)."`
-	Again   bool   `help:"Replay a dead letter that was already replayed."`
+	Again   bool   `help:"Also replay dead letters already replayed (never discarded ones)."`
+	dlqBulkFlags
 }
+
+// Help is the long help of dlq replay.
+func (DLQReplayCmd) Help() string {
+	return `Writes a dead letter's original key, value and headers to the outbox (published by the relay)
+and marks it replayed, with a dlq_audit row naming the outbox row; by id, or with --all every
+new dead letter the filters select (--topic, --group, --error-class, --since, --until: the time
+of its latest failure, RFC 3339 or a duration before now such as 2h). --all prints what it will
+replay (per group, topic and error class) and then replays exactly those; --dry-run prints only.
+A dead letter already replayed is replayed again only with --again.
+
+Exit status: 0 done (or nothing selected), 2 a usage error, 6 no such dead letter or not in a
+state to replay, 1 an error.`
+}
+
+func (c *DLQReplayCmd) Validate() error { return c.validate(c.ID) }
 
 func (c *DLQReplayCmd) Run(ctx context.Context, g *Globals) error {
 	pool, err := g.outboxPool(ctx)
@@ -188,33 +204,62 @@ func (c *DLQReplayCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
+	if c.All {
+		return c.dlqBulk(ctx, pool, g.Schema, "replay", "replayed", c.Again, func(tx pgx.Tx, sel dlq.Selection, actor string) (int64, error) {
+			return dlq.ReplayAllTx(ctx, tx, g.Schema, sel, dlq.Replay{ToTopic: c.ToTopic, Reason: c.Reason, Actor: actor, Again: c.Again})
+		})
+	}
 	var row int64
 	var d *dlq.DeadLetter
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
 		row, d, err = dlq.ReplayTx(ctx, tx, g.Schema, c.ID,
 			dlq.Replay{ToTopic: c.ToTopic, Reason: c.Reason, Actor: offsets.Actor(), Again: c.Again})
+		if err == nil && c.DryRun {
+			return errDryRun
+		}
 		return err
 	})
+	if errors.Is(err, dlq.ErrResolved) && d == nil {
+		if cur, gerr := dlq.Get(ctx, pool, g.Schema, c.ID); gerr == nil && cur.Status == dlq.StatusReplayed {
+			err = fmt.Errorf("%w; to publish it once more: kafkatx dlq replay %d --again --reason %s", err, c.ID, shellQuote(c.Reason))
+		}
+	}
 	if errors.Is(err, dlq.ErrNotFound) || errors.Is(err, dlq.ErrResolved) {
 		return &exitError{code: exitNotActionable, err: err}
 	}
+	to := c.ToTopic
+	if to == "" && d != nil {
+		to = d.Topic
+	}
+	if errors.Is(err, errDryRun) {
+		fmt.Printf("dry run: dead letter %d would be replayed to topic %s; nothing changed\n", c.ID, to)
+		return nil
+	}
 	if err != nil {
 		return err
-	}
-	to := c.ToTopic
-	if to == "" {
-		to = d.Topic
 	}
 	fmt.Printf("dead letter %d replayed: outbox row %d to topic %s (published by the relay)\n", c.ID, row, to)
 	return nil
 }
 
-// DLQDiscardCmd discards a dead letter.
+// DLQDiscardCmd discards one dead letter, or every new one a selection picks with --all.
 type DLQDiscardCmd struct {
-	ID     int64  `arg:"" help:"Dead letter id."`
-	Reason string `required:"" help:"Why (recorded in dlq_audit)."`
+	ID int64 `arg:"" optional:"" help:"Dead letter id; or --all with --topic, --group, --error-class, --since, --until."`
+	dlqBulkFlags
 }
+
+// Help is the long help of dlq discard.
+func (DLQDiscardCmd) Help() string {
+	return `Marks new dead letters discarded, each with a dlq_audit row: by id, or with --all every new
+dead letter the filters select (--topic, --group, --error-class, --since, --until: the time of
+its latest failure, RFC 3339 or a duration before now such as 2h), in one statement. --all
+prints what it will discard and then discards exactly those; --dry-run prints only.
+
+Exit status: 0 done (or nothing selected), 2 a usage error, 6 no such dead letter or not new, 1 an error.`
+}
+
+func (c *DLQDiscardCmd) Validate() error { return c.validate(c.ID) }
 
 func (c *DLQDiscardCmd) Run(ctx context.Context, g *Globals) error {
 	pool, err := g.outboxPool(ctx)
@@ -222,11 +267,24 @@ func (c *DLQDiscardCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
+	if c.All {
+		return c.dlqBulk(ctx, pool, g.Schema, "discard", "discarded", false, func(tx pgx.Tx, sel dlq.Selection, actor string) (int64, error) {
+			return dlq.DiscardAllTx(ctx, tx, g.Schema, sel, dlq.Action{Reason: c.Reason, Actor: actor})
+		})
+	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return dlq.DiscardTx(ctx, tx, g.Schema, c.ID, dlq.Action{Reason: c.Reason, Actor: offsets.Actor()})
+		err := dlq.DiscardTx(ctx, tx, g.Schema, c.ID, dlq.Action{Reason: c.Reason, Actor: offsets.Actor()})
+		if err == nil && c.DryRun {
+			return errDryRun
+		}
+		return err
 	})
 	if errors.Is(err, dlq.ErrNotFound) || errors.Is(err, dlq.ErrResolved) {
 		return &exitError{code: exitNotActionable, err: err}
+	}
+	if errors.Is(err, errDryRun) {
+		fmt.Printf("dry run: dead letter %d would be discarded; nothing changed\n", c.ID)
+		return nil
 	}
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,44 +75,162 @@ func (c *OutboxParkedCmd) Run(ctx context.Context, g *Globals) error {
 	return nil
 }
 
-// OutboxReleaseCmd releases a parked row.
+// OutboxReleaseCmd releases one parked row, or every parked row (of a topic) with --all.
 type OutboxReleaseCmd struct {
-	ID     int64  `arg:"" help:"Outbox row id (from outbox parked)."`
-	Reason string `required:"" help:"Why (recorded in outbox_audit)."`
+	ID int64 `arg:"" optional:"" help:"Outbox row id (from outbox parked); or --all."`
+	outboxBulkFlags
 }
+
+// Help is the long help of outbox release.
+func (OutboxReleaseCmd) Help() string {
+	return `Puts parked rows back in the queue: one by id, or with --all every parked row (of --topic T)
+in one audited statement (one outbox_audit row per row, with --reason and the OS user at the
+host). --all prints what it will release (rows per topic, ids, since when) and then releases
+exactly those rows, not one parked after it printed; --dry-run prints only.
+
+Exit status: 0 done (or nothing parked), 2 a usage error, 6 the row id is not parked, 1 an error.`
+}
+
+func (c *OutboxReleaseCmd) Validate() error { return c.validate(c.ID) }
 
 func (c *OutboxReleaseCmd) Run(ctx context.Context, g *Globals) error {
-	return g.resolveParked(ctx, c.ID, "released", func(ctx context.Context, tx pgx.Tx, w outbox.Writer) error {
-		return w.ReleaseTx(ctx, tx, c.ID, c.Reason, offsets.Actor())
-	})
+	return g.resolveParked(ctx, c.ID, &c.outboxBulkFlags, "release", "released",
+		func(ctx context.Context, tx pgx.Tx, w outbox.Writer) error {
+			return w.ReleaseTx(ctx, tx, c.ID, c.Reason, offsets.Actor())
+		}, outbox.Writer.ReleaseAllTx)
 }
 
-// OutboxDiscardCmd discards a parked row.
+// OutboxDiscardCmd discards one parked row, or every parked row (of a topic) with --all.
 type OutboxDiscardCmd struct {
-	ID     int64  `arg:"" help:"Outbox row id (from outbox parked)."`
+	ID int64 `arg:"" optional:"" help:"Outbox row id (from outbox parked); or --all."`
+	outboxBulkFlags
+}
+
+// Help is the long help of outbox discard.
+func (OutboxDiscardCmd) Help() string {
+	return `Gives up on parked rows: never published; the rows of their keys waiting behind them flow
+again. One by id, or with --all every parked row (of --topic T) in one audited statement (one
+outbox_audit row per row). --all prints what it will discard and then discards exactly those
+rows; --dry-run prints only.
+
+Exit status: 0 done (or nothing parked), 2 a usage error, 6 the row id is not parked, 1 an error.`
+}
+
+func (c *OutboxDiscardCmd) Validate() error { return c.validate(c.ID) }
+
+func (c *OutboxDiscardCmd) Run(ctx context.Context, g *Globals) error {
+	return g.resolveParked(ctx, c.ID, &c.outboxBulkFlags, "discard", "discarded",
+		func(ctx context.Context, tx pgx.Tx, w outbox.Writer) error {
+			return w.DiscardTx(ctx, tx, c.ID, c.Reason, offsets.Actor())
+		}, outbox.Writer.DiscardAllTx)
+}
+
+// outboxBulkFlags are the flags of outbox release and discard.
+type outboxBulkFlags struct {
+	All    bool   `help:"Every parked row (of --topic), in one audited statement, instead of one ID."`
+	Topic  string `help:"With --all: only this topic's parked rows."`
+	DryRun bool   `name:"dry-run" help:"Print what would be done and change nothing."`
 	Reason string `required:"" help:"Why (recorded in outbox_audit)."`
 }
 
-func (c *OutboxDiscardCmd) Run(ctx context.Context, g *Globals) error {
-	return g.resolveParked(ctx, c.ID, "discarded", func(ctx context.Context, tx pgx.Tx, w outbox.Writer) error {
-		return w.DiscardTx(ctx, tx, c.ID, c.Reason, offsets.Actor())
-	})
+func (f *outboxBulkFlags) validate(id int64) error {
+	switch {
+	case id != 0 && f.All:
+		return errors.New("give a row ID or --all, not both")
+	case id == 0 && !f.All:
+		return errors.New("give a row ID (from `kafkatx outbox parked`) or --all [--topic T]")
+	case id < 0:
+		return fmt.Errorf("row ID %d: outbox row ids are positive", id)
+	case f.Topic != "" && !f.All:
+		return errors.New("--topic selects rows for --all; with a row ID leave it out")
+	case strings.TrimSpace(f.Reason) == "":
+		return errors.New("--reason is empty: say why (it is recorded in outbox_audit)")
+	}
+	return nil
 }
 
-func (g *Globals) resolveParked(ctx context.Context, id int64, done string, f func(context.Context, pgx.Tx, outbox.Writer) error) error {
+type bulkParkedFunc func(outbox.Writer, context.Context, pgx.Tx, outbox.ParkedSelection, string, string) (int64, error)
+
+func (g *Globals) resolveParked(ctx context.Context, id int64, f *outboxBulkFlags, verb, done string,
+	one func(context.Context, pgx.Tx, outbox.Writer) error, all bulkParkedFunc) error {
 	pool, err := g.outboxPool(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return f(ctx, tx, outbox.Writer{Schema: g.Schema}) })
+	w := outbox.Writer{Schema: g.Schema}
+	if f.All {
+		return g.resolveAllParked(ctx, pool, w, f, verb, done, all)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := one(ctx, tx, w); err != nil {
+			return err
+		}
+		if f.DryRun {
+			return errDryRun // roll back: the row is parked and would be acted on
+		}
+		return nil
+	})
 	if errors.Is(err, outbox.ErrNotParked) {
-		return &exitError{code: exitNotActionable, err: err}
+		return &exitError{code: exitNotActionable, err: fmt.Errorf("%w (`kafkatx outbox parked` lists the parked rows)", err)}
+	}
+	if errors.Is(err, errDryRun) {
+		fmt.Printf("dry run: outbox row %d is parked and would be %s; nothing changed\n", id, done)
+		return nil
 	}
 	if err != nil {
 		return err
 	}
 	fmt.Printf("outbox row %d %s\n", id, done)
+	return nil
+}
+
+// errDryRun rolls back a transaction that did what a dry run only shows.
+var errDryRun = errors.New("dry run")
+
+func (g *Globals) resolveAllParked(ctx context.Context, pool *pgxpool.Pool, w outbox.Writer, f *outboxBulkFlags, verb, done string, all bulkParkedFunc) error {
+	sel := outbox.ParkedSelection{Topic: f.Topic}
+	sum, err := w.ParkedSummary(ctx, pool, sel)
+	if err != nil {
+		return err
+	}
+	var total int64
+	for _, s := range sum {
+		total += s.Rows
+	}
+	of := ""
+	if f.Topic != "" {
+		of = " of topic " + f.Topic
+	}
+	if total == 0 {
+		fmt.Printf("no parked outbox rows%s: nothing to %s\n", of, verb)
+		return nil
+	}
+	actor := offsets.Actor()
+	fmt.Printf("plan: %s %d parked outbox row(s)%s, one outbox_audit row each\n  reason: %s\n  actor: %s\n", verb, total, of, f.Reason, actor)
+	for _, s := range sum {
+		fmt.Printf("  %s: %d row(s), ids %d..%d, parked since %s\n", s.Topic, s.Rows, s.FirstID, s.LastID, s.OldestParkedAt.UTC().Format(time.RFC3339))
+	}
+	if f.DryRun {
+		fmt.Printf("dry run: nothing changed; run again without --dry-run to %s them\n", verb)
+		return nil
+	}
+	sel.MaxID = outbox.MaxIDOf(sum)
+	var n int64
+	start := time.Now()
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		n, err = all(w, ctx, tx, sel, f.Reason, actor)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s %d parked outbox row(s) in %.2fs", done, n, time.Since(start).Seconds())
+	if n != total {
+		fmt.Printf(" (%d of those listed were resolved by someone else meanwhile)", total-n)
+	}
+	fmt.Println()
 	return nil
 }
 
