@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -89,6 +90,14 @@ func firstLine(s string) string {
 		return s[:i] + " …"
 	}
 	return s
+}
+
+// Validate refuses a --limit outside 1 to 100,000 and a negative --after.
+func (c *DLQListCmd) Validate() error {
+	if c.After < 0 {
+		return fmt.Errorf("--after %d: want a dead letter id, 0 or more", c.After)
+	}
+	return flagcheck.Int("limit", c.Limit, 1, 100_000)
 }
 
 func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {

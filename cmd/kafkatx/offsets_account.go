@@ -14,7 +14,7 @@ type OffsetsAccountCmd struct {
 	Group     string `required:"" help:"Consumer group id."`
 	Topic     string `required:"" help:"Topic."`
 	Partition *int32 `help:"Only this partition (default: every partition with a watermark)."`
-	Output    string `default:"text" help:"text or json (one object per partition per line)."`
+	Output    string `default:"text" enum:"text,json" help:"text or json (one object per partition per line)."`
 }
 
 // Help is the long help of offsets account.

@@ -12,7 +12,7 @@ import (
 type OffsetsAuditCmd struct {
 	Group  string `required:"" help:"Consumer group id."`
 	Topic  string `help:"Only this topic."`
-	Output string `default:"text" help:"text or json (one object per line: id, group, topic, partition, kind, from_offset, to_offset, reason, actor, status, at)."`
+	Output string `default:"text" enum:"text,json" help:"text or json (one object per line: id, group, topic, partition, kind, from_offset, to_offset, reason, actor, status, at)."`
 }
 
 // Help is the long help of offsets audit.

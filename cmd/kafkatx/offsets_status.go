@@ -16,7 +16,7 @@ import (
 type OffsetsStatusCmd struct {
 	Group  string `required:"" help:"Consumer group id."`
 	Topic  string `help:"Only this topic (default: every topic the group has a watermark or a committed offset on)."`
-	Output string `default:"text" help:"text, json (one object per partition per line) or prometheus (text exposition format, for node_exporter's textfile collector)."`
+	Output string `default:"text" enum:"text,json,prometheus" help:"text, json (one object per partition per line) or prometheus (text exposition format, for node_exporter's textfile collector)."`
 }
 
 // Help is the long help of offsets status.

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/outbox"
 )
@@ -46,6 +47,9 @@ type parkedJSON struct {
 	ParkedAt  time.Time `json:"parked_at"`
 	Waiting   int64     `json:"waiting_behind"`
 }
+
+// Validate refuses a --limit outside 1 to 100,000.
+func (c *OutboxParkedCmd) Validate() error { return flagcheck.Int("limit", c.Limit, 1, 100_000) }
 
 func (c *OutboxParkedCmd) Run(ctx context.Context, g *Globals) error {
 	pool, err := g.outboxPool(ctx)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/outbox/relay"
@@ -35,6 +36,21 @@ type RelayCmd struct {
 	KeepPublished   time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
 	AttemptsRet     time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
 	DeadLetterRet   time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
+}
+
+// Validate refuses out-of-range values (exit 2, one line naming the flag and the range)
+// instead of letting the relay replace them with its defaults.
+func (c *RelayCmd) Validate() error {
+	return flagcheck.First(
+		flagcheck.Duration("exit-when-idle", c.ExitWhenIdle, 0, 24*time.Hour),
+		flagcheck.Int("batch-size", c.BatchSize, 1, 100_000),
+		flagcheck.Duration("poll-interval", c.PollInterval, 10*time.Millisecond, time.Hour),
+		flagcheck.Duration("standby-interval", c.StandbyInterval, 10*time.Millisecond, time.Hour),
+		flagcheck.Duration("shutdown-timeout", c.ShutdownTimeout, 0, time.Hour),
+		flagcheck.Duration("keep-published", c.KeepPublished, 0, 365*24*time.Hour),
+		flagcheck.Duration("attempts-retention", c.AttemptsRet, time.Minute, 365*24*time.Hour),
+		flagcheck.Duration("dead-letter-retention", c.DeadLetterRet, time.Minute, 10*365*24*time.Hour),
+	)
 }
 
 // Help is shown under the command's usage.

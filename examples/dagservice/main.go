@@ -30,6 +30,7 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/httpmw"
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -40,6 +41,13 @@ func main() {
 	retention := flag.Duration("retention", 24*time.Hour, "how long a response is replayed for its Idempotency-Key")
 	taskDelay := flag.Duration("task-delay", 0, "time each task takes (to try a repeat while the first call runs: 409)")
 	flag.Parse()
+	if err := flagcheck.First(
+		flagcheck.Duration("retention", *retention, time.Minute, 365*24*time.Hour),
+		flagcheck.Duration("task-delay", *taskDelay, 0, time.Hour),
+	); err != nil {
+		fmt.Fprintln(os.Stderr, "dagservice:", err)
+		os.Exit(2)
+	}
 	if *dbURL == "" { // read after parsing, so --help never prints a password
 		*dbURL = os.Getenv("DATABASE_URL")
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -72,6 +73,14 @@ func run() int {
 		return 2
 	}
 	if err := o.Check(); err != nil {
+		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
+		return 2
+	}
+	if err := flagcheck.First(
+		flagcheck.Duration("airflow-wait-max", o.waitMax, time.Second, 30*24*time.Hour),
+		flagcheck.Duration("airflow-timeout", o.airflowTimeout, 100*time.Millisecond, 10*time.Minute),
+		flagcheck.Duration("key-retention", o.keyRetention, time.Minute, 365*24*time.Hour),
+	); err != nil {
 		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
 		return 2
 	}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
@@ -65,10 +66,33 @@ func (f *Flags) FromEnv() {
 	}
 }
 
-// Check refuses flag values that cannot work together, before anything starts: a
-// --group-protocol other than classic or consumer, and --session-timeout with --group-protocol
-// consumer (librdkafka refuses session.timeout.ms under KIP-848's protocol).
+// Ranges of the numeric flags (Check refuses a value outside them, naming the range).
+const (
+	MaxPartitions  = 10_000
+	MaxMaxAttempts = 1_000
+	MaxBatchSize   = 100_000
+	// MaxExitWhenIdle and MaxSessionTimeout bound the durations (librdkafka's
+	// session.timeout.ms allows at most an hour).
+	MaxExitWhenIdle   = 24 * time.Hour
+	MaxSessionTimeout = time.Hour
+)
+
+// Check refuses flag values that cannot work, before anything starts, with one line naming
+// the flag and its allowed range (the binaries exit 2): --partitions 1 to 10,000,
+// --max-attempts 1 to 1,000, --batch-size 1 to 100,000, --exit-when-idle 0 to 24h,
+// --session-timeout 0 (librdkafka's default) to 1h; a --group-protocol other than classic or
+// consumer, and --session-timeout with --group-protocol consumer (librdkafka refuses
+// session.timeout.ms under KIP-848's protocol).
 func (f *Flags) Check() error {
+	if err := flagcheck.First(
+		flagcheck.Int("partitions", f.Partitions, 1, MaxPartitions),
+		flagcheck.Int("max-attempts", f.MaxAttempts, 1, MaxMaxAttempts),
+		flagcheck.Int("batch-size", f.BatchSize, 1, MaxBatchSize),
+		flagcheck.Duration("exit-when-idle", f.ExitWhenIdle, 0, MaxExitWhenIdle),
+		flagcheck.Duration("session-timeout", f.SessionTimeout, 0, MaxSessionTimeout),
+	); err != nil {
+		return err
+	}
 	switch strings.ToLower(f.GroupProtocol) {
 	case "", "classic":
 	case "consumer":

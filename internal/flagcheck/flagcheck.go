@@ -1,0 +1,57 @@
+// Package flagcheck refuses out-of-range command-line values of kafkatx's binaries (the
+// operator command and the examples) with one line naming the flag, the value and the
+// allowed range, instead of silently replacing them with a default. The binaries exit 2 (the
+// usage status) on its errors.
+package flagcheck
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Int returns an error unless lo <= v <= hi: "--name v: want lo to hi".
+func Int(name string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("--%s %d: want %s to %s", name, v, group(lo), group(hi))
+	}
+	return nil
+}
+
+// Duration returns an error unless lo <= v <= hi: "--name v: want lo to hi"; a negative
+// value is named as such.
+func Duration(name string, v, lo, hi time.Duration) error {
+	if v < 0 && lo >= 0 {
+		return fmt.Errorf("--%s %v: a duration must not be negative; want %v to %v", name, v, lo, hi)
+	}
+	if v < lo || v > hi {
+		return fmt.Errorf("--%s %v: want %v to %v", name, v, lo, hi)
+	}
+	return nil
+}
+
+// First returns the first non-nil error, so a binary reports one line.
+func First(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// group writes n with thousands separators (100,000), as the docs do.
+func group(n int) string {
+	s := strconv.Itoa(n)
+	neg := n < 0
+	if neg {
+		s = s[1:]
+	}
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	if neg {
+		return "-" + s
+	}
+	return s
+}
