@@ -11,21 +11,24 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Globals are the flags every subcommand takes.
 type Globals struct {
-	DatabaseURL string `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL URL (postgres://user:pass@host:port/db)."`
-	Brokers     string `name:"brokers" env:"KAFKA_BOOTSTRAP_SERVERS" help:"Kafka bootstrap servers, host:port[,host:port]."`
-	Schema      string `name:"schema" default:"${default_schema}" help:"Schema of kafkatx's tables."`
-	LogLevel    string `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr)."`
+	DatabaseURL  string        `name:"database-url" env:"DATABASE_URL" help:"PostgreSQL URL (postgres://user:pass@host:port/db)."`
+	Brokers      string        `name:"brokers" env:"KAFKA_BOOTSTRAP_SERVERS" help:"Kafka bootstrap servers, host:port[,host:port]."`
+	Schema       string        `name:"schema" default:"${default_schema}" help:"Schema of kafkatx's tables."`
+	LogLevel     string        `name:"log-level" default:"info" enum:"debug,info,warn,error" help:"Log level (logs go to stderr)."`
+	KafkaTimeout time.Duration `name:"kafka-timeout" default:"10s" help:"The offsets commands fail when no broker of --brokers answers within this (1s to 5m)."`
 
 	SessionDatabaseURL string `name:"session-database-url" env:"KAFKATX_SESSION_DATABASE_URL" help:"PostgreSQL URL for what needs a session across transactions (migrations' lock, the relay's leadership lock and LISTEN) when --database-url goes through a transaction pooler such as PgBouncer in transaction mode (default: --database-url)."`
 
@@ -85,6 +88,9 @@ const maxIdentifierBytes = 63
 
 // Validate checks the flags every subcommand shares (kong calls it after parsing).
 func (c *CLI) Validate() error {
+	if err := flagcheck.Duration("kafka-timeout", c.KafkaTimeout, time.Second, 5*time.Minute); err != nil {
+		return err
+	}
 	switch s := c.Schema; {
 	case s == "":
 		return errors.New("--schema is empty: give the schema of kafkatx's tables (default kafkatx)")

@@ -38,6 +38,10 @@ func (g *Globals) offsetsOperator(ctx context.Context, withKafka bool) (*offsets
 		if k, err = offsets.NewKafka(cfg, g.logger()); err != nil {
 			return nil, nil, err
 		}
+		if err := k.Reachable(g.Brokers, g.KafkaTimeout); err != nil {
+			k.Close()
+			return nil, nil, err
+		}
 	}
 	var pool *pgxpool.Pool
 	pool, err := g.pool(ctx)

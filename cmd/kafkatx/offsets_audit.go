@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"text/tabwriter"
+
+	"github.com/kafkatx/kafkatx/internal/offsets"
 )
 
 // OffsetsAuditCmd prints the offset audit trail of a group.
@@ -51,5 +53,14 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t[%d, %d)\t%s\t%s\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), e.Kind, e.Status,
 			e.Topic, e.Partition, e.From, e.To, e.Actor, e.Reason)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// How to undo each skip on record (the bytes of skipped messages are not kept).
+	for _, e := range events {
+		if h := offsets.UndoHint(e, shellQuote); h != "" {
+			fmt.Printf("%s %s[%d] [%d, %d): %s\n", e.Kind, e.Topic, e.Partition, e.From, e.To, h)
+		}
+	}
+	return nil
 }

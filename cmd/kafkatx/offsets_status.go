@@ -96,7 +96,10 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		case len(sts) == 0:
 			fmt.Printf("group %s has no watermark and no committed offset%s\n", c.Group, map[bool]string{true: " on " + c.Topic, false: ""}[c.Topic != ""])
 		case drifted > 0:
-			fmt.Printf("DRIFT on %d of %d partition(s): start the consumer to reconcile, or see `kafkatx offsets reset --help`\n", drifted, len(sts))
+			fmt.Printf("DRIFT on %d of %d partition(s). What starting the consumer will do, and the command for the other choice:\n", drifted, len(sts))
+			for _, h := range offsets.Hints(c.Group, sts, shellQuote) {
+				fmt.Printf("- %s\n", h)
+			}
 		default:
 			fmt.Printf("aligned: %d partition(s)\n", len(sts))
 		}

@@ -35,12 +35,15 @@ import (
 )
 
 func main() {
+	flag.CommandLine = flag.NewFlagSet("dagservice", flag.ContinueOnError)
 	addr := flag.String("addr", "127.0.0.1:8090", "HOST:PORT to listen on")
 	dbURL := flag.String("database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
 	schema := flag.String("schema", pg.DefaultSchema, "schema of kafkatx's tables")
 	retention := flag.Duration("retention", 24*time.Hour, "how long a response is replayed for its Idempotency-Key")
 	taskDelay := flag.Duration("task-delay", 0, "time each task takes (to try a repeat while the first call runs: 409)")
-	flag.Parse()
+	if code, ok := flagcheck.Parse(flag.CommandLine, os.Args[1:]); !ok {
+		os.Exit(code)
+	}
 	if err := flagcheck.First(
 		flagcheck.Duration("retention", *retention, time.Minute, 365*24*time.Hour),
 		flagcheck.Duration("task-delay", *taskDelay, 0, time.Hour),

@@ -53,7 +53,7 @@ func main() {
 
 func run() int {
 	var o options
-	fs := flag.NewFlagSet("dagtrigger", flag.ExitOnError)
+	fs := flag.NewFlagSet("dagtrigger", flag.ContinueOnError)
 	// Each event costs one Airflow request inside its transaction: small batches.
 	o.Register(fs, service.Flags{Group: "dagtrigger", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: 20}, "event")
 	fs.StringVar(&o.airflowURL, "airflow-url", "", "base URL of the Airflow API server, http://host:8080 (required); /api/v2/dags/{dag_id}/dagRuns is appended")
@@ -66,7 +66,9 @@ func run() int {
 	fs.DurationVar(&o.keyRetention, "key-retention", 7*24*time.Hour, "how long an event's source position is remembered to skip re-published copies")
 	fs.StringVar(&o.cdcOps, "cdc-ops", "c,u,d,r", "Debezium ops that start a run, comma-separated: c (create), u (update), d (delete), r (snapshot read), t (truncate), m (logical message); others are skipped and counted")
 	fs.StringVar(&o.deleteBefore, "cdc-delete-before", "key", "a delete's conf.before: key (only the record key's columns; the others are placeholders under PostgreSQL's default replica identity) or full (the whole before image, for REPLICA IDENTITY FULL tables)")
-	_ = fs.Parse(os.Args[1:])
+	if code, ok := flagcheck.Parse(fs, os.Args[1:]); !ok {
+		return code
+	}
 	o.FromEnv()
 	if err := o.LoadKafkaConfigFile(); err != nil {
 		fmt.Fprintln(os.Stderr, "dagtrigger:", err)

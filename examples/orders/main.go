@@ -25,6 +25,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
@@ -45,7 +46,7 @@ func main() {
 
 func run() int {
 	var o options
-	fs := flag.NewFlagSet("orders", flag.ExitOnError)
+	fs := flag.NewFlagSet("orders", flag.ContinueOnError)
 	o.Register(fs, service.Flags{Topic: "orders", Group: "orders-processor", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: order.DefaultBatchSize}, "message")
 	fs.BoolVar(&o.inProcessBroker, "in-process-broker", false, "run on an in-process Kafka broker (the zero-setup demo of make demo) instead of --brokers; its data is gone when the process exits")
 	fs.Lookup("topic").Usage = "topic to produce to and consume from"
@@ -56,7 +57,9 @@ func run() int {
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
 	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (PostgreSQL's live-row estimate), so the relay is not left behind without bound; 0: no bound")
 	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
-	_ = fs.Parse(os.Args[1:])
+	if code, ok := flagcheck.Parse(fs, os.Args[1:]); !ok {
+		return code
+	}
 	o.FromEnv()
 	if err := o.LoadKafkaConfigFile(); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)

@@ -5,7 +5,11 @@
 package flagcheck
 
 import (
+	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 	"time"
 )
@@ -54,4 +58,31 @@ func group(n int) string {
 		return "-" + s
 	}
 	return s
+}
+
+// Parse parses args with fs (made with flag.ContinueOnError) the way the binaries report
+// usage errors: -h or --help prints the usage to stderr and returns (0, false); a bad flag or
+// value prints one line, "<fs.Name()>: <what> (see <fs.Name()> --help)", instead of the whole
+// usage, and returns (2, false); success returns (0, true).
+func Parse(fs *flag.FlagSet, args []string) (code int, ok bool) {
+	usage := fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(os.Stderr)
+	fs.Usage = usage
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		if fs.Usage != nil {
+			fs.Usage()
+		} else {
+			fmt.Fprintf(os.Stderr, "Usage of %s:\n", fs.Name())
+			fs.PrintDefaults()
+		}
+		return 0, false
+	}
+	fmt.Fprintf(os.Stderr, "%s: %v (see %s --help)\n", fs.Name(), err, fs.Name())
+	return 2, false
 }

@@ -31,6 +31,17 @@ func NewKafka(cfg kafka.ConfigMap, log *zap.Logger) (*Kafka, error) {
 	return &Kafka{admin: admin, producer: p}, nil
 }
 
+// Reachable asks the cluster for its metadata and returns an error, naming bootstrap (the
+// bootstrap servers as given), when no broker answered within timeout. The offset commands
+// call it first, so an unreachable or mistyped address fails in timeout instead of after
+// each call's own 30 to 60 s.
+func (k *Kafka) Reachable(bootstrap string, timeout time.Duration) error {
+	if _, err := k.admin.GetMetadata(nil, false, max(int(timeout.Milliseconds()), 1)); err != nil {
+		return fmt.Errorf("kafka: no broker at %s answered within %v (%v): check --brokers or KAFKA_BOOTSTRAP_SERVERS, and the listener's security settings", bootstrap, timeout, err)
+	}
+	return nil
+}
+
 // Close releases the AdminClient.
 func (k *Kafka) Close() {
 	k.admin.Close()

@@ -1,0 +1,113 @@
+package offsets
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+// Hints explains, for `kafkatx offsets status`, what starting the consumer will do on the
+// drifted partitions of sts and quotes the command that does the other thing, one hint per
+// state, in state order. quote makes a value one shell word. No drift: no hints.
+func Hints(group string, sts []PartitionStatus, quote func(string) string) []string {
+	byState := map[string][]PartitionStatus{}
+	for _, s := range sts {
+		if s.Drifted() {
+			byState[s.State] = append(byState[s.State], s)
+		}
+	}
+	states := make([]string, 0, len(byState))
+	for st := range byState {
+		states = append(states, st)
+	}
+	sort.Strings(states)
+	var out []string
+	for _, st := range states {
+		ps := byState[st]
+		first := ps[0]
+		where := fmt.Sprintf("%s[%d]", first.Topic, first.Partition)
+		if len(ps) > 1 {
+			where += fmt.Sprintf(" and %d more", len(ps)-1)
+		}
+		// A command for the first partition; --to-database and --to-earliest need no
+		// per-partition offset, so they cover every partition of a topic at once.
+		reset := fmt.Sprintf("kafkatx offsets reset --group %s --topic %s --partition %d", quote(group), quote(first.Topic), first.Partition)
+		whole := reset
+		if len(ps) > 1 {
+			where += " (commands for the first; repeat per partition)"
+			if oneTopic(ps) {
+				whole = fmt.Sprintf("kafkatx offsets reset --group %s --topic %s", quote(group), quote(first.Topic))
+			}
+		}
+		var w, k int64
+		if first.Watermark != nil {
+			w = *first.Watermark
+		}
+		if first.Committed != nil {
+			k = *first.Committed
+		}
+		var h string
+		switch st {
+		case StateKafkaAhead:
+			h = fmt.Sprintf("kafka_ahead on %s: Kafka's committed offset was moved past the watermark (Kafka's own tools, or a database restored from an older backup). "+
+				"Starting the consumer (OnKafkaAhead's default, follow) SKIPS [%d, %d) FOR GOOD: it follows Kafka and records the range as unexplained_skip in the offset audit (`kafkatx offsets audit --group %s`); "+
+				"kafkatx keeps no copy of the skipped messages. To process them instead, before starting it: `%s --to-database --reason '...' --execute` "+
+				"(Kafka goes back to the watermark); to skip them on record with a reason: `%s --to-offset %d --mode skip --reason '...' --execute`",
+				where, w, k, quote(group), whole, reset, k)
+		case StateKafkaBehind:
+			h = fmt.Sprintf("kafka_behind on %s: Kafka's committed offset is behind the watermark (a lost commit, or a rewind with Kafka's own tools). "+
+				"Starting the consumer IGNORES the rewind: it starts at the watermark %d and re-commits it; nothing runs again. "+
+				"To run [%d, %d) again: `%s --to-offset %d --mode replay --reason '...' --execute`",
+				where, w, k, w, reset, k)
+		case StateKafkaMissing:
+			h = fmt.Sprintf("kafka_missing on %s: the group has no committed offset (expired or deleted). Starting the consumer re-commits the watermark %d; nothing is skipped or run again. "+
+				"To set it now: `%s --to-database --reason '...' --execute`", where, w, whole)
+		case StateWatermarkBelowLogStart:
+			h = fmt.Sprintf("watermark_below_log_start on %s: retention removed [%d, %d) before it was processed; those messages are gone from Kafka. "+
+				"Starting the consumer records the range as unexplained_skip in the offset audit and goes on from the log start",
+				where, w, first.LogStart)
+		case StateWatermarkPastLogEnd:
+			h = fmt.Sprintf("watermark_past_log_end on %s: the watermark %d is past the log end %d (the topic was recreated or truncated); the consumer refuses to start on it. "+
+				"To process the topic's records from its start: `%s --to-earliest --mode replay --reason '...' --execute`",
+				where, w, first.LogEnd, whole)
+		case StateKafkaPastLogEnd:
+			h = fmt.Sprintf("kafka_past_log_end on %s: Kafka's committed offset %d is past the log end; the consumer ignores it and starts at the watermark %d. "+
+				"To align Kafka now: `%s --to-database --reason '...' --execute`", where, k, w, whole)
+		default:
+			continue
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// oneTopic reports whether ps are all of one topic.
+func oneTopic(ps []PartitionStatus) bool {
+	for _, p := range ps[1:] {
+		if p.Topic != ps[0].Topic {
+			return false
+		}
+	}
+	return true
+}
+
+// UndoHint says, for an offset audit row that skipped a range, how to undo it: a replay of
+// [From, To), possible only while Kafka still holds those records, since kafkatx keeps no copy
+// of skipped messages. Other kinds have none ("").
+func UndoHint(e offsetstore.Event, quote func(string) string) string {
+	switch e.Kind {
+	case offsetstore.KindUnexplainedSkip, offsetstore.KindOperatorSkip:
+	default:
+		return ""
+	}
+	if e.To <= e.From {
+		return ""
+	}
+	return strings.Join([]string{
+		fmt.Sprintf("undo: stop the group's consumers, then `kafkatx offsets reset --group %s --topic %s --partition %d --to-offset %d --mode replay --reason '...' --execute`",
+			quote(e.Group), quote(e.Topic), e.Partition, e.From),
+		fmt.Sprintf("(runs [%d, %d) again and everything after it that was processed since; kafkatx kept no copy of the skipped messages: only while Kafka's log start is <= %d)", e.From, e.To, e.From),
+	}, " ")
+}
