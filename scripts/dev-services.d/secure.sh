@@ -19,9 +19,10 @@
 #           `denied.` (topics, groups, transactional ids): DENY, for tests of authorization
 #           failures. Super users: admin, and ANONYMOUS — the principal of the PLAINTEXT and
 #           CONTROLLER listeners, so every plaintext client keeps working unchanged.
-#         Bare `up` leaves a running secure broker alone; after `down`, bare `up` starts the
-#         plain configuration again (its own data).
-# down    `down secure` restarts the broker plain (its plain storage); `down` stops it.
+#         Bare `up` leaves a running secure broker alone, and brings a crashed or stopped one
+#         back in the secure configuration (its storage and ports), saying so.
+# down    `down secure` restarts the broker plain (its plain storage), or, when it is not
+#         running, makes the next `up` start the plain one; `down` stops it.
 # env     KAFKA_SECURE_BOOTSTRAP_SERVERS (127.0.0.1:PORT of the SASL_SSL listener) and
 #         KAFKA_SECURE_CONFIG_FILE: librdkafka properties for user kafkatx (security.protocol,
 #         sasl.mechanism, sasl.username, sasl.password, ssl.ca.location). Status and env never
@@ -132,6 +133,9 @@ secure_down() {
     log "secure: restarting the broker without its secure listener"
     KAFKA_MODE=plain
     kafka_start
+  elif ((NAMED && !WANT_KAFKA)); then
+    state_put kafka.mode plain
+    log "secure: the broker is not running; the next 'scripts/dev-services up' starts the plain configuration"
   fi
 }
 
