@@ -339,7 +339,7 @@ func subtract(a, b []string) []string {
 func (c *Consumer) routeLogs(ch <-chan kafka.LogEvent, quit <-chan struct{}) {
 	log := c.log.Named("librdkafka")
 	write := func(e kafka.LogEvent) {
-		log.Check(kafkalog.Level(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
+		log.Check(kafkalog.EventLevel(e), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
 	}
 	for {
 		select {

@@ -86,13 +86,13 @@ func TestReplayAllAndDiscardAllSelectByTopicErrorClassAndTime(t *testing.T) {
 	if err != nil || n != 2500 {
 		t.Fatalf("replay all: %d, %v; want 2500", n, err)
 	}
-	if got := count(`SELECT count(*) FROM `+tb.DeadLetters+` WHERE status = 'replayed'`); got != 2500 {
+	if got := count(`SELECT count(*) FROM ` + tb.DeadLetters + ` WHERE status = 'replayed'`); got != 2500 {
 		t.Fatalf("%d replayed, want 2500", got)
 	}
 	// One outbox row per dead letter, with its bytes, the trace header and no old outbox id,
 	// named by its audit row.
-	if got := count(`SELECT count(*) FROM `+tb.DeadLetters+` d JOIN `+audit+` a ON a.dead_letter_id = d.id AND a.action = 'replay'
-		JOIN `+tb.Outbox+` o ON o.id = a.outbox_row WHERE o.topic = 'orders-retry' AND a.to_topic = 'orders-retry'
+	if got := count(`SELECT count(*) FROM ` + tb.DeadLetters + ` d JOIN ` + audit + ` a ON a.dead_letter_id = d.id AND a.action = 'replay'
+		JOIN ` + tb.Outbox + ` o ON o.id = a.outbox_row WHERE o.topic = 'orders-retry' AND a.to_topic = 'orders-retry'
 		AND o.key = d.key AND o.value = d.value AND o.header_keys = ARRAY['trace'::bytea] AND a.reason = 'bug 42 fixed' AND a.actor = 'ops@host'`); got != 2500 {
 		t.Fatalf("%d replays with their outbox row and audit row, want 2500", got)
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/logging"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -158,17 +159,9 @@ func main() {
 	}
 }
 
-// logger builds the stderr logger of a subcommand.
-func (g *Globals) logger() *zap.Logger {
-	cfg := zap.NewProductionConfig()
-	cfg.OutputPaths, cfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
-	_ = cfg.Level.UnmarshalText([]byte(g.LogLevel))
-	log, err := cfg.Build()
-	if err != nil {
-		return zap.NewNop()
-	}
-	return log
-}
+// logger builds the stderr logger of a subcommand: console lines on a terminal, JSON
+// otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead).
+func (g *Globals) logger() *zap.Logger { return logging.Must(g.LogLevel) }
 
 // pool connects to --database-url (or the URL in --database-url-file).
 func (g *Globals) pool(ctx context.Context) (*pgxpool.Pool, error) {

@@ -31,6 +31,7 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/httpmw"
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/logging"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -55,10 +56,8 @@ func main() {
 		*dbURL = os.Getenv("DATABASE_URL")
 	}
 
-	logCfg := zap.NewProductionConfig()
-	logCfg.OutputPaths, logCfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
-	log, _ := logCfg.Build()
-	defer log.Sync() //nolint:errcheck
+	log := logging.Must("info") // console lines on a terminal, JSON otherwise
+	defer log.Sync()            //nolint:errcheck
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -3,6 +3,7 @@
 package kafkalog
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -30,12 +31,36 @@ func Route(log *zap.Logger, cfg kafka.ConfigMap) kafka.ConfigMap {
 		l := log.Named("librdkafka")
 		go func() {
 			for e := range kafkaLogs {
-				l.Check(Level(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
+				l.Check(EventLevel(e), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
 			}
 		}()
 	})
 	cfg["go.logs.channel.enable"], cfg["go.logs.channel"] = true, kafkaLogs
 	return cfg
+}
+
+// EventLevel is the zap level of a librdkafka log line: Level of its syslog level, except
+// the client-telemetry chatter of KIP-714 (librdkafka 2.5+ asks each broker for a telemetry
+// subscription and logs "Telemetry client instance id changed ..." at info level on every
+// client), which goes to debug.
+func EventLevel(e kafka.LogEvent) zapcore.Level {
+	if isTelemetry(e) {
+		return zapcore.DebugLevel
+	}
+	return Level(e.Level)
+}
+
+// isTelemetry reports whether e is a KIP-714 client-telemetry line at notice level or below
+// (a warning or error about telemetry keeps its level).
+func isTelemetry(e kafka.LogEvent) bool {
+	if e.Level <= 4 {
+		return false
+	}
+	switch e.Tag {
+	case "GETSUBSCRIPTIONS", "PUSHTELEMETRY", "TELEMETRY":
+		return true
+	}
+	return strings.Contains(e.Message, "Telemetry") || strings.Contains(e.Message, "telemetry")
 }
 
 // Level maps a syslog level (librdkafka's log_level: 0 emergency … 7 debug) to zap's.

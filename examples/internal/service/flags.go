@@ -15,6 +15,7 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/kafkaprops"
+	"github.com/kafkatx/kafkatx/internal/logging"
 )
 
 // Flags are the command-line options every consuming example takes (docs/examples.md, "Every
@@ -160,13 +161,6 @@ func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafk
 	}
 }
 
-// Logger is the examples' logger: JSON on stderr (stdout carries only summary lines).
-func Logger() *zap.Logger {
-	cfg := zap.NewProductionConfig()
-	cfg.OutputPaths, cfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
-	log, err := cfg.Build()
-	if err != nil {
-		return zap.NewNop()
-	}
-	return log
-}
+// Logger is the examples' logger, on stderr (stdout carries only summary lines): console
+// lines on a terminal, JSON otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead).
+func Logger() *zap.Logger { return logging.Must("info") }
