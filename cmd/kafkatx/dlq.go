@@ -198,7 +198,8 @@ func (DLQReplayCmd) Help() string {
 and marks it replayed, with a dlq_audit row naming the outbox row; by id, or with --all every
 new dead letter the filters select (--topic, --group, --error-class, --since, --until: the time
 of its latest failure, RFC 3339 or a duration before now such as 2h). --all prints what it will
-replay (per group, topic and error class) and then replays exactly those; --dry-run prints only.
+replay (per group, topic and error class) and then replays those (up to the highest id it
+printed: none written after); --dry-run prints only.
 A dead letter already replayed is replayed again only with --again.
 
 Exit status: 0 done (or nothing selected), 2 a usage error, 6 no such dead letter or not in a
@@ -263,7 +264,8 @@ func (DLQDiscardCmd) Help() string {
 	return `Marks new dead letters discarded, each with a dlq_audit row: by id, or with --all every new
 dead letter the filters select (--topic, --group, --error-class, --since, --until: the time of
 its latest failure, RFC 3339 or a duration before now such as 2h), in one statement. --all
-prints what it will discard and then discards exactly those; --dry-run prints only.
+prints what it will discard and then discards those (up to the highest id it printed);
+--dry-run prints only.
 
 Exit status: 0 done (or nothing selected), 2 a usage error, 6 no such dead letter or not new, 1 an error.`
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"regexp"
 	"strconv"
@@ -8,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
@@ -83,8 +85,14 @@ func TestUnreachableBrokerIsNamedWithinTheBoundAndBadOutputIsAUsageError(t *test
 	t.Parallel()
 	bin := buildCLI(t)
 	db := testenv.DatabaseURL(t)
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	if _, err := migrations.Apply(context.Background(), pool, schema); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
-	_, errOut, code := runCLI(t, bin, "--database-url", db, "--brokers", "127.0.0.1:1", "--kafka-timeout", "3s", "offsets", "status", "--group", "g", "--topic", "t")
+	_, errOut, code := runCLI(t, bin, "--database-url", db, "--schema", schema, "--brokers", "127.0.0.1:1", "--kafka-timeout", "3s",
+		"offsets", "status", "--group", "g", "--topic", "t")
 	took := time.Since(start)
 	if code != exitFailed || !strings.Contains(errOut, "no broker at 127.0.0.1:1 answered within 3s") || took > 8*time.Second {
 		t.Fatalf("unreachable broker: exit %d after %v, stderr tail %q; want 1 within about 3 s naming 127.0.0.1:1", code, took, tailString(errOut, 300))

@@ -136,7 +136,13 @@ func main() {
 		var pe *kong.ParseError
 		if errors.As(err, &pe) && pe.Context != nil {
 			if cmd := pe.Context.Command(); cmd != "" {
-				help = "kafkatx " + strings.Join(strings.Fields(strings.NewReplacer("<", "", ">", "").Replace(cmd)), " ") + " --help"
+				var words []string // the command path without its arguments (<id>, [<id>])
+				for _, w := range strings.Fields(cmd) {
+					if !strings.HasPrefix(w, "<") && !strings.HasPrefix(w, "[") {
+						words = append(words, w)
+					}
+				}
+				help = "kafkatx " + strings.Join(words, " ") + " --help"
 			}
 		}
 		fmt.Fprintf(os.Stderr, "kafkatx: %v (see %s)\n", err, help)

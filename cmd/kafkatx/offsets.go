@@ -26,37 +26,34 @@ type OffsetsCmd struct {
 	Account OffsetsAccountCmd `cmd:"" help:"Prove every offset up to the watermark is processed, dead-lettered or skipped. Exit 4 on a gap."`
 }
 
-// offsetsOperator connects to the database and, when withKafka, to the brokers. The
-// returned func closes both.
+// offsetsOperator connects to the database (and checks kafkatx's tables) and then, when
+// withKafka, to the brokers, failing within --kafka-timeout when none answers. The returned
+// func closes both.
 func (g *Globals) offsetsOperator(ctx context.Context, withKafka bool) (*offsets.Operator, func(), error) {
-	var k *offsets.Kafka
-	if withKafka {
-		cfg, err := g.kafkaConfig("kafkatx-offsets")
-		if err != nil {
-			return nil, nil, err
-		}
-		if k, err = offsets.NewKafka(cfg, g.logger()); err != nil {
-			return nil, nil, err
-		}
-		if err := k.Reachable(g.Brokers, g.KafkaTimeout); err != nil {
-			k.Close()
-			return nil, nil, err
-		}
-	}
-	var pool *pgxpool.Pool
 	pool, err := g.pool(ctx)
 	if err != nil {
-		if k != nil {
-			k.Close()
-		}
 		return nil, nil, err
 	}
 	if err := offsetsCheckSchema(ctx, pool, g.Schema); err != nil {
 		pool.Close()
-		if k != nil {
-			k.Close()
-		}
 		return nil, nil, err
+	}
+	var k *offsets.Kafka
+	if withKafka {
+		cfg, err := g.kafkaConfig("kafkatx-offsets")
+		if err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		if k, err = offsets.NewKafka(cfg, g.logger()); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		if err := k.Reachable(g.Brokers, g.KafkaTimeout); err != nil {
+			k.Close()
+			pool.Close()
+			return nil, nil, err
+		}
 	}
 	return offsets.NewOperator(pool, k, g.Schema), func() {
 		pool.Close()

@@ -90,7 +90,8 @@ func (OutboxReleaseCmd) Help() string {
 	return `Puts parked rows back in the queue: one by id, or with --all every parked row (of --topic T)
 in one audited statement (one outbox_audit row per row, with --reason and the OS user at the
 host). --all prints what it will release (rows per topic, ids, since when) and then releases
-exactly those rows, not one parked after it printed; --dry-run prints only.
+those rows (parked rows up to the highest id it printed: none written after);
+--dry-run prints only.
 
 Exit status: 0 done (or nothing parked), 2 a usage error, 6 the row id is not parked, 1 an error.`
 }
@@ -114,8 +115,8 @@ type OutboxDiscardCmd struct {
 func (OutboxDiscardCmd) Help() string {
 	return `Gives up on parked rows: never published; the rows of their keys waiting behind them flow
 again. One by id, or with --all every parked row (of --topic T) in one audited statement (one
-outbox_audit row per row). --all prints what it will discard and then discards exactly those
-rows; --dry-run prints only.
+outbox_audit row per row). --all prints what it will discard and then discards those rows (up to
+the highest id it printed); --dry-run prints only.
 
 Exit status: 0 done (or nothing parked), 2 a usage error, 6 the row id is not parked, 1 an error.`
 }
