@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/dlq"
@@ -145,5 +146,103 @@ func TestBulkOperatorCommands(t *testing.T) {
 	}
 	if out, _, code = run("dlq", "discard", "--all", "--reason", "obsolete"); code != 0 || !strings.Contains(out, "discarded 2 dead letter(s)") {
 		t.Fatalf("dlq discard --all: exit %d\n%s", code, out)
+	}
+}
+
+// Issue "a user's first week" 3, end to end on the real broker: the relay parks 4,950 records
+// too large for their topic (4,850 keys of one record and 100 of two: the second of those waits
+// behind the first); after the topic's limit is raised one `outbox release --all --topic T`
+// puts them back, and the relay publishes every record once, each key in its order.
+func TestReleaseAllAfterRaisingTheLimitPublishesEveryParkedRowInKeyOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	if _, err := migrations.Apply(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	brokers := testenv.Brokers(t)
+	topic := testenv.TopicWithConfig(t, brokers, 3, map[string]string{"max.message.bytes": "1024"})
+	const rows, keys = 5050, 4950
+	pad := strings.Repeat("x", 2000)
+	recs := make([]outbox.Record, rows)
+	for i := range recs {
+		recs[i] = outbox.Record{Topic: topic, Key: fmt.Appendf(nil, "k%04d", i%keys), Value: fmt.Appendf(nil, "%05d %s", i, pad)}
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.Writer{Schema: schema}.WriteTx(ctx, tx, recs...)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cli := buildCLI(t)
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		return runCLI(t, cli, append([]string{"--schema", schema, "--database-url", testenv.DatabaseURL(t), "--brokers", brokers}, args...)...)
+	}
+	parked := func() int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(schema).Outbox+` WHERE state = 'parked'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// The relay refuses them for good: the first of each key is parked, the rest wait behind it.
+	if out, errOut, code := run("relay", "--exit-when-idle", "2s"); code != 0 {
+		t.Fatalf("relay: exit %d\n%s\n%s", code, out, tailString(errOut, 2000))
+	}
+	first := parked()
+	if first != keys {
+		t.Fatalf("the relay parked %d rows, want %d (the first of each key)", first, keys)
+	}
+
+	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	res, err := admin.IncrementalAlterConfigs(ctx, []kafka.ConfigResource{{Type: kafka.ResourceTopic, Name: topic,
+		Config: []kafka.ConfigEntry{{Name: "max.message.bytes", Value: "1048588", IncrementalOperation: kafka.AlterConfigOpTypeSet}}}})
+	if err != nil || len(res) != 1 || res[0].Error.Code() != kafka.ErrNoError {
+		t.Fatalf("raise max.message.bytes: %v %v", err, res)
+	}
+
+	// Released and published until nothing is parked or pending (rows behind a parked key are
+	// parked in their turn when the relay reaches them).
+	start := time.Now()
+	var releases int
+	for round := 0; parked() > 0 || round == 0; round++ {
+		if round == 10 {
+			t.Fatalf("%d rows still parked after 10 release rounds", parked())
+		}
+		out, _, code := run("outbox", "release", "--all", "--topic", topic, "--reason", "max.message.bytes raised")
+		if code != 0 {
+			t.Fatalf("release --all: exit %d\n%s", code, out)
+		}
+		releases++
+		t.Logf("release --all: %s", strings.TrimSpace(out[strings.LastIndex(strings.TrimSpace(out), "\n")+1:]))
+		if out, errOut, code := run("relay", "--exit-when-idle", "2s"); code != 0 {
+			t.Fatalf("relay after the release: exit %d\n%s\n%s", code, out, tailString(errOut, 2000))
+		}
+	}
+	t.Logf("%d rows parked at first; %d release --all call(s) and relay runs published them in %v", first, releases, time.Since(start))
+	var open int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(schema).Outbox+` WHERE state IN ('pending', 'parked')`).Scan(&open); err != nil || open != 0 {
+		t.Fatalf("%d rows not published (%v)", open, err)
+	}
+	last := map[string]int{}
+	for _, m := range testenv.Read(t, brokers, topic, rows) {
+		var n int
+		if _, err := fmt.Sscanf(string(m.Value), "%05d", &n); err != nil {
+			t.Fatalf("record %q: %v", m.Value[:10], err)
+		}
+		k := string(m.Key)
+		if prev, ok := last[k]; ok && n <= prev {
+			t.Fatalf("key %s: record %d after %d (out of order or twice)", k, n, prev)
+		}
+		last[k] = n
+	}
+	if len(last) != keys {
+		t.Fatalf("%d keys published, want %d", len(last), keys)
 	}
 }
