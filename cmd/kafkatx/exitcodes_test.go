@@ -104,6 +104,8 @@ func TestUnreachableBrokerIsNamedWithinTheBoundAndBadOutputIsAUsageError(t *test
 		{"relay", "--exit-when-idle=-3s"},
 		{"relay", "--batch-size", "0"},
 		{"dlq", "list", "--limit", "0"},
+		{"offsets", "reset", "--group", "g", "--topic", "t", "--to-offset=-5", "--mode", "skip", "--reason", "x"},
+		{"offsets", "account", "--group", "g", "--topic", "t", "--partition=-1"},
 	} {
 		out, errOut, code := runCLI(t, bin, append([]string{"--database-url", db, "--brokers", "127.0.0.1:1"}, args...)...)
 		if code != exitUsage || out != "" || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {

@@ -29,6 +29,14 @@ hand: a trigger records such moves as unexplained_move (see docs/offsets.md).
 Exit status: 0 when every partition is accounted for, 4 when any has a gap, 1 on an error.`
 }
 
+// Validate refuses a negative --partition.
+func (c *OffsetsAccountCmd) Validate() error {
+	if c.Partition != nil && *c.Partition < 0 {
+		return fmt.Errorf("--partition %d: partitions are numbered from 0", *c.Partition)
+	}
+	return nil
+}
+
 func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 	if err := offsetsOutput(c.Output, "text", "json"); err != nil {
 		return err

@@ -44,6 +44,12 @@ Exit status: 0 done (or a dry run with nothing in the way), 5 the group has acti
 
 // Validate checks the flag combinations kong cannot express.
 func (c *OffsetsResetCmd) Validate() error {
+	if c.Partition != nil && *c.Partition < 0 {
+		return fmt.Errorf("--partition %d: partitions are numbered from 0", *c.Partition)
+	}
+	if c.ToOffset != nil && *c.ToOffset < 0 {
+		return fmt.Errorf("--to-offset %d: offsets are 0 or more (--to-earliest and --to-latest name the log's ends)", *c.ToOffset)
+	}
 	if c.ToOffset == nil && c.ToTime == "" && !c.ToEarliest && !c.ToLatest && !c.ToDatabase {
 		return errors.New("a target is required: --to-offset N, --to-time RFC3339, --to-earliest, --to-latest or --to-database")
 	}
