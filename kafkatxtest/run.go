@@ -13,6 +13,7 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/engine"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -367,7 +368,7 @@ func (tx *Tx) Outbox() []OutboxRecord {
 	tx.k.t.Helper()
 	tx.checkDefaultOutbox()
 	rows, err := tx.Query(tx.k.ctx(), `SELECT id, topic, key, value, header_keys, header_values, partition
-		FROM `+pgx.Identifier{tx.k.schema, "outbox"}.Sanitize()+` WHERE txid = pg_current_xact_id() ORDER BY id`)
+		FROM `+tables.For(tx.k.schema).Outbox+` WHERE txid = pg_current_xact_id() ORDER BY id`)
 	if err != nil {
 		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 	}
@@ -416,10 +417,10 @@ func (tx *Tx) checkDefaultOutbox() {
 	}
 	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }()
 	var n int64
-	if err := sp.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{def, "outbox"}.Sanitize()+` WHERE txid = pg_current_xact_id()`).Scan(&n); err != nil || n == 0 {
+	if err := sp.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(def).Outbox+` WHERE txid = pg_current_xact_id()`).Scan(&n); err != nil || n == 0 {
 		return
 	}
 	tx.k.t.Errorf("kafkatxtest: the code under test wrote %d outbox records in this transaction to %s, the default schema's outbox, "+
 		"not to the kit's schema %q: pass outbox.Writer{Schema: k.Schema()} (the schema your Config.Schema names in production) to the code under test",
-		n, pgx.Identifier{def, "outbox"}.Sanitize(), tx.k.schema)
+		n, tables.For(def).Outbox, tx.k.schema)
 }

@@ -43,6 +43,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // Header names used by the middleware.
@@ -71,7 +73,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 		return nil, errors.New("httpmw: nil *pgxpool.Pool")
 	}
 	c := cfg.withDefaults()
-	t := pgx.Identifier{c.Schema, "idempotency_responses"}.Sanitize()
+	t := tables.For(c.Schema).IdempotencyResponses
 	m := &Middleware{pool: pool, cfg: c, log: c.Logger}
 	m.selectSQL = fmt.Sprintf(`SELECT fingerprint, status, headers, body FROM %s
 WHERE scope = $1 AND key = $2 AND expires_at > now()`, t)

@@ -110,7 +110,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		cfg:        c,
 		log:        c.Logger,
 		t:          tables.For(c.Schema),
-		commits:    pgx.Identifier{c.Schema, "outbox_commits"}.Sanitize(),
+		commits:    tables.For(c.Schema).OutboxCommits,
 		channel:    pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
 		hooks:      hooks,
 		isolate:    map[int64]bool{},
