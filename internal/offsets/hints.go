@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -12,17 +13,17 @@ import (
 // drifted partitions of sts and quotes the command that does the other thing, one hint per
 // state, in state order. quote makes a value one shell word. No drift: no hints.
 func Hints(group string, sts []PartitionStatus, quote func(string) string) []string {
-	byState := map[string][]PartitionStatus{}
+	byState := map[offsetstate.State][]PartitionStatus{}
 	for _, s := range sts {
 		if s.Drifted() {
 			byState[s.State] = append(byState[s.State], s)
 		}
 	}
-	states := make([]string, 0, len(byState))
+	states := make([]offsetstate.State, 0, len(byState))
 	for st := range byState {
 		states = append(states, st)
 	}
-	sort.Strings(states)
+	sort.Slice(states, func(i, j int) bool { return states[i] < states[j] })
 	var out []string
 	for _, st := range states {
 		ps := byState[st]
@@ -50,29 +51,29 @@ func Hints(group string, sts []PartitionStatus, quote func(string) string) []str
 		}
 		var h string
 		switch st {
-		case StateKafkaAhead:
+		case offsetstate.KafkaAhead:
 			h = fmt.Sprintf("kafka_ahead on %s: Kafka's committed offset was moved past the watermark (Kafka's own tools, or a database restored from an older backup). "+
 				"Starting the consumer (OnKafkaAhead's default, follow) SKIPS [%d, %d) FOR GOOD: it follows Kafka and records the range as unexplained_skip in the offset audit (`kafkatx offsets audit --group %s`); "+
 				"kafkatx keeps no copy of the skipped messages. To process them instead, before starting it: `%s --to-database --reason '...' --execute` "+
 				"(Kafka goes back to the watermark); to skip them on record with a reason: `%s --to-offset %d --mode skip --reason '...' --execute`",
 				where, w, k, quote(group), whole, reset, k)
-		case StateKafkaBehind:
+		case offsetstate.KafkaBehind:
 			h = fmt.Sprintf("kafka_behind on %s: Kafka's committed offset is behind the watermark (a lost commit, or a rewind with Kafka's own tools). "+
 				"Starting the consumer IGNORES the rewind: it starts at the watermark %d and re-commits it; nothing runs again. "+
 				"To run [%d, %d) again: `%s --to-offset %d --mode replay --reason '...' --execute`",
 				where, w, k, w, reset, k)
-		case StateKafkaMissing:
+		case offsetstate.KafkaMissing:
 			h = fmt.Sprintf("kafka_missing on %s: the group has no committed offset (expired or deleted). Starting the consumer re-commits the watermark %d; nothing is skipped or run again. "+
 				"To set it now: `%s --to-database --reason '...' --execute`", where, w, whole)
-		case StateWatermarkBelowLogStart:
+		case offsetstate.WatermarkBelowLogStart:
 			h = fmt.Sprintf("watermark_below_log_start on %s: retention removed [%d, %d) before it was processed; those messages are gone from Kafka. "+
 				"Starting the consumer records the range as unexplained_skip in the offset audit and goes on from the log start",
 				where, w, first.LogStart)
-		case StateWatermarkPastLogEnd:
+		case offsetstate.WatermarkPastLogEnd:
 			h = fmt.Sprintf("watermark_past_log_end on %s: the watermark %d is past the log end %d (the topic was recreated or truncated); the consumer refuses to start on it. "+
 				"To process the topic's records from its start: `%s --to-earliest --mode replay --reason '...' --execute`",
 				where, w, first.LogEnd, whole)
-		case StateKafkaPastLogEnd:
+		case offsetstate.KafkaPastLogEnd:
 			h = fmt.Sprintf("kafka_past_log_end on %s: Kafka's committed offset %d is past the log end; the consumer ignores it and starts at the watermark %d. "+
 				"To align Kafka now: `%s --to-database --reason '...' --execute`", where, k, w, whole)
 		default:

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -15,10 +16,10 @@ func TestHintsQuoteTheOtherCommand(t *testing.T) {
 	t.Parallel()
 	q := func(s string) string { return s }
 	sts := []PartitionStatus{
-		{Topic: "orders", Partition: 0, Watermark: i64(3), Committed: i64(3), State: StateAligned},
-		{Topic: "orders", Partition: 1, Watermark: i64(10), Committed: i64(4), State: StateKafkaBehind},
-		{Topic: "orders", Partition: 2, Watermark: i64(5), Committed: i64(9), State: StateKafkaAhead},
-		{Topic: "orders", Partition: 3, Watermark: i64(7), Committed: i64(12), State: StateKafkaAhead},
+		{Topic: "orders", Partition: 0, Watermark: i64(3), Committed: i64(3), State: offsetstate.Aligned},
+		{Topic: "orders", Partition: 1, Watermark: i64(10), Committed: i64(4), State: offsetstate.KafkaBehind},
+		{Topic: "orders", Partition: 2, Watermark: i64(5), Committed: i64(9), State: offsetstate.KafkaAhead},
+		{Topic: "orders", Partition: 3, Watermark: i64(7), Committed: i64(12), State: offsetstate.KafkaAhead},
 	}
 	hs := Hints("g", sts, q)
 	if len(hs) != 2 {
