@@ -172,6 +172,9 @@ type identity struct {
 
 type identityKey struct{}
 
+// badBearerKey marks a request whose bearer token is wrong: 401, never the sign-in redirect.
+type badBearerKey struct{}
+
 func withIdentity(ctx context.Context, id identity) context.Context {
 	return context.WithValue(ctx, identityKey{}, id)
 }
@@ -222,7 +225,7 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (identity
 			}
 			return identity{name: name, addr: remoteHost(r)}, true
 		}
-		h.unauthorized(w, r, "wrong token")
+		h.unauthorized(w, r.WithContext(context.WithValue(r.Context(), badBearerKey{}, true)), "wrong token")
 		return identity{}, false
 	}
 	if c, err := r.Cookie(cookieName); err == nil {
@@ -238,7 +241,8 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (identity
 }
 
 func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, why string) {
-	if !strings.HasPrefix(r.URL.Path, "/api/") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+	bad, _ := r.Context().Value(badBearerKey{}).(bool)
+	if !bad && !strings.HasPrefix(r.URL.Path, "/api/") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 		http.Redirect(w, r, h.cfg.BasePath+"/signin", http.StatusSeeOther)
 		return
 	}
