@@ -164,6 +164,19 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	do("offsets page", chromedp.Navigate(srv.URL+"/offsets?group="+f.group), visible("#offset-audit"))
 	shot("offsets")
+	// Align Kafka to the database through the reset form: the plan first, then the execution.
+	do("reset dry run", chromedp.SendKeys(chromedp.CSS(`#reset-form input[name="reason"]`), "undo the manual move"), click("#reset-dry-run"))
+	waitText("#reset-result h2", "Dry run: nothing changed")
+	shot("offsets-reset-dry-run")
+	if c := text(row + ` td[data-f="committed"]`); c != "12" {
+		t.Fatalf("committed offset %q after the reset's dry run, want 12", c)
+	}
+	do("reset", click("#reset-execute"))
+	waitText("#reset-result h2", "Applied")
+	waitText(row+` td[data-f="committed"]`, "10")
+	if a := f.str(`SELECT actor FROM %s.offset_audit WHERE kind = 'align' ORDER BY id DESC LIMIT 1`); !strings.HasPrefix(a, "alice via console") {
+		t.Fatalf("align audit actor %q", a)
+	}
 	do("dead letters page", chromedp.Navigate(srv.URL+"/dead-letters?topic="+f.topic), visible("#fingerprints"))
 	shot("dead-letters")
 

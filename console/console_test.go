@@ -97,6 +97,11 @@ func TestAuthTokenSessionAndCSRF(t *testing.T) {
 	if n := f.count(`SELECT count(*) FROM %s.dlq_audit`); n != 0 {
 		t.Fatalf("%d audit rows after refused requests", n)
 	}
+	// A body over MaxBodyBytes is refused before it is read in full.
+	big := `{"reason":"` + strings.Repeat("x", MaxBodyBytes) + `"}`
+	if code, body := call(t, nil, "POST", replay, f.token, big); code != http.StatusBadRequest || !strings.Contains(body, "too large") {
+		t.Fatalf("a %d-byte body: %d %.200s, want 400", len(big), code, body)
+	}
 	if code, body := call(t, c, "POST", replay, "", `{"reason":"csrf check","dry_run":true}`, "X-CSRF-Token", csrf); code != 200 {
 		t.Fatalf("session dry run with the CSRF token: %d %s", code, body)
 	}
