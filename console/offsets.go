@@ -162,7 +162,7 @@ func (h *Handler) reset(ctx context.Context, p ResetParams, actor string) (*Rese
 		return res, http.StatusConflict, nil
 	case err != nil:
 		res.Error = h.redact(err.Error())
-		h.log.Error("console: offsets reset stopped", zap.String("group", req.Group), zap.String("topic", req.Topic), zap.Error(err))
+		h.log.Error("console: offsets reset stopped", zap.String("group", req.Group), zap.String("topic", req.Topic), zap.String("error", res.Error))
 		return res, http.StatusInternalServerError, nil
 	}
 	res.Executed = true
