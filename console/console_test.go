@@ -3,6 +3,7 @@ package console
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -291,6 +292,27 @@ func TestReplayThroughTheAPIIsAuditedAndRefailuresShow(t *testing.T) {
 	if st := f.str(`SELECT status FROM %s.dead_letters WHERE id = $1`, items[1].ID); st != "new" {
 		t.Fatalf("the bulk dry run discarded dead letter %d", items[1].ID)
 	}
+	// The same from the page's group form: the page's other filters narrow the group.
+	c, csrf := signIn(t, srv, f.token)
+	form := url.Values{"csrf": {csrf}, "action": {"discard"}, "reason": {"bulk"}, "dry_run": {"1"}, "fingerprint": {fp},
+		"group": {f.group}, "topic": {f.topic}, "partition": {"1"}}
+	resp, err := c.PostForm(srv.URL+"/dead-letters/action", form)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("group form narrowed to partition 1 (no dead letter): %d, want 400", resp.StatusCode)
+	}
+	form.Set("partition", "0")
+	if resp, err = c.PostForm(srv.URL+"/dead-letters/action", form); err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(page), "would be discarded") || !strings.Contains(string(page), fmt.Sprintf(`name="id" value="%d"`, items[1].ID)) {
+		t.Fatalf("group form dry run: %d %.3000s", resp.StatusCode, page)
+	}
 
 	// The relay publishes the replayed record; the consumer (its offset aligned first) fails
 	// on it again: a new dead letter, shown as the re-failure of the replayed one.
@@ -303,8 +325,8 @@ func TestReplayThroughTheAPIIsAuditedAndRefailuresShow(t *testing.T) {
 	if len(after) != 3 || after[0].ID != id || !after[0].Refailed || after[0].RefailedAs != after[2].ID || after[2].Offset < 15 {
 		t.Fatalf("after the replay failed again: %+v", after)
 	}
-	page := get("/dead-letters?topic=" + f.topic)
-	if !strings.Contains(page, "re-failed") {
+	pageHTML := get("/dead-letters?topic=" + f.topic)
+	if !strings.Contains(pageHTML, "re-failed") {
 		t.Fatal("the dead-letters page does not show the re-failure")
 	}
 
