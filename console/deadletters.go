@@ -102,7 +102,8 @@ type FingerprintGroup struct {
 }
 
 var (
-	reHexRun = regexp.MustCompile(`\b(0x)?[0-9a-fA-F]{8,}\b|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}`)
+	// A UUID first (its first group alone is also a hex run), then hex runs of 8 or more.
+	reHexRun = regexp.MustCompile(`[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|\b(0x)?[0-9a-fA-F]{8,}\b`)
 	reNumber = regexp.MustCompile(`\d+`)
 	reSpaces = regexp.MustCompile(`\s+`)
 )

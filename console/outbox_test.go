@@ -77,6 +77,28 @@ func TestOutboxParkedRowsAndRelayLeader(t *testing.T) {
 		t.Fatalf("after release and discard: %d parked, %d audit rows", len(v.Parked), len(v.Audit))
 	}
 
+	// A logical replication slot (what a WAL-mode outbox reads) is listed with its health. A
+	// temporary slot: it goes with the session that made it.
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := strings.ReplaceAll(testenv.UniqueName(t, "kafkatx_console_", 60), "-", "_")
+	if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'test_decoding', true)`, slot); err != nil {
+		conn.Release()
+		t.Fatal(err)
+	}
+	found := false
+	for _, sl := range view().Slots {
+		if sl.Name == slot {
+			found = sl.Plugin == "test_decoding" && sl.ConfirmedFlushLSN != "" && sl.LagBytes >= 0
+		}
+	}
+	conn.Hijack().Close(ctx) // ends the session, and the temporary slot with it
+	if !found {
+		t.Fatalf("slot %s not listed with its plugin and LSN: %+v", slot, view().Slots)
+	}
+
 	// A real relay: it leads (the console names its session) and publishes the backlog.
 	r, err := relay.New(pool, &relay.Config{Kafka: kafka.ConfigMap{"bootstrap.servers": f.brokers}, Schema: f.schema, Logger: zap.NewNop(),
 		Registerer: prometheus.NewRegistry()})
