@@ -225,6 +225,7 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (identity
 			}
 			return identity{name: name, addr: remoteHost(r)}, true
 		}
+		h.slowDown()
 		h.unauthorized(w, r.WithContext(context.WithValue(r.Context(), badBearerKey{}, true)), "wrong token")
 		return identity{}, false
 	}
@@ -266,6 +267,19 @@ func (h *Handler) checkCSRF(r *http.Request, sess *session) bool {
 	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(sess.csrf)) == 1
 }
 
+// failMu serializes the answers to wrong tokens, each held failDelay: guessing gets at most
+// a few tries a second, however many connections it opens.
+var failMu sync.Mutex
+
+// failDelay is how long a wrong token's answer waits.
+const failDelay = 250 * time.Millisecond
+
+func (h *Handler) slowDown() {
+	failMu.Lock()
+	defer failMu.Unlock()
+	time.Sleep(failDelay)
+}
+
 // signinPage shows the sign-in form.
 func (h *Handler) signinPage(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, http.StatusOK, "signin", pageData{Title: "Sign in"})
@@ -279,7 +293,7 @@ func (h *Handler) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	sum, ok := h.tokens.matches(strings.TrimSpace(r.PostFormValue("token")))
 	if !ok {
-		time.Sleep(500 * time.Millisecond) // slows down guessing
+		h.slowDown()
 		h.log.Warn("console: failed sign-in", zap.String("from", remoteHost(r)))
 		h.render(w, r, http.StatusUnauthorized, "signin", pageData{Title: "Sign in", Error: "wrong token"})
 		return

@@ -196,11 +196,12 @@ func rowHTML(page, key string) string {
 // A replay through the API: its dry run changes nothing; the replay writes the outbox row,
 // marks the dead letter and audits it with the console's actor, as `kafkatx dlq replay` does;
 // a second replay is refused (409); the replayed record failing again is shown as a
-// re-failure; no answer and no log line holds the database password.
+// re-failure; no answer and no log line holds the database or the SASL password.
 func TestReplayThroughTheAPIIsAuditedAndRefailuresShow(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	srv := f.server(nil)
+	const saslPassword = "sasl-secret-never-shown"
+	srv := f.server(func(c *Config) { c.Kafka["sasl.password"] = saslPassword })
 	var bodies []string
 	get := func(path string) string {
 		code, body := call(t, nil, "GET", srv.URL+path, f.token, "")
@@ -336,12 +337,13 @@ func TestReplayThroughTheAPIIsAuditedAndRefailuresShow(t *testing.T) {
 		t.Fatal("DATABASE_URL has no password: this check needs one")
 	}
 	get("/dead-letters?topic=" + url.QueryEscape(f.password))
+	get("/dead-letters?q=" + url.QueryEscape(saslPassword))
 	for _, p := range []string{"/", "/outbox", "/api/outbox", "/offsets?group=" + url.QueryEscape(f.group), fmt.Sprintf("/dead-letters/%d", id)} {
 		get(p)
 	}
 	for i, b := range append(bodies, f.logs.String()) {
-		if strings.Contains(b, f.password) {
-			t.Fatalf("answer %d holds the database password: %.300s", i, b)
+		if strings.Contains(b, f.password) || strings.Contains(b, saslPassword) {
+			t.Fatalf("answer %d holds the database or the SASL password: %.300s", i, b)
 		}
 	}
 }
