@@ -150,10 +150,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	// A second out-of-band move shows up without reloading the page (the script refreshes
 	// the figures every 5 s from /api/partitions).
 	f.moveGroupOffset(12)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for committed != "12" {
 		if time.Now().After(deadline) {
-			t.Fatalf("the committed offset still reads %q 20 s after the move, want 12 without a reload", committed)
+			t.Fatalf("the committed offset still reads %q 30 s after the move, want 12 without a reload", committed)
 		}
 		time.Sleep(500 * time.Millisecond)
 		committed = text(row + ` td[data-f="committed"]`)
@@ -204,8 +204,26 @@ func TestConsoleInABrowser(t *testing.T) {
 	if status != "replayed" || !strings.Contains(audit, "replay") || !strings.Contains(audit, "alice via console") || !strings.Contains(audit, "decoder fixed in 1.4.2") {
 		t.Fatalf("dead letter page: status %q, audit %q", status, audit)
 	}
+	// A row the relay parked, released from the outbox page after its dry run.
+	parked := f.count(`INSERT INTO %s.outbox (topic, key, value) VALUES ($1, 'k', 'v') RETURNING id`, f.topic)
+	f.count(`WITH u AS (UPDATE %s.outbox SET state = 'parked', parked_at = now(), attempts = 1,
+		last_error = 'Broker: Message size too large' WHERE id = $1 RETURNING 1) SELECT count(*) FROM u`, parked)
 	do("outbox page", chromedp.Navigate(srv.URL+"/outbox"), visible("#backlog"))
+	if p := text("#parked tbody"); !strings.Contains(p, "Message size too large") {
+		t.Fatalf("parked rows: %q", p)
+	}
 	shot("outbox")
+	do("release dry run", click(`#parked input[type="checkbox"]`), chromedp.SendKeys(chromedp.CSS(`#parked-action input[name="reason"]`), "max.message.bytes raised"),
+		click(`#parked-action button`))
+	waitText("#result-title", "Dry run: nothing changed")
+	if st := f.str(`SELECT state FROM %s.outbox WHERE id = $1`, parked); st != "parked" {
+		t.Fatalf("the release's dry run left the row %s", st)
+	}
+	do("release", click("#execute"))
+	waitText("#result-title", "Done")
+	if st := f.str(`SELECT state FROM %s.outbox WHERE id = $1`, parked); st != "pending" {
+		t.Fatalf("the released row is %s", st)
+	}
 
 	mu.Lock()
 	defer mu.Unlock()
