@@ -107,6 +107,26 @@ func TestAuthTokenSessionAndCSRF(t *testing.T) {
 		t.Fatalf("session dry run with the CSRF token: %d %s", code, body)
 	}
 
+	// Signing out ends that session only.
+	c2, csrf2 := signIn(t, srv, f.token)
+	su, _ := url.Parse(srv.URL + "/")
+	old := c2.Jar.Cookies(su)
+	if len(old) != 1 {
+		t.Fatalf("session cookies %v", old)
+	}
+	if resp, err := c2.PostForm(srv.URL+"/signout", url.Values{"csrf": {csrf2}}); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	// The browser dropped the cookie; a copy kept from before is worthless too.
+	if code, _ := call(t, nil, "GET", srv.URL+"/api/partitions", "", "", "Cookie", old[0].Name+"="+old[0].Value); code != http.StatusUnauthorized {
+		t.Fatalf("the signed-out session's cookie: %d, want 401", code)
+	}
+	if code, _ := call(t, c, "GET", srv.URL+"/api/partitions", "", ""); code != 200 {
+		t.Fatalf("the other session after a sign-out: %d, want 200", code)
+	}
+
 	// A new token: the old one and the sessions opened with it end; the new one works.
 	time.Sleep(1100 * time.Millisecond) // the file is checked at most once a second
 	newTok := f.token + "-rotated"
