@@ -302,3 +302,18 @@ func signIn(t *testing.T, srv *httptest.Server, tok string) (*http.Client, strin
 	}
 	return c, m[1]
 }
+
+// newSchemaFixture is a migrated schema, a topic and a token, without the incident.
+func newSchemaFixture(t *testing.T) *fixture {
+	t.Helper()
+	pool := testenv.Postgres(t)
+	f := &fixture{t: t, pool: pool, schema: testenv.Schema(t, pool), brokers: testenv.Brokers(t)}
+	if err := kafkatx.Migrate(context.Background(), pool, f.schema); err != nil {
+		t.Fatal(err)
+	}
+	f.topic = testenv.Topic(t, f.brokers, 1)
+	f.token = "tok-" + strings.ReplaceAll(t.Name(), "/", "-") + "-0123456789abcdef"
+	f.tokFile = filepath.Join(t.TempDir(), "token")
+	f.writeToken(f.token)
+	return f
+}

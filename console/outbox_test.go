@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
@@ -24,16 +22,8 @@ import (
 // leader while a real relay runs, and none once it stopped.
 func TestOutboxParkedRowsAndRelayLeader(t *testing.T) {
 	t.Parallel()
-	pool := testenv.Postgres(t)
-	f := &fixture{t: t, pool: pool, schema: testenv.Schema(t, pool), brokers: testenv.Brokers(t)}
-	ctx := context.Background()
-	if err := kafkatx.Migrate(ctx, pool, f.schema); err != nil {
-		t.Fatal(err)
-	}
-	f.topic = testenv.Topic(t, f.brokers, 1)
-	f.token = "tok-outbox-0123456789abcdef"
-	f.tokFile = filepath.Join(t.TempDir(), "token")
-	f.writeToken(f.token)
+	f := newSchemaFixture(t)
+	pool, ctx := f.pool, context.Background()
 	srv := f.server(nil)
 
 	// Two rows the relay parked (the broker refused them for good), one pending behind the first.
