@@ -238,6 +238,9 @@ func TestReplayThroughTheAPIIsAuditedAndRefailuresShow(t *testing.T) {
 	if len(items) != 2 || items[0].Offset != 3 || items[1].Offset != 7 || items[0].Fingerprint != items[1].Fingerprint || items[0].Status != "new" {
 		t.Fatalf("dead letters %+v: want offsets 3 and 7, one fingerprint, new", items)
 	}
+	if !strings.HasPrefix(items[0].Value, "8 B sha256:") || !strings.HasSuffix(items[0].Value, `"poison-3"`) {
+		t.Fatalf("value summary %q", items[0].Value)
+	}
 	id := items[0].ID
 	var groups struct{ Groups []FingerprintGroup }
 	if err := json.Unmarshal([]byte(get("/api/dead-letters/groups?topic="+f.topic)), &groups); err != nil {

@@ -126,20 +126,27 @@ func fingerprint(group, topic, class, msg string) string {
 	return hex.EncodeToString(sum[:6])
 }
 
-// summary describes bytes without showing them in full: size, SHA-256 prefix and an escaped
-// prefix of at most 32 bytes.
-func summary(b []byte) string {
-	if b == nil {
+// summaryPrefix is how many bytes of a key or value a summary shows (and a list reads).
+const summaryPrefix = 32
+
+// summaryOf describes bytes without showing them in full: size, SHA-256 prefix and an
+// escaped prefix of at most 32 bytes, from a prefix of the bytes, their whole size and
+// their SHA-256 sum.
+func summaryOf(prefix []byte, size int, sum []byte) string {
+	if prefix == nil {
 		return "null"
 	}
-	sum := sha256.Sum256(b)
-	p := b
 	cut := ""
-	if len(p) > 32 {
-		p, cut = p[:32], "…"
+	if len(prefix) > summaryPrefix {
+		prefix = prefix[:summaryPrefix]
 	}
-	q := strconv.Quote(string(p))
-	return fmt.Sprintf("%d B sha256:%x %s%s", len(b), sum[:4], q, cut)
+	if size > len(prefix) {
+		cut = "…"
+	}
+	if len(sum) > 4 {
+		sum = sum[:4]
+	}
+	return fmt.Sprintf("%d B sha256:%x %s%s", size, sum, strconv.Quote(string(prefix)), cut)
 }
 
 // payloadOf formats b for display.
@@ -169,7 +176,7 @@ func indentJSON(b []byte) ([]byte, error) {
 func itemOf(f dlq.Found) DeadLetterItem {
 	d := f.DeadLetter
 	it := DeadLetterItem{ID: d.ID, Status: d.Status, Group: d.Group, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset,
-		Key: summary(d.Key), Value: summary(d.Value), ErrorClass: d.ErrorClass, ErrorMessage: firstLine(d.ErrorMessage),
+		Key: summaryOf(d.Key, f.KeySize, f.KeySHA256), Value: summaryOf(d.Value, f.ValueSize, f.ValueSHA256), ErrorClass: d.ErrorClass, ErrorMessage: firstLine(d.ErrorMessage),
 		Attempts: d.Attempts, FirstFailure: d.FirstFailureAt, LastFailure: d.LastFailureAt, ReplayEpoch: d.ReplayEpoch,
 		CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt, Fingerprint: fingerprint(d.Group, d.Topic, d.ErrorClass, d.ErrorMessage),
 		Replays: f.Replays, RefailedAs: f.RefailedAs}
@@ -278,7 +285,9 @@ func parseWhen(s string) (time.Time, error) {
 
 // search lists the dead letters of f (fingerprint applied after the query).
 func (h *Handler) search(r *http.Request, f dlFilter) ([]DeadLetterItem, error) {
-	found, err := dlq.Search(r.Context(), h.cfg.Pool, h.cfg.Schema, f.Query)
+	q := f.Query
+	q.Prefix = summaryPrefix
+	found, err := dlq.Search(r.Context(), h.cfg.Pool, h.cfg.Schema, q)
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +305,7 @@ func (h *Handler) search(r *http.Request, f dlFilter) ([]DeadLetterItem, error) 
 // numerous first. truncated is true when more matched.
 func (h *Handler) groupsOf(r *http.Request, f dlFilter) (groups []FingerprintGroup, truncated bool, err error) {
 	q := f.Query
-	q.AfterID, q.Limit = 0, maxListLimit
+	q.AfterID, q.Limit, q.Prefix = 0, maxListLimit, 1
 	by := map[string]*FingerprintGroup{}
 	n := 0
 	for {

@@ -48,3 +48,17 @@ func TestFingerprintGroupsFailuresAlike(t *testing.T) {
 		t.Fatalf("normalized %q", n)
 	}
 }
+
+// A summary names the whole size and hash and shows at most 32 bytes, marking a cut.
+func TestSummaryOfAPrefix(t *testing.T) {
+	t.Parallel()
+	if s := summaryOf([]byte("poison-3"), 8, []byte{0xb8, 0x06, 0x94, 0x1e, 0xff}); s != `8 B sha256:b806941e "poison-3"` {
+		t.Fatalf("summary %q", s)
+	}
+	if s := summaryOf([]byte(strings.Repeat("a", 32)), 5000, []byte{1, 2, 3, 4}); !strings.HasPrefix(s, "5000 B sha256:01020304 \"aaaa") || !strings.HasSuffix(s, "\"…") {
+		t.Fatalf("summary of a cut value %q", s)
+	}
+	if s := summaryOf(nil, 0, nil); s != "null" {
+		t.Fatalf("summary of nil %q", s)
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
-	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // maxParkedShown bounds the parked rows listed.
@@ -96,14 +95,26 @@ func (h *Handler) outboxView(ctx context.Context) (*OutboxView, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("outbox backlog: %w", err)
 	}
-	parked, err := outbox.Writer{Schema: h.cfg.Schema}.Parked(ctx, h.cfg.Pool, maxParkedShown)
+	// outbox.Writer.Parked's rows, with only a prefix of each key and value read: parked rows
+	// are often the large ones.
+	rows, err = h.cfg.Pool.Query(ctx, `SELECT o.id, o.outbox_id::text, o.topic, o.partition, substring(o.key from 1 for $2),
+			coalesce(octet_length(o.key), 0), sha256(o.key), substring(o.value from 1 for $2), coalesce(octet_length(o.value), 0), sha256(o.value),
+			o.attempts, coalesce(o.last_error, ''), o.created_at, coalesce(o.parked_at, o.created_at),
+			(SELECT count(*) FROM `+t.Outbox+` b WHERE b.state = 'pending' AND b.topic = o.topic AND b.key = o.key)
+		FROM `+t.Outbox+` o WHERE o.state = 'parked' ORDER BY o.id LIMIT $1`, maxParkedShown, summaryPrefix)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("parked outbox rows: %w", err)
 	}
-	for _, p := range parked {
-		v.Parked = append(v.Parked, ParkedItem{ID: p.ID, OutboxID: p.OutboxID, Topic: p.Topic, Partition: p.Partition,
-			Key: summary(p.Key), Value: summary(p.Value), Attempts: p.Attempts, Error: p.LastError,
-			CreatedAt: p.CreatedAt, ParkedAt: p.ParkedAt, Waiting: p.Waiting})
+	if v.Parked, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ParkedItem, error) {
+		var p ParkedItem
+		var key, value, keySum, valueSum []byte
+		var keySize, valueSize int
+		err := r.Scan(&p.ID, &p.OutboxID, &p.Topic, &p.Partition, &key, &keySize, &keySum, &value, &valueSize, &valueSum,
+			&p.Attempts, &p.Error, &p.CreatedAt, &p.ParkedAt, &p.Waiting)
+		p.Key, p.Value = summaryOf(key, keySize, keySum), summaryOf(value, valueSize, valueSum)
+		return p, err
+	}); err != nil {
+		return nil, fmt.Errorf("parked outbox rows: %w", err)
 	}
 	var l RelayLeader
 	var addr *string

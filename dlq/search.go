@@ -26,6 +26,10 @@ type Query struct {
 	// Text keeps dead letters whose error message or stack contains it, case-insensitively
 	// (a plain substring: % and _ have no special meaning).
 	Text string
+	// Prefix, when > 0, reads only the first Prefix bytes of each key and value (a list
+	// bounded in memory whatever the payloads weigh); Found's sizes and SHA-256 sums
+	// describe the whole. 0 reads them in full.
+	Prefix int
 }
 
 // Found is a dead letter as Search returns it: the row and what happened to it since.
@@ -38,6 +42,10 @@ type Found struct {
 	// at its new offset); 0 when none. A dead letter that failed again at its own offset (after
 	// an offsets reset --mode replay) is StatusNew again with Replays > 0 instead.
 	RefailedAs int64
+	// KeySize and ValueSize are the byte lengths of the whole key and value, and KeySHA256
+	// and ValueSHA256 their SHA-256 (nil for a nil key or value), whatever Query.Prefix read.
+	KeySize, ValueSize     int
+	KeySHA256, ValueSHA256 []byte
 }
 
 // Search returns the dead letters matching q, lowest id first, at most q.Limit (100 when
@@ -78,13 +86,19 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 		p := arg(q.Text)
 		where = append(where, "(strpos(lower(d.error_message), lower("+p+")) > 0 OR strpos(lower(coalesce(d.stack, '')), lower("+p+")) > 0)")
 	}
-	sql := `SELECT d.id, d.group_id, d.topic, d.partition, d."offset", d.key, d.value, d.header_keys, d.header_values, d.message_time,
+	key, value := "d.key", "d.value"
+	if q.Prefix > 0 {
+		p := arg(q.Prefix)
+		key, value = "substring(d.key from 1 for "+p+")", "substring(d.value from 1 for "+p+")"
+	}
+	sql := `SELECT d.id, d.group_id, d.topic, d.partition, d."offset", ` + key + `, ` + value + `, d.header_keys, d.header_values, d.message_time,
 			d.error_class, d.error_message, coalesce(d.stack, ''), d.attempts, d.first_failure_at, d.last_failure_at, d.status, d.created_at,
 			d.resolved_at, d.replay_epoch,
 			(SELECT count(*) FROM ` + audit + ` a WHERE a.dead_letter_id = d.id AND a.action = 'replay'),
 			coalesce((SELECT min(n.id) FROM ` + t.DeadLetters + ` n
 				WHERE n.id > d.id AND n.group_id = d.group_id AND n.topic = coalesce(r.to_topic, d.topic)
-					AND n.key IS NOT DISTINCT FROM d.key AND n.value IS NOT DISTINCT FROM d.value AND n.created_at >= r.at), 0)
+					AND n.key IS NOT DISTINCT FROM d.key AND n.value IS NOT DISTINCT FROM d.value AND n.created_at >= r.at), 0),
+			coalesce(octet_length(d.key), 0), coalesce(octet_length(d.value), 0), sha256(d.key), sha256(d.value)
 		FROM ` + t.DeadLetters + ` d
 		LEFT JOIN LATERAL (SELECT to_topic, at FROM ` + audit + ` a WHERE a.dead_letter_id = d.id AND a.action = 'replay'
 			ORDER BY a.id DESC LIMIT 1) r ON true
@@ -96,7 +110,7 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Found, error) {
 		var f Found
 		var replays int64
-		d, err := scanDeadLetterExtra(row, &replays, &f.RefailedAs)
+		d, err := scanDeadLetterExtra(row, &replays, &f.RefailedAs, &f.KeySize, &f.ValueSize, &f.KeySHA256, &f.ValueSHA256)
 		f.DeadLetter, f.Replays = d, int(replays)
 		return f, err
 	})
