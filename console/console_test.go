@@ -316,6 +316,16 @@ func TestReplayThroughTheAPIIsAuditedAndRefailuresShow(t *testing.T) {
 	if st := f.str(`SELECT status FROM %s.dead_letters WHERE id = $1`, items[1].ID); st != "new" {
 		t.Fatalf("the bulk dry run discarded dead letter %d", items[1].ID)
 	}
+	// A selection: each item answers for itself.
+	code, body = call(t, nil, "POST", srv.URL+"/api/dead-letters/replay", f.token,
+		fmt.Sprintf(`{"reason":"selection","dry_run":true,"ids":[%d,%d,999999]}`, items[1].ID, id))
+	if err := json.Unmarshal([]byte(body), &res); code != 200 || err != nil || len(res.Items) != 3 || res.Done != 1 || res.Refused != 2 ||
+		!res.Items[0].OK || !strings.Contains(res.Items[1].Error, "already resolved") || !strings.Contains(res.Items[2].Error, "no such dead letter") {
+		t.Fatalf("selection dry run: %d %s", code, body)
+	}
+	if code, _ := call(t, nil, "POST", srv.URL+"/api/dead-letters/replay", f.token, `{"reason":"x","ids":[1],"filter":{"topic":"t"}}`); code != http.StatusBadRequest {
+		t.Fatalf("ids and a filter together: %d, want 400", code)
+	}
 	// The same from the page's group form: the page's other filters narrow the group.
 	c, csrf := signIn(t, srv, f.token)
 	form := url.Values{"csrf": {csrf}, "action": {"discard"}, "reason": {"bulk"}, "dry_run": {"1"}, "fingerprint": {fp},
