@@ -42,6 +42,20 @@ func TestAuthTokenSessionAndCSRF(t *testing.T) {
 			}
 		}
 	}
+	// The public prefixes do not open the rest through dot segments.
+	for _, p := range []string{"/static/../api/partitions", "/static/%2e%2e/api/partitions", "/signin/../api/partitions"} {
+		req, _ := http.NewRequest("GET", srv.URL+p, nil)
+		req.URL.RawPath, req.URL.Opaque = "", "//"+strings.TrimPrefix(srv.URL, "http://")+p // sent as is, not cleaned by the client
+		resp, err := noRedirect().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 || strings.Contains(string(b), f.topic) {
+			t.Fatalf("GET %s without a token: %d %.200s", p, resp.StatusCode, b)
+		}
+	}
 	if code, body := call(t, nil, "GET", srv.URL+"/signin", "", ""); code != 200 || !strings.Contains(body, `name="token"`) {
 		t.Fatalf("sign-in page: %d %.200s", code, body)
 	}
