@@ -217,7 +217,10 @@ func remoteHost(r *http.Request) string {
 // session cookie. It answers 401 (API) or redirects to the sign-in page (pages) otherwise.
 func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (identity, bool) {
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		tok, ok := strings.CutPrefix(auth, "Bearer ")
+		tok, ok := "", len(auth) > 7 && strings.EqualFold(auth[:7], "Bearer ") // the scheme is case-insensitive (RFC 9110)
+		if ok {
+			tok = auth[7:]
+		}
 		if _, match := h.tokens.matches(strings.TrimSpace(tok)); ok && match {
 			name := cleanName(r.Header.Get("X-Kafkatx-Actor"))
 			if name == "" {
