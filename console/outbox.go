@@ -148,7 +148,7 @@ func (h *Handler) outboxView(ctx context.Context) (*OutboxView, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("replication slots: %w", err)
 	}
-	rows, err = h.cfg.Pool.Query(ctx, `SELECT id, outbox_row, action, reason, actor, at FROM `+pgx.Identifier{h.cfg.Schema, "outbox_audit"}.Sanitize()+`
+	rows, err = h.cfg.Pool.Query(ctx, `SELECT id, outbox_row, action, reason, actor, at FROM `+t.OutboxAudit+`
 		ORDER BY id DESC LIMIT 50`)
 	if err != nil {
 		return nil, fmt.Errorf("outbox audit: %w", err)

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -31,7 +32,7 @@ type PartitionRow struct {
 	Lag int64 `json:"lag"`
 	// Drift is Committed minus Watermark (null when either is missing).
 	Drift *int64 `json:"drift"`
-	// State is the offset classifier's word (internal/offsets: aligned, kafka_ahead, ...).
+	// State is the offset classifier's word (internal/offsetstate: aligned, kafka_ahead, ...).
 	State string `json:"state"`
 	// Drifted is true for the states offsets status counts as drift (exit status 3).
 	Drifted bool `json:"drifted"`
@@ -47,7 +48,7 @@ type PartitionRow struct {
 
 func rowOf(s offsets.PartitionStatus) PartitionRow {
 	r := PartitionRow{Group: s.Group, Topic: s.Topic, Partition: s.Partition, Watermark: -1, Committed: -1,
-		LogStart: s.LogStart, LogEnd: s.LogEnd, Lag: s.Lag, Drift: s.Drift, State: s.State, Drifted: s.Drifted(),
+		LogStart: s.LogStart, LogEnd: s.LogEnd, Lag: s.Lag, Drift: s.Drift, State: string(s.State), Drifted: s.Drifted(),
 		ReplayEpoch: s.ReplayEpoch, LastEvent: s.LastEvent, Pending: s.Pending}
 	if s.Watermark != nil {
 		r.Watermark = *s.Watermark
@@ -63,22 +64,22 @@ func rowOf(s offsets.PartitionStatus) PartitionRow {
 // next assignment (docs/offsets.md, "What the consumer does on assignment").
 func nextStep(r PartitionRow) string {
 	var s string
-	switch r.State {
-	case offsets.StateAligned:
+	switch offsetstate.State(r.State) {
+	case offsetstate.Aligned:
 		s = fmt.Sprintf("resumes at the watermark %d", r.Watermark)
-	case offsets.StateKafkaAhead:
+	case offsetstate.KafkaAhead:
 		s = fmt.Sprintf("follows Kafka to %d and audits [%d, %d) as a skip (halts instead under OnKafkaAhead: halt)", r.Committed, r.Watermark, r.Committed)
-	case offsets.StateKafkaBehind, offsets.StateKafkaMissing:
+	case offsetstate.KafkaBehind, offsetstate.KafkaMissing:
 		s = fmt.Sprintf("starts at the watermark %d and commits it to Kafka", r.Watermark)
-	case offsets.StateNoWatermark:
+	case offsetstate.NoWatermark:
 		s = fmt.Sprintf("first run: starts at Kafka's committed offset %d", r.Committed)
-	case offsets.StateUnused:
+	case offsetstate.Unused:
 		s = "first run: starts where auto.offset.reset says"
-	case offsets.StateWatermarkPastLogEnd:
+	case offsetstate.WatermarkPastLogEnd:
 		s = fmt.Sprintf("refuses to start: the watermark %d is past the log end %d (topic recreated or truncated)", r.Watermark, r.LogEnd)
-	case offsets.StateWatermarkBelowLogStart:
+	case offsetstate.WatermarkBelowLogStart:
 		s = fmt.Sprintf("audits [%d, %d) as an unexplained skip (removed by retention) and starts at the log start", r.Watermark, r.LogStart)
-	case offsets.StateKafkaPastLogEnd:
+	case offsetstate.KafkaPastLogEnd:
 		s = fmt.Sprintf("ignores Kafka's committed offset and resumes at the watermark %d", r.Watermark)
 	default:
 		s = "see `kafkatx offsets status --help`"

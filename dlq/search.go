@@ -56,7 +56,7 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 		q.Limit = 100
 	}
 	t := tables.For(schema)
-	audit := pgx.Identifier{schema, "dlq_audit"}.Sanitize()
+	audit := t.DLQAudit
 	var where []string
 	var args []any
 	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
