@@ -62,3 +62,27 @@ func TestSummaryOfAPrefix(t *testing.T) {
 		t.Fatalf("summary of nil %q", s)
 	}
 }
+
+// What the consumer does next is the classifier's decision in words.
+func TestNextStepFollowsTheClassifier(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		r    PartitionRow
+		want string
+	}{
+		{PartitionRow{State: "aligned", Watermark: 10, Committed: 10, LogStart: 0, LogEnd: 15}, "resumes at 10"},
+		{PartitionRow{State: "kafka_ahead", Watermark: 10, Committed: 15, LogStart: 0, LogEnd: 15}, "follows Kafka: audits [10, 15) as a skip and starts at 15"},
+		{PartitionRow{State: "kafka_behind", Watermark: 10, Committed: 4, LogStart: 0, LogEnd: 15}, "starts at the watermark 10 and commits it to Kafka"},
+		{PartitionRow{State: "kafka_missing", Watermark: 10, Committed: -1, LogStart: 0, LogEnd: 15}, "starts at the watermark 10 and commits it to Kafka"},
+		{PartitionRow{State: "no_watermark", Watermark: -1, Committed: 7, LogStart: 0, LogEnd: 15}, "first run: starts at Kafka's committed offset 7"},
+		{PartitionRow{State: "watermark_past_log_end", Watermark: 20, Committed: 20, LogStart: 0, LogEnd: 15}, "processes nothing: the watermark 20 is past the log end 15"},
+		{PartitionRow{State: "watermark_below_log_start", Watermark: 3, Committed: 12, LogStart: 5, LogEnd: 15},
+			"audits [3, 5) as an unexplained skip (removed by retention), then follows Kafka: audits [5, 12) as a skip and starts at 12"},
+		{PartitionRow{State: "kafka_past_log_end", Watermark: 10, Committed: 99, LogStart: 0, LogEnd: 15},
+			"ignores Kafka's committed offset 99 (past the log end), then starts at the watermark 10 and commits it to Kafka"},
+	} {
+		if got := nextStep(c.r); !strings.HasPrefix(got, c.want) {
+			t.Errorf("%s W=%d K=%d: %q, want %q", c.r.State, c.r.Watermark, c.r.Committed, got, c.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -60,30 +61,43 @@ func rowOf(s offsets.PartitionStatus) PartitionRow {
 	return r
 }
 
-// nextStep describes, for a state the offset classifier gave, what the consumer does at its
-// next assignment (docs/offsets.md, "What the consumer does on assignment").
+// nextStep says what the consumer does with the partition at its next assignment: the
+// offset classifier's decision (offsetstate.Classify, which the consumer runs on every
+// assignment) for these offsets under the default policy (OnKafkaAhead follow,
+// auto.offset.reset earliest), in words.
 func nextStep(r PartitionRow) string {
-	var s string
-	switch offsetstate.State(r.State) {
-	case offsetstate.Aligned:
-		s = fmt.Sprintf("resumes at the watermark %d", r.Watermark)
-	case offsetstate.KafkaAhead:
-		s = fmt.Sprintf("follows Kafka to %d and audits [%d, %d) as a skip (halts instead under OnKafkaAhead: halt)", r.Committed, r.Watermark, r.Committed)
-	case offsetstate.KafkaBehind, offsetstate.KafkaMissing:
-		s = fmt.Sprintf("starts at the watermark %d and commits it to Kafka", r.Watermark)
-	case offsetstate.NoWatermark:
-		s = fmt.Sprintf("first run: starts at Kafka's committed offset %d", r.Committed)
-	case offsetstate.Unused:
-		s = "first run: starts where auto.offset.reset says"
-	case offsetstate.WatermarkPastLogEnd:
-		s = fmt.Sprintf("refuses to start: the watermark %d is past the log end %d (topic recreated or truncated)", r.Watermark, r.LogEnd)
-	case offsetstate.WatermarkBelowLogStart:
-		s = fmt.Sprintf("audits [%d, %d) as an unexplained skip (removed by retention) and starts at the log start", r.Watermark, r.LogStart)
-	case offsetstate.KafkaPastLogEnd:
-		s = fmt.Sprintf("ignores Kafka's committed offset and resumes at the watermark %d", r.Watermark)
-	default:
-		s = "see `kafkatx offsets status --help`"
+	if r.State == "error" {
+		return ""
 	}
+	d := offsetstate.Classify(offsetstate.Offsets{W: r.Watermark, HasW: r.Watermark >= 0, K: r.Committed, HasK: r.Committed >= 0,
+		LogStart: r.LogStart, LogEnd: r.LogEnd}, offsetstate.Policy{})
+	if d.State == offsetstate.WatermarkPastLogEnd {
+		return fmt.Sprintf("processes nothing: the watermark %d is past the log end %d (topic recreated or truncated); an operator decides (offsets reset)", r.Watermark, r.LogEnd)
+	}
+	var steps []string
+	if d.IgnoreK {
+		steps = append(steps, fmt.Sprintf("ignores Kafka's committed offset %d (past the log end)", r.Committed))
+	}
+	if d.RetentionFrom >= 0 {
+		steps = append(steps, fmt.Sprintf("audits [%d, %d) as an unexplained skip (removed by retention)", d.RetentionFrom, r.LogStart))
+	}
+	commit := ""
+	if d.Commit {
+		commit = " and commits it to Kafka"
+	}
+	switch d.Compared {
+	case offsetstate.Aligned:
+		steps = append(steps, fmt.Sprintf("resumes at %d", d.Start))
+	case offsetstate.KafkaAhead:
+		steps = append(steps, fmt.Sprintf("follows Kafka: audits [%d, %d) as a skip and starts at %d (halts instead under OnKafkaAhead: halt)", d.W, d.Start, d.Start))
+	case offsetstate.KafkaBehind, offsetstate.KafkaMissing:
+		steps = append(steps, fmt.Sprintf("starts at the watermark %d%s", d.Start, commit))
+	case offsetstate.NoWatermark:
+		steps = append(steps, fmt.Sprintf("first run: starts at Kafka's committed offset %d", d.Start))
+	case offsetstate.Unused:
+		steps = append(steps, fmt.Sprintf("first run: starts at the log start %d%s (at the log end %d under auto.offset.reset latest)", d.Start, commit, r.LogEnd))
+	}
+	s := strings.Join(steps, ", then ")
 	if n := len(r.Pending); n > 0 {
 		s += fmt.Sprintf("; %d pending operator command(s) recorded (audit row %d)", n, r.Pending[0].ID)
 	}
