@@ -10,7 +10,7 @@ PKGS ?= ./...
 # Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
 DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
-.PHONY: test test-kafka2 services-up services-down services-status demo lint
+.PHONY: test test-kafka2 services-up services-down services-status demo lint browser
 
 # Extra dev services the tests need (scripts/dev-services.d/NAME.sh), started by `make test`:
 # connect — Kafka Connect 4.3.1 with the Debezium 3.6.1.Final PostgreSQL connector for the CDC
@@ -24,8 +24,8 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 TEST_SERVICES ?= secure connect airflow pgbouncer kafka2
 
 ## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
-## run every test, then test-kafka2
-test: services-up
+## install headless Chromium (browser), run every test, then test-kafka2
+test: services-up browser
 	scripts/dev-services up $(TEST_SERVICES)
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}"; \
@@ -47,6 +47,11 @@ test-kafka2: services-up
 	echo "test-kafka2: Apache Kafka $$KAFKA2_VERSION at $$KAFKA_BOOTSTRAP_SERVERS"; \
 	$(GO) test $(GOTESTFLAGS) -run '$(KAFKA2_TESTS)' $(KAFKA2_PKGS)
 	scripts/dev-services down kafka2
+
+## browser: headless Chromium for the console's real-browser test (console/browser_test.go):
+## Debian's chromium package, apt-get installed once when missing (scripts/install-browser)
+browser:
+	scripts/install-browser >/dev/null
 
 ## services-up: start (or reuse) PostgreSQL and the Kafka broker; print their addresses
 services-up:

@@ -51,6 +51,7 @@ type CLI struct {
 	Relay   RelayCmd   `cmd:"" help:"Publish the outbox to Kafka (the sidecar): leader election, NOTIFY wake-up, health endpoint."`
 	Outbox  OutboxCmd  `cmd:"" help:"Parked outbox rows: list, release, discard."`
 	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"Dead letters: list, show, replay through the outbox, discard (audited)."`
+	Console ConsoleCmd `cmd:"" help:"Serve the operator console: web UI and JSON API (partitions, dead letters, outbox, offsets), behind a token."`
 }
 
 // exitError carries a specific exit status (for example 3 for drift).

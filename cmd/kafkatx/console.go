@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/console"
+)
+
+// ConsoleCmd serves the operator console (package console) over HTTP.
+type ConsoleCmd struct {
+	Addr      string `default:"127.0.0.1:8089" help:"Listen address HOST:PORT (default loopback only: put a TLS proxy in front to serve others)."`
+	TokenFile string `name:"token-file" required:"" type:"path" help:"File holding the token every page and API call needs (trimmed; at least 16 bytes; re-read when it changes)."`
+	ReadOnly  bool   `name:"read-only" help:"Refuse every action (403): a console to look, not to touch."`
+	BasePath  string `name:"base-path" help:"Path prefix when a reverse proxy serves the console under one, such as /kafkatx (links and the session cookie use it)."`
+}
+
+// Help is the long help of console.
+func (ConsoleCmd) Help() string {
+	return `Serves a web UI and a JSON API over the same data and actions as this command: partitions
+(watermark against Kafka's committed offset, drift, the offset audit trail, lockstep resets),
+dead letters (filters, failure fingerprints, replay or discard after a dry run) and the outbox
+(backlog, parked rows, the relay's leader, replication slots). Every page and API call needs
+the token (Authorization: Bearer <token>, or a session opened on /signin); every action is
+audited with the operator's name and a reason. The whole API is in docs/console.md.`
+}
+
+func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
+	log := g.logger()
+	defer func() { _ = log.Sync() }()
+	kcfg, err := g.kafkaConfig("kafkatx-console")
+	if err != nil {
+		return err
+	}
+	pool, err := g.outboxPool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := offsetsCheckSchema(ctx, pool, g.Schema); err != nil {
+		return err
+	}
+	var secrets []string
+	if u, err := url.Parse(g.DatabaseURL); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			secrets = append(secrets, pw)
+		}
+	}
+	h, err := console.New(console.Config{Pool: pool, Schema: g.Schema, Kafka: kcfg, TokenFile: c.TokenFile, ReadOnly: c.ReadOnly,
+		BasePath: c.BasePath, Logger: log, Secrets: secrets})
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	defer h.Close()
+	var handler http.Handler = h
+	if bp := strings.TrimRight(c.BasePath, "/"); bp != "" {
+		mux := http.NewServeMux()
+		mux.Handle(bp+"/", http.StripPrefix(bp, h))
+		handler = mux
+	}
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: console.RequestTimeout + 15*time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+		ErrorLog: zap.NewStdLog(log)}
+	log.Info("console: listening", zap.String("addr", ln.Addr().String()), zap.Bool("read_only", c.ReadOnly), zap.String("schema", g.Schema))
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); host != "" && !net.ParseIP(host).IsLoopback() {
+		log.Warn("console: listening beyond the loopback interface without TLS: put a TLS proxy in front", zap.String("addr", ln.Addr().String()))
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("console: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("console: shutdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+// maxGroups bounds the consumer groups the partitions view compares (one Kafka round trip each).
+const maxGroups = 200
+
+// PartitionRow is one partition of one consumer group in GET /api/partitions: the fields of
+// `kafkatx offsets status --output json`, with the offsets as numbers (-1 when none) and
+// what the consumer will do at its next assignment.
+type PartitionRow struct {
+	Group     string `json:"group"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	// Watermark is the database's next offset to process; -1 when none is recorded.
+	Watermark int64 `json:"watermark"`
+	// Committed is the group's committed offset in Kafka; -1 when none.
+	Committed int64 `json:"committed"`
+	LogStart  int64 `json:"log_start"`
+	LogEnd    int64 `json:"log_end"`
+	// Lag is LogEnd minus the watermark (offsets status' rule), in records.
+	Lag int64 `json:"lag"`
+	// Drift is Committed minus Watermark (null when either is missing).
+	Drift *int64 `json:"drift"`
+	// State is the offset classifier's word (internal/offsetstate: aligned, kafka_ahead, ...).
+	State string `json:"state"`
+	// Drifted is true for the states offsets status counts as drift (exit status 3).
+	Drifted bool `json:"drifted"`
+	// Next says what the consumer does with this partition at its next assignment.
+	Next        string              `json:"next"`
+	ReplayEpoch int                 `json:"replay_epoch"`
+	LastEvent   *offsetstore.Event  `json:"last_event"`
+	Pending     []offsetstore.Event `json:"pending,omitempty"`
+	// Error is set, with Topic and Partition empty, when the group could not be compared
+	// (for example a topic it has a watermark on was deleted).
+	Error string `json:"error,omitempty"`
+}
+
+func rowOf(s offsets.PartitionStatus) PartitionRow {
+	r := PartitionRow{Group: s.Group, Topic: s.Topic, Partition: s.Partition, Watermark: -1, Committed: -1,
+		LogStart: s.LogStart, LogEnd: s.LogEnd, Lag: s.Lag, Drift: s.Drift, State: string(s.State), Drifted: s.Drifted(),
+		ReplayEpoch: s.ReplayEpoch, LastEvent: s.LastEvent, Pending: s.Pending}
+	if s.Watermark != nil {
+		r.Watermark = *s.Watermark
+	}
+	if s.Committed != nil {
+		r.Committed = *s.Committed
+	}
+	r.Next = nextStep(r)
+	return r
+}
+
+// nextStep says what the consumer does with the partition at its next assignment: the
+// offset classifier's decision (offsetstate.Classify, which the consumer runs on every
+// assignment) for these offsets under the default policy (OnKafkaAhead follow,
+// auto.offset.reset earliest), in words.
+func nextStep(r PartitionRow) string {
+	if r.State == "error" {
+		return ""
+	}
+	d := offsetstate.Classify(offsetstate.Offsets{W: r.Watermark, HasW: r.Watermark >= 0, K: r.Committed, HasK: r.Committed >= 0,
+		LogStart: r.LogStart, LogEnd: r.LogEnd}, offsetstate.Policy{})
+	if d.State == offsetstate.WatermarkPastLogEnd {
+		return fmt.Sprintf("processes nothing: the watermark %d is past the log end %d (topic recreated or truncated); an operator decides (offsets reset)", r.Watermark, r.LogEnd)
+	}
+	var steps []string
+	if d.IgnoreK {
+		steps = append(steps, fmt.Sprintf("ignores Kafka's committed offset %d (past the log end)", r.Committed))
+	}
+	if d.RetentionFrom >= 0 {
+		steps = append(steps, fmt.Sprintf("audits [%d, %d) as an unexplained skip (removed by retention)", d.RetentionFrom, r.LogStart))
+	}
+	commit := ""
+	if d.Commit {
+		commit = " and commits it to Kafka"
+	}
+	switch d.Compared {
+	case offsetstate.Aligned:
+		steps = append(steps, fmt.Sprintf("resumes at %d", d.Start))
+	case offsetstate.KafkaAhead:
+		steps = append(steps, fmt.Sprintf("follows Kafka: audits [%d, %d) as a skip and starts at %d (halts instead under OnKafkaAhead: halt)", d.W, d.Start, d.Start))
+	case offsetstate.KafkaBehind, offsetstate.KafkaMissing:
+		steps = append(steps, fmt.Sprintf("starts at the watermark %d%s", d.Start, commit))
+	case offsetstate.NoWatermark:
+		steps = append(steps, fmt.Sprintf("first run: starts at Kafka's committed offset %d", d.Start))
+	case offsetstate.Unused:
+		steps = append(steps, fmt.Sprintf("first run: starts at the log start %d%s (at the log end %d under auto.offset.reset latest)", d.Start, commit, r.LogEnd))
+	}
+	s := strings.Join(steps, ", then ")
+	if n := len(r.Pending); n > 0 {
+		s += fmt.Sprintf("; %d pending operator command(s) recorded (audit row %d)", n, r.Pending[0].ID)
+	}
+	return s
+}
+
+// groups lists the consumer groups with a watermark, sorted.
+func (h *Handler) groups(ctx context.Context) ([]string, error) {
+	rows, err := h.cfg.Pool.Query(ctx, `SELECT DISTINCT group_id FROM `+pgx.Identifier{h.cfg.Schema, "watermarks"}.Sanitize()+` ORDER BY 1 LIMIT $1`, maxGroups)
+	if err != nil {
+		return nil, fmt.Errorf("list consumer groups: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// partitions compares every partition of group (every group with a watermark when group is
+// ""), through the offsets status code path.
+func (h *Handler) partitions(ctx context.Context, group string) ([]PartitionRow, error) {
+	groups := []string{group}
+	if group == "" {
+		var err error
+		if groups, err = h.groups(ctx); err != nil {
+			return nil, err
+		}
+	}
+	out := []PartitionRow{}
+	for _, g := range groups {
+		sts, err := h.op.Status(ctx, g, "")
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			out = append(out, PartitionRow{Group: g, Watermark: -1, Committed: -1, State: "error", Error: h.redact(err.Error())})
+			continue
+		}
+		for _, s := range sts {
+			out = append(out, rowOf(s))
+		}
+	}
+	return out, nil
+}
+
+// apiPartitions answers GET /api/partitions[?group=G].
+func (h *Handler) apiPartitions(w http.ResponseWriter, r *http.Request) {
+	rows, err := h.partitions(r.Context(), r.URL.Query().Get("group"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadGateway, err.Error())
+		return
+	}
+	h.writeJSON(w, http.StatusOK, rows)
+}
+
+// apiOffsetAudit answers GET /api/offsets/audit?group=G[&topic=T]: the offset audit trail,
+// oldest first (`kafkatx offsets audit --output json`).
+func (h *Handler) apiOffsetAudit(w http.ResponseWriter, r *http.Request) {
+	g := r.URL.Query().Get("group")
+	if g == "" {
+		h.fail(w, r, http.StatusBadRequest, "group is required: /api/offsets/audit?group=G[&topic=T]")
+		return
+	}
+	ev, err := h.op.Events(r.Context(), g, r.URL.Query().Get("topic"))
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if ev == nil {
+		ev = []offsetstore.Event{}
+	}
+	h.writeJSON(w, http.StatusOK, ev)
+}
+
+// partitionsView is the data of the partitions page.
+type partitionsView struct {
+	Rows    []PartitionRow
+	Drifted int
+}
+
+// partitionsPage renders GET /: every group's partitions, drift highlighted.
+func (h *Handler) partitionsPage(w http.ResponseWriter, r *http.Request) {
+	rows, err := h.partitions(r.Context(), "")
+	p := h.page(r, "partitions", "Partitions", nil)
+	if err != nil {
+		p.Error = err.Error()
+	}
+	v := partitionsView{Rows: rows}
+	for _, row := range rows {
+		if row.Drifted {
+			v.Drifted++
+		}
+	}
+	p.Data = v
+	h.render(w, r, http.StatusOK, "partitions", p)
+}
