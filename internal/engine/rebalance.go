@@ -300,6 +300,9 @@ func (l *Loop) follow(ctx context.Context, tp offsetstore.TP, w, k int64, reason
 	if err := l.store.DeleteAttempts(ctx, tx, l.group, tp, w, k); err != nil {
 		return "", err
 	}
+	if err := l.store.DeleteDone(ctx, tx, l.group, tp, k); err != nil {
+		return "", err
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return "", fmt.Errorf("follow Kafka on %s: %w", tp, err)
 	}
