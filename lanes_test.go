@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/engine"
 )
@@ -167,5 +168,105 @@ func TestLaneOfSpreadsKeys(t *testing.T) {
 		if float64(busiest) > 4*avg+2 {
 			t.Errorf("%d keys: the busiest lane holds %d, over 4x the average %.1f", keys, busiest, avg)
 		}
+	}
+}
+
+// TestLanesMembersJoiningAndLeavingMidStreamApplyEachRecordOnce: 4,000 keyed records over 4
+// partitions, Concurrency 4. A second member joins at a quarter, the first leaves at a half
+// (its revocation waits for every unit in flight, then commits the watermark over what they
+// did); every record is applied once and done_offsets ends empty.
+func TestLanesMembersJoiningAndLeavingMidStreamApplyEachRecordOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	const n = 4000
+	produce(t, b.brokers, b.topic, values(n, -1, func(i int) string { return fmt.Sprint(i) }))
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		time.Sleep(time.Millisecond)
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	cfg := func() *Config {
+		c := b.config(t)
+		c.Concurrency, c.Batch.Size = 4, 20
+		return c
+	}
+	a := b.start(t, h, cfg())
+	waitFor(t, 60*time.Second, "a quarter processed", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") >= n/4 })
+	bb := b.start(t, h, cfg())
+	waitFor(t, 120*time.Second, "half processed", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") >= n/2 })
+	if err := a.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 120*time.Second, "all processed", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == n })
+	waitFor(t, 60*time.Second, "watermarks at the log end", func() bool {
+		return b.q(t, "SELECT coalesce(sum(next_offset), 0) FROM {{schema}}.watermarks") == n
+	})
+	_ = bb.stop(t)
+	if d := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); d != 0 {
+		t.Fatalf("%d duplicate effects after members joined and left", d)
+	}
+	if d := b.q(t, "SELECT count(*) FROM {{schema}}.done_offsets"); d != 0 {
+		t.Fatalf("%d done_offsets rows left", d)
+	}
+}
+
+// TestLanesZombieIsFencedPerUnit: Concurrency 4; every unit holding an offset below 8 is
+// frozen inside its transaction while another owner moves the watermark to 8. Released, each
+// of those units is refused (its offsets are below the watermark: MarkDone fences it) and
+// rolls back; the worker re-reads the watermark and goes on from 8: no effect below 8, every
+// offset from 8 applied once.
+func TestLanesZombieIsFencedPerUnit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(40, 0, func(i int) string { return fmt.Sprint(i) }))
+	release := make(chan struct{})
+	var entered sync.WaitGroup
+	entered.Add(1)
+	var once sync.Once
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if err := applyEffect(ctx, tx, b.schema, m); err != nil {
+			return err
+		}
+		if m.Offset < 8 {
+			once.Do(entered.Done)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	cfg := b.config(t)
+	cfg.Concurrency = 4
+	// The consumer's own pool: four units frozen in their transactions hold four
+	// connections, and the test's statements need one.
+	pc, err := pgxpool.ParseConfig(b.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := NewConsumer(pool, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, c)
+	entered.Wait()
+	time.Sleep(300 * time.Millisecond) // the other lanes reach their offsets below 8 too
+	b.exec(t, "UPDATE {{schema}}.watermarks SET next_offset = 8, updated_at = now()")
+	close(release)
+	waitFor(t, 60*time.Second, "watermark 40", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 40
+	})
+	_ = r.stop(t)
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" < 8`); n != 0 {
+		t.Fatalf("fenced units committed %d effects below the other owner's watermark", n)
+	}
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" >= 8 AND applied = 1`); n != 32 {
+		t.Fatalf("%d effects at or above the new watermark applied once, want 32", n)
 	}
 }
