@@ -291,6 +291,15 @@ func TestMessageThatKillsItsProcessIsDeadLetteredAfterMaxAttempts(t *testing.T) 
 
 func TestSIGTERMDuringBackoffKeepsTheAttemptCount(t *testing.T) {
 	t.Parallel()
+	for _, n := range []int{1, 4} { // 4: the backoff holds a lane (Config.Concurrency)
+		t.Run(fmt.Sprintf("concurrency %d", n), func(t *testing.T) {
+			t.Parallel()
+			sigtermDuringBackoff(t, n)
+		})
+	}
+}
+
+func sigtermDuringBackoff(t *testing.T, concurrency int) {
 	b := setup(t, 1)
 	produce(t, b.brokers, b.topic, values(8, 0, func(i int) string {
 		if i == 3 {
@@ -302,7 +311,7 @@ func TestSIGTERMDuringBackoffKeepsTheAttemptCount(t *testing.T) {
 	// 200 ms before try 2, then 20 s (±20%) before try 3: a shutdown that waited out the
 	// backoff takes 15 s or more, one that did not takes what closing the consumer takes,
 	// up to 2-3 s under CI's load (a 3 s backoff and a 2 s bound failed there).
-	s := childSpec{b: b, runsFile: runs, maxAttempts: 4, backoff: 200 * time.Millisecond, maxBackoff: time.Minute, multiplier: 100, idle: 2 * time.Second}
+	s := childSpec{b: b, runsFile: runs, maxAttempts: 4, backoff: 200 * time.Millisecond, maxBackoff: time.Minute, multiplier: 100, idle: 2 * time.Second, concurrency: concurrency}
 	cmd := s.cmd(t)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
