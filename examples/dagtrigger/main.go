@@ -59,7 +59,7 @@ func run() int {
 	fs := flag.NewFlagSet("dagtrigger", flag.ExitOnError)
 	// Each event costs one Airflow request inside its transaction: small batches.
 	o.Register(fs, service.Flags{Group: "dagtrigger", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: 20, Concurrency: defaultConcurrency}, "event")
-	fs.Lookup("concurrency").Usage += "; the default, 16, measured against a stand-in answering in 200 ms: 6 partitions reach about 300 runs/s at 16 and 430 at 32 (docs/benchmarks.md); the Airflow call runs before the transaction and holds no pooled connection"
+	fs.Lookup("concurrency").Usage += "; the default, 16, measured against a stand-in answering in 200 ms: 6 partitions reached 318 runs/s at 16, 368 at 32 and 599 at 64 (29 at 1; docs/benchmarks.md); the Airflow call runs before the transaction and holds no pooled connection"
 	fs.StringVar(&o.airflowURL, "airflow-url", "", "base URL of the Airflow API server, http://host:8080 (required); /api/v2/dags/{dag_id}/dagRuns is appended")
 	fs.StringVar(&o.dagID, "dag-id", "", "DAG to start one run of per event (required)")
 	fs.StringVar(&o.tokenFile, "airflow-token-file", "", "file holding a bearer token for Airflow, re-read per request and after a 401; without it (or a username) no Authorization header is sent")
@@ -146,6 +146,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	}
 
 	t := &trigger{
+		pool:       pool,
 		airflow:    af,
 		dagID:      o.dagID,
 		schema:     o.Schema,

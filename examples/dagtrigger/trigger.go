@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
@@ -19,6 +20,7 @@ import (
 
 // trigger starts one DAG run per change event.
 type trigger struct {
+	pool      *pgxpool.Pool // for prepare's read of claimed keys
 	airflow   *airflow.Client
 	dagID     string
 	schema    string
@@ -91,6 +93,15 @@ func (t *trigger) start(ctx context.Context, m *kafkatx.Message) (*prepared, err
 	c, err := conf(ev, m.Key, t.fullBefore)
 	if err != nil {
 		return nil, kafkatx.Permanent(err)
+	}
+	if t.pool != nil {
+		// A copy of an event whose transaction committed (re-published at another offset)
+		// does not reach Airflow: handle's claim then counts it as a repeat.
+		if seen, err := (idempotency.Store{Schema: t.schema, Retention: t.retention}).Done(ctx, t.pool, t.scope, key); err != nil {
+			return nil, kafkatx.Unavailable(err) // the database, not the event: wait, no attempt
+		} else if seen {
+			return &prepared{key: key}, nil
+		}
 	}
 	res, err := t.airflow.TriggerDAGRun(ctx, airflow.Trigger{DAGID: t.dagID, Key: key, Conf: c})
 	if err != nil {
