@@ -86,6 +86,9 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			for _, p := range s.Pending {
 				last += fmt.Sprintf("; PENDING %s [%d, %d) id %d", p.Kind, p.From, p.To, p.ID)
 			}
+			if s.DoneAbove > 0 {
+				last += fmt.Sprintf("; %d offsets done above the watermark (Config.Concurrency > 1)", s.DoneAbove)
+			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Topic, s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
 				s.LogStart, s.LogEnd, s.Lag, offsetsSigned(s.Drift), s.State, last)
 		}
