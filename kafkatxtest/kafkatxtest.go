@@ -46,6 +46,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // EnvDatabaseURL names the environment variable New connects to when Options.Pool is nil: a
@@ -157,7 +158,7 @@ func connect(ctx context.Context, t testing.TB, schema string) *pgxpool.Pool {
 	if dsn == "" {
 		unavailable(t, "%s is not set", EnvDatabaseURL)
 	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	cfg, err := pg.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("kafkatxtest: parse %s: %v", EnvDatabaseURL, err) // pgx's error names no password
 	}

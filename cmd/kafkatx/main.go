@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -148,8 +149,21 @@ func main() {
 		os.Exit(ee.code)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "kafkatx:", err)
+		if hint := conditionHint(err); hint != "" {
+			fmt.Fprintln(os.Stderr, "kafkatx:", hint)
+		}
 		os.Exit(exitFailed)
 	}
+}
+
+// conditionHint names the database's own condition behind err (internal/pgerr's Server class,
+// docs/failures.md), or returns "": the command did nothing wrong and can be run again once
+// the condition ends.
+func conditionHint(err error) string {
+	if c := pgerr.Describe(err); c.Class == pgerr.Server {
+		return fmt.Sprintf("this is the database's own condition (%s), not the command's: run it again when it ends", c)
+	}
+	return ""
 }
 
 // logger builds the stderr logger of a subcommand.
@@ -198,7 +212,7 @@ func (g *Globals) sessionPool(ctx context.Context, pool *pgxpool.Pool) (sp *pgxp
 	if g.SessionDatabaseURL == "" || g.SessionDatabaseURL == g.DatabaseURL {
 		return pool, func() {}, nil
 	}
-	cfg, err := pgxpool.ParseConfig(g.SessionDatabaseURL)
+	cfg, err := pg.ParseConfig(g.SessionDatabaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--session-database-url: %w", err)
 	}

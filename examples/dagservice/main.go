@@ -72,7 +72,11 @@ func serve(ctx context.Context, addr, dbURL, schema string, retention, taskDelay
 	if dbURL == "" {
 		return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL")
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
+	cfg, err := pg.ParseConfig(dbURL)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}

@@ -99,7 +99,7 @@ func IsCode(err error, code string) bool {
 
 // Describe classifies err. A *pgconn.PgError anywhere in err's chain decides by its SQLSTATE
 // (the table in codes.go); otherwise a connection-level failure — *pgconn.ConnectError, a
-// net.Error, io.EOF or io.ErrUnexpectedEOF, pgx's "conn closed", an error pgconn marks
+// *net.OpError, io.EOF or io.ErrUnexpectedEOF, pgx's "conn closed", an error pgconn marks
 // SafeToRetry (nothing was sent) — is Server. An *url.Error (net/http's failures) and a
 // context's end are Other: they are the caller's, not the database's.
 func Describe(err error) Condition {
@@ -124,8 +124,10 @@ func Describe(err error) Condition {
 	if errors.As(err, &connErr) {
 		return Condition{Class: Server, Name: "connection_refused"}
 	}
-	var netErr net.Error
-	if errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+	// *net.OpError, not net.Error: a syscall.Errno satisfies net.Error, so a file's
+	// EISDIR would read as a lost connection.
+	var opErr *net.OpError
+	if errors.As(err, &opErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) {
 		return Condition{Class: Server, Name: "connection_lost"}
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os"
 	"testing"
 	"time"
 
@@ -146,5 +147,14 @@ func TestClassifyRealServer(t *testing.T) {
 	_, err = c2.Exec(ctx, "SELECT 1")
 	if d := pgerr.Describe(err); d.Class != pgerr.Server {
 		t.Errorf("a terminated session (%v): %+v", err, d)
+	}
+}
+
+// TestFileErrorsAreNotConnections: a syscall.Errno satisfies net.Error; a file's error must
+// not read as a lost connection.
+func TestFileErrorsAreNotConnections(t *testing.T) {
+	_, err := os.ReadFile(t.TempDir())
+	if err == nil || pgerr.Classify(err) != pgerr.Other {
+		t.Fatalf("reading a directory: %v classified %v, want other", err, pgerr.Classify(err))
 	}
 }
