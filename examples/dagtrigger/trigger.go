@@ -88,6 +88,11 @@ func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) err
 			// The transaction rolls back (the claim too) and the partition waits and retries.
 			return err
 		}
+		if airflow.IsConfTooLarge(err) {
+			// Over --airflow-max-conf-bytes, or Airflow answered 413 or an opaque 5xx to a
+			// large conf (apache/airflow#66779): the dead letter says the size and the limit.
+			return kafkatx.Permanent(err)
+		}
 		var se *airflow.StatusError
 		if errors.As(err, &se) && (se.StatusCode == http.StatusBadRequest || se.StatusCode == http.StatusUnprocessableEntity) {
 			return kafkatx.Permanent(err) // Airflow refuses this run: retrying cannot help
