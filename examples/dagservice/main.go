@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/httpmw"
 	"github.com/kafkatx/kafkatx/pg"
@@ -44,10 +45,8 @@ func main() {
 		*dbURL = os.Getenv("DATABASE_URL")
 	}
 
-	logCfg := zap.NewProductionConfig()
-	logCfg.OutputPaths, logCfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
-	log, _ := logCfg.Build()
-	defer log.Sync() //nolint:errcheck
+	log := service.Logger() // JSON on stderr at $KAFKATX_LOG_LEVEL
+	defer log.Sync()        //nolint:errcheck
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

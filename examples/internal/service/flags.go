@@ -136,10 +136,18 @@ func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafk
 	}
 }
 
-// Logger is the examples' logger: JSON on stderr (stdout carries only summary lines).
+// EnvLogLevel names the environment variable that sets the examples' log level: debug, info
+// (the default), warn or error. Secrets are never logged at any level.
+const EnvLogLevel = "KAFKATX_LOG_LEVEL"
+
+// Logger is the examples' logger: JSON on stderr (stdout carries only summary lines), at
+// $KAFKATX_LOG_LEVEL (default info; an unknown value keeps info).
 func Logger() *zap.Logger {
 	cfg := zap.NewProductionConfig()
 	cfg.OutputPaths, cfg.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
+	if lv := os.Getenv(EnvLogLevel); lv != "" {
+		_ = cfg.Level.UnmarshalText([]byte(lv))
+	}
 	log, err := cfg.Build()
 	if err != nil {
 		return zap.NewNop()
