@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/internal/engine"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -123,7 +124,7 @@ type Config struct {
 
 	// UnavailableMaxWait is how long a partition waits, for one message, for a dependency its
 	// handler reported Unavailable before further Unavailable answers count as ordinary
-	// failures (attempts). Defaults to DefaultUnavailableMaxWait (30 minutes).
+	// failures (attempts). Defaults to UnavailableMaxWaitDefault (30 minutes).
 	UnavailableMaxWait time.Duration
 
 	// Backpressure, when set, is called by each partition's worker before a batch's
@@ -139,11 +140,6 @@ type Config struct {
 	// at info level, and past its MaxBufferedBytes share the partition stops fetching.
 	// Defaults to nil: no wait.
 	Backpressure func(ctx context.Context) error
-
-	// startAt is the user's auto.offset.reset, applied to partitions seen for the first time.
-	startAt string
-	// routeLogs: Run routes librdkafka's logs into Logger.
-	routeLogs bool
 
 	// Registerer receives the consumer's Prometheus metrics (docs/consumer.md lists them).
 	// Defaults to none (the counters are still kept and readable with Stats).
@@ -166,7 +162,7 @@ type Config struct {
 // durably; a retry pauses only the message's partition.
 type RetryPolicy struct {
 	// MaxAttempts is the number of tries, crashes included, after which a message is
-	// dead-lettered. Defaults to DefaultMaxAttempts (5).
+	// dead-lettered. Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
 	// InitialBackoff is the wait before the second try. Defaults to 200ms.
 	InitialBackoff time.Duration
@@ -178,9 +174,6 @@ type RetryPolicy struct {
 	// [d·(1−Jitter), d·(1+Jitter)]. Defaults to 0.2.
 	Jitter float64
 }
-
-// DefaultMaxAttempts is RetryPolicy.MaxAttempts' default.
-const DefaultMaxAttempts = 5
 
 // Backoff returns the wait before try number attempt+1 after attempt failed tries
 // (attempt ≥ 1): InitialBackoff·Multiplier^(attempt−1), capped at MaxBackoff, with jitter
@@ -232,8 +225,8 @@ type TransactionConfig struct {
 	StatementTimeout time.Duration
 }
 
-// beginSQL is the BEGIN of a consumer transaction with the bounds of t (filled in by
-// withDefaults), sent as one simple-protocol query.
+// beginSQL is the BEGIN of a consumer transaction with the bounds of t (defaults applied),
+// sent as one simple-protocol query.
 func (t TransactionConfig) beginSQL() string {
 	q := "BEGIN"
 	for _, s := range []struct {
@@ -293,109 +286,110 @@ var consumerProtocolRefused = []struct{ key, instead string }{
 	{"group.protocol.type", "it belongs to the classic protocol"},
 }
 
-func (c *Config) withDefaults() (*Config, error) {
+// validate checks what NewConsumer cannot default: c itself, Topics, the required Kafka
+// settings, and the librdkafka settings kafkatx refuses.
+func (c *Config) validate() error {
 	if c == nil {
-		return nil, errors.New("kafkatx: nil *Config: Kafka (bootstrap.servers, group.id) and Topics are required")
+		return errors.New("kafkatx: nil *Config: Kafka (bootstrap.servers, group.id) and Topics are required")
 	}
-	out := *c
-	out.Kafka = kafka.ConfigMap{}
-	for k, v := range c.Kafka {
-		out.Kafka[k] = v
-	}
-	if len(out.Topics) == 0 {
-		return nil, errors.New("kafkatx: Config.Topics is empty")
+	if len(c.Topics) == 0 {
+		return errors.New("kafkatx: Config.Topics is empty")
 	}
 	for _, k := range []string{"bootstrap.servers", "group.id"} {
-		v, ok := out.Kafka[k]
-		if !ok || fmt.Sprint(v) == "" {
-			return nil, fmt.Errorf("kafkatx: Config.Kafka needs %q", k)
+		if v, ok := c.Kafka[k]; !ok || fmt.Sprint(v) == "" {
+			return fmt.Errorf("kafkatx: Config.Kafka needs %q", k)
 		}
 	}
 	for _, k := range refusedTrue {
-		if v, ok := out.Kafka[k]; ok && strings.EqualFold(fmt.Sprint(v), "true") {
-			return nil, fmt.Errorf("kafkatx: Config.Kafka %s=true is refused: kafkatx commits offsets itself, after the database transaction", k)
-		}
-		out.Kafka[k] = false
-	}
-	setDefault := func(k string, v kafka.ConfigValue) {
-		if _, ok := out.Kafka[k]; !ok {
-			out.Kafka[k] = v
+		if v, ok := c.Kafka[k]; ok && strings.EqualFold(fmt.Sprint(v), "true") {
+			return fmt.Errorf("kafkatx: Config.Kafka %s=true is refused: kafkatx commits offsets itself, after the database transaction", k)
 		}
 	}
-	setDefault("group.protocol", "classic")
-	switch proto := strings.ToLower(fmt.Sprint(out.Kafka["group.protocol"])); proto {
-	case "classic":
-		setDefault("partition.assignment.strategy", "cooperative-sticky")
+	switch proto := strings.ToLower(fmt.Sprint(c.Kafka["group.protocol"])); proto {
+	case "classic", "<nil>":
 	case "consumer":
-		out.Kafka["group.protocol"] = proto
 		for _, r := range consumerProtocolRefused {
-			if _, ok := out.Kafka[r.key]; ok {
-				return nil, fmt.Errorf("kafkatx: Config.Kafka %s is refused with group.protocol=consumer (KIP-848): %s", r.key, r.instead)
+			if _, ok := c.Kafka[r.key]; ok {
+				return fmt.Errorf("kafkatx: Config.Kafka %s is refused with group.protocol=consumer (KIP-848): %s", r.key, r.instead)
 			}
 		}
 	default:
-		return nil, fmt.Errorf("kafkatx: Config.Kafka group.protocol=%q: want classic (the default) or consumer (KIP-848)", proto)
+		return fmt.Errorf("kafkatx: Config.Kafka group.protocol=%q: want classic (the default) or consumer (KIP-848)", proto)
 	}
-	// kafkatx resolves the user's auto.offset.reset itself for partitions seen for the first
-	// time; librdkafka's own reset (a fetch out of range: retention passed the watermark)
-	// always goes to the earliest offset, so the gap it leaves is exactly the records that
-	// retention removed, which the loop then audits.
-	out.startAt = "earliest"
-	if v, ok := out.Kafka["auto.offset.reset"]; ok {
-		out.startAt = fmt.Sprint(v)
-	}
-	out.Kafka["auto.offset.reset"] = "earliest"
-	// librdkafka's own default too, set so that it is kafkatx's decision: an exactly-once
-	// style loop must not apply what a transactional producer aborted.
-	setDefault("isolation.level", "read_committed")
-	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
-	// partition set), so a large backlog does not grow the process without bound.
-	setDefault("queued.max.messages.kbytes", 16384)
-	// librdkafka's own log lines go to Logger (Run reads them from go.logs.channel) instead of
-	// raw text on stderr, unless the user decides with go.logs.channel.enable.
-	if _, ok := out.Kafka["go.logs.channel.enable"]; !ok {
-		out.routeLogs = true
-	}
+	return nil
+}
+
+// Defaults of Config's fields: the value a zero field takes.
+const (
+	MaxAttemptsDefault        = 5                      // RetryPolicy.MaxAttempts
+	InitialBackoffDefault     = 200 * time.Millisecond // RetryPolicy.InitialBackoff
+	MaxBackoffDefault         = 30 * time.Second       // RetryPolicy.MaxBackoff
+	MultiplierDefault         = 2.0                    // RetryPolicy.Multiplier
+	JitterDefault             = 0.2                    // RetryPolicy.Jitter
+	BatchSizeDefault          = 500                    // BatchConfig.Size
+	MaxBufferedBytesDefault   = 32 << 20               // Config.MaxBufferedBytes, in bytes
+	UnavailableMaxWaitDefault = 30 * time.Minute       // Config.UnavailableMaxWait
+	ShutdownTimeoutDefault    = 30 * time.Second       // Config.ShutdownTimeout
+	CloseTimeoutDefault       = 10 * time.Second       // Config.CloseTimeout
+	IdleTimeoutDefault        = 10 * time.Second       // TransactionConfig.IdleTimeout
+	LockTimeoutDefault        = 10 * time.Second       // TransactionConfig.LockTimeout
+	StatementTimeoutDefault   = 60 * time.Second       // TransactionConfig.StatementTimeout
+	DeadLetterSuffixDefault   = ".dlq"                 // DeadLetterConfig.Topic: the source topic + this suffix
+)
+
+// UnavailableMaxBackoff caps the wait between two tries of a message whose handler returned
+// Unavailable.
+const UnavailableMaxBackoff = 10 * time.Second
+
+// Deprecated names of defaults, kept for callers of earlier versions.
+const (
+	DefaultMaxAttempts        = MaxAttemptsDefault        // Deprecated: use MaxAttemptsDefault.
+	DefaultUnavailableMaxWait = UnavailableMaxWaitDefault // Deprecated: use UnavailableMaxWaitDefault.
+)
+
+// withDefaults returns a copy of c (validated) with every zero field set to its default.
+// The user's Config and its Kafka map are not changed.
+func (c *Config) withDefaults() Config {
+	out := *c
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
 		out.Logger = zap.NewNop()
 	}
-	out.Logger = out.Logger.Named("kafkatx.consumer")
 	r := &out.Retry
 	if r.MaxAttempts <= 0 {
-		r.MaxAttempts = DefaultMaxAttempts
+		r.MaxAttempts = MaxAttemptsDefault
 	}
 	if r.InitialBackoff <= 0 {
-		r.InitialBackoff = 200 * time.Millisecond
+		r.InitialBackoff = InitialBackoffDefault
 	}
 	if r.MaxBackoff <= 0 {
-		r.MaxBackoff = 30 * time.Second
+		r.MaxBackoff = MaxBackoffDefault
 	}
 	if r.Multiplier < 1 {
-		r.Multiplier = 2
+		r.Multiplier = MultiplierDefault
 	}
 	if r.Jitter <= 0 || r.Jitter >= 1 {
-		r.Jitter = 0.2
+		r.Jitter = JitterDefault
 	}
 	if out.MaxBufferedBytes <= 0 {
-		out.MaxBufferedBytes = 32 << 20
+		out.MaxBufferedBytes = MaxBufferedBytesDefault
 	}
 	if out.UnavailableMaxWait <= 0 {
-		out.UnavailableMaxWait = DefaultUnavailableMaxWait
+		out.UnavailableMaxWait = UnavailableMaxWaitDefault
 	}
 	if out.Batch.Size <= 0 {
-		out.Batch.Size = 500
+		out.Batch.Size = BatchSizeDefault
 	}
 	if out.ShutdownTimeout <= 0 {
-		out.ShutdownTimeout = 30 * time.Second
+		out.ShutdownTimeout = ShutdownTimeoutDefault
 	}
 	if out.CloseTimeout <= 0 {
-		out.CloseTimeout = 10 * time.Second
+		out.CloseTimeout = CloseTimeoutDefault
 	}
 	for _, d := range []struct {
 		v   *time.Duration
 		def time.Duration
-	}{{&out.Transaction.IdleTimeout, 10 * time.Second}, {&out.Transaction.LockTimeout, 10 * time.Second}, {&out.Transaction.StatementTimeout, 60 * time.Second}} {
+	}{{&out.Transaction.IdleTimeout, IdleTimeoutDefault}, {&out.Transaction.LockTimeout, LockTimeoutDefault}, {&out.Transaction.StatementTimeout, StatementTimeoutDefault}} {
 		if *d.v == 0 {
 			*d.v = d.def
 		}
@@ -407,9 +401,70 @@ func (c *Config) withDefaults() (*Config, error) {
 		out.Idempotency.Retention = idempotency.DefaultRetention
 	}
 	if out.DeadLetter.Topic == nil {
-		out.DeadLetter.Topic = func(t string) string { return t + ".dlq" }
+		out.DeadLetter.Topic = func(t string) string { return t + DeadLetterSuffixDefault }
 	}
-	return &out, nil
+	return out
 }
 
-func (c *Config) groupID() string { return fmt.Sprint(c.Kafka["group.id"]) }
+// settings validates c and returns what the engine runs: c with its defaults, and the
+// librdkafka configuration as kafkatx runs it — auto commits off; auto.offset.reset=earliest
+// (the user's value applies to partitions never run, through StartAtEnd); the group
+// protocol's defaults; isolation.level=read_committed and queued.max.messages.kbytes=16384
+// unless set; librdkafka's logs routed to Logger unless go.logs.channel.enable is set.
+func (c *Config) settings() (*engine.Settings, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	d := c.withDefaults()
+	km := kafka.ConfigMap{}
+	for k, v := range c.Kafka {
+		km[k] = v
+	}
+	for _, k := range refusedTrue {
+		km[k] = false
+	}
+	setDefault := func(k string, v kafka.ConfigValue) {
+		if _, ok := km[k]; !ok {
+			km[k] = v
+		}
+	}
+	setDefault("group.protocol", "classic")
+	proto := strings.ToLower(fmt.Sprint(km["group.protocol"]))
+	km["group.protocol"] = proto
+	if proto == "classic" {
+		setDefault("partition.assignment.strategy", "cooperative-sticky")
+	}
+	// kafkatx resolves the user's auto.offset.reset itself for partitions seen for the first
+	// time; librdkafka's own reset (a fetch out of range: retention passed the watermark)
+	// always goes to the earliest offset, so the gap it leaves is exactly the records that
+	// retention removed, which the loop then audits.
+	startAt := "earliest"
+	if v, ok := km["auto.offset.reset"]; ok {
+		startAt = fmt.Sprint(v)
+	}
+	km["auto.offset.reset"] = "earliest"
+	// librdkafka's own default too, set so that it is kafkatx's decision: an exactly-once
+	// style loop must not apply what a transactional producer aborted.
+	setDefault("isolation.level", "read_committed")
+	// Bound librdkafka's pre-fetch queue (librdkafka defaults: 64 MiB, 100,000 messages per
+	// partition set), so a large backlog does not grow the process without bound.
+	setDefault("queued.max.messages.kbytes", 16384)
+	_, logsSet := km["go.logs.channel.enable"]
+	unavail := d.Retry
+	unavail.MaxBackoff = UnavailableMaxBackoff
+	var dlqTopic func(string) string
+	if !d.DeadLetter.Disabled {
+		dlqTopic = d.DeadLetter.Topic
+	}
+	return &engine.Settings{
+		Group: fmt.Sprint(km["group.id"]), Topics: d.Topics, Kafka: km, RouteLogs: !logsSet,
+		StartAtEnd: startAt == "latest" || startAt == "largest" || startAt == "end", ConsumerProtocol: proto == "consumer",
+		Schema: d.Schema, Logger: d.Logger.Named("kafkatx.consumer"),
+		BeginSQL: d.Transaction.beginSQL(), IdleTimeout: d.Transaction.IdleTimeout,
+		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait,
+		MaxAttempts: d.Retry.MaxAttempts, Backoff: d.Retry.Backoff, UnavailableBackoff: unavail.Backoff,
+		UnavailableMaxWait: d.UnavailableMaxWait, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
+		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
+		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
+	}, nil
+}

@@ -278,12 +278,12 @@ func TestZombieCannotCommitPastAFencedWatermark(t *testing.T) {
 
 func TestConfigRefusesAutoCommit(t *testing.T) {
 	for _, k := range []string{"enable.auto.commit", "enable.auto.offset.store"} {
-		_, err := (&Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "x", "group.id": "g", k: true}, Topics: []string{"t"}}).withDefaults()
+		_, err := (&Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "x", "group.id": "g", k: true}, Topics: []string{"t"}}).settings()
 		if err == nil || !strings.Contains(err.Error(), k) {
 			t.Fatalf("%s=true: err %v", k, err)
 		}
 	}
-	if _, err := (&Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "x"}, Topics: []string{"t"}}).withDefaults(); err == nil {
+	if _, err := (&Config{Kafka: kafka.ConfigMap{"bootstrap.servers": "x"}, Topics: []string{"t"}}).settings(); err == nil {
 		t.Fatal("missing group.id accepted")
 	}
 }

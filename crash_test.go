@@ -1,6 +1,8 @@
 package kafkatx
 
 import (
+	"github.com/kafkatx/kafkatx/internal/engine"
+
 	"context"
 	"errors"
 	"fmt"
@@ -27,7 +29,7 @@ const childEnv = "KAFKATX_TEST_CHILD"
 
 type childSpec struct {
 	b           *testBundle
-	crashStep   string // stepHook step to SIGKILL at, once (marker file)
+	crashStep   string // engine.Signals step to SIGKILL at, once (marker file)
 	crashOffset int64
 	crashMark   string // the marker file that makes the crash happen once
 	runsFile    string // the handler appends "offset attempt" per run of a special value
@@ -108,9 +110,10 @@ func childMain() int {
 	env := os.Getenv
 	log, _ := zap.NewDevelopment()
 	crashOffset, _ := strconv.ParseInt(env("CHILD_CRASH_OFFSET"), 10, 64)
+	signals := &engine.Signals{}
 	if step := env("CHILD_CRASH_STEP"); step != "" {
 		mark := env("CHILD_CRASH_MARK")
-		stepHook = func(s string, off int64) {
+		signals.Step = func(s string, off int64) {
 			if s == step && off == crashOffset {
 				if _, err := os.Stat(mark); err == nil {
 					return
@@ -186,6 +189,7 @@ func childMain() int {
 			}
 		}
 	}()
+	c.set.Signals = signals // this consumer's own test signals
 	if err := c.Run(runCtx); err != nil {
 		log.Error("run", zap.Error(err))
 		return 1

@@ -2,11 +2,18 @@ package kafkatx
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5"
 
-	"github.com/kafkatx/kafkatx/internal/handlercall"
+	"github.com/kafkatx/kafkatx/internal/engine"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 )
+
+// Every exported error type of package kafkatx. The control errors a handler returns —
+// Permanent, FailMessage, Unavailable — are recognised by the loop through a method
+// (Permanent, FailedOffset, Unavailable), so any error with that method is treated alike.
 
 // PermanentError marks a handler error as not worth retrying: the message is dead-lettered
 // at once. Create one with Permanent and detect one with errors.As.
@@ -16,6 +23,9 @@ type PermanentError struct {
 
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent reports true: the loop dead-letters the message at once (engine.PermanentCause).
+func (e *PermanentError) Permanent() bool { return true }
 
 // Permanent wraps err so that the consumer dead-letters the message without further
 // attempts. Permanent(nil) returns nil.
@@ -32,14 +42,84 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &pe)
 }
 
+// MessageError names the message of a batch that failed. Create one with FailMessage.
+type MessageError struct {
+	Offset int64
+	Err    error
+}
+
+func (e *MessageError) Error() string { return fmt.Sprintf("offset %d: %v", e.Offset, e.Err) }
+func (e *MessageError) Unwrap() error { return e.Err }
+
+// FailedOffset is the offset of the message that failed: the loop finds the message by it.
+func (e *MessageError) FailedOffset() int64 { return e.Offset }
+
+// FailMessage ties err to message m of a batch, so that only m is retried or
+// dead-lettered. Wrap err with Permanent to dead-letter m at once.
+func FailMessage(m *Message, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &MessageError{Offset: m.Offset, Err: err}
+}
+
+// UnavailableError is a handler error saying that a dependency outside the message is
+// unavailable — an API that refuses the service's credentials, a downstream resource that does
+// not exist yet, a server that is down — so the failure is not a property of the message and
+// must not count against it. Create one with Unavailable and detect one with errors.As.
+//
+// Like River's JobSnooze, it is a control error: returned by a handler (directly, wrapped, or
+// inside FailMessage), it tells the loop what to do rather than what went wrong. Any error with
+// a method Unavailable() bool that returns true is treated alike (IsUnavailable). The loop then
+//
+//   - rolls the message's transaction back (nothing of the try is kept, no attempt is
+//     recorded, no dead letter written);
+//   - waits outside any transaction, pausing only the message's partition, with exponential
+//     backoff from Config.Retry.InitialBackoff capped at 10 s (UnavailableMaxBackoff);
+//   - runs the same message again, and again, until it succeeds or fails otherwise;
+//   - once the partition has waited Config.UnavailableMaxWait for one message, treats the
+//     next Unavailable answer as an ordinary failure (an attempt, retried per Config.Retry and
+//     dead-lettered after MaxAttempts).
+//
+// Each wait is logged at warn level with its cause, counted in the
+// kafkatx_dependency_unavailable_total metric, and shows in Stats.Waiting and the
+// kafkatx_partition_waiting gauge while it lasts; the messages held count in Stats.InFlight,
+// so a consumer with a waiting partition is never idle. A crash during the wait costs what a
+// crash during a database retry costs: the in-progress try counts once.
+type UnavailableError struct {
+	Err error
+}
+
+func (e *UnavailableError) Error() string { return "dependency unavailable: " + e.Err.Error() }
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// Unavailable wraps err, the reason a dependency outside the message cannot serve it now, so
+// that the consumer waits and retries the message without counting an attempt (see
+// UnavailableError). Unavailable(nil) returns nil.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &UnavailableError{Err: err}
+}
+
+// IsUnavailable reports whether err or an error it wraps is an *UnavailableError, or has a
+// method Unavailable() bool that returns true — so a client package can mark its failures
+// without importing kafkatx (idempotency/airflow does; like net.Error's Timeout). The loop uses
+// it to recognise a handler's Unavailable answer.
+func IsUnavailable(err error) bool { return engine.IsUnavailable(err) }
+
+// Unavailable reports true: an *UnavailableError is one by construction.
+func (e *UnavailableError) Unavailable() bool { return true }
+
 // Error classes stored with attempts and dead letters, and sent in the
 // kafkatx.dlq.error.class header.
 const (
-	ErrorClassPermanent = "permanent" // the handler returned Permanent(err)
-	ErrorClassHandler   = "handler"   // the handler returned an error, retried until max attempts
-	ErrorClassPanic     = "panic"     // the handler panicked
-	ErrorClassCrash     = "crash"     // the process stopped (crash, SIGKILL) while the handler ran
-	ErrorClassOversized = "oversized" // the value exceeded Config.MaxValueBytes; the handler never ran
+	ErrorClassPermanent = engine.ClassPermanent // the handler returned Permanent(err)
+	ErrorClassHandler   = engine.ClassHandler   // the handler returned an error, retried until max attempts
+	ErrorClassPanic     = engine.ClassPanic     // the handler panicked
+	ErrorClassCrash     = engine.ClassCrash     // the process stopped (crash, SIGKILL) while the handler ran
+	ErrorClassOversized = engine.ClassOversized // the value exceeded Config.MaxValueBytes; the handler never ran
 )
 
 // ErrTxOwnedByLoop is what Commit and Rollback return on the pgx.Tx a Handler, BatchHandler or
@@ -48,29 +128,77 @@ const (
 // error). The call does nothing else; the try is the handler's failure — an attempt, retried
 // and dead-lettered after Config.Retry.MaxAttempts — even when the handler ignores the error
 // and returns nil. tx.Begin (a savepoint) and every other method work as in pgx.
-var ErrTxOwnedByLoop = handlercall.ErrTxOwnedByLoop
+var ErrTxOwnedByLoop = engine.ErrTxOwnedByLoop
 
-// permanentCause returns the error inside the first *PermanentError of err's chain, or nil:
-// handlercall.Describe's check for the class "permanent".
-func permanentCause(err error) error {
-	var pe *PermanentError
-	if errors.As(err, &pe) {
-		return pe.Err
+// MigrationsMissingError is Run's error when Config.SkipMigrations is set and Schema lacks
+// migrations this build of kafkatx needs.
+type MigrationsMissingError struct {
+	Schema  string
+	Missing []int // versions not recorded in Schema.schema_migrations, in order
+}
+
+func (e *MigrationsMissingError) Error() string {
+	return fmt.Sprintf("kafkatx: schema %q lacks migrations %v (Config.SkipMigrations is set): apply them with `kafkatx migrate up --schema %s` or Migrate",
+		e.Schema, e.Missing, pgx.Identifier{e.Schema}.Sanitize())
+}
+
+// LogRangeError is returned by Run when a partition's database watermark is past the end of
+// its log: the topic was deleted and recreated, or an unclean leader election truncated it.
+// Nothing is processed: replay the new log with `kafkatx offsets reset --to-earliest --mode
+// replay`, or skip to its end with `--to-latest --mode skip`.
+type LogRangeError struct {
+	Group            string
+	Topic            string
+	Partition        int32
+	Watermark        int64 // the database's next offset to process
+	LogStart, LogEnd int64 // the partition's log start and end offsets
+}
+
+func (e *LogRangeError) Error() string {
+	return fmt.Sprintf("kafkatx: group %q %s[%d]: the database watermark %d is past the log end %d (log start %d): "+
+		"the topic was recreated or its log truncated; nothing processed. With the consumer stopped, replay the log with "+
+		"`kafkatx offsets reset --group %s --topic %s --partition %d --to-earliest --mode replay --reason TEXT --execute` "+
+		"or skip to its end with `--to-latest --mode skip`",
+		e.Group, e.Topic, e.Partition, e.Watermark, e.LogEnd, e.LogStart, shellWord(e.Group), shellWord(e.Topic), e.Partition)
+}
+
+// shellWord quotes s for a command suggested in an error: as is when plain, else in single
+// quotes (group ids and topic names may hold characters a shell would act on).
+func shellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") == "" {
+		return s
 	}
-	return nil
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// readOnlyServer reports whether err is SQLSTATE 25006 (read_only_sql_transaction): the
-// connection reached a server that refuses writes — after a switchover the old primary stays
-// up read-only and keeps answering pings. Retrying on the same connection never helps, so the
-// loop discards the pool's connections (pgxpool.Pool.Reset) before it runs the transaction
-// again; new connections reach the writable server when the URL says so
-// (target_session_attrs=read-write with every host listed, docs/deployment.md).
-func readOnlyServer(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "25006"
+// OffsetAheadError is returned by Run under AheadHalt when Kafka's committed offset is
+// ahead of the database watermark (a database restored from an older backup, or an offset
+// moved with Kafka's own tools).
+type OffsetAheadError struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Watermark int64 // the database's next offset to process
+	Committed int64 // Kafka's committed offset
 }
 
-// retryableDB reports whether err is a database condition that means "run the transaction
-// again" and never counts as an attempt; the list of conditions is handlercall.RetryableDB's.
-func retryableDB(err error) bool { return handlercall.RetryableDB(err) }
+func (e *OffsetAheadError) Error() string {
+	return fmt.Sprintf("kafkatx: group %q %s[%d]: Kafka committed offset %d is ahead of the database watermark %d; policy is halt: "+
+		"nothing processed. Align with `kafkatx offsets reset --to-database` or skip with `--mode skip`",
+		e.Group, e.Topic, e.Partition, e.Committed, e.Watermark)
+}
+
+// NotReadyError is Ready's error: the Readiness that was not ready.
+type NotReadyError struct{ Readiness Readiness }
+
+func (e *NotReadyError) Error() string {
+	return "kafkatx: consumer not ready: " + strings.Join(e.Readiness.Reasons, "; ")
+}
+
+// haltError is the error Run returns for reconciliation's halt h.
+func haltError(h engine.Halt) error {
+	if h.State == string(offsetstate.WatermarkPastLogEnd) {
+		return &LogRangeError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd}
+	}
+	return &OffsetAheadError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, Committed: h.Committed}
+}

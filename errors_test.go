@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/kafkatx/kafkatx/internal/handlercall"
+	"github.com/kafkatx/kafkatx/internal/engine"
 )
 
 // TestRetryableDB needs no services: the conditions that re-run a transaction without an
@@ -48,32 +48,35 @@ func TestRetryableDB(t *testing.T) {
 		{"permanent", Permanent(errors.New("bad")), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := retryableDB(tc.err); got != tc.want {
+			if got := engine.RetryableDB(tc.err); got != tc.want {
 				t.Errorf("retryableDB(%v) = %v; want %v", tc.err, got, tc.want)
 			}
 		})
 	}
 }
 
-// TestErrorClassesAreTheSharedRules: the classes handlercall stores (for the loop and for
-// kafkatxtest) are the documented ErrorClass constants, and describe sorts a panic, a wrapped
-// Permanent and a plain error into them.
-func TestErrorClassesAreTheSharedRules(t *testing.T) {
-	for got, want := range map[string]string{
-		handlercall.ClassPanic: ErrorClassPanic, handlercall.ClassPermanent: ErrorClassPermanent, handlercall.ClassHandler: ErrorClassHandler,
-	} {
-		if got != want {
-			t.Errorf("handlercall class %q, want kafkatx's %q", got, want)
+// TestControlErrorsAreRecognisedByTheirMethods: the engine sorts kafkatx's control errors by
+// their methods alone — a panic, a wrapped Permanent and a plain error into the documented
+// ErrorClass constants, an Unavailable (wrapped, or inside FailMessage) as one — so nothing of
+// package kafkatx is injected into it.
+func TestControlErrorsAreRecognisedByTheirMethods(t *testing.T) {
+	herr := engine.Call(func() error { panic("boom") })
+	if class, msg, stack := engine.Describe(herr); class != ErrorClassPanic || msg != "handler panicked: boom" || stack == "" {
+		t.Errorf("Describe(panic) = %q %q (stack %d bytes)", class, msg, len(stack))
+	}
+	if class, msg, _ := engine.Describe(fmt.Errorf("decode: %w", Permanent(io.ErrUnexpectedEOF))); class != ErrorClassPermanent || msg != io.ErrUnexpectedEOF.Error() {
+		t.Errorf("Describe(wrapped Permanent) = %q %q", class, msg)
+	}
+	if class, msg, _ := engine.Describe(io.EOF); class != ErrorClassHandler || msg != "EOF" {
+		t.Errorf("Describe(EOF) = %q %q", class, msg)
+	}
+	m := &Message{Offset: 7}
+	for _, err := range []error{Unavailable(io.EOF), fmt.Errorf("call: %w", Unavailable(io.EOF)), FailMessage(m, Unavailable(io.EOF))} {
+		if !engine.IsUnavailable(err) || !IsUnavailable(err) {
+			t.Errorf("IsUnavailable(%v) = false", err)
 		}
 	}
-	herr := handlercall.Call(func() error { panic("boom") })
-	if class, msg, stack := describe(herr); class != ErrorClassPanic || msg != "handler panicked: boom" || stack == "" {
-		t.Errorf("describe(panic) = %q %q (stack %d bytes)", class, msg, len(stack))
-	}
-	if class, msg, _ := describe(fmt.Errorf("decode: %w", Permanent(io.ErrUnexpectedEOF))); class != ErrorClassPermanent || msg != io.ErrUnexpectedEOF.Error() {
-		t.Errorf("describe(wrapped Permanent) = %q %q", class, msg)
-	}
-	if class, msg, _ := describe(io.EOF); class != ErrorClassHandler || msg != "EOF" {
-		t.Errorf("describe(EOF) = %q %q", class, msg)
+	if engine.IsUnavailable(io.EOF) || engine.PermanentCause(io.EOF) != nil || engine.PermanentCause(Unavailable(io.EOF)) != nil {
+		t.Error("a plain error or an Unavailable is taken for a control error it is not")
 	}
 }

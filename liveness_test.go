@@ -1,6 +1,8 @@
 package kafkatx
 
 import (
+	"github.com/kafkatx/kafkatx/internal/engine"
+
 	"bufio"
 	"context"
 	"encoding/json"
@@ -460,11 +462,11 @@ func TestConsumerTransactionsAreBounded(t *testing.T) {
 func TestLockTimeoutIsRetriedNotAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, code := range []string{"55P03", "25P03", "57P05"} {
-		if !retryableDB(&pgconn.PgError{Code: code}) {
+		if !engine.RetryableDB(&pgconn.PgError{Code: code}) {
 			t.Fatalf("SQLSTATE %s not retryable", code)
 		}
 	}
-	if retryableDB(&pgconn.PgError{Code: "57014"}) {
+	if engine.RetryableDB(&pgconn.PgError{Code: "57014"}) {
 		t.Fatal("a statement timeout (57014) is the handler's failure, not retryable")
 	}
 	b := setup(t, 1)

@@ -49,15 +49,8 @@ type Stats struct {
 	HeldBack int
 }
 
+// counters are the Stats counters the emitter moves.
 type counters struct {
 	processed, duplicates, retries, deadLettered, skipped, pauses, notChanges atomic.Int64
 	unavailable                                                               atomic.Int64
-	firstAssigned, lastMessage, lastCommit                                    atomic.Int64 // unix nanos
-}
-
-func unixNanoTime(n int64) time.Time {
-	if n == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, n)
 }

@@ -1,6 +1,8 @@
 package kafkatx
 
 import (
+	"github.com/kafkatx/kafkatx/internal/engine"
+
 	"context"
 	"errors"
 	"fmt"
@@ -137,7 +139,7 @@ func TestUnavailablePastItsWindowCountsAsAttempts(t *testing.T) {
 func TestHTTPFailuresAreNotDatabaseErrors(t *testing.T) {
 	t.Parallel()
 	refused := &url.Error{Op: "Post", URL: "http://127.0.0.1:1/api/v2/dags/d/dagRuns", Err: syscall.ECONNREFUSED}
-	if retryableDB(fmt.Errorf("trigger: %w", refused)) {
+	if engine.RetryableDB(fmt.Errorf("trigger: %w", refused)) {
 		t.Fatal("an HTTP client's connection refused was classified as a retryable database error")
 	}
 	if !IsUnavailable(fmt.Errorf("x: %w", Unavailable(refused))) || Unavailable(nil) != nil {

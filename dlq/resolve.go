@@ -80,7 +80,7 @@ func resolve(ctx context.Context, tx pgx.Tx, schema string, id int64, action, st
 	if a.OutboxRow != 0 {
 		outboxRow = &a.OutboxRow
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "dlq_audit"}.Sanitize()+`
+	_, err = tx.Exec(ctx, `INSERT INTO `+tables.For(schema).DLQAudit+`
 		(dead_letter_id, action, to_topic, outbox_row, reason, actor) VALUES ($1, $2, $3, $4, $5, $6)`,
 		id, action, nullIfEmpty(a.ToTopic), outboxRow, pg.SanitizeText(a.Reason, 1024), pg.SanitizeText(a.Actor, 256))
 	if err != nil {
@@ -92,7 +92,7 @@ func resolve(ctx context.Context, tx pgx.Tx, schema string, id int64, action, st
 // Audit returns the audit trail of dead letter id, oldest first.
 func Audit(ctx context.Context, q pg.Querier, schema string, id int64) ([]AuditEntry, error) {
 	rows, err := q.Query(ctx, `SELECT id, dead_letter_id, action, coalesce(to_topic, ''), coalesce(outbox_row, 0), reason, actor, at
-		FROM `+pgx.Identifier{schema, "dlq_audit"}.Sanitize()+` WHERE dead_letter_id = $1 ORDER BY id`, id)
+		FROM `+tables.For(schema).DLQAudit+` WHERE dead_letter_id = $1 ORDER BY id`, id)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: read audit of dead letter %d: %w", id, err)
 	}

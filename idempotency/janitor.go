@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/pg"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // JanitorConfig configures a Janitor. A nil *JanitorConfig means all defaults.
@@ -54,7 +55,7 @@ func NewJanitor(pool *pgxpool.Pool, cfg *JanitorConfig) *Janitor {
 	c.Logger = c.Logger.Named("kafkatx.idempotency.janitor")
 	return &Janitor{pool: pool, cfg: c, tables: []string{
 		keysTable(c.Schema),
-		pgx.Identifier{c.Schema, "idempotency_responses"}.Sanitize(),
+		tables.For(c.Schema).IdempotencyResponses,
 	}}
 }
 

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/pg"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // DefaultRetention is how long Store keeps a claimed key when Store.Retention is zero:
@@ -128,7 +130,7 @@ func checkScopeKey(scope, key string) error {
 	return nil
 }
 
-func keysTable(schema string) string { return pgx.Identifier{schema, "idempotency_keys"}.Sanitize() }
+func keysTable(schema string) string { return tables.For(schema).Idempotency }
 
 var claimSQLCache sync.Map // schema → SQL
 

@@ -4,7 +4,7 @@
 // would have done — committed, skipped as a duplicate, retried (an attempt), dead-lettered,
 // waited for an unavailable dependency, or run again after a retryable database error.
 //
-// The rules are the loop's own code (package kafkatx's internal handlercall), not a copy:
+// The rules are the loop's own code (its transaction body, internal/engine.Body), not a copy:
 // a panic is recovered as an attempt with its stack; Permanent(err) dead-letters at once;
 // FailMessage names the failing message of a batch and the others are re-run without it; a
 // batch that fails without naming a message is re-run one message per transaction; an
@@ -112,7 +112,7 @@ func New(t testing.TB, opts *Options) *Kit {
 	}
 	k.maxAttempt = cfg.Retry.MaxAttempts
 	if k.maxAttempt <= 0 {
-		k.maxAttempt = kafkatx.DefaultMaxAttempts
+		k.maxAttempt = kafkatx.MaxAttemptsDefault
 	}
 	k.idem = cfg.Idempotency
 	k.middleware = cfg.Middleware
@@ -125,7 +125,7 @@ func New(t testing.TB, opts *Options) *Kit {
 	if !cfg.DeadLetter.Disabled {
 		k.dlqTopic = cfg.DeadLetter.Topic
 		if k.dlqTopic == nil {
-			k.dlqTopic = func(topic string) string { return topic + ".dlq" }
+			k.dlqTopic = func(topic string) string { return topic + kafkatx.DeadLetterSuffixDefault }
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -11,7 +11,9 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/idempotency"
-	"github.com/kafkatx/kafkatx/internal/handlercall"
+	"github.com/kafkatx/kafkatx/internal/engine"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -161,7 +163,7 @@ func (tx *Tx) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) []Outcome {
 	}
 	return tx.RunBatch(func(ctx context.Context, btx pgx.Tx, msgs []*kafkatx.Message) error {
 		for _, m := range msgs {
-			if err := handlercall.Call(func() error { return h(ctx, btx, m) }); err != nil {
+			if err := engine.Call(func() error { return h(ctx, btx, m) }); err != nil {
 				return kafkatx.FailMessage(m, err)
 			}
 		}
@@ -219,9 +221,6 @@ func (tx *Tx) connClosedHint() string {
 	return ""
 }
 
-// unattributed is try's answer for a batch that failed without naming its message.
-const unattributed = -2
-
 // process runs msgs as the loop's partition worker does (kafkatx's partition.process).
 func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafkatx.Message) {
 	tx.k.t.Helper()
@@ -235,7 +234,7 @@ func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafka
 		switch failed {
 		case -1:
 			msgs, split = msgs[n:], max(split-n, 0)
-		case unattributed:
+		case engine.Unattributed:
 			split = n
 		default:
 			if failed > 0 {
@@ -247,9 +246,11 @@ func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafka
 	}
 }
 
-// try runs h over batch in a savepoint: it records the outcomes and returns -1 when the try
-// ended (committed, skipped, or an Unavailable/RunAgain answer for the whole batch), or the
-// index of the message whose failure herr is, or unattributed.
+// try runs h over batch in a savepoint with the loop's own transaction body (engine.Body):
+// it records the outcomes and returns -1 when the try ended (committed, skipped, or an
+// Unavailable/RunAgain answer for the whole batch), or the index of the message whose failure
+// herr is, or engine.Unattributed. What the loop does after the body — the watermark, COMMIT,
+// the Kafka commit — is replaced by the savepoint's release in tx, rolled back with the test.
 func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.Message) (failed int, herr error) {
 	tx.k.t.Helper()
 	k := tx.k
@@ -258,67 +259,36 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 		k.t.Fatalf("kafkatxtest: savepoint: %v%s", err, tx.connClosedHint())
 	}
 	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }()
-	kinds := make([]Kind, len(batch))
-	fresh := batch
+	body := engine.Body[*kafkatx.Message]{Handler: h, Keyed: keyed}
 	if !k.idem.Disabled {
-		keyed := make([]idempotency.Message, len(batch))
-		for i, m := range batch {
-			keyed[i] = idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
-		}
-		cl, failed, kerr, err := handlercall.ClaimKeys(ctx, sp, idempotency.Store{Schema: k.schema, Retention: k.idem.Retention},
-			k.group+"/0", k.idem.Key, keyed)
-		if err != nil {
-			k.t.Fatalf("kafkatxtest: claim idempotency keys: %v (a lock timeout: another open Tx of this test claimed the same key; see LockTimeout)", err)
-		}
-		var pe *handlercall.Panic
-		if errors.As(kerr, &pe) {
-			return failed, kerr // a panic of the key function: a handler panic's rules
-		}
-		if kerr != nil {
-			return failed, kafkatx.Permanent(kerr)
-		}
-		for _, i := range cl.Dups {
-			kinds[i] = Duplicate
-		}
-		for _, i := range cl.NotChanges {
-			kinds[i] = NotAChange
-		}
-		fresh = make([]*kafkatx.Message, len(cl.Fresh))
-		for j, i := range cl.Fresh {
-			fresh[j] = batch[i]
-		}
+		body.Claims = &engine.Claims{Store: idempotency.Store{Schema: k.schema, Retention: k.idem.Retention}, Key: k.idem.Key}
 	}
-	if len(fresh) > 0 {
-		herr = handlercall.CallTx(sp, func(htx pgx.Tx) error { return h(ctx, htx, fresh) })
-		var v handlercall.Verdict
-		v, herr = handlercall.Sort(ctx, sp, herr, kafkatx.IsUnavailable)
-		switch v {
-		case handlercall.Again, handlercall.Wait:
-			kind := RunAgain
-			if v == handlercall.Wait {
-				kind = Unavailable
-			}
-			for _, m := range batch {
-				tx.outcomes = append(tx.outcomes, Outcome{Message: m, Kind: kind, Attempt: attempt(m), Err: herr})
-			}
-			return -1, nil
-		case handlercall.Failed:
-			var me *kafkatx.MessageError
-			if errors.As(herr, &me) {
-				for i, m := range batch {
-					if m.Offset == me.Offset {
-						return i, me.Err
-					}
-				}
-			}
-			if len(batch) == 1 {
-				return 0, herr
-			}
-			return unattributed, herr
+	t, err := body.Try(ctx, sp, k.group+"/0", batch)
+	if err != nil {
+		k.t.Fatalf("kafkatxtest: claim idempotency keys: %v (a lock timeout: another open Tx of this test claimed the same key; see LockTimeout)", err)
+	}
+	switch t.Verdict {
+	case engine.Again, engine.Wait:
+		kind := RunAgain
+		if t.Verdict == engine.Wait {
+			kind = Unavailable
 		}
+		for _, m := range batch {
+			tx.outcomes = append(tx.outcomes, Outcome{Message: m, Kind: kind, Attempt: attempt(m), Err: t.Err})
+		}
+		return -1, nil
+	case engine.Failed:
+		return t.Failed, t.Cause
 	}
 	if err := sp.Commit(ctx); err != nil {
 		k.t.Fatalf("kafkatxtest: release savepoint: %v%s", err, tx.connClosedHint())
+	}
+	kinds := make([]Kind, len(batch))
+	for _, i := range t.Dups {
+		kinds[i] = Duplicate
+	}
+	for _, i := range t.NotChanges {
+		kinds[i] = NotAChange
 	}
 	for i, m := range batch {
 		kind := kinds[i]
@@ -330,33 +300,30 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 	return -1, nil
 }
 
+// keyed gives m to the idempotency key function, as the loop does.
+func keyed(m *kafkatx.Message) idempotency.Message {
+	return idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
+}
+
 // settle records the failure herr of m's try: an attempt the loop retries, or its dead
-// letter, written in tx as the loop writes it.
+// letter, written in tx as the loop writes it (engine.NewDeadLetter, engine.DeadLetterTx).
 func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
 	tx.k.t.Helper()
 	k := tx.k
 	o := Outcome{Message: m, Kind: Retried, Attempt: attempt(m), Err: herr}
-	o.ErrorClass, o.ErrorMessage, o.Stack = handlercall.Describe(herr, permanentCause)
-	if handlercall.GiveUp(o.ErrorClass, o.Attempt, k.maxAttempt) {
-		now := time.Now()
-		d := &dlq.DeadLetter{Group: k.group, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset,
-			Key: m.Key, Value: m.Value, Timestamp: m.Timestamp, Attempts: o.Attempt,
-			ErrorClass: o.ErrorClass, ErrorMessage: o.ErrorMessage, Stack: o.Stack, FirstFailureAt: now, LastFailureAt: now}
+	o.ErrorClass, o.ErrorMessage, o.Stack = engine.Describe(herr)
+	if engine.GiveUp(o.ErrorClass, o.Attempt, k.maxAttempt) {
+		var hs []dlq.Header
 		for _, h := range m.Headers {
-			d.Headers = append(d.Headers, dlq.Header{Key: h.Key, Value: h.Value})
+			hs = append(hs, dlq.Header{Key: h.Key, Value: h.Value})
 		}
-		topic := ""
-		if k.dlqTopic != nil {
-			func() {
-				defer func() {
-					if r := recover(); r != nil {
-						k.t.Fatalf("kafkatxtest: Config.DeadLetter.Topic panicked for topic %q: %v (the loop logs this at error level and retries the dead letter until the configuration is fixed)", m.Topic, r)
-					}
-				}()
-				topic = k.dlqTopic(m.Topic)
-			}()
-		}
-		if err := handlercall.WriteDeadLetter(ctx, tx.Tx, k.schema, d, topic); err != nil {
+		d := engine.NewDeadLetter(k.group, keyed(m), m.Timestamp, hs,
+			offsetstore.Attempt{Offset: m.Offset, Attempts: o.Attempt, ErrorClass: o.ErrorClass, ErrorMessage: o.ErrorMessage, Stack: o.Stack}, 0)
+		if err := engine.DeadLetterTx(ctx, tx.Tx, k.schema, d, k.dlqTopic); err != nil {
+			var tp *engine.TopicPanic
+			if errors.As(err, &tp) {
+				k.t.Fatalf("%v (the loop logs this at error level and retries the dead letter until the configuration is fixed)", err)
+			}
 			hint := tx.connClosedHint()
 			if hint == "" {
 				hint = " (a lock timeout: another open Tx of this test wrote the same offset's dead letter; see LockTimeout)"
@@ -366,16 +333,6 @@ func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
 		o.Kind, o.DeadLetter = DeadLettered, d
 	}
 	tx.outcomes = append(tx.outcomes, o)
-}
-
-// permanentCause is the error inside err's *kafkatx.PermanentError (found with errors.As,
-// as the type's documentation says), or nil.
-func permanentCause(err error) error {
-	var pe *kafkatx.PermanentError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return nil
 }
 
 func attempt(m *kafkatx.Message) int { return max(m.Attempt, 1) }
@@ -411,7 +368,7 @@ func (tx *Tx) Outbox() []OutboxRecord {
 	tx.k.t.Helper()
 	tx.checkDefaultOutbox()
 	rows, err := tx.Query(tx.k.ctx(), `SELECT id, topic, key, value, header_keys, header_values, partition
-		FROM `+pgx.Identifier{tx.k.schema, "outbox"}.Sanitize()+` WHERE txid = pg_current_xact_id() ORDER BY id`)
+		FROM `+tables.For(tx.k.schema).Outbox+` WHERE txid = pg_current_xact_id() ORDER BY id`)
 	if err != nil {
 		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 	}
@@ -460,10 +417,10 @@ func (tx *Tx) checkDefaultOutbox() {
 	}
 	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }()
 	var n int64
-	if err := sp.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{def, "outbox"}.Sanitize()+` WHERE txid = pg_current_xact_id()`).Scan(&n); err != nil || n == 0 {
+	if err := sp.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(def).Outbox+` WHERE txid = pg_current_xact_id()`).Scan(&n); err != nil || n == 0 {
 		return
 	}
 	tx.k.t.Errorf("kafkatxtest: the code under test wrote %d outbox records in this transaction to %s, the default schema's outbox, "+
 		"not to the kit's schema %q: pass outbox.Writer{Schema: k.Schema()} (the schema your Config.Schema names in production) to the code under test",
-		n, pgx.Identifier{def, "outbox"}.Sanitize(), tx.k.schema)
+		n, tables.For(def).Outbox, tx.k.schema)
 }

@@ -210,7 +210,7 @@ func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, key
 			return nil, fmt.Errorf("outbox: insert %d records: outbox_id: %w", n, err)
 		}
 	}
-	_, err = tx.CopyFrom(ctx, pgx.Identifier{schema, "outbox"}, []string{"id", "outbox_id", "topic", "key", "value", "created_at"},
+	_, err = tx.CopyFrom(ctx, tables.For(schema).OutboxIdentifier, []string{"id", "outbox_id", "topic", "key", "value", "created_at"},
 		pgx.CopyFromSlice(n, func(i int) ([]any, error) {
 			return []any{ids[i], [16]byte(uuids[i]), topics[i], keys[i], values[i], created[i]}, nil
 		}))

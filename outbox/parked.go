@@ -85,7 +85,7 @@ func (w Writer) resolveParked(ctx context.Context, tx pgx.Tx, id int64, action, 
 	if err != nil {
 		return fmt.Errorf("outbox: %s row %d: %w", action, id, err)
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "outbox_audit"}.Sanitize()+` (outbox_row, action, parked_error, reason, actor)
+	_, err = tx.Exec(ctx, `INSERT INTO `+tables.For(schema).OutboxAudit+` (outbox_row, action, parked_error, reason, actor)
 		VALUES ($1, $2, $3, $4, $5)`, id, action, lastErr, pg.SanitizeText(reason, 1024), pg.SanitizeText(actor, 256))
 	if err != nil {
 		return fmt.Errorf("outbox: audit %s of row %d: %w", action, id, err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
@@ -153,7 +154,7 @@ func TestFailoverRollsTheWatermarkBackAndIsAudited(t *testing.T) {
 	t.Run("halt then align", func(t *testing.T) {
 		url, pool := standby()
 		b.dbURL = url
-		b.expectStatus(parts, 3, offsets.StateKafkaAhead, 200)
+		b.expectStatus(parts, 3, offsetstate.KafkaAhead, 200)
 		s := start(pool, kafkatx.AheadHalt)
 		var err error
 		select {
@@ -201,7 +202,7 @@ func TestFailoverRollsTheWatermarkBackAndIsAudited(t *testing.T) {
 	t.Run("follow and audit", func(t *testing.T) {
 		url, pool := standby()
 		b.dbURL = url
-		b.expectStatus(parts, 3, offsets.StateKafkaAhead, 200)
+		b.expectStatus(parts, 3, offsetstate.KafkaAhead, 200)
 		s := start(pool, kafkatx.AheadFollow)
 		b.waitFor("the skips audited", func() bool {
 			return countRows(t, pool, `SELECT count(*) FROM kafkatx.offset_audit WHERE group_id = $1 AND kind = 'unexplained_skip'`, b.group) == parts
@@ -297,7 +298,7 @@ func (b *offsetsBundle) producePartitions(parts int, values []string) {
 
 // expectStatus runs `offsets status` and requires the exit code and, on every partition, the
 // state and drift given.
-func (b *offsetsBundle) expectStatus(parts, wantCode int, state string, drift int64) {
+func (b *offsetsBundle) expectStatus(parts, wantCode int, state offsetstate.State, drift int64) {
 	b.t.Helper()
 	out, code := b.kafkatx("offsets", "status", "--group", b.group, "--topic", b.topic, "--output", "json")
 	if code != wantCode {

@@ -22,6 +22,7 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
@@ -310,7 +311,7 @@ func (b *offsetsBundle) checkSkippedPoison(skipKind string) {
 		b.t.Fatalf("watermark %d, committed %d; want both 10", w, k)
 	}
 	st, code := b.status()
-	if code != 0 || st.State != offsets.StateAligned {
+	if code != 0 || st.State != offsetstate.Aligned {
 		b.t.Fatalf("status after the service followed: exit %d, state %s; want 0, aligned", code, st.State)
 	}
 	evs := b.audit()
@@ -345,7 +346,7 @@ func TestOffsetsOutOfBandSkipIsFollowedAndAudited(t *testing.T) {
 	b := offsetsSetup(t)
 	b.tenWithPoisonAt3()
 	b.runUntilStuck(3)
-	if st, code := b.status(); code != 0 || st.State != offsets.StateAligned || *st.Watermark != 3 {
+	if st, code := b.status(); code != 0 || st.State != offsetstate.Aligned || *st.Watermark != 3 {
 		t.Fatalf("status of the stuck service: exit %d, %+v; want aligned at 3", code, st)
 	}
 	// On-call moves the group past the pill with Kafka's own tool, the service stopped.
@@ -355,7 +356,7 @@ func TestOffsetsOutOfBandSkipIsFollowedAndAudited(t *testing.T) {
 		t.Fatalf("kafka-consumer-groups --reset-offsets: %v\n%s", err, out)
 	}
 	st, code := b.status()
-	if code != 3 || st.State != offsets.StateKafkaAhead || *st.Drift != 1 {
+	if code != 3 || st.State != offsetstate.KafkaAhead || *st.Drift != 1 {
 		t.Fatalf("status after the out-of-band reset: exit %d, state %s; want 3, kafka_ahead with drift 1", code, st.State)
 	}
 	b.runUntil(10)
@@ -387,7 +388,7 @@ func TestOffsetsResetSkipMovesBothSides(t *testing.T) {
 	if w, k := b.watermark(), b.committed(); w != 4 || k != 4 {
 		t.Fatalf("after reset: watermark %d, committed %d; want both 4", w, k)
 	}
-	if st, code := b.status(); code != 0 || st.State != offsets.StateAligned {
+	if st, code := b.status(); code != 0 || st.State != offsetstate.Aligned {
 		t.Fatalf("status after reset: exit %d, %s; want aligned", code, st.State)
 	}
 	b.runUntil(10)
@@ -480,7 +481,7 @@ func TestOffsetsStatusExitCodes(t *testing.T) {
 	b := offsetsSetup(t)
 	b.produce("a", "b", "c", "d", "e", "f")
 	b.runUntil(6)
-	if st, code := b.status(); code != 0 || st.State != offsets.StateAligned || st.Lag != 0 || st.LogEnd != 6 {
+	if st, code := b.status(); code != 0 || st.State != offsetstate.Aligned || st.Lag != 0 || st.LogEnd != 6 {
 		t.Fatalf("aligned: exit %d, %+v", code, st)
 	}
 	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers}, nil)
@@ -493,7 +494,7 @@ func TestOffsetsStatusExitCodes(t *testing.T) {
 	if err := k.Commit(ctx, b.group, map[offsetstore.TP]int64{tp: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if st, code := b.status(); code != 3 || st.State != offsets.StateKafkaBehind || *st.Drift != -4 {
+	if st, code := b.status(); code != 3 || st.State != offsetstate.KafkaBehind || *st.Drift != -4 {
 		t.Fatalf("Kafka behind: exit %d, %+v; want 3, kafka_behind, drift -4", code, st)
 	}
 	out, _ := b.kafkatx("offsets", "status", "--group", b.group, "--output", "prometheus")
@@ -504,7 +505,7 @@ func TestOffsetsStatusExitCodes(t *testing.T) {
 	if _, code := b.kafkatx("offsets", "reset", "--group", b.group, "--topic", b.topic, "--to-database", "--reason", "re-commit", "--execute"); code != 0 {
 		t.Fatalf("reset --to-database exited %d", code)
 	}
-	if st, code := b.status(); code != 0 || st.State != offsets.StateAligned || b.committed() != 6 {
+	if st, code := b.status(); code != 0 || st.State != offsetstate.Aligned || b.committed() != 6 {
 		t.Fatalf("after --to-database: exit %d, %+v", code, st)
 	}
 	if n := countKind(b.audit(), offsetstore.KindAlign, 2, 6); n != 1 {
@@ -518,7 +519,7 @@ func TestOffsetsStatusExitCodes(t *testing.T) {
 	if _, err := admin.DeleteConsumerGroups(ctx, []string{b.group}); err != nil {
 		t.Fatal(err)
 	}
-	if st, code := b.status(); code != 3 || st.State != offsets.StateKafkaMissing {
+	if st, code := b.status(); code != 3 || st.State != offsetstate.KafkaMissing {
 		t.Fatalf("group offsets deleted: exit %d, %+v; want 3, kafka_missing", code, st)
 	}
 }

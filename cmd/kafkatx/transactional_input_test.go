@@ -16,6 +16,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
@@ -289,7 +290,7 @@ func (b *offsetsBundle) statusAligned(parts int) {
 			b.t.Fatalf("status line %q: %v", sc.Text(), err)
 		}
 		n++
-		if s.State != offsets.StateAligned || s.Drift == nil || *s.Drift != 0 || s.Lag != 0 || s.Watermark == nil || *s.Watermark != s.LogEnd {
+		if s.State != offsetstate.Aligned || s.Drift == nil || *s.Drift != 0 || s.Lag != 0 || s.Watermark == nil || *s.Watermark != s.LogEnd {
 			b.t.Fatalf("partition %d: status %s, want aligned, drift 0, lag 0, watermark = log end", s.Partition, sc.Text())
 		}
 	}

@@ -44,6 +44,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/pgerr"
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // Header names used by the middleware.
@@ -57,9 +58,12 @@ const (
 // Middleware stores and replays responses for requests carrying an Idempotency-Key.
 // Create one with New; it is safe for concurrent use.
 type Middleware struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	log  *zap.Logger
+	// beforeCommit, set by tests only, runs after the response row is written and before
+	// COMMIT (a per-instance test signal).
+	beforeCommit func()
+	pool         *pgxpool.Pool
+	cfg          Config
+	log          *zap.Logger
 
 	selectSQL, lockSQL, storeSQL string
 	lockPrefix                   string
@@ -72,7 +76,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 		return nil, errors.New("httpmw: nil *pgxpool.Pool")
 	}
 	c := cfg.withDefaults()
-	t := pgx.Identifier{c.Schema, "idempotency_responses"}.Sanitize()
+	t := tables.For(c.Schema).IdempotencyResponses
 	m := &Middleware{pool: pool, cfg: c, log: c.Logger}
 	m.selectSQL = fmt.Sprintf(`SELECT fingerprint, status, headers, body FROM %s
 WHERE scope = $1 AND key = $2 AND expires_at > now()`, t)
@@ -107,9 +111,6 @@ func Key(ctx context.Context) string {
 	k, _ := ctx.Value(keyKey{}).(string)
 	return k
 }
-
-// testHookBeforeCommit, when set, runs after the response row is written and before COMMIT.
-var testHookBeforeCommit func()
 
 // Handler wraps next.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
@@ -250,8 +251,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		inFlight(w)
 		return
 	}
-	if testHookBeforeCommit != nil {
-		testHookBeforeCommit()
+	if m.beforeCommit != nil {
+		m.beforeCommit()
 	}
 	if err := tx.Commit(cctx); err != nil {
 		// The outcome is unknown (a lost COMMIT reply) or the handler left the transaction

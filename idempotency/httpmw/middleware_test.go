@@ -539,7 +539,7 @@ func helperMain(mode string) {
 	h := workHandler(schema, &calls, always(200))
 	switch mode {
 	case "kill-before-commit":
-		testHookBeforeCommit = func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
+		mw.beforeCommit = func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 	case "block":
 		inner := h
 		h = func(w http.ResponseWriter, r *http.Request) {

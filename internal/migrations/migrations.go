@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/pg"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 //go:embed sql/*.sql
@@ -145,7 +147,7 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 // order: every version when the schema or the table does not exist yet. It only reads.
 func Missing(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error) {
 	var exists bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", pgx.Identifier{schema, "schema_migrations"}.Sanitize()).Scan(&exists); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", tables.For(schema).Migrations).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("migrations: look for %s.schema_migrations: %w", schema, err)
 	}
 	applied := map[int]bool{}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 )
 
 // WritePrometheus writes statuses in the Prometheus text exposition format, for
@@ -47,7 +49,7 @@ func WritePrometheus(w io.Writer, sts []PartitionStatus) error {
 			drift.With(l).Set(float64(*s.Drift))
 		}
 		v := 0.0
-		if s.State == StateAligned {
+		if s.State == offsetstate.Aligned {
 			v = 1
 		}
 		aligned.With(l).Set(v)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
@@ -168,7 +169,7 @@ func TestResetSkipCrashAfterKafkaMoveIsFollowedAsOperatorSkip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := sts[0]; s.State != StateKafkaAhead || len(s.Pending) != 1 || s.Pending[0].Kind != offsetstore.KindOperatorSkip {
+	if s := sts[0]; s.State != offsetstate.KafkaAhead || len(s.Pending) != 1 || s.Pending[0].Kind != offsetstore.KindOperatorSkip {
 		t.Fatalf("status after the crash: %+v; want kafka_ahead with one pending operator_skip", s)
 	}
 	b.run("watermark 10", func() bool { return b.watermark() == 10 })

@@ -5,37 +5,8 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
-)
-
-// Partition states reported by Status.
-const (
-	// StateAligned: Kafka's committed offset equals the watermark.
-	StateAligned = "aligned"
-	// StateKafkaAhead: committed > watermark, an offset move with Kafka's own tools (or a
-	// database restored from an older backup). The consumer follows it on its next
-	// assignment and audits the range, or halts under the halt policy.
-	StateKafkaAhead = "kafka_ahead"
-	// StateKafkaBehind: committed < watermark, a lost commit or a rewind with Kafka's tools;
-	// the consumer starts at the watermark and re-commits it.
-	StateKafkaBehind = "kafka_behind"
-	// StateKafkaMissing: a watermark but no committed offset (the group's offsets expired or
-	// were deleted); the consumer re-commits the watermark.
-	StateKafkaMissing = "kafka_missing"
-	// StateNoWatermark: a committed offset but no watermark: kafkatx has not run this
-	// partition for the group; its first run starts at the committed offset. Not drift.
-	StateNoWatermark = "no_watermark"
-	// StateUnused: neither side has an offset. Not drift.
-	StateUnused = "unused"
-	// StateWatermarkPastLogEnd: the watermark is past the log end — the topic was deleted and
-	// recreated, or its log truncated; the consumer refuses to start (LogRangeError). Drift.
-	StateWatermarkPastLogEnd = "watermark_past_log_end"
-	// StateWatermarkBelowLogStart: retention removed records below the log start before they
-	// were processed; the consumer will audit them as an unexplained skip. Drift.
-	StateWatermarkBelowLogStart = "watermark_below_log_start"
-	// StateKafkaPastLogEnd: Kafka's committed offset is past the log end; the consumer will
-	// ignore it. Drift.
-	StateKafkaPastLogEnd = "kafka_past_log_end"
 )
 
 // PartitionStatus is one partition's view of both sides. Offsets are Kafka offsets; the
@@ -57,8 +28,9 @@ type PartitionStatus struct {
 	// Drift is Committed minus Watermark (nil when either is missing): > 0 Kafka ahead,
 	// < 0 Kafka behind.
 	Drift *int64 `json:"drift"`
-	// State is one of the State* constants.
-	State string `json:"state"`
+	// State is the classifier's name for the partition's offsets (offsetstate.State): the
+	// consumer decides its start from the same classification.
+	State offsetstate.State `json:"state"`
 	// ReplayEpoch counts the replays of the partition (0 before the first).
 	ReplayEpoch int `json:"replay_epoch"`
 	// LastEvent is the newest offset audit row of the partition, if any.
@@ -68,15 +40,9 @@ type PartitionStatus struct {
 	Pending []offsetstore.Event `json:"pending,omitempty"`
 }
 
-// Drifted reports whether the two sides disagree in a way the consumer would repair or
-// audit on its next assignment: Kafka ahead, behind, or missing.
-func (s PartitionStatus) Drifted() bool {
-	switch s.State {
-	case StateKafkaAhead, StateKafkaBehind, StateKafkaMissing, StateWatermarkPastLogEnd, StateWatermarkBelowLogStart, StateKafkaPastLogEnd:
-		return true
-	}
-	return false
-}
+// Drifted reports whether the two sides disagree in a way the consumer would repair, audit
+// or halt on at its next assignment (offsetstate.State.Drift).
+func (s PartitionStatus) Drifted() bool { return s.State.Drift() }
 
 // Status compares, per partition of topic (every topic the group has a watermark or a
 // committed offset on when topic is ""), the watermark with Kafka's committed offset and the
@@ -145,33 +111,18 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 		if hasK {
 			s.Committed = ptr(k)
 		}
+		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd},
+			offsetstate.Policy{}).State
 		switch {
 		case hasW && hasK:
 			s.Drift = ptr(k - w.Next)
 			s.Lag = s.LogEnd - w.Next
-			switch {
-			case k == w.Next:
-				s.State = StateAligned
-			case k > w.Next:
-				s.State = StateKafkaAhead
-			default:
-				s.State = StateKafkaBehind
-			}
 		case hasW:
-			s.State, s.Lag = StateKafkaMissing, s.LogEnd-w.Next
+			s.Lag = s.LogEnd - w.Next
 		case hasK:
-			s.State, s.Lag = StateNoWatermark, s.LogEnd-k
+			s.Lag = s.LogEnd - k
 		default:
-			s.State, s.Lag = StateUnused, s.LogEnd-s.LogStart
-		}
-		// Offsets outside the log override the comparison: they are what needs an operator.
-		switch {
-		case hasW && w.Next > s.LogEnd:
-			s.State = StateWatermarkPastLogEnd
-		case hasW && w.Next < s.LogStart:
-			s.State = StateWatermarkBelowLogStart
-		case hasK && k > s.LogEnd:
-			s.State = StateKafkaPastLogEnd
+			s.Lag = s.LogEnd - s.LogStart
 		}
 		out = append(out, s)
 	}

@@ -2,6 +2,7 @@ package offsets
 
 import (
 	"context"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"testing"
 )
 
@@ -12,8 +13,8 @@ func TestStatusFlagsWatermarksOutsideTheLog(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		next  int64
-		state string
-	}{{100, StateWatermarkPastLogEnd}, {10, StateKafkaMissing}} {
+		state offsetstate.State
+	}{{100, offsetstate.WatermarkPastLogEnd}, {10, offsetstate.KafkaMissing}} {
 		if _, err := b.pool.Exec(ctx, `INSERT INTO `+b.op.store.Tables().Watermarks+` (group_id, topic, partition, next_offset, first_offset)
 			VALUES ($1, $2, 0, $3, 0) ON CONFLICT (group_id, topic, partition) DO UPDATE SET next_offset = excluded.next_offset`, b.group, b.topic, c.next); err != nil {
 			t.Fatal(err)

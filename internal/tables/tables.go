@@ -14,6 +14,14 @@ type Names struct {
 	Outbox      string
 	Idempotency string
 	Migrations  string
+	// The audit trails of dead-letter and outbox actions, the relay's commit log, and
+	// httpmw's stored responses.
+	DLQAudit             string
+	OutboxAudit          string
+	OutboxCommits        string
+	IdempotencyResponses string
+	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
+	OutboxIdentifier pgx.Identifier
 }
 
 // For returns the quoted table names in schema.
@@ -28,5 +36,11 @@ func For(schema string) Names {
 		Outbox:      q("outbox"),
 		Idempotency: q("idempotency_keys"),
 		Migrations:  q("schema_migrations"),
+
+		DLQAudit:             q("dlq_audit"),
+		OutboxAudit:          q("outbox_audit"),
+		OutboxCommits:        q("outbox_commits"),
+		IdempotencyResponses: q("idempotency_responses"),
+		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }

@@ -54,8 +54,15 @@ func childMain(mode string) int {
 		fmt.Println(s)
 		os.Stdout.Sync() //nolint:errcheck
 	}
+	r, err := New(pool, &Config{Kafka: kafka.ConfigMap{"bootstrap.servers": os.Getenv(testenv.EnvBootstrap)},
+		Schema: os.Getenv(envChildSchema), Logger: log, PollInterval: 200 * time.Millisecond, StandbyInterval: 200 * time.Millisecond,
+		KeepPublished: time.Hour})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	if mode == "hang-before-mark" {
-		testHookBeforeMark = func(results []result) {
+		r.signals.beforeMark = func(results []result) {
 			n := 0
 			for _, r := range results {
 				if r.outcome == outcomeDelivered {
@@ -65,13 +72,6 @@ func childMain(mode string) int {
 			say(fmt.Sprintf("DELIVERED %d", n))
 			select {}
 		}
-	}
-	r, err := New(pool, &Config{Kafka: kafka.ConfigMap{"bootstrap.servers": os.Getenv(testenv.EnvBootstrap)},
-		Schema: os.Getenv(envChildSchema), Logger: log, PollInterval: 200 * time.Millisecond, StandbyInterval: 200 * time.Millisecond,
-		KeepPublished: time.Hour})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
 	}
 	go func() {
 		for ctx.Err() == nil && !r.Stats().Leader {

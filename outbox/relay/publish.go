@@ -14,10 +14,6 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 )
 
-// testHookBeforeMark, when set by a test, runs after a round's delivery reports arrived and
-// before the rows are marked: the window in which a crash publishes a record twice.
-var testHookBeforeMark func([]result)
-
 // row is one pending outbox row.
 type row struct {
 	id        int64
@@ -168,8 +164,8 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 		}
 	}
 	r.checkOrder(rows, results)
-	if testHookBeforeMark != nil {
-		testHookBeforeMark(results)
+	if r.signals.beforeMark != nil {
+		r.signals.beforeMark(results)
 	}
 	rt.Produce = time.Since(t)
 	t = time.Now()

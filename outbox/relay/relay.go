@@ -43,8 +43,16 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 )
 
+// testSignals let a test act at named steps of one relay (River's testsignal). beforeMark
+// runs after a round's delivery reports arrived and before the rows are marked: the window in
+// which a crash publishes a record twice.
+type testSignals struct {
+	beforeMark func([]result)
+}
+
 // Relay publishes one schema's outbox. Create it with New and start it with Run.
 type Relay struct {
+	signals testSignals // set by tests only
 	pool    *pgxpool.Pool
 	cfg     *Config
 	log     *zap.Logger
@@ -111,7 +119,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Relay, error) {
 		cfg:        c,
 		log:        c.Logger,
 		t:          tables.For(c.Schema),
-		commits:    pgx.Identifier{c.Schema, "outbox_commits"}.Sanitize(),
+		commits:    tables.For(c.Schema).OutboxCommits,
 		channel:    pgx.Identifier{outbox.Channel(c.Schema)}.Sanitize(),
 		hooks:      hooks,
 		isolate:    map[int64]bool{},

@@ -1,4 +1,4 @@
-package kafkatx
+package engine
 
 import (
 	"bytes"
@@ -12,34 +12,31 @@ import (
 // What the KIP-848 consumer group protocol (group.protocol=consumer) needs beyond the classic
 // one. Config.withDefaults adapts and checks the configuration (consumerProtocolRefused).
 
-// consumerProtocol reports whether the consumer runs KIP-848's consumer group protocol.
-func (c *Config) consumerProtocol() bool { return c.Kafka["group.protocol"] == "consumer" }
-
 // checkJoined marks a consumer-protocol member joined once the group coordinator gave it a
 // member id and epoch, even with an empty assignment. Under that protocol librdkafka (2.11)
 // calls the rebalance callback only when partitions are added or removed, so a member the
 // broker gives no partition (more members than partitions) would never be ready otherwise.
 // Run calls it once a second while the member is not joined.
-func (c *Consumer) checkJoined() {
-	if !c.cfg.consumerProtocol() {
+func (l *Loop) checkJoined() {
+	if !l.set.ConsumerProtocol {
 		return
 	}
-	c.health.mu.Lock()
-	joined := c.health.joined
-	c.health.mu.Unlock()
+	l.health.mu.Lock()
+	joined := l.health.joined
+	l.health.mu.Unlock()
 	if joined {
 		return
 	}
-	md, err := c.kc.GetConsumerGroupMetadata()
+	md, err := l.kc.GetConsumerGroupMetadata()
 	if err != nil {
 		return
 	}
-	member, epoch, ok := memberOf(md, c.group)
+	member, epoch, ok := memberOf(md, l.group)
 	if !ok || member == "" || epoch <= 0 {
 		return
 	}
-	c.joined()
-	c.log.Info("joined the group", zap.Int32("member_epoch", epoch), zap.Int("assigned_partitions", c.assignedCount()))
+	l.joined()
+	l.log.Info("joined the group", zap.Int32("member_epoch", epoch), zap.Int("assigned_partitions", l.assignedCount()))
 }
 
 // memberOf reads the member id and epoch (generation) out of librdkafka's consumer group

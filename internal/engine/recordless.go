@@ -1,4 +1,4 @@
-package kafkatx
+package engine
 
 import (
 	"context"
@@ -39,11 +39,12 @@ type recordless struct{ from, to int64 }
 // passRecordless runs on the poll loop's goroutine (the only one that calls Poll, dispatches
 // and seeks, so no record can be in between): for each idle partition whose client position
 // is past its watermark, it asks the worker to follow the position.
-func (c *Consumer) passRecordless() {
-	var idle []*partition
+func (l *Loop) passRecordless() {
+	var idle []*worker
 	var tps []kafka.TopicPartition
-	for _, p := range c.parts {
-		if p.paused || len(p.pending) > 0 || p.stopping() || p.inFlight() > 0 || p.dispatchedEnd.Load() != p.watermark.Load() {
+	for _, f := range l.parts {
+		p := f.w
+		if f.paused || len(f.pending) > 0 || p.stopping() || f.inFlight() > 0 || p.dispatchedEnd.Load() != p.watermark.Load() {
 			continue
 		}
 		idle = append(idle, p)
@@ -52,9 +53,9 @@ func (c *Consumer) passRecordless() {
 	if len(tps) == 0 {
 		return
 	}
-	pos, err := c.kc.Position(tps)
+	pos, err := l.kc.Position(tps)
 	if err != nil {
-		c.log.Debug("read fetch positions", zap.Error(err))
+		l.log.Debug("read fetch positions", zap.Error(err))
 		return
 	}
 	at := make(map[offsetstore.TP]int64, len(pos))
@@ -80,13 +81,13 @@ func (c *Consumer) passRecordless() {
 // above), unless the watermark moved since the poll loop asked. Retention overtaking the
 // watermark meanwhile is audited as in any batch (auditGap). Errors are those of
 // untilDone: errStopped, offsetstore.ErrFenced, or the loop's unexpected errors.
-func (p *partition) passRecordless(s recordless) error {
+func (p *worker) passRecordless(s recordless) error {
 	if p.watermark.Load() != s.from || s.to <= s.from {
 		return nil
 	}
 	ctx := p.workCtx
-	err := p.untilDone(s.from, func() error {
-		tx, err := p.c.begin(ctx)
+	err := p.waits.untilDone(s.from, func() error {
+		tx, err := p.begin(ctx)
 		if err != nil {
 			return fmt.Errorf("begin: %w", err)
 		}
@@ -94,7 +95,7 @@ func (p *partition) passRecordless(s recordless) error {
 		if err := p.auditGap(ctx, tx, s.to); err != nil {
 			return err
 		}
-		if err := p.c.store.Advance(ctx, tx, p.c.group, p.tp, s.from, s.to, p.inflightEnd); err != nil {
+		if err := p.store.Advance(ctx, tx, p.group, p.tp, s.from, s.to, p.inflightEnd); err != nil {
 			return err
 		}
 		return p.commit(ctx, tx, s.to)

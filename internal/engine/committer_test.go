@@ -1,4 +1,4 @@
-package kafkatx
+package engine
 
 import (
 	"sort"

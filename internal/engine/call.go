@@ -1,14 +1,10 @@
-// Package handlercall holds the rules of one handler call that the consumer loop (package
-// kafkatx) and its test kit (package kafkatxtest) share, so that the kit runs the loop's own
-// code rather than a copy: panic capture, the sorting of a handler's answer (done, run the
-// transaction again, wait for a dependency, or a failure that counts as an attempt), the class,
-// message and stack stored with a failure, when a message is given up on, and the claim of
-// business idempotency keys.
-//
-// It cannot import package kafkatx (which imports it): where a rule needs one of kafkatx's
-// error types, the caller passes the check (kafkatx.IsUnavailable, the cause of a
-// *kafkatx.PermanentError).
-package handlercall
+// The rules of one handler call, shared by the loop's partition worker and the test kit
+// (package kafkatxtest) through Body: panic capture, the sorting of a handler's answer (done,
+// run the transaction again, wait for a dependency, or a failure that counts as an attempt),
+// the class, message and stack stored with a failure, when a message is given up on, and the
+// claim of business idempotency keys. kafkatx's control errors are recognised by their
+// methods (Unavailable() bool, Permanent() bool), so nothing of package kafkatx is needed here.
+package engine
 
 import (
 	"context"
@@ -29,11 +25,14 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 )
 
-// Error classes, equal to kafkatx's ErrorClass constants (a test in package kafkatx checks).
+// Error classes stored with attempts and dead letters and sent in the kafkatx.dlq.error.class
+// header; package kafkatx exports them as its ErrorClass constants.
 const (
-	ClassPermanent = "permanent"
-	ClassHandler   = "handler"
-	ClassPanic     = "panic"
+	ClassPermanent = "permanent" // the handler returned kafkatx.Permanent(err)
+	ClassHandler   = "handler"   // the handler returned an error, retried until max attempts
+	ClassPanic     = "panic"     // the handler panicked
+	ClassCrash     = "crash"     // the process stopped (crash, SIGKILL) while the handler ran
+	ClassOversized = "oversized" // the value exceeded Config.MaxValueBytes; the handler never ran
 )
 
 // Panic is a recovered panic of user code the loop called — the handler, a middleware, the
@@ -140,9 +139,7 @@ func (v Verdict) String() string {
 }
 
 // Sort returns the verdict on herr, the answer of a handler called with ctx (the loop's, or
-// the worker's, context) in tx (the loop's transaction). unavailable reports an Unavailable
-// answer the partition still waits out (the loop's window applies; the kit passes
-// kafkatx.IsUnavailable). The rule, in order:
+// the worker's, context) in tx (the loop's transaction). The rule, in order:
 //
 //   - nil: Done.
 //   - Again — run the transaction again, not an attempt — only when (a) ctx is done (shutdown,
@@ -150,7 +147,8 @@ func (v Verdict) String() string {
 //     condition (RetryableSQLState: 40001, 40P01, 55P03, 25P03, 57P05, 25006, 57P0x, 08xxx),
 //     or (c) tx's connection is closed after the handler returned (the server or the network
 //     dropped it) and herr is not the handler's own context ending.
-//   - Wait: an Unavailable answer within its window.
+//   - Wait: an Unavailable answer (IsUnavailable). The loop applies its window: once
+//     Config.UnavailableMaxWait has passed for the message, it counts the answer as Failed.
 //   - Failed: everything else, an attempt retried with backoff and dead-lettered at
 //     MaxAttempts. That includes a context.DeadlineExceeded or context.Canceled of a context
 //     the handler made while ctx is alive — its own timeout, even when pgx closed tx's
@@ -160,7 +158,7 @@ func (v Verdict) String() string {
 //
 // err is herr, or a *Panic when a method of herr's value (Is, As, Unwrap, Unavailable)
 // panicked while it was sorted: that verdict is Failed.
-func Sort(ctx context.Context, tx pgx.Tx, herr error, unavailable func(error) bool) (v Verdict, err error) {
+func Sort(ctx context.Context, tx pgx.Tx, herr error) (v Verdict, err error) {
 	if herr == nil {
 		return Done, nil
 	}
@@ -174,7 +172,7 @@ func Sort(ctx context.Context, tx pgx.Tx, herr error, unavailable func(error) bo
 		return Again, herr
 	case connLost(tx) && !errors.Is(herr, context.DeadlineExceeded) && !errors.Is(herr, context.Canceled):
 		return Again, herr
-	case unavailable(herr):
+	case IsUnavailable(herr):
 		return Wait, herr
 	}
 	return Failed, herr
@@ -192,15 +190,15 @@ func connLost(tx pgx.Tx) bool {
 
 // Describe splits a handler failure into the class, message and stack stored with its attempt
 // and its dead letter: ClassPanic for a *Panic (with its stack), ClassPermanent when
-// permanent(err) returns the error inside a Permanent wrapper (the message is that error's,
+// PermanentCause(err) returns the error inside a Permanent wrapper (the message is that error's,
 // the class already says "permanent"), else ClassHandler. Message and stack are sanitized and
 // bounded (dlq.MaxErrorMessageBytes, dlq.MaxStackBytes).
-func Describe(err error, permanent func(error) error) (class, msg, stack string) {
+func Describe(err error) (class, msg, stack string) {
 	class, msg = ClassHandler, err.Error()
 	var pe *Panic
 	if errors.As(err, &pe) {
 		class, stack = ClassPanic, string(pe.Stack)
-	} else if cause := permanent(err); cause != nil {
+	} else if cause := PermanentCause(err); cause != nil {
 		class, msg = ClassPermanent, cause.Error()
 	}
 	return class, pg.SanitizeText(msg, dlq.MaxErrorMessageBytes), pg.SanitizeText(stack, dlq.MaxStackBytes)

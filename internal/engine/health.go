@@ -1,7 +1,6 @@
-package kafkatx
+package engine
 
 import (
-	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -14,127 +13,6 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
 )
-
-// Readiness is a snapshot of what Consumer.Ready checks: is the consumer able to do its job
-// now. Ready is true when the consumer runs, has joined its group and received an
-// assignment (possibly empty) since it last lost one, reaches Kafka and PostgreSQL, every
-// subscribed topic exists and is authorized, and no fatal or persistent authentication error
-// occurred. Reasons says why not, one sentence per condition. The JSON form is what the
-// example binaries serve on /readyz.
-type Readiness struct {
-	Ready   bool     `json:"ready"`
-	Reasons []string `json:"reasons,omitempty"`
-	// Joined: an assignment (possibly empty) was received and not lost since.
-	Joined bool `json:"joined"`
-	// AssignedPartitions counts the partitions this member owns.
-	AssignedPartitions int `json:"assigned_partitions"`
-	// MissingTopics are subscribed topics the cluster's metadata does not list: they do not
-	// exist, or this client may not describe them.
-	MissingTopics []string `json:"missing_topics,omitempty"`
-	// KafkaError is the last error that says the brokers are unreachable (all brokers down, a
-	// failed metadata request), with the time it started; empty once they answer.
-	KafkaError      string    `json:"kafka_error,omitempty"`
-	KafkaErrorSince time.Time `json:"kafka_error_since,omitzero"`
-	// AuthError is a Kafka authentication or authorization failure (SASL, TLS, topic, group or
-	// cluster ACLs) with the time it started; empty once the client authenticates (or is
-	// assigned partitions, for group and cluster ACLs). The library keeps retrying; a binary
-	// may exit when it persists (the examples: 30 s).
-	AuthError      string    `json:"auth_error,omitempty"`
-	AuthErrorSince time.Time `json:"auth_error_since,omitzero"`
-	// DatabaseError is set when PostgreSQL did not answer a ping within 2 s (and no
-	// transaction committed in the last 5 s).
-	DatabaseError string `json:"database_error,omitempty"`
-	// Fatal is the error that stopped (or is stopping) Run.
-	Fatal string `json:"fatal,omitempty"`
-	// Waiting lists the partitions waiting for a dependency their handler reported
-	// Unavailable (see UnavailableError). The consumer is still ready — it does its job, and
-	// a restart would not bring the dependency back — but a probe or an operator sees who
-	// waits, since when and why.
-	Waiting []WaitingPartition `json:"waiting,omitempty"`
-}
-
-// WaitingPartition is a partition waiting for an unavailable dependency: the message at
-// Offset has waited since Since; Cause is the handler's last Unavailable error (sanitized,
-// at most 512 bytes).
-type WaitingPartition struct {
-	Topic     string    `json:"topic"`
-	Partition int32     `json:"partition"`
-	Offset    int64     `json:"offset"`
-	Since     time.Time `json:"since"`
-	Cause     string    `json:"cause"`
-}
-
-// NotReadyError is Ready's error: the Readiness that was not ready.
-type NotReadyError struct{ Readiness Readiness }
-
-func (e *NotReadyError) Error() string {
-	return "kafkatx: consumer not ready: " + strings.Join(e.Readiness.Reasons, "; ")
-}
-
-// Ready reports nil when the consumer can do its job now (Readiness.Ready), else a
-// *NotReadyError naming every reason. It pings PostgreSQL (2 s at most) unless a transaction
-// committed in the last 5 s. Safe to call from any goroutine, for a readiness probe.
-func (c *Consumer) Ready(ctx context.Context) error {
-	r := c.Readiness(ctx)
-	if r.Ready {
-		return nil
-	}
-	return &NotReadyError{Readiness: r}
-}
-
-// Readiness returns the snapshot Ready decides on. Safe to call from any goroutine.
-func (c *Consumer) Readiness(ctx context.Context) Readiness {
-	h := &c.health
-	h.mu.Lock()
-	r := Readiness{Joined: h.joined, MissingTopics: append([]string(nil), h.missing...),
-		KafkaError: h.kafkaErr, KafkaErrorSince: h.kafkaSince, AuthError: h.authErr, AuthErrorSince: h.authSince}
-	running := h.running
-	if h.fatal != nil {
-		r.Fatal = h.fatal.Error()
-	}
-	h.mu.Unlock()
-	c.mu.Lock()
-	r.AssignedPartitions = len(c.parts)
-	for _, p := range c.parts {
-		if w := p.waiting.Load(); w != nil {
-			r.Waiting = append(r.Waiting, *w)
-		}
-	}
-	c.mu.Unlock()
-	sort.Slice(r.Waiting, func(i, j int) bool {
-		a, b := r.Waiting[i], r.Waiting[j]
-		return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
-	})
-	if r.Fatal != "" {
-		r.Reasons = append(r.Reasons, "fatal error: "+r.Fatal)
-	}
-	if !running {
-		r.Reasons = append(r.Reasons, "the consumer is not running")
-	}
-	if running && !r.Joined {
-		r.Reasons = append(r.Reasons, "not a member of the consumer group yet (no assignment received)")
-	}
-	if r.KafkaError != "" {
-		r.Reasons = append(r.Reasons, fmt.Sprintf("Kafka unreachable since %s: %s", r.KafkaErrorSince.UTC().Format(time.RFC3339), r.KafkaError))
-	}
-	if r.AuthError != "" {
-		r.Reasons = append(r.Reasons, fmt.Sprintf("Kafka authentication or authorization failing since %s: %s", r.AuthErrorSince.UTC().Format(time.RFC3339), r.AuthError))
-	}
-	if len(r.MissingTopics) > 0 {
-		r.Reasons = append(r.Reasons, fmt.Sprintf("subscribed topics that do not exist or are not authorized: %s", strings.Join(r.MissingTopics, ", ")))
-	}
-	if time.Since(unixNanoTime(c.stats.lastCommit.Load())) > 5*time.Second {
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := c.pool.Ping(pctx)
-		cancel()
-		if err != nil {
-			r.DatabaseError = err.Error()
-			r.Reasons = append(r.Reasons, "database unreachable: "+err.Error())
-		}
-	}
-	r.Ready = len(r.Reasons) == 0
-	return r
-}
 
 // health is the state Readiness reads, written by the poll loop, the rebalance callback and
 // the topic probe.
@@ -194,8 +72,8 @@ func (h *health) set(f func(h *health)) {
 // onKafkaError classifies a librdkafka error event polled by Run: a fatal error stops Run;
 // authentication, connectivity and topic errors are logged (repeats rate-limited) and shown in
 // Readiness. It returns the fatal error, if e is one.
-func (c *Consumer) onKafkaError(e kafka.Error) error {
-	h := &c.health
+func (l *Loop) onKafkaError(e kafka.Error) error {
+	h := &l.health
 	code := e.Code()
 	lvl := zapcore.WarnLevel
 	msg := "Kafka client error"
@@ -212,7 +90,7 @@ func (c *Consumer) onKafkaError(e kafka.Error) error {
 			h.authErr, h.authCode = e.Error(), code
 		})
 		lvl, msg = zapcore.ErrorLevel, "Kafka authentication or authorization failed; retrying"
-		c.probeNow() // and every 2 s until it clears
+		l.probeNow() // and every 2 s until it clears
 	case code == kafka.ErrAllBrokersDown:
 		h.set(func(h *health) {
 			if h.kafkaErr == "" {
@@ -221,23 +99,23 @@ func (c *Consumer) onKafkaError(e kafka.Error) error {
 			h.kafkaErr = e.Error()
 		})
 		lvl, msg = zapcore.ErrorLevel, "no Kafka broker reachable; retrying"
-		c.probeNow() // and every 2 s until the brokers answer
+		l.probeNow() // and every 2 s until the brokers answer
 	case code == kafka.ErrUnknownTopicOrPart || code == kafka.ErrUnknownTopic:
 		msg = "subscribed topic not available"
-		c.probeNow()
+		l.probeNow()
 	}
 	if h.once(code) {
-		c.log.Check(lvl, msg).Write(zap.String("code", code.String()), zap.Error(e))
+		l.log.Check(lvl, msg).Write(zap.String("code", code.String()), zap.Error(e))
 	} else {
-		c.log.Debug(msg, zap.String("code", code.String()), zap.Error(e))
+		l.log.Debug(msg, zap.String("code", code.String()), zap.Error(e))
 	}
 	return nil
 }
 
 // probeNow asks the topic probe to run at once.
-func (c *Consumer) probeNow() {
+func (l *Loop) probeNow() {
 	select {
-	case c.probeWake <- struct{}{}:
+	case l.probeWake <- struct{}{}:
 	default:
 	}
 }
@@ -247,9 +125,9 @@ func (c *Consumer) probeNow() {
 // otherwise; it logs a subscribed topic that is missing (does not exist or is not
 // authorized) at error level, by name, and one that appears at info level, and keeps
 // Readiness's Kafka and topic conditions.
-func (c *Consumer) probeTopics(quit <-chan struct{}) {
+func (l *Loop) probeTopics(quit <-chan struct{}) {
 	var literal []string
-	for _, t := range c.cfg.Topics {
+	for _, t := range l.set.Topics {
 		if !strings.HasPrefix(t, "^") { // a regular expression subscription names no topic
 			literal = append(literal, t)
 		}
@@ -261,9 +139,9 @@ func (c *Consumer) probeTopics(quit <-chan struct{}) {
 		case <-quit:
 			return
 		case <-t.C:
-		case <-c.probeWake:
+		case <-l.probeWake:
 		}
-		bad := c.probeOnce(literal)
+		bad := l.probeOnce(literal)
 		next := 30 * time.Second
 		if bad {
 			next = 2 * time.Second
@@ -279,9 +157,9 @@ func (c *Consumer) probeTopics(quit <-chan struct{}) {
 }
 
 // probeOnce runs one probe and reports whether something is wrong.
-func (c *Consumer) probeOnce(topics []string) (bad bool) {
-	md, err := c.kc.GetMetadata(nil, true, 5000)
-	h := &c.health
+func (l *Loop) probeOnce(topics []string) (bad bool) {
+	md, err := l.kc.GetMetadata(nil, true, 5000)
+	h := &l.health
 	if err != nil {
 		h.set(func(h *health) {
 			if h.kafkaErr == "" {
@@ -310,10 +188,10 @@ func (c *Consumer) probeOnce(topics []string) (bad bool) {
 		bad = len(missing) > 0 || h.authErr != "" || !h.joined
 	})
 	for _, name := range gone {
-		c.log.Error("subscribed topic does not exist or is not authorized; nothing is consumed from it", zap.String("topic", name))
+		l.log.Error("subscribed topic does not exist or is not authorized; nothing is consumed from it", zap.String("topic", name))
 	}
 	for _, name := range appeared {
-		c.log.Info("subscribed topic available", zap.String("topic", name))
+		l.log.Info("subscribed topic available", zap.String("topic", name))
 	}
 	return bad
 }
@@ -336,8 +214,8 @@ func subtract(a, b []string) []string {
 // routeLogs writes librdkafka's log events (go.logs.channel) to the consumer's logger, named
 // "kafkatx.consumer.librdkafka", with their facility and syslog level, until quit is closed;
 // then it writes what is still buffered and returns.
-func (c *Consumer) routeLogs(ch <-chan kafka.LogEvent, quit <-chan struct{}) {
-	log := c.log.Named("librdkafka")
+func (l *Loop) routeLogs(ch <-chan kafka.LogEvent, quit <-chan struct{}) {
+	log := l.log.Named("librdkafka")
 	write := func(e kafka.LogEvent) {
 		log.Check(kafkalog.Level(e.Level), e.Message).Write(zap.String("facility", e.Tag), zap.Int("syslog_level", e.Level), zap.String("client", e.Name))
 	}
@@ -385,4 +263,22 @@ func closeWithin(kc *kafka.Consumer, d time.Duration) error {
 	case <-t.C:
 		return fmt.Errorf("the Kafka client did not close within %s (Config.CloseTimeout); left to the process exit", d)
 	}
+}
+
+// Health is what Readiness reports of the loop's connection to Kafka and the group.
+type Health struct {
+	Running, Joined                 bool
+	MissingTopics                   []string
+	KafkaError, AuthError           string
+	KafkaErrorSince, AuthErrorSince time.Time
+	Fatal                           error
+}
+
+// Health returns the loop's current health. Safe from any goroutine.
+func (l *Loop) Health() Health {
+	h := &l.health
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return Health{Running: h.running, Joined: h.joined, MissingTopics: append([]string(nil), h.missing...),
+		KafkaError: h.kafkaErr, KafkaErrorSince: h.kafkaSince, AuthError: h.authErr, AuthErrorSince: h.authSince, Fatal: h.fatal}
 }

@@ -1,4 +1,4 @@
-package handlercall
+package engine
 
 import (
 	"context"
@@ -30,7 +30,6 @@ func (panickyAs) As(any) bool   { panic("As of a user error type") }
 // (attempts). Before, any context.DeadlineExceeded and any net.Error were "again" — the
 // message re-ran for ever — while a bare context.Canceled was a failure.
 func TestSortKeepsTheHandlersOwnFailuresAsAttempts(t *testing.T) {
-	never := func(error) bool { return false }
 	live := context.Background()
 	for _, tc := range []struct {
 		name string
@@ -51,24 +50,30 @@ func TestSortKeepsTheHandlersOwnFailuresAsAttempts(t *testing.T) {
 		{"conn closed text", errors.New("conn closed"), Failed}, // the tx's connection is asked, not the text
 		{"plain", errors.New("bad order"), Failed},
 	} {
-		if v, err := Sort(live, nil, tc.err, never); v != tc.want || err != tc.err {
+		if v, err := Sort(live, nil, tc.err); v != tc.want || err != tc.err {
 			t.Errorf("%s: Sort = %v, %v; want %v", tc.name, v, err, tc.want)
 		}
 	}
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
-	if v, _ := Sort(done, nil, context.Canceled, never); v != Again {
+	if v, _ := Sort(done, nil, context.Canceled); v != Again {
 		t.Errorf("the worker's own cancellation: %v, want again", v)
 	}
-	if v, _ := Sort(live, nil, errors.New("down"), func(error) bool { return true }); v != Wait {
+	if v, _ := Sort(live, nil, fmt.Errorf("call: %w", unavailableErr{})); v != Wait {
 		t.Errorf("unavailable: %v, want wait", v)
 	}
-	v, err := Sort(live, nil, panickyAs{}, never)
+	v, err := Sort(live, nil, panickyAs{})
 	var pe *Panic
 	if v != Failed || !errors.As(err, &pe) || len(pe.Stack) == 0 {
 		t.Errorf("an error whose As panics: %v, %v; want failed with a *Panic", v, err)
 	}
 }
+
+// unavailableErr is a dependency's failure marked by its method, as *kafkatx.UnavailableError is.
+type unavailableErr struct{}
+
+func (unavailableErr) Error() string     { return "down" }
+func (unavailableErr) Unavailable() bool { return true }
 
 type timeoutErr struct{}
 
@@ -84,7 +89,7 @@ func TestCallCatchesAnErrorValueThatPanicsWhenPrinted(t *testing.T) {
 	if !errors.As(err, &pe) {
 		t.Fatalf("Call = %v, want a *Panic", err)
 	}
-	if class, _, stack := Describe(err, func(error) error { return nil }); class != ClassPanic || stack == "" {
+	if class, _, stack := Describe(err); class != ClassPanic || stack == "" {
 		t.Errorf("Describe = %s (stack %d bytes), want panic with its stack", class, len(stack))
 	}
 }
@@ -105,7 +110,7 @@ func TestClaimKeysRecoversAKeyFunctionPanic(t *testing.T) {
 	if err != nil || failed != 1 || !errors.As(kerr, &pe) {
 		t.Fatalf("ClaimKeys = failed %d, %v, %v; want message 1 failed with a *Panic", failed, kerr, err)
 	}
-	class, msg, stack := Describe(kerr, func(error) error { return nil })
+	class, msg, stack := Describe(kerr)
 	if class != ClassPanic || !strings.Contains(msg, "idempotency key function") || !strings.Contains(stack, "TestClaimKeysRecoversAKeyFunctionPanic") {
 		t.Errorf("Describe = %s %q, stack %d bytes; want panic naming the key function, with its stack", class, msg, len(stack))
 	}

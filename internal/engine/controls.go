@@ -1,0 +1,53 @@
+package engine
+
+import "errors"
+
+// kafkatx's control errors — kafkatx.Unavailable and kafkatx.Permanent — are recognised by a
+// method, as net.Error's Timeout is, so that the engine (and a client package such as
+// idempotency/airflow) need not import package kafkatx.
+
+// IsUnavailable reports whether err or an error it wraps has a method Unavailable() bool that
+// returns true (*kafkatx.UnavailableError has one). An error whose Unavailable method returns
+// false ends the search only when it wraps nothing.
+func IsUnavailable(err error) bool {
+	var m interface{ Unavailable() bool }
+	for e := err; e != nil; {
+		if !errors.As(e, &m) {
+			return false
+		}
+		if m.Unavailable() {
+			return true
+		}
+		u, ok := m.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		e = u.Unwrap()
+	}
+	return false
+}
+
+// PermanentCause returns the error inside the first error of err's chain with a method
+// Permanent() bool that returns true (*kafkatx.PermanentError has one; its Unwrap gives the
+// cause), or nil when there is none.
+func PermanentCause(err error) error {
+	var m interface {
+		Permanent() bool
+		Unwrap() error
+	}
+	if errors.As(err, &m) && m.Permanent() {
+		if cause := m.Unwrap(); cause != nil {
+			return cause
+		}
+		return err
+	}
+	return nil
+}
+
+// permanent marks an error of the loop's own rules as permanent (an idempotency key function's
+// error): the message is dead-lettered at once, with the class ClassPermanent.
+type permanent struct{ err error }
+
+func (e *permanent) Error() string   { return "permanent: " + e.err.Error() }
+func (e *permanent) Unwrap() error   { return e.err }
+func (e *permanent) Permanent() bool { return true }

@@ -1,0 +1,33 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+// Emitter receives every counted event of the loop; package kafkatx implements it (Stats, its
+// hooks and Prometheus metrics). Calls come from the poll loop and the partition workers,
+// concurrently; an implementation must not block.
+type Emitter interface {
+	BatchCommitted(tp offsetstore.TP, first, next int64, t Tried, d time.Duration)
+	RedeliveryDropped(tp offsetstore.TP, n int)
+	RetryScheduled(tp offsetstore.TP, offset int64, attempt int, class string, backoff time.Duration)
+	DeadLettered(tp offsetstore.TP, offset int64, attempts int, class string)
+	Fenced(tp offsetstore.TP, expected, watermark int64)
+	Reconciled(tp offsetstore.TP, drift, start int64, halted bool)
+	PartitionsAssigned(starts []Position)
+	PartitionsRevoked(final []Position, lost bool)
+	OffsetsSkipped(tp offsetstore.TP, kind string, from, to int64)
+	DependencyUnavailable(tp offsetstore.TP, offset int64, since time.Time, backoff time.Duration)
+	DependencyAvailable(tp offsetstore.TP, since time.Time)
+	PartitionLag(tp offsetstore.TP, watermark, logEnd int64)
+	PartitionPaused(tp offsetstore.TP, bytes int64)
+}
+
+// Position is a partition and an offset: a start offset on assignment, a final watermark on
+// revocation.
+type Position struct {
+	offsetstore.TP
+	Offset int64
+}

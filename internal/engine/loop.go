@@ -1,0 +1,335 @@
+// Package engine is kafkatx's consumer loop: the poll loop (loop.go), reconciliation and
+// rebalances (rebalance.go), one worker per assigned partition (partition.go) whose path
+// from a polled record to the Kafka commit reads top to bottom in executor.go, the waits in
+// waits.go, and the transaction body (body.go, call.go) that the test kit kafkatxtest runs
+// too. Package kafkatx is its public face: it turns the user's Config into Settings, the
+// user's handler into a Body, and implements the Emitter.
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+// Loop is one consumer's poll loop and its partition workers. Create one with New and run it
+// once with Run.
+type Loop struct {
+	deps
+	log           *zap.Logger
+	failed        atomic.Pointer[error] // first error of a worker that stops the consumer
+	lastMessage   atomic.Int64          // unix nanos of the last polled record
+	lastCommitN   atomic.Int64          // unix nanos of the last database commit
+	firstAssigned atomic.Int64          // unix nanos of the first assignment
+
+	// Owned by Run.
+	kc      *kafka.Consumer
+	mu      sync.Mutex // guards parts for Snapshot
+	parts   map[offsetstore.TP]*fetch
+	resyncC chan resyncRequest
+	fatal   error
+	eager   bool
+
+	health    health        // what Readiness reports
+	probeWake chan struct{} // wakes the topic probe
+}
+
+// fetch is the poll loop's state of one assigned partition: its worker, and what the poll
+// loop holds for it while the worker's queue is full. Owned by the poll loop's goroutine,
+// except pendingLen.
+type fetch struct {
+	w          *worker
+	pending    []*kafka.Message
+	paused     bool
+	pendingLen atomic.Int64
+}
+
+// inFlight counts the partition's messages not yet committed: queued, kept, or held by the
+// worker.
+func (f *fetch) inFlight() int {
+	return len(f.w.in) + int(f.pendingLen.Load()) + int(f.w.busy.Load())
+}
+
+// New returns a Loop that runs body for set's topics with pool, reporting to emit.
+func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
+	l := &Loop{
+		log:       set.Logger.With(zap.String("group", set.Group)),
+		parts:     map[offsetstore.TP]*fetch{},
+		probeWake: make(chan struct{}, 1),
+	}
+	l.deps = deps{
+		group: set.Group, set: set, pool: pool, store: offsetstore.New(set.Schema), body: body, emit: emit,
+		begin: func(ctx context.Context) (pgx.Tx, error) {
+			return pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: set.BeginSQL})
+		},
+		fail: func(err error) {
+			err = fmt.Errorf("kafkatx: %w", err)
+			l.failed.CompareAndSwap(nil, &err)
+		},
+		lastCommit: &l.lastCommitN,
+	}
+	return l
+}
+
+// Run joins the consumer group and processes messages until ctx is cancelled or a fatal
+// error occurs (kafkatx.Consumer.Run documents the steps and the errors). A halt of
+// reconciliation is returned as Settings.Halt made it.
+func (l *Loop) Run(ctx context.Context) error {
+	km := l.set.Kafka
+	var logs chan kafka.LogEvent
+	if l.set.RouteLogs {
+		km = kafka.ConfigMap{}
+		for k, v := range l.set.Kafka {
+			km[k] = v
+		}
+		logs = make(chan kafka.LogEvent, 1000)
+		km["go.logs.channel.enable"], km["go.logs.channel"] = true, logs
+	}
+	kc, err := kafka.NewConsumer(&km)
+	if err != nil {
+		return fmt.Errorf("kafkatx: create Kafka consumer: %w", err)
+	}
+	quitAux := make(chan struct{}) // stops the log router and the topic probe
+	var aux sync.WaitGroup
+	if logs != nil {
+		aux.Add(1)
+		go func() { defer aux.Done(); l.routeLogs(logs, quitAux) }()
+	}
+	stopAux := func() { close(quitAux); aux.Wait() }
+	l.kc = kc
+	resyncs := make(chan resyncRequest, 16)
+	l.resyncC, l.resyncs = resyncs, resyncs
+	l.logEnds = func(tp offsetstore.TP) (int64, int64, error) { return kc.GetWatermarkOffsets(tp.Topic, tp.Partition) }
+	l.commits = newCommitter(kc, l.log)
+	commitDone := make(chan struct{})
+	go func() { defer close(commitDone); l.commits.run() }()
+
+	err = kc.SubscribeTopics(l.set.Topics, func(_ *kafka.Consumer, ev kafka.Event) error {
+		return l.rebalance(ctx, ev)
+	})
+	if err != nil {
+		l.commits.stop()
+		<-commitDone
+		_ = closeWithin(kc, l.set.CloseTimeout)
+		stopAux()
+		return fmt.Errorf("kafkatx: subscribe %v: %w", l.set.Topics, err)
+	}
+	l.health.set(func(h *health) { h.running = true })
+	probeQuit := make(chan struct{})
+	probeDone := make(chan struct{})
+	go func() { defer close(probeDone); l.probeTopics(probeQuit) }()
+	l.log.Info("consumer started", zap.Strings("topics", l.set.Topics),
+		zap.Int("batch_size", l.set.BatchSize), zap.Int("max_attempts", l.set.MaxAttempts))
+
+	lagTick := time.NewTicker(time.Second)
+	defer lagTick.Stop()
+	for ctx.Err() == nil && l.fatal == nil {
+		if errp := l.failed.Load(); errp != nil {
+			l.fatal = *errp
+			break
+		}
+		pollMs := 50
+		if l.servicePartitions() {
+			pollMs = 1 // workers are being fed from memory: come back soon
+		}
+		select {
+		case <-lagTick.C:
+			l.updateLag()
+			l.checkJoined() // KIP-848: a member with no partitions gets no callback
+			l.passRecordless()
+		default:
+		}
+		switch e := kc.Poll(pollMs).(type) {
+		case *kafka.Message:
+			l.dispatch(e)
+		case kafka.Error:
+			if err := l.onKafkaError(e); err != nil {
+				l.fatal = err
+			}
+		}
+	}
+	if l.fatal != nil {
+		l.health.set(func(h *health) {
+			if h.fatal == nil {
+				h.fatal = l.fatal
+			}
+		})
+	}
+	l.log.Info("consumer stopping", zap.NamedError("cause", l.fatal))
+	// Stop every worker (in-flight transactions finish within the shutdown timeout), then
+	// commit their final watermarks to Kafka before leaving the group.
+	l.revokeAll(false)
+	l.commits.stop()
+	<-commitDone
+	close(probeQuit)
+	<-probeDone
+	if err := closeWithin(kc, l.set.CloseTimeout); err != nil {
+		l.log.Warn("close Kafka consumer", zap.Error(err))
+	}
+	stopAux()
+	l.health.set(func(h *health) { h.running, h.joined = false, false })
+	l.log.Info("consumer stopped")
+	return l.fatal
+}
+
+// bufferShare is each assigned partition's part of Config.MaxBufferedBytes, in bytes. A
+// per-partition share keeps a partition whose worker is in a long backoff from pausing the
+// others: only it stops fetching.
+func (l *Loop) bufferShare() int64 {
+	return int64(l.set.MaxBufferedBytes) / int64(max(1, len(l.parts)))
+}
+
+// servicePartitions moves kept messages into worker queues, resumes paused partitions that
+// hold half their share of Config.MaxBufferedBytes or less, and serves resync requests from
+// fenced workers. It reports whether messages are still kept, so the poll loop comes back
+// quickly to feed the workers.
+func (l *Loop) servicePartitions() (kept bool) {
+	for {
+		select {
+		case r := <-l.resyncC:
+			l.resync(r)
+			continue
+		default:
+		}
+		break
+	}
+	share := l.bufferShare()
+	for _, f := range l.parts {
+		p := f.w
+		n := 0
+	feed:
+		for n < len(f.pending) {
+			select {
+			case p.in <- f.pending[n]:
+				f.pending[n] = nil
+				n++
+			default:
+				break feed
+			}
+		}
+		if n > 0 {
+			f.pending = f.pending[n:]
+			if len(f.pending) == 0 {
+				f.pending = nil
+			}
+			f.pendingLen.Store(int64(len(f.pending)))
+		}
+		kept = kept || len(f.pending) > 0
+		if f.paused && p.bytes.Load() <= share/2 {
+			if err := l.kc.Resume([]kafka.TopicPartition{p.ktp()}); err != nil {
+				l.log.Warn("resume partition", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Error(err))
+				continue
+			}
+			f.paused = false
+		}
+	}
+	return kept
+}
+
+type resyncRequest struct {
+	p    *worker
+	at   int64
+	done chan struct{}
+}
+
+// resync drops everything kept in memory for a fenced partition and seeks it to the
+// watermark the worker re-read from the database.
+func (l *Loop) resync(r resyncRequest) {
+	defer close(r.done)
+	p := r.p
+	f := l.parts[p.tp]
+	if f == nil || f.w != p {
+		return
+	}
+	for _, m := range f.pending {
+		p.bytes.Add(-messageBytes(m))
+	}
+	f.pending = nil
+	f.pendingLen.Store(0)
+	for len(p.in) > 0 {
+		p.bytes.Add(-messageBytes(<-p.in))
+	}
+	p.dispatchedEnd.Store(r.at)
+	tp := p.ktp()
+	tp.Offset = kafka.Offset(r.at)
+	if _, err := l.kc.SeekPartitions([]kafka.TopicPartition{tp}); err != nil {
+		l.log.Warn("seek after fence", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Int64("offset", r.at), zap.Error(err))
+	}
+	if f.paused {
+		if err := l.kc.Resume([]kafka.TopicPartition{p.ktp()}); err == nil {
+			f.paused = false
+		}
+	}
+}
+
+func (l *Loop) updateLag() {
+	for tp, f := range l.parts {
+		_, high, err := l.kc.GetWatermarkOffsets(tp.Topic, tp.Partition)
+		if err != nil || high < 0 {
+			continue
+		}
+		l.emit.PartitionLag(tp, f.w.watermark.Load(), high)
+	}
+}
+
+// Snapshot is what Stats and Readiness read of the assigned partitions.
+type Snapshot struct {
+	Assigned, InFlight, HeldBack int
+	Waiting                      []Waiting
+	LastMessage, LastCommit      time.Time
+	FirstAssigned                time.Time
+}
+
+// Snapshot returns the loop's current partitions. Safe from any goroutine.
+func (l *Loop) Snapshot() Snapshot {
+	s := Snapshot{LastMessage: unixNano(l.lastMessage.Load()), LastCommit: unixNano(l.lastCommitN.Load()),
+		FirstAssigned: unixNano(l.firstAssigned.Load())}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s.Assigned = len(l.parts)
+	for _, f := range l.parts {
+		s.InFlight += f.inFlight()
+		if f.w.waits.heldBack.Load() {
+			s.HeldBack++
+		}
+		if w := f.w.waits.waiting.Load(); w != nil {
+			s.Waiting = append(s.Waiting, *w)
+		}
+	}
+	return s
+}
+
+func unixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// Halt describes a partition on which reconciliation halts the consumer: its watermark is
+// past the log end (State watermark_past_log_end), or Kafka's committed offset is ahead of it
+// under the halt policy (kafka_ahead). Settings.Halt turns it into the error Run returns
+// (*kafkatx.LogRangeError, *kafkatx.OffsetAheadError).
+type Halt struct {
+	State            string
+	Group, Topic     string
+	Partition        int32
+	Watermark        int64
+	Committed        int64
+	LogStart, LogEnd int64
+}
+
+// halted marks the error of a Halt, which ends Run instead of being retried.
+type halted struct{ err error }
+
+func (e *halted) Error() string { return e.err.Error() }
+func (e *halted) Unwrap() error { return e.err }

@@ -1,0 +1,226 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+)
+
+// The worker of one assigned partition: its collaborators, its state and its lifecycle
+// (start, stop, fencing). What it does with a message is in executor.go; its waits in
+// waits.go.
+
+var errStopped = errors.New("partition worker stopped")
+
+// deps are a worker's collaborators, the same for every worker of a loop.
+type deps struct {
+	group      string
+	set        *Settings
+	pool       *pgxpool.Pool                                     // the offset store's statements outside a transaction
+	store      *offsetstore.Store                                // watermarks, markers, attempts, audit rows
+	begin      func(context.Context) (pgx.Tx, error)             // opens a loop transaction (Settings.BeginSQL)
+	body       Runner                                            // the transaction body (Body)
+	emit       Emitter                                           // counted events
+	commits    *committer                                        // the Kafka commit after the database commit
+	logEnds    func(offsetstore.TP) (low, high int64, err error) // the partition's log range, cached by librdkafka
+	resyncs    chan<- resyncRequest                              // asks the poll loop to drop and seek a fenced partition
+	fail       func(error)                                       // stops the consumer with an unexpected error
+	lastCommit *atomic.Int64                                     // unix nanos of the last database commit, for readiness
+}
+
+// worker runs one assigned partition's messages in offset order; each batch runs in one
+// transaction that also advances the watermark.
+type worker struct {
+	*deps
+	tp    offsetstore.TP
+	log   *zap.Logger
+	in    chan *kafka.Message
+	skips chan recordless // the poll loop's requests to pass offsets without a record (recordless.go)
+	waits waits
+
+	// The offsets, one name each. watermark is written by the worker (on every commit and
+	// refence), dispatchedEnd by the poll loop; both are read from any goroutine.
+	watermark     atomic.Int64 // the database watermark: the next offset to process
+	dispatchedEnd atomic.Int64 // offsets below were already handed to the worker (or dropped)
+	inflightEnd   int64        // worker: the durable marker; offsets [watermark, inflightEnd) are marked attempted
+	crashedUntil  int64        // worker: offsets below had a marker when loaded; a crash counts one attempt each
+
+	// Read from any goroutine.
+	bytes atomic.Int64 // messageBytes of every message held (queued, kept, in a batch)
+	busy  atomic.Int64 // messages the worker holds (in a batch or a backoff)
+
+	// Owned by the worker.
+	epoch    int // replay epoch: scopes business idempotency keys
+	attempts map[int64]offsetstore.Attempt
+
+	stopOnce  sync.Once
+	stopCh    chan struct{} // closed: finish the current transaction and return
+	workCtx   context.Context
+	abortWork context.CancelFunc // cancels in-flight handler and database calls
+	done      chan struct{}
+}
+
+func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt) *worker {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &worker{
+		deps:        d,
+		tp:          tp,
+		log:         log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition)),
+		in:          make(chan *kafka.Message, 2*d.set.BatchSize),
+		skips:       make(chan recordless, 1),
+		inflightEnd: w.InflightEnd,
+		epoch:       w.ReplayEpoch,
+		attempts:    atts,
+		stopCh:      make(chan struct{}),
+		workCtx:     ctx,
+		abortWork:   cancel,
+		done:        make(chan struct{}),
+	}
+	p.waits = waits{p: p}
+	if w.InflightEnd > w.Next {
+		p.crashedUntil = w.InflightEnd
+		p.log.Warn("a batch was in flight when the last owner stopped; its offsets run one message per transaction",
+			zap.Int64("from", w.Next), zap.Int64("to", w.InflightEnd))
+	}
+	p.dispatchedEnd.Store(w.Next)
+	p.watermark.Store(w.Next)
+	return p
+}
+
+func (p *worker) ktp() kafka.TopicPartition {
+	t := p.tp.Topic
+	return kafka.TopicPartition{Topic: &t, Partition: p.tp.Partition}
+}
+
+func (p *worker) stopping() bool {
+	select {
+	case <-p.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// requestStop asks the worker to finish its current transaction and return. When lost, or
+// when the shutdown timeout passes, in-flight work is aborted.
+func (p *worker) requestStop(lost bool) {
+	p.stopOnce.Do(func() {
+		close(p.stopCh)
+		if lost {
+			p.abortWork()
+			return
+		}
+		t := time.AfterFunc(p.set.ShutdownTimeout, func() {
+			p.log.Warn("shutdown timeout: aborting the in-flight transaction", zap.Duration("timeout", p.set.ShutdownTimeout))
+			p.abortWork()
+		})
+		go func() { <-p.done; t.Stop() }()
+	})
+}
+
+func (p *worker) wait() { <-p.done }
+
+func (p *worker) stopAndWait(lost bool) {
+	p.requestStop(lost)
+	p.wait()
+}
+
+// goOn handles the error of one round of the worker (a batch, or passing offsets without a
+// record) and reports whether the worker goes on.
+func (p *worker) goOn(err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errStopped):
+		p.clearInflight()
+		return false
+	case errors.Is(err, offsetstore.ErrFenced):
+		return p.refence()
+	default:
+		// Not expected: the loop's own errors are retried. Stop the consumer rather
+		// than leave the partition assigned and unprocessed.
+		p.fail(fmt.Errorf("partition %s: %w", p.tp, err))
+		return false
+	}
+}
+
+// clearInflight removes the in-flight marker when the worker stops cleanly: the messages it
+// covered but never ran are not attempts, so the next owner runs them as a normal batch. A
+// worker whose transaction was aborted (lost partition, shutdown timeout) keeps it: its
+// handler may have run.
+func (p *worker) clearInflight() {
+	if p.workCtx.Err() != nil || p.inflightEnd <= p.watermark.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.store.MarkInflight(ctx, p.pool, p.group, p.tp, p.watermark.Load(), p.watermark.Load()); err != nil {
+		p.log.Debug("clear the in-flight marker", zap.Error(err))
+		return
+	}
+	p.inflightEnd = p.watermark.Load()
+}
+
+// refence reloads the partition's state after a fenced watermark update and asks the poll
+// loop to drop what it holds and seek to the database watermark. It reports whether the
+// worker should go on.
+func (p *worker) refence() bool {
+	ctx := p.workCtx
+	p.log.Warn("watermark fenced: another consumer advanced it; re-reading the database watermark")
+	var w offsetstore.Watermark
+	var atts map[int64]offsetstore.Attempt
+	err := p.waits.untilDone(p.watermark.Load(), func() error {
+		ws, err := p.store.Watermarks(ctx, p.pool, p.group, []offsetstore.TP{p.tp})
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if w, ok = ws[p.tp]; !ok {
+			return fmt.Errorf("watermark of %s deleted", p.tp)
+		}
+		atts, err = p.store.Attempts(ctx, p.pool, p.group, p.tp, w.Next)
+		return err
+	})
+	if err != nil {
+		return false
+	}
+	p.emit.Fenced(p.tp, p.watermark.Load(), w.Next)
+	p.inflightEnd, p.attempts, p.epoch = w.InflightEnd, atts, w.ReplayEpoch
+	p.crashedUntil = max(p.crashedUntil, w.InflightEnd)
+	p.watermark.Store(w.Next)
+	r := resyncRequest{p: p, at: w.Next, done: make(chan struct{})}
+	select {
+	case p.resyncs <- r:
+	case <-p.stopCh:
+		return false
+	}
+	select {
+	case <-r.done:
+		return true
+	case <-p.stopCh:
+		return false
+	}
+}
+
+// scope is the idempotency scope of the partition's group and replay epoch.
+func (p *worker) scope() string { return fmt.Sprintf("%s/%d", p.group, p.epoch) }
+
+// messageBytes is what a held message counts against Config.MaxBufferedBytes: its key,
+// value and headers plus a fixed 256 bytes for the structures around them.
+func messageBytes(m *kafka.Message) int64 {
+	n := int64(256 + len(m.Key) + len(m.Value))
+	for _, h := range m.Headers {
+		n += int64(len(h.Key) + len(h.Value))
+	}
+	return n
+}

@@ -1,0 +1,268 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/pg"
+)
+
+// waits holds every wait of a partition worker, in one place: the retry of database work that
+// is never an attempt (untilDone, afterDBError), the wait for a dependency the handler reported
+// Unavailable (waitUnavailable and its window), the hold of Config.Backpressure before a batch
+// (holdBack), and the backoff between two attempts of a failing message (beforeRetry). Every
+// wait ends early with errStopped when the worker is asked to stop. Owned by the worker's
+// goroutine except the atomics, which Stats and Readiness read.
+type waits struct {
+	p *worker
+
+	// A wait for a dependency the handler reported Unavailable.
+	unavailSince   time.Time               // zero when not waiting
+	unavailN       int                     // Unavailable answers since unavailSince
+	unavailExpired bool                    // Config.UnavailableMaxWait passed: answers count as attempts
+	waiting        atomic.Pointer[Waiting] // set while waiting, for Stats and Readiness
+
+	// Config.Backpressure's hold.
+	heldBack      atomic.Bool // in Config.Backpressure now, for Stats
+	backpressWarn time.Time   // its last failure logged (at most one a minute)
+}
+
+// Waiting is a partition waiting for a dependency its handler reported Unavailable.
+type Waiting struct {
+	Topic     string
+	Partition int32
+	Offset    int64     // the message held
+	Since     time.Time // the first Unavailable answer
+	Cause     string    // the last answer, sanitized
+}
+
+// errWaited is returned by the loop's transactions instead of a handler's Unavailable error
+// that is still within its window: the transaction rolled back and untilDone retries after
+// waitUnavailable.
+type errWaited struct{ cause error }
+
+func (e *errWaited) Error() string { return e.cause.Error() }
+func (e *errWaited) Unwrap() error { return e.cause }
+
+// sleep waits d unless the worker is asked to stop (errStopped).
+func (w *waits) sleep(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-w.p.stopCh:
+		return errStopped
+	}
+}
+
+// untilDone runs op — a transaction body or one of the loop's own statements — until it
+// succeeds, and is the loop's one retry of database work: a database error (retryable or not,
+// see afterDBError) runs it again after a backoff, and an Unavailable answer of the handler
+// inside it (errWaited) after waitUnavailable for offset. Neither counts as an attempt. It
+// returns errStopped when the worker is asked to stop and offsetstore.ErrFenced when another
+// owner moved the watermark.
+func (w *waits) untilDone(offset int64, op func() error) error {
+	for try := 1; ; try++ {
+		err := op()
+		var waited *errWaited
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &waited):
+			if err := w.waitUnavailable(offset, waited.cause); err != nil {
+				return err
+			}
+			try = 0 // a dependency that answers again starts the database backoff afresh
+		default:
+			if err := w.afterDBError(try, err); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// afterDBError decides what follows an error of the loop's own database work (not the
+// handler's): errStopped when the worker is stopping, the error itself when fenced, else a
+// backoff after which the caller runs the statement or transaction again — never an attempt.
+// Errors that are not retryable conditions (a missing table, a revoked permission) are logged
+// at error level: the partition waits for an operator rather than skipping anything. n is
+// the caller's try count, for the backoff.
+func (w *waits) afterDBError(n int, err error) error {
+	p := w.p
+	if p.workCtx.Err() != nil {
+		return errStopped
+	}
+	if errors.Is(err, offsetstore.ErrFenced) {
+		return err
+	}
+	d := p.set.Backoff(min(n, 8))
+	if RetryableDB(err) {
+		fields := []zap.Field{zap.Error(err), zap.Duration("backoff", d)}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "25006" {
+			// A read-only server (an old primary after a switchover, a standby): every
+			// connection of the pool may be on it. Discard them all (in-use ones when
+			// released) so the retry connects afresh.
+			p.pool.Reset()
+			fields = append(fields, zap.String("hint", "the server refuses writes (read-only: an old primary after a switchover, or a standby); "+
+				"the pool's connections were discarded; list every host with target_session_attrs=read-write to reach the new primary"))
+		}
+		if errors.As(err, &pgErr) && pgErr.Code == "25P03" {
+			fields = append(fields, zap.String("hint", fmt.Sprintf("the transaction sat idle longer than Config.Transaction.IdleTimeout (%s): "+
+				"this process was frozen or cut off, or the handler waits on something other than the database inside its transaction", p.set.IdleTimeout)))
+		}
+		p.log.Warn("retryable database error; running it again (not an attempt)", fields...)
+	} else {
+		p.log.Error("database error in the loop's own statements; the partition waits and tries again", zap.Error(err), zap.Duration("backoff", d))
+	}
+	return w.sleep(d)
+}
+
+// beforeRetry waits Config.Retry's backoff before try a.Attempts+1 of a message whose try
+// a.Attempts failed with a.ErrorClass, and counts the retry.
+func (w *waits) beforeRetry(a offsetstore.Attempt) error {
+	p := w.p
+	d := p.set.Backoff(a.Attempts)
+	p.log.Info("retrying after backoff", zap.Int64("offset", a.Offset), zap.Int("attempt", a.Attempts+1), zap.Duration("backoff", d))
+	p.emit.RetryScheduled(p.tp, a.Offset, a.Attempts, a.ErrorClass, d)
+	return w.sleep(d)
+}
+
+// stillUnavailable reports whether herr, an Unavailable answer (Sort's Wait), is one the
+// partition should still wait out: false once Config.UnavailableMaxWait has passed for the
+// current message, when it counts as an ordinary failure.
+func (w *waits) stillUnavailable(herr error) bool {
+	if w.unavailSince.IsZero() || time.Since(w.unavailSince) < w.p.set.UnavailableMaxWait {
+		return true
+	}
+	if !w.unavailExpired {
+		w.unavailExpired = true
+		w.p.log.Warn("dependency still unavailable after the partition's wait window; the message's tries now count as attempts",
+			zap.Duration("window", w.p.set.UnavailableMaxWait), zap.String("error", pg.SanitizeText(herr.Error(), 512)))
+	}
+	return false
+}
+
+// waitUnavailable waits before the next try of offset after its handler answered
+// Unavailable (cause): Settings.UnavailableBackoff of the consecutive answers. It returns
+// errStopped when the worker is asked to stop.
+func (w *waits) waitUnavailable(offset int64, cause error) error {
+	p := w.p
+	if w.unavailSince.IsZero() {
+		w.unavailSince = time.Now()
+	}
+	w.waiting.Store(&Waiting{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: offset,
+		Since: w.unavailSince, Cause: pg.SanitizeText(cause.Error(), 512)})
+	w.unavailN++
+	d := p.set.UnavailableBackoff(min(w.unavailN, 16))
+	p.emit.DependencyUnavailable(p.tp, offset, w.unavailSince, d)
+	p.log.Warn("dependency unavailable; the partition waits and runs the message again (not an attempt)",
+		zap.Int64("offset", offset), zap.String("cause", pg.SanitizeText(cause.Error(), 512)),
+		zap.Duration("waited", time.Since(w.unavailSince)), zap.Duration("backoff", d))
+	return w.sleep(d)
+}
+
+// available ends a wait for an unavailable dependency: the message it held committed, was
+// dead-lettered or failed for another reason (answered), or the worker stopped.
+func (w *waits) available(answered bool) {
+	if w.unavailSince.IsZero() {
+		return
+	}
+	if answered {
+		w.p.log.Info("dependency answered again; the partition goes on", zap.Duration("waited", time.Since(w.unavailSince)))
+	}
+	since := w.unavailSince
+	w.unavailSince, w.unavailN, w.unavailExpired = time.Time{}, 0, false
+	w.waiting.Store(nil)
+	w.p.emit.DependencyAvailable(w.p.tp, since)
+}
+
+// availableUnless ends a wait when herr, an ordinary failure of the message, is not an
+// Unavailable answer past its window (which keeps the window closed until the message ends).
+func (w *waits) availableUnless(herr error) {
+	if !IsUnavailable(herr) {
+		w.available(true)
+	}
+}
+
+// backpressureNote is how long a Config.Backpressure hold lasts before it is logged.
+const backpressureNote = 10 * time.Second
+
+// holdBack calls Config.Backpressure, if set, before a batch: it returns errStopped when the
+// worker was asked to stop while it waited, else nil. The throttle's own error or panic (with
+// its stack) is logged, at most once a minute per partition, and the batch runs. A hold longer
+// than backpressureNote is logged when it starts to show and when it ends. A throttle that
+// ignores its context is left behind once the partition's work is aborted (the shutdown
+// timeout, a lost partition): the worker returns, the throttle's goroutine goes on.
+func (w *waits) holdBack() error {
+	p := w.p
+	bp := p.set.Backpressure
+	if bp == nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(p.workCtx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stopCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		done <- func() (err error) {
+			defer func() {
+				if v := recover(); v != nil {
+					err = &Panic{Value: v, Stack: debug.Stack(), Of: "Config.Backpressure"}
+				}
+			}()
+			return bp(ctx)
+		}()
+	}()
+	w.heldBack.Store(true)
+	defer w.heldBack.Store(false)
+	start := time.Now()
+	note := time.NewTimer(backpressureNote)
+	defer note.Stop()
+	noted := false
+	var err error
+wait:
+	for {
+		select {
+		case err = <-done:
+			break wait
+		case <-note.C:
+			noted = true
+			p.log.Info("partition held back by Config.Backpressure", zap.Duration("for", time.Since(start)))
+		case <-p.workCtx.Done():
+			p.log.Warn("Config.Backpressure did not return after the partition's work was aborted; left behind")
+			return errStopped
+		}
+	}
+	if noted {
+		p.log.Info("partition no longer held back", zap.Duration("held", time.Since(start)))
+	}
+	if p.stopping() {
+		return errStopped
+	}
+	if err != nil && time.Since(w.backpressWarn) >= time.Minute {
+		w.backpressWarn = time.Now()
+		fields := []zap.Field{zap.Error(err)}
+		var pe *Panic
+		if errors.As(err, &pe) {
+			fields = append(fields, zap.ByteString("stack", pe.Stack))
+		}
+		p.log.Warn("Config.Backpressure failed; the batch runs (logged at most once a minute)", fields...)
+	}
+	return nil
+}

@@ -1,0 +1,45 @@
+package kafkatx
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/pg"
+)
+
+// Migrate applies kafkatx's embedded migrations to schema ("" means "kafkatx") under an
+// advisory lock; it is safe to run from several processes at once and to run again.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	schema = pg.SchemaOr(schema)
+	_, err := migrations.Apply(ctx, pool, schema)
+	return err
+}
+
+// MigrationSQL returns the SQL that Migrate applies, for teams that run their own
+// migration tool (goose, atlas, tern).
+func MigrationSQL(schema string) string {
+	schema = pg.SchemaOr(schema)
+	return migrations.Script(schema)
+}
+
+// prepareSchema applies the migrations to schema, or with skip checks them
+// (Config.SkipMigrations).
+func prepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, skip bool) error {
+	if !skip {
+		if err := Migrate(ctx, pool, schema); err != nil {
+			return fmt.Errorf("kafkatx: %w", err)
+		}
+		return nil
+	}
+	missing, err := migrations.Missing(ctx, pool, schema)
+	if err != nil {
+		return fmt.Errorf("kafkatx: %w", err)
+	}
+	if len(missing) > 0 {
+		return &MigrationsMissingError{Schema: schema, Missing: missing}
+	}
+	return nil
+}

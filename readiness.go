@@ -1,0 +1,116 @@
+package kafkatx
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Readiness is a snapshot of what Consumer.Ready checks: is the consumer able to do its job
+// now. Ready is true when the consumer runs, has joined its group and received an
+// assignment (possibly empty) since it last lost one, reaches Kafka and PostgreSQL, every
+// subscribed topic exists and is authorized, and no fatal or persistent authentication error
+// occurred. Reasons says why not, one sentence per condition. The JSON form is what the
+// example binaries serve on /readyz.
+type Readiness struct {
+	Ready   bool     `json:"ready"`
+	Reasons []string `json:"reasons,omitempty"`
+	// Joined: an assignment (possibly empty) was received and not lost since.
+	Joined bool `json:"joined"`
+	// AssignedPartitions counts the partitions this member owns.
+	AssignedPartitions int `json:"assigned_partitions"`
+	// MissingTopics are subscribed topics the cluster's metadata does not list: they do not
+	// exist, or this client may not describe them.
+	MissingTopics []string `json:"missing_topics,omitempty"`
+	// KafkaError is the last error that says the brokers are unreachable (all brokers down, a
+	// failed metadata request), with the time it started; empty once they answer.
+	KafkaError      string    `json:"kafka_error,omitempty"`
+	KafkaErrorSince time.Time `json:"kafka_error_since,omitzero"`
+	// AuthError is a Kafka authentication or authorization failure (SASL, TLS, topic, group or
+	// cluster ACLs) with the time it started; empty once the client authenticates (or is
+	// assigned partitions, for group and cluster ACLs). The library keeps retrying; a binary
+	// may exit when it persists (the examples: 30 s).
+	AuthError      string    `json:"auth_error,omitempty"`
+	AuthErrorSince time.Time `json:"auth_error_since,omitzero"`
+	// DatabaseError is set when PostgreSQL did not answer a ping within 2 s (and no
+	// transaction committed in the last 5 s).
+	DatabaseError string `json:"database_error,omitempty"`
+	// Fatal is the error that stopped (or is stopping) Run.
+	Fatal string `json:"fatal,omitempty"`
+	// Waiting lists the partitions waiting for a dependency their handler reported
+	// Unavailable (see UnavailableError). The consumer is still ready — it does its job, and
+	// a restart would not bring the dependency back — but a probe or an operator sees who
+	// waits, since when and why.
+	Waiting []WaitingPartition `json:"waiting,omitempty"`
+}
+
+// WaitingPartition is a partition waiting for an unavailable dependency: the message at
+// Offset has waited since Since; Cause is the handler's last Unavailable error (sanitized,
+// at most 512 bytes).
+type WaitingPartition struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Since     time.Time `json:"since"`
+	Cause     string    `json:"cause"`
+}
+
+// Ready reports nil when the consumer can do its job now (Readiness.Ready), else a
+// *NotReadyError naming every reason. It pings PostgreSQL (2 s at most) unless a transaction
+// committed in the last 5 s. Safe to call from any goroutine, for a readiness probe.
+func (c *Consumer) Ready(ctx context.Context) error {
+	r := c.Readiness(ctx)
+	if r.Ready {
+		return nil
+	}
+	return &NotReadyError{Readiness: r}
+}
+
+// Readiness returns the snapshot Ready decides on. Safe to call from any goroutine.
+func (c *Consumer) Readiness(ctx context.Context) Readiness {
+	h, snap := c.loop.Health(), c.loop.Snapshot()
+	r := Readiness{Joined: h.Joined, MissingTopics: h.MissingTopics, AssignedPartitions: snap.Assigned,
+		KafkaError: h.KafkaError, KafkaErrorSince: h.KafkaErrorSince, AuthError: h.AuthError, AuthErrorSince: h.AuthErrorSince}
+	running := h.Running
+	if h.Fatal != nil {
+		r.Fatal = h.Fatal.Error()
+	}
+	for _, w := range snap.Waiting {
+		r.Waiting = append(r.Waiting, WaitingPartition(w))
+	}
+	sort.Slice(r.Waiting, func(i, j int) bool {
+		a, b := r.Waiting[i], r.Waiting[j]
+		return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
+	})
+	if r.Fatal != "" {
+		r.Reasons = append(r.Reasons, "fatal error: "+r.Fatal)
+	}
+	if !running {
+		r.Reasons = append(r.Reasons, "the consumer is not running")
+	}
+	if running && !r.Joined {
+		r.Reasons = append(r.Reasons, "not a member of the consumer group yet (no assignment received)")
+	}
+	if r.KafkaError != "" {
+		r.Reasons = append(r.Reasons, fmt.Sprintf("Kafka unreachable since %s: %s", r.KafkaErrorSince.UTC().Format(time.RFC3339), r.KafkaError))
+	}
+	if r.AuthError != "" {
+		r.Reasons = append(r.Reasons, fmt.Sprintf("Kafka authentication or authorization failing since %s: %s", r.AuthErrorSince.UTC().Format(time.RFC3339), r.AuthError))
+	}
+	if len(r.MissingTopics) > 0 {
+		r.Reasons = append(r.Reasons, fmt.Sprintf("subscribed topics that do not exist or are not authorized: %s", strings.Join(r.MissingTopics, ", ")))
+	}
+	if time.Since(snap.LastCommit) > 5*time.Second {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err := c.pool.Ping(pctx)
+		cancel()
+		if err != nil {
+			r.DatabaseError = err.Error()
+			r.Reasons = append(r.Reasons, "database unreachable: "+err.Error())
+		}
+	}
+	r.Ready = len(r.Reasons) == 0
+	return r
+}
