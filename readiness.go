@@ -40,9 +40,12 @@ type Readiness struct {
 	// Fatal is the error that stopped (or is stopping) Run.
 	Fatal string `json:"fatal,omitempty"`
 	// Waiting lists the partitions waiting for a dependency their handler reported
-	// Unavailable (see UnavailableError). The consumer is still ready — it does its job, and
-	// a restart would not bring the dependency back — but a probe or an operator sees who
-	// waits, since when and why.
+	// Unavailable (see UnavailableError), or waiting out the database's own condition
+	// (WaitingPartition.Condition). For a dependency the consumer is still ready — it does its
+	// job, and a restart would not bring the dependency back — but a probe or an operator sees
+	// who waits, since when and why. For the database's own condition (a full disk, no
+	// connection slots, a read-only server: docs/failures.md) it is not ready: nothing can be
+	// written, and the reason names the SQLSTATE.
 	Waiting []WaitingPartition `json:"waiting,omitempty"`
 }
 
@@ -55,6 +58,10 @@ type WaitingPartition struct {
 	Offset    int64     `json:"offset"`
 	Since     time.Time `json:"since"`
 	Cause     string    `json:"cause"`
+	// Condition names the database's own condition the partition waits out — its SQLSTATE
+	// and name, "53100 disk_full" (docs/failures.md) — or is empty for a dependency's
+	// Unavailable answer. While any partition waits out one, the consumer is not ready.
+	Condition string `json:"condition,omitempty"`
 }
 
 // Ready reports nil when the consumer can do its job now (Readiness.Ready), else a
@@ -87,6 +94,9 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	if r.Fatal != "" {
 		r.Reasons = append(r.Reasons, "fatal error: "+r.Fatal)
 	}
+	if reason := conditionReason(r.Waiting); reason != "" {
+		r.Reasons = append(r.Reasons, reason)
+	}
 	if !running {
 		r.Reasons = append(r.Reasons, "the consumer is not running")
 	}
@@ -113,4 +123,26 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	r.Ready = len(r.Reasons) == 0
 	return r
+}
+
+// conditionReason is Readiness's reason while partitions wait out the database's own
+// condition: the condition (SQLSTATE and name) of the longest wait, since when, and how many
+// partitions wait; "" when none does.
+func conditionReason(ws []WaitingPartition) string {
+	var first *WaitingPartition
+	n := 0
+	for i := range ws {
+		if ws[i].Condition == "" {
+			continue
+		}
+		n++
+		if first == nil || ws[i].Since.Before(first.Since) {
+			first = &ws[i]
+		}
+	}
+	if first == nil {
+		return ""
+	}
+	return fmt.Sprintf("the database's own condition %s since %s: %d partition(s) wait it out, spending no attempt (docs/failures.md)",
+		first.Condition, first.Since.UTC().Format(time.RFC3339), n)
 }

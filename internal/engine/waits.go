@@ -42,6 +42,9 @@ type Waiting struct {
 	Offset    int64     // the message held
 	Since     time.Time // the first Unavailable answer
 	Cause     string    // the last answer, sanitized
+	// Condition names the database's own condition the partition waits out ("53100
+	// disk_full", internal/pgerr), or is empty for a dependency's Unavailable answer.
+	Condition string
 }
 
 // errWaited is returned by the loop's transactions instead of a handler's Unavailable error
@@ -160,11 +163,31 @@ func (w *waits) waitUnavailable(offset int64, cause error) error {
 	if w.unavailSince.IsZero() {
 		w.unavailSince = time.Now()
 	}
-	w.waiting.Store(&Waiting{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: offset,
-		Since: w.unavailSince, Cause: pg.SanitizeText(cause.Error(), 512)})
+	cond, server := ServerCondition(cause)
+	wt := &Waiting{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: offset,
+		Since: w.unavailSince, Cause: pg.SanitizeText(cause.Error(), 512)}
+	if server {
+		wt.Condition = cond.String()
+	}
+	w.waiting.Store(wt)
 	w.unavailN++
 	d := p.set.UnavailableBackoff(min(w.unavailN, 16))
 	p.emit.DependencyUnavailable(p.tp, offset, w.unavailSince, d)
+	if server {
+		if cond.SQLState == "25006" {
+			// A read-only server: every connection of the pool may be on it; discard them
+			// so the next try connects afresh (docs/deployment.md).
+			p.pool.Reset()
+		}
+		// The server's own condition (docs/failures.md): logged when it starts, then every
+		// eighth try, not at every probe.
+		if w.unavailN == 1 || w.unavailN%8 == 0 {
+			p.log.Warn("the database's own condition; the partition waits it out and runs the message again (not an attempt)",
+				zap.Int64("offset", offset), zap.String("condition", wt.Condition), zap.String("cause", wt.Cause),
+				zap.Duration("waited", time.Since(w.unavailSince)), zap.Duration("backoff", d), zap.Duration("bound", p.set.UnavailableMaxWait))
+		}
+		return w.sleep(d)
+	}
 	p.log.Warn("dependency unavailable; the partition waits and runs the message again (not an attempt)",
 		zap.Int64("offset", offset), zap.String("cause", pg.SanitizeText(cause.Error(), 512)),
 		zap.Duration("waited", time.Since(w.unavailSince)), zap.Duration("backoff", d))
