@@ -24,6 +24,8 @@ type promHook struct {
 	batchSeconds prometheus.Histogram
 	unavailable  *prometheus.CounterVec
 	waiting      *prometheus.GaugeVec
+	breakerOpen  *prometheus.GaugeVec
+	breakerOpens *prometheus.CounterVec
 }
 
 var (
@@ -52,10 +54,14 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 		lag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_lag", Help: "Log end offset minus database watermark, in messages."}, []string{"group", "topic", "partition"}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kafkatx_batch_duration_seconds", Help: "Time to run and commit one batch transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dependency_unavailable_total", Help: "Handler answers of Unavailable waited out (tries rolled back, no attempt counted)."}, []string{"group", "topic"}),
-		waiting:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_waiting", Help: "1 while the partition waits for a dependency its handler reported Unavailable."}, []string{"group", "topic", "partition"}),
+		unavailable:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dependency_unavailable_total", Help: "Handler answers of Unavailable waited out (tries rolled back, no attempt counted)."}, []string{"group", "topic"}),
+		waiting:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_waiting", Help: "1 while the partition waits for a dependency its handler reported Unavailable."}, []string{"group", "topic", "partition"}),
+		breakerOpen:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_breaker_open", Help: "1 while the breaker holds the partitions whose messages fail alike (Config.Breaker)."}, []string{"group"}),
+		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_breaker_opened_total", Help: "Times the breaker opened (Config.Breaker)."}, []string{"group"}),
 	}
 	var err error
+	promreg.Into(reg, &m.breakerOpen, &err)
+	promreg.Into(reg, &m.breakerOpens, &err)
 	promreg.Into(reg, &m.processed, &err)
 	promreg.Into(reg, &m.duplicates, &err)
 	promreg.Into(reg, &m.retries, &err)
@@ -74,6 +80,16 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 }
 
 func partitionLabel(p int32) string { return strconv.Itoa(int(p)) }
+
+// breakerChanged sets kafkatx_breaker_open and counts an opening.
+func (m *promHook) breakerChanged(group string, open bool) {
+	if open {
+		m.breakerOpen.WithLabelValues(group).Set(1)
+		m.breakerOpens.WithLabelValues(group).Inc()
+		return
+	}
+	m.breakerOpen.WithLabelValues(group).Set(0)
+}
 
 func (m *promHook) OnBatchCommitted(e BatchCommitted) {
 	if e.Processed > 0 {

@@ -47,6 +47,23 @@ type Readiness struct {
 	// connection slots, a read-only server: docs/failures.md) it is not ready: nothing can be
 	// written, and the reason names the SQLSTATE.
 	Waiting []WaitingPartition `json:"waiting,omitempty"`
+	// Breaker is set while the breaker is open (Config.Breaker): messages of several
+	// partitions fail alike, and the failing partitions pause and probe. Not ready meanwhile.
+	Breaker *BreakerReadiness `json:"breaker,omitempty"`
+}
+
+// BreakerReadiness is an open breaker: since when, what the failures share (Signature: the
+// SQLSTATE and its name for a PostgreSQL error, "SQLSTATE 42501 insufficient_privilege",
+// otherwise the error text with its digits blanked), the SQLSTATE alone when there is one, an
+// example failure, how many distinct messages failed alike when it opened, and the
+// partitions it holds.
+type BreakerReadiness struct {
+	Since      time.Time `json:"since"`
+	Signature  string    `json:"signature"`
+	SQLState   string    `json:"sqlstate,omitempty"`
+	Example    string    `json:"example"`
+	Messages   int       `json:"messages"`
+	Partitions []string  `json:"partitions"`
 }
 
 // WaitingPartition is a partition waiting for an unavailable dependency: the message at
@@ -96,6 +113,15 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	if reason := conditionReason(r.Waiting); reason != "" {
 		r.Reasons = append(r.Reasons, reason)
+	}
+	if b := snap.Breaker; b != nil {
+		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages}
+		for _, tp := range b.Held {
+			r.Breaker.Partitions = append(r.Breaker.Partitions, tp.String())
+		}
+		sort.Strings(r.Breaker.Partitions)
+		r.Reasons = append(r.Reasons, fmt.Sprintf("breaker open since %s: %d messages of the consumer failed alike (%s); the failing partitions pause and probe, spending no attempts (Config.Breaker)",
+			b.Since.UTC().Format(time.RFC3339), b.Messages, b.Signature))
 	}
 	if !running {
 		r.Reasons = append(r.Reasons, "the consumer is not running")

@@ -280,7 +280,7 @@ func (p *worker) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) 
 	if t, err = p.body.TryRecords(ctx, tx, p.scope(), msgs, 1); err != nil {
 		return t, err
 	}
-	if err := p.verdict(&t); err != nil || t.Verdict == Failed {
+	if err := p.verdict(&t, msgs); err != nil || t.Verdict == Failed {
 		return t, err
 	}
 	for _, km := range msgs {
@@ -289,11 +289,12 @@ func (p *worker) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) 
 	return t, p.finishTx(ctx, tx, msgs, end, p.markAhead(end), false, &t, start)
 }
 
-// verdict turns a try's verdict into the loop's next step: Again is an error untilDone runs
-// the transaction again on (never an attempt); Wait is errWaited while the partition's
-// Unavailable window lasts, then a failure (t.Verdict becomes Failed); Done and Failed are
-// left to the caller.
-func (p *worker) verdict(t *Tried) error {
+// verdict turns a try's verdict over msgs into the loop's next step: Again is an error
+// untilDone runs the transaction again on (never an attempt); Wait is errWaited while the
+// partition's Unavailable window lasts, then a failure (t.Verdict becomes Failed); a failure
+// the open breaker holds is errHeld (no attempt, breaker.go); Done and other failures are left
+// to the caller.
+func (p *worker) verdict(t *Tried, msgs []*kafka.Message) error {
 	switch t.Verdict {
 	case Again:
 		return t.Err
@@ -302,6 +303,17 @@ func (p *worker) verdict(t *Tried) error {
 			return &errWaited{cause: t.Err}
 		}
 		t.Verdict = Failed
+	}
+	if t.Verdict == Failed && t.Cause != nil && PermanentCause(t.Cause) == nil {
+		at := msgs[0]
+		if t.Failed >= 0 && t.Failed < len(msgs) {
+			at = msgs[t.Failed]
+		}
+		// Counted only when the failing message is the first of its transaction: later in a
+		// batch, the messages before it have not committed, and may (a pill among them).
+		if p.breaker.failed(Position{TP: p.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
+			return &errHeld{cause: t.Cause}
+		}
 	}
 	return nil
 }
@@ -370,7 +382,7 @@ func (p *worker) oneTx(ctx context.Context, km *kafka.Message, attempt int) (her
 	if err != nil {
 		return nil, err
 	}
-	if err := p.verdict(&t); err != nil || t.Verdict == Failed {
+	if err := p.verdict(&t, []*kafka.Message{km}); err != nil || t.Verdict == Failed {
 		return t.Cause, err
 	}
 	p.set.Signals.step("handled", int64(km.TopicPartition.Offset))
@@ -463,6 +475,9 @@ func (p *worker) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message,
 	}
 	p.inflightEnd = inflightEnd
 	p.committed(end)
+	if t != nil && t.Verdict == Done {
+		p.breaker.succeeded() // handled messages committed: a spell of shared failures ends
+	}
 	if t != nil {
 		p.emit.BatchCommitted(p.tp, from, end, *t, time.Since(start))
 	}

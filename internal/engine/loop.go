@@ -77,6 +77,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		},
 		lastCommit: &l.lastCommitN,
 	}
+	l.deps.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)
 	return l
 }
 
@@ -285,6 +286,7 @@ func (l *Loop) updateLag() {
 type Snapshot struct {
 	Assigned, InFlight, HeldBack int
 	Waiting                      []Waiting
+	Breaker                      *BreakerState // nil unless the breaker is open
 	LastMessage, LastCommit      time.Time
 	FirstAssigned                time.Time
 }
@@ -292,7 +294,7 @@ type Snapshot struct {
 // Snapshot returns the loop's current partitions. Safe from any goroutine.
 func (l *Loop) Snapshot() Snapshot {
 	s := Snapshot{LastMessage: unixNano(l.lastMessage.Load()), LastCommit: unixNano(l.lastCommitN.Load()),
-		FirstAssigned: unixNano(l.firstAssigned.Load())}
+		FirstAssigned: unixNano(l.firstAssigned.Load()), Breaker: l.breaker.State()}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s.Assigned = len(l.parts)

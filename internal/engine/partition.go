@@ -36,6 +36,7 @@ type deps struct {
 	resyncs    chan<- resyncRequest                              // asks the poll loop to drop and seek a fenced partition
 	fail       func(error)                                       // stops the consumer with an unexpected error
 	lastCommit *atomic.Int64                                     // unix nanos of the last database commit, for readiness
+	breaker    *Breaker                                          // shared failures across partitions (breaker.go)
 }
 
 // worker runs one assigned partition's messages in offset order; each batch runs in one

@@ -39,6 +39,11 @@ type Settings struct {
 	// UnavailableBackoff is the wait after the n-th consecutive Unavailable answer.
 	UnavailableBackoff func(n int) time.Duration
 	UnavailableMaxWait time.Duration
+	// BreakerThreshold is how many distinct messages failing alike, with no success between,
+	// open the breaker (≤ 0: never); BreakerProbe is a held partition's wait between tries
+	// (breaker.go).
+	BreakerThreshold int
+	BreakerProbe     time.Duration
 
 	ShutdownTimeout  time.Duration
 	CloseTimeout     time.Duration

@@ -85,6 +85,12 @@ func (w *waits) untilDone(offset int64, op func() error) error {
 				return err
 			}
 			try = 0 // a dependency that answers again starts the database backoff afresh
+		case errors.As(err, new(*errHeld)):
+			// The breaker holds this try (breaker.go): no attempt; probe again later.
+			if err := w.sleep(w.p.breaker.probe); err != nil {
+				return err
+			}
+			try = 0
 		default:
 			if err := w.afterDBError(try, err); err != nil {
 				return err
