@@ -464,10 +464,11 @@ func (p *worker) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message,
 			return err
 		}
 	}
-	if err := p.store.Advance(ctx, tx, p.group, p.tp, p.watermark.Load(), end, inflightEnd); err != nil {
+	xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, p.watermark.Load(), end, inflightEnd)
+	if err != nil {
 		return err
 	}
-	if err := p.commit(ctx, tx, end); err != nil {
+	if err := p.commit(ctx, tx, end, xid); err != nil {
 		return err
 	}
 	for _, km := range msgs {
@@ -510,20 +511,50 @@ func (p *worker) auditGap(ctx context.Context, tx pgx.Tx, first int64) error {
 	return err
 }
 
-// commit commits tx that moves the watermark to end. After a lost COMMIT reply, a
-// watermark that already equals end means the commit happened (docs/design.md,
-// "Compare-and-set").
-func (p *worker) commit(ctx context.Context, tx pgx.Tx, end int64) error {
+// commit commits tx, transaction xid, that moves the watermark to end. A COMMIT whose answer
+// is lost — the connection cut, or ctx ended (pgx then closes the connection and sends no
+// cancel) — may have committed, may not, or may still be committing (waiting for a
+// synchronous standby, during which the transaction reads as in progress). The outcome is
+// settled from the database's own record before anything else happens: txid_status(xid),
+// asked on another connection, until it answers committed (done: nothing runs again) or
+// aborted (the caller runs the transaction again, not an attempt); while it answers in
+// progress the partition waits. When the server no longer knows xid, a watermark at end
+// means committed (docs/design.md, "Compare-and-set"). The wait ends when the worker is asked
+// to stop, the outcome then left to the partition's next owner, whose compare-and-set on the
+// watermark cannot apply the messages twice.
+func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
 	err := tx.Commit(ctx)
 	if err == nil {
 		return nil
 	}
-	ws, rerr := p.store.Watermarks(context.WithoutCancel(ctx), p.pool, p.group, []offsetstore.TP{p.tp})
-	if rerr == nil && ws[p.tp].Next == end {
-		p.log.Warn("COMMIT reply lost but the watermark shows it committed", zap.Int64("watermark", end), zap.Error(err))
-		return nil
+	rctx := context.WithoutCancel(ctx)
+	for try := 1; ; try++ {
+		sctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+		st, serr := offsetstore.TxStatus(sctx, p.pool, xid)
+		cancel()
+		switch {
+		case serr == nil && st == "committed":
+			p.log.Warn("COMMIT answer lost; the database's record (txid_status) shows it committed", zap.Int64("xid", xid),
+				zap.Int64("watermark", end), zap.Error(err))
+			return nil
+		case serr == nil && st == "aborted":
+			return fmt.Errorf("commit (the database's record shows it aborted): %w", err)
+		case serr == nil && st == "":
+			ws, rerr := p.store.Watermarks(rctx, p.pool, p.group, []offsetstore.TP{p.tp})
+			if rerr == nil && ws[p.tp].Next == end {
+				p.log.Warn("COMMIT answer lost but the watermark shows it committed", zap.Int64("watermark", end), zap.Error(err))
+				return nil
+			}
+			return fmt.Errorf("commit: %w", err)
+		}
+		if try == 1 || try%50 == 0 {
+			p.log.Warn("COMMIT answer lost and its outcome not known yet (in progress, or the database unreachable); waiting for the database's record",
+				zap.Int64("xid", xid), zap.String("status", st), zap.NamedError("status_error", serr), zap.Error(err))
+		}
+		if p.waits.sleep(200*time.Millisecond) != nil {
+			return fmt.Errorf("commit outcome unknown when the partition stopped (xid %d): %w", xid, err)
+		}
 	}
-	return fmt.Errorf("commit: %w", err)
 }
 
 // committed records a database commit that moved the watermark to next and hands the new

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -116,6 +118,40 @@ func (s *Store) Advance(ctx context.Context, q pg.Querier, group string, tp TP, 
 		return ErrFenced
 	}
 	return nil
+}
+
+// AdvanceXID is Advance that also returns the id of q's transaction (txid_current(), the
+// 64-bit form txid_status accepts), so that a COMMIT whose answer is lost can be settled from
+// the database's own record (TxStatus) rather than guessed.
+func (s *Store) AdvanceXID(ctx context.Context, q pg.Querier, group string, tp TP, from, to, inflightEnd int64) (xid int64, err error) {
+	var ie *int64
+	if inflightEnd > to {
+		ie = &inflightEnd
+	}
+	err = q.QueryRow(ctx, `UPDATE `+s.t.Watermarks+` SET next_offset = $5, inflight_end = $6, updated_at = now()
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4 RETURNING txid_current()`,
+		group, tp.Topic, tp.Partition, from, to, ie).Scan(&xid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrFenced
+	}
+	if err != nil {
+		return 0, fmt.Errorf("advance watermark %s %d→%d: %w", tp, from, to, err)
+	}
+	return xid, nil
+}
+
+// TxStatus returns txid_status(xid): "committed", "aborted", "in progress" (a COMMIT still
+// waiting — for a synchronous standby, say — reads as in progress), or "" when the
+// transaction is too old for the server to know.
+func TxStatus(ctx context.Context, q pg.Querier, xid int64) (string, error) {
+	var st *string
+	if err := q.QueryRow(ctx, `SELECT txid_status($1)`, xid).Scan(&st); err != nil {
+		return "", fmt.Errorf("txid_status: %w", err)
+	}
+	if st == nil {
+		return "", nil
+	}
+	return *st, nil
 }
 
 // MarkInflight durably records that offsets [at, end) are about to be attempted, so that a
