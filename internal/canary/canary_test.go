@@ -280,7 +280,11 @@ func TestNoCanaryInAnyOutput(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait(); out.add("dagservice logs", logs.String()) }()
+		defer func() {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			_ = cmd.Wait()
+			out.add("dagservice logs", logs.String())
+		}()
 		basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("u:"+authCanary))
 		for _, hdr := range []string{basic, "Bearer " + authCanary} {
 			for _, key := range []string{"k-" + fmt.Sprint(len(hdr)), "k-" + fmt.Sprint(len(hdr)), strings.Repeat("x", 300)} {
