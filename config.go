@@ -496,8 +496,25 @@ func (c *Config) settings() (*engine.Settings, error) {
 		BeginSQL: d.Transaction.beginSQL(), IdleTimeout: d.Transaction.IdleTimeout,
 		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait,
 		MaxAttempts: d.Retry.MaxAttempts, Backoff: d.Retry.Backoff, UnavailableBackoff: unavail.Backoff,
-		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
+		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe,
+		StuckAfter: stuckAfter(d.Transaction), ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
 		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
 		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
 	}, nil
+}
+
+// stuckAfter is how long a handler call may run before the loop reports it stuck (logged
+// once with its partition and offset, Readiness.Stuck, kafkatx_partition_stuck): the
+// transaction's statement_timeout plus its idle_in_transaction_session_timeout
+// (Config.Transaction; 70 s by default) — past both, the call cannot be doing useful work in
+// its transaction. A bound turned off (negative) leaves the default's part in its place.
+func stuckAfter(t TransactionConfig) time.Duration {
+	st, idle := t.StatementTimeout, t.IdleTimeout
+	if st <= 0 {
+		st = StatementTimeoutDefault
+	}
+	if idle <= 0 {
+		idle = IdleTimeoutDefault
+	}
+	return st + idle
 }

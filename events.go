@@ -139,6 +139,12 @@ func (e *emitter) BreakerChanged(open bool, s engine.BreakerState) {
 	}
 }
 
+func (e *emitter) HandlerStuck(tp offsetstore.TP, offset int64, since time.Time, stuck bool) {
+	if e.metrics != nil {
+		e.metrics.handlerStuck(e.group, tp, stuck)
+	}
+}
+
 func (e *emitter) PartitionPaused(tp offsetstore.TP, bytes int64) {
 	e.stats.pauses.Add(1)
 	ev := PartitionPaused{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, Bytes: bytes}

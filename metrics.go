@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/promreg"
 )
 
@@ -26,6 +27,7 @@ type promHook struct {
 	waiting      *prometheus.GaugeVec
 	breakerOpen  *prometheus.GaugeVec
 	breakerOpens *prometheus.CounterVec
+	stuck        *prometheus.GaugeVec
 }
 
 var (
@@ -59,7 +61,9 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 		breakerOpen:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_breaker_open", Help: "1 while the breaker holds the partitions whose messages fail alike (Config.Breaker)."}, []string{"group"}),
 		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_breaker_opened_total", Help: "Times the breaker opened (Config.Breaker)."}, []string{"group"}),
 	}
+	m.stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
 	var err error
+	promreg.Into(reg, &m.stuck, &err)
 	promreg.Into(reg, &m.breakerOpen, &err)
 	promreg.Into(reg, &m.breakerOpens, &err)
 	promreg.Into(reg, &m.processed, &err)
@@ -80,6 +84,15 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 }
 
 func partitionLabel(p int32) string { return strconv.Itoa(int(p)) }
+
+// handlerStuck sets kafkatx_partition_stuck for tp.
+func (m *promHook) handlerStuck(group string, tp offsetstore.TP, stuck bool) {
+	v := 0.0
+	if stuck {
+		v = 1
+	}
+	m.stuck.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
+}
 
 // breakerChanged sets kafkatx_breaker_open and counts an opening.
 func (m *promHook) breakerChanged(group string, open bool) {

@@ -50,6 +50,19 @@ type Readiness struct {
 	// Breaker is set while the breaker is open (Config.Breaker): messages of several
 	// partitions fail alike, and the failing partitions pause and probe. Not ready meanwhile.
 	Breaker *BreakerReadiness `json:"breaker,omitempty"`
+	// Stuck lists the partitions whose handler call has run past its bound (Config.Transaction's
+	// statement_timeout plus idle_in_transaction_session_timeout, 70 s by default): the
+	// partition makes no progress. Not ready meanwhile.
+	Stuck []StuckPartition `json:"stuck,omitempty"`
+}
+
+// StuckPartition is a partition whose handler call, on the transaction starting at Offset,
+// has run since Since.
+type StuckPartition struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Since     time.Time `json:"since"`
 }
 
 // BreakerReadiness is an open breaker: since when, what the failures share (Signature: the
@@ -113,6 +126,11 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	if reason := conditionReason(r.Waiting); reason != "" {
 		r.Reasons = append(r.Reasons, reason)
+	}
+	for _, s := range snap.Stuck {
+		r.Stuck = append(r.Stuck, StuckPartition{Topic: s.TP.Topic, Partition: s.TP.Partition, Offset: s.Offset, Since: s.Since})
+		r.Reasons = append(r.Reasons, fmt.Sprintf("the handler on %s offset %d has run since %s, past its bound: the partition makes no progress",
+			s.TP, s.Offset, s.Since.UTC().Format(time.RFC3339)))
 	}
 	if b := snap.Breaker; b != nil {
 		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages}

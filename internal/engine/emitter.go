@@ -25,6 +25,9 @@ type Emitter interface {
 	PartitionPaused(tp offsetstore.TP, bytes int64)
 	// BreakerChanged: the breaker opened (open) or closed; s is its state when it changed.
 	BreakerChanged(open bool, s BreakerState)
+	// HandlerStuck: the handler call on offset's transaction, started at since, ran past
+	// Settings.StuckAfter (stuck), or returned after that (!stuck).
+	HandlerStuck(tp offsetstore.TP, offset int64, since time.Time, stuck bool)
 }
 
 // Position is a partition and an offset: a start offset on assignment, a final watermark on

@@ -277,7 +277,10 @@ func (p *worker) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) 
 		return t, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if t, err = p.body.TryRecords(ctx, tx, p.scope(), msgs, 1); err != nil {
+	p.handlerStarted(first(msgs), tx)
+	t, err = p.body.TryRecords(ctx, tx, p.scope(), msgs, 1)
+	p.handlerEnded()
+	if err != nil {
 		return t, err
 	}
 	if err := p.verdict(&t, msgs); err != nil || t.Verdict == Failed {
@@ -378,7 +381,9 @@ func (p *worker) oneTx(ctx context.Context, km *kafka.Message, attempt int) (her
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	p.handlerStarted(int64(km.TopicPartition.Offset), tx)
 	t, err := p.body.TryRecords(ctx, tx, p.scope(), []*kafka.Message{km}, attempt)
+	p.handlerEnded()
 	if err != nil {
 		return nil, err
 	}
@@ -565,3 +570,6 @@ func (p *worker) committed(next int64) {
 	p.commits.enqueue(p.tp, next)
 	p.lastCommit.Store(time.Now().UnixNano())
 }
+
+// first is the offset of msgs' first message.
+func first(msgs []*kafka.Message) int64 { return int64(msgs[0].TopicPartition.Offset) }

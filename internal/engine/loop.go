@@ -145,6 +145,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		select {
 		case <-lagTick.C:
 			l.updateLag()
+			l.checkStuck()
 			l.checkJoined() // KIP-848: a member with no partitions gets no callback
 			l.passRecordless()
 		default:
@@ -287,6 +288,7 @@ type Snapshot struct {
 	Assigned, InFlight, HeldBack int
 	Waiting                      []Waiting
 	Breaker                      *BreakerState // nil unless the breaker is open
+	Stuck                        []Stuck       // handler calls running past Settings.StuckAfter
 	LastMessage, LastCommit      time.Time
 	FirstAssigned                time.Time
 }
@@ -298,6 +300,7 @@ func (l *Loop) Snapshot() Snapshot {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s.Assigned = len(l.parts)
+	s.Stuck = l.stuckNow()
 	for _, f := range l.parts {
 		s.InFlight += f.inFlight()
 		if f.w.waits.heldBack.Load() {

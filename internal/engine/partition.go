@@ -48,6 +48,7 @@ type worker struct {
 	in    chan *kafka.Message
 	skips chan recordless // the poll loop's requests to pass offsets without a record (recordless.go)
 	waits waits
+	call  handlerCall // the handler call in progress (stuck.go)
 
 	// The offsets, one name each. watermark is written by the worker (on every commit and
 	// refence), dispatchedEnd by the poll loop; both are read from any goroutine.
@@ -129,7 +130,23 @@ func (p *worker) requestStop(lost bool) {
 	})
 }
 
-func (p *worker) wait() { <-p.done }
+// wait waits for the worker to return. Once its work is aborted (lost, or the shutdown
+// timeout passed) it waits at most Settings.CloseTimeout more, then abandons the worker
+// (stuck.go): a handler that ignores its context never holds the partition or the shutdown.
+func (p *worker) wait() {
+	select {
+	case <-p.done:
+		return
+	case <-p.workCtx.Done():
+	}
+	t := time.NewTimer(p.set.CloseTimeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.abandon()
+	}
+}
 
 func (p *worker) stopAndWait(lost bool) {
 	p.requestStop(lost)

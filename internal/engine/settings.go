@@ -45,6 +45,9 @@ type Settings struct {
 	BreakerThreshold int
 	BreakerProbe     time.Duration
 
+	// StuckAfter is how long a handler call may run before it is reported stuck (stuck.go);
+	// ≤ 0: never.
+	StuckAfter       time.Duration
 	ShutdownTimeout  time.Duration
 	CloseTimeout     time.Duration
 	MaxValueBytes    int // 0: no limit
