@@ -8,10 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -116,8 +116,7 @@ func (w *waits) afterDBError(n int, err error) error {
 	d := p.set.Backoff(min(n, 8))
 	if RetryableDB(err) {
 		fields := []zap.Field{zap.Error(err), zap.Duration("backoff", d)}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "25006" {
+		if pgerr.IsCode(err, "25006") {
 			// A read-only server (an old primary after a switchover, a standby): every
 			// connection of the pool may be on it. Discard them all (in-use ones when
 			// released) so the retry connects afresh.
@@ -125,10 +124,11 @@ func (w *waits) afterDBError(n int, err error) error {
 			fields = append(fields, zap.String("hint", "the server refuses writes (read-only: an old primary after a switchover, or a standby); "+
 				"the pool's connections were discarded; list every host with target_session_attrs=read-write to reach the new primary"))
 		}
-		if errors.As(err, &pgErr) && pgErr.Code == "25P03" {
+		if pgerr.IsCode(err, "25P03") {
 			fields = append(fields, zap.String("hint", fmt.Sprintf("the transaction sat idle longer than Config.Transaction.IdleTimeout (%s): "+
 				"this process was frozen or cut off, or the handler waits on something other than the database inside its transaction", p.set.IdleTimeout)))
 		}
+		fields = append(fields, zap.Stringer("condition", pgerr.Describe(err)))
 		p.log.Warn("retryable database error; running it again (not an attempt)", fields...)
 	} else {
 		p.log.Error("database error in the loop's own statements; the partition waits and tries again", zap.Error(err), zap.Duration("backoff", d))
