@@ -132,6 +132,33 @@ type Config struct {
 	// message's (docs/failures.md, "The breaker").
 	Breaker BreakerConfig
 
+	// Concurrency is the most units (transactions) of one partition in flight at once, never
+	// two of one record key: a partition's messages run in Concurrency fixed lanes (lane =
+	// FNV-1a of the key mod Concurrency; records without a key are spread by offset and have
+	// no order among themselves), each lane in offset order, so one key's messages are applied
+	// in offset order and a message in retry or backoff holds only its lane. Each unit is its
+	// own transaction with everything a batch has (effects, idempotency claims, attempts, dead
+	// letters, outbox records); a BatchHandler gets batches of one lane's messages. Units
+	// commit out of offset order: each records its offsets in done_offsets, the watermark and
+	// Kafka's committed offset are the lowest offset not yet done, and after a crash the done
+	// offsets are skipped, so nothing is applied twice; Concurrency may change between runs
+	// (docs/design.md, "Per-key concurrency"). Defaults to 1: one unit at a time, in offset
+	// order, exactly as without it.
+	Concurrency int
+
+	// MaxUnits caps the units in flight over the whole consumer (all partitions); a unit
+	// waits for a free slot. Defaults to MaxUnitsDefault (256).
+	MaxUnits int
+
+	// Prepare, when set, runs on a unit's messages before its transaction begins, outside any
+	// transaction and without a pooled connection: for a slow call to another service (an
+	// HTTP API, an orchestrator) whose answer the handler then records in the transaction
+	// (Message.SetContext carries it to the handler). It must be idempotent: it runs again
+	// when the transaction fails or rolls back, or after a crash before the commit. Its errors
+	// follow the handler's rules (FailMessage, Permanent, Unavailable, a panic, a retryable
+	// PostgreSQL error). Defaults to nil.
+	Prepare func(ctx context.Context, msgs []*Message) error
+
 	// Backpressure, when set, is called by each partition's worker before a batch's
 	// transaction begins, outside any transaction, and may block to hold the partition back:
 	// outbox.Writer.WaitBelow returns one that waits while the outbox holds too many rows, so
@@ -342,6 +369,8 @@ const (
 	DeadLetterSuffixDefault   = ".dlq"                 // DeadLetterConfig.Topic: the source topic + this suffix
 	BreakerThresholdDefault   = 3                      // BreakerConfig.Threshold, in messages
 	BreakerProbeDefault       = 5 * time.Second        // BreakerConfig.Probe
+	ConcurrencyDefault        = 1                      // Config.Concurrency
+	MaxUnitsDefault           = 256                    // Config.MaxUnits
 )
 
 // BreakerConfig configures the breaker: when Threshold distinct messages — of any partitions
@@ -412,6 +441,12 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.Batch.Size <= 0 {
 		out.Batch.Size = BatchSizeDefault
+	}
+	if out.Concurrency <= 0 {
+		out.Concurrency = ConcurrencyDefault
+	}
+	if out.MaxUnits <= 0 {
+		out.MaxUnits = MaxUnitsDefault
 	}
 	if out.ShutdownTimeout <= 0 {
 		out.ShutdownTimeout = ShutdownTimeoutDefault
@@ -494,7 +529,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 		StartAtEnd: startAt == "latest" || startAt == "largest" || startAt == "end", ConsumerProtocol: proto == "consumer",
 		Schema: d.Schema, Logger: d.Logger.Named("kafkatx.consumer"),
 		BeginSQL: d.Transaction.beginSQL(), IdleTimeout: d.Transaction.IdleTimeout,
-		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait,
+		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait, Concurrency: d.Concurrency, MaxUnits: d.MaxUnits,
 		MaxAttempts: d.Retry.MaxAttempts, Backoff: d.Retry.Backoff, UnavailableBackoff: unavail.Backoff,
 		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe,
 		StuckAfter: stuckAfter(d.Transaction), ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,

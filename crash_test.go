@@ -38,6 +38,8 @@ type childSpec struct {
 	maxBackoff  time.Duration
 	multiplier  float64 // RetryPolicy.Multiplier; 0: its default
 	idle        time.Duration
+	concurrency int           // Config.Concurrency; 0: its default
+	slow        time.Duration // each handler call sleeps this long first
 }
 
 func (s childSpec) cmd(t *testing.T) *exec.Cmd {
@@ -54,6 +56,8 @@ func (s childSpec) cmd(t *testing.T) *exec.Cmd {
 		"CHILD_MAX_BACKOFF="+max(s.maxBackoff, s.backoff).String(),
 		"CHILD_MULTIPLIER="+strconv.FormatFloat(s.multiplier, 'f', -1, 64),
 		"CHILD_IDLE="+s.idle.String(),
+		"CHILD_CONCURRENCY="+strconv.Itoa(s.concurrency),
+		"CHILD_SLOW="+s.slow.String(),
 	)
 	out, _ := os.Create(filepath.Join(t.TempDir(), "child.log"))
 	cmd.Stdout, cmd.Stderr = out, out
@@ -143,7 +147,9 @@ func childMain() int {
 		_ = f.Sync()
 		f.Close()
 	}
+	slow, _ := time.ParseDuration(env("CHILD_SLOW"))
 	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		time.Sleep(slow)
 		switch string(m.Value) {
 		case "kill-me":
 			record(m)
@@ -162,7 +168,9 @@ func childMain() int {
 	maxBackoff, _ := time.ParseDuration(env("CHILD_MAX_BACKOFF"))
 	multiplier, _ := strconv.ParseFloat(env("CHILD_MULTIPLIER"), 64)
 	idle, _ := time.ParseDuration(env("CHILD_IDLE"))
+	concurrency, _ := strconv.Atoi(env("CHILD_CONCURRENCY"))
 	c, err := NewConsumer(pool, h, &Config{
+		Concurrency: concurrency,
 		Kafka: kafka.ConfigMap{"bootstrap.servers": env("CHILD_BROKERS"), "group.id": env("CHILD_GROUP"),
 			"group.instance.id": "child-1", "session.timeout.ms": 6000},
 		Topics: []string{env("CHILD_TOPIC")},
@@ -283,6 +291,15 @@ func TestMessageThatKillsItsProcessIsDeadLetteredAfterMaxAttempts(t *testing.T) 
 
 func TestSIGTERMDuringBackoffKeepsTheAttemptCount(t *testing.T) {
 	t.Parallel()
+	for _, n := range []int{1, 4} { // 4: the backoff holds a lane (Config.Concurrency)
+		t.Run(fmt.Sprintf("concurrency %d", n), func(t *testing.T) {
+			t.Parallel()
+			sigtermDuringBackoff(t, n)
+		})
+	}
+}
+
+func sigtermDuringBackoff(t *testing.T, concurrency int) {
 	b := setup(t, 1)
 	produce(t, b.brokers, b.topic, values(8, 0, func(i int) string {
 		if i == 3 {
@@ -294,7 +311,7 @@ func TestSIGTERMDuringBackoffKeepsTheAttemptCount(t *testing.T) {
 	// 200 ms before try 2, then 20 s (±20%) before try 3: a shutdown that waited out the
 	// backoff takes 15 s or more, one that did not takes what closing the consumer takes,
 	// up to 2-3 s under CI's load (a 3 s backoff and a 2 s bound failed there).
-	s := childSpec{b: b, runsFile: runs, maxAttempts: 4, backoff: 200 * time.Millisecond, maxBackoff: time.Minute, multiplier: 100, idle: 2 * time.Second}
+	s := childSpec{b: b, runsFile: runs, maxAttempts: 4, backoff: 200 * time.Millisecond, maxBackoff: time.Minute, multiplier: 100, idle: 2 * time.Second, concurrency: concurrency}
 	cmd := s.cmd(t)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

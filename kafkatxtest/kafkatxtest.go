@@ -66,8 +66,8 @@ type Options struct {
 	// then public.
 	Pool *pgxpool.Pool
 
-	// Config supplies the loop's rules: Retry.MaxAttempts, Idempotency, DeadLetter and
-	// Middleware (applied around the handler as the loop applies it, kafkatx.Chain). Kafka,
+	// Config supplies the loop's rules: Retry.MaxAttempts, Idempotency, DeadLetter, Prepare
+	// (run before each try, as the loop runs it before each transaction) and Middleware (applied around the handler as the loop applies it, kafkatx.Chain). Kafka,
 	// Topics, Schema and the loop's other settings are ignored (the schema is the kit's).
 	// Defaults to nil: the defaults of kafkatx.Config (5 attempts, business keys from the
 	// kafkatx-outbox-id header, dead letters published to "<topic>.dlq").
@@ -88,6 +88,7 @@ type Kit struct {
 	idem       kafkatx.IdempotencyConfig
 	middleware []kafkatx.Middleware
 	dlqTopic   func(string) string // nil: dead letters kept in the database only
+	prepare    func(context.Context, []*kafkatx.Message) error
 }
 
 // New creates a fresh schema named "kafkatxtest_<16 hex digits>", applies kafkatx's migrations
@@ -116,6 +117,7 @@ func New(t testing.TB, opts *Options) *Kit {
 	}
 	k.idem = cfg.Idempotency
 	k.middleware = cfg.Middleware
+	k.prepare = cfg.Prepare
 	if k.idem.Key == nil {
 		k.idem.Key = idempotency.FromOutboxID()
 	}

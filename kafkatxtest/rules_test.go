@@ -194,3 +194,40 @@ func TestKitFailsTheTestOnPanickingConfigCallbacks(t *testing.T) {
 		t.Errorf("a panicking dead-letter topic function: %q", got)
 	}
 }
+
+type preparedKey struct{}
+
+// TestKitRunsConfigPrepareBeforeTheTry as the loop runs it before each transaction: its result
+// reaches the handler through the message's context; its Unavailable answer is the batch's
+// (no attempt); its failure naming a message is that message's attempt.
+func TestKitRunsConfigPrepareBeforeTheTry(t *testing.T) {
+	t.Parallel()
+	prepare := func(ctx context.Context, msgs []*kafkatx.Message) error {
+		for _, m := range msgs {
+			switch string(m.Value) {
+			case "down":
+				return kafkatx.Unavailable(errors.New("service down"))
+			case "bad":
+				return kafkatx.FailMessage(m, errors.New("refused"))
+			}
+			m.SetContext(context.WithValue(m.Context(), preparedKey{}, "called:"+string(m.Value)))
+		}
+		return nil
+	}
+	k := kafkatxtest.New(t, &kafkatxtest.Options{Config: &kafkatx.Config{Prepare: prepare}})
+	var seen []string
+	h := func(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
+		v, _ := m.Context().Value(preparedKey{}).(string)
+		seen = append(seen, v)
+		return nil
+	}
+	if out := k.Run(h, kafkatxtest.Messages("t", "a", "b")...).Outcomes(); len(out) != 2 || out[0].Kind != kafkatxtest.Committed || strings.Join(seen, ",") != "called:a,called:b" {
+		t.Fatalf("prepared run: %v, handler saw %v", out, seen)
+	}
+	if out := k.Run(h, kafkatxtest.Messages("t", "down")...).Outcomes(); len(out) != 1 || out[0].Kind != kafkatxtest.Unavailable {
+		t.Fatalf("prepare answered Unavailable: %v", out)
+	}
+	if out := k.Run(h, kafkatxtest.Messages("t", "ok", "bad")...).Outcomes(); len(out) != 2 || out[0].Kind != kafkatxtest.Committed || out[1].Kind != kafkatxtest.Retried {
+		t.Fatalf("prepare failed naming the second message: %v", out)
+	}
+}

@@ -259,11 +259,14 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 		k.t.Fatalf("kafkatxtest: savepoint: %v%s", err, tx.connClosedHint())
 	}
 	defer func() { _ = sp.Rollback(context.WithoutCancel(ctx)) }()
-	body := engine.Body[*kafkatx.Message]{Handler: h, Keyed: keyed}
+	body := engine.Body[*kafkatx.Message]{Handler: h, Keyed: keyed, Prepare: k.prepare}
 	if !k.idem.Disabled {
 		body.Claims = &engine.Claims{Store: idempotency.Store{Schema: k.schema, Retention: k.idem.Retention}, Key: k.idem.Key}
 	}
-	t, err := body.Try(ctx, sp, k.group+"/0", batch)
+	t := body.Prepared(ctx, batch) // Config.Prepare, outside the loop's transaction
+	if t.Verdict == engine.Done {
+		t, err = body.Try(ctx, sp, k.group+"/0", batch)
+	}
 	if err != nil {
 		k.t.Fatalf("kafkatxtest: claim idempotency keys: %v (a lock timeout: another open Tx of this test claimed the same key; see LockTimeout)", err)
 	}

@@ -96,6 +96,9 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			for _, p := range s.Pending {
 				last += fmt.Sprintf("; PENDING %s [%d, %d) id %d", p.Kind, p.From, p.To, p.ID)
 			}
+			if s.DoneAbove > 0 {
+				last += fmt.Sprintf("; %d offsets done above the watermark (Config.Concurrency > 1)", s.DoneAbove)
+			}
 			state := string(s.State)
 			if s.Stalled(c.StalledAfter, now) {
 				state += " STALLED"

@@ -382,7 +382,10 @@ func TestRealAirflowEndToEnd(t *testing.T) {
 		kvs = append(kvs, event(i))
 	}
 	produceRaw(t, e.brokers, e.topic, kvs)
-	auth := []string{"--airflow-username", af.username, "--airflow-password-file", af.passwordFile}
+	// --concurrency 1: the kills land after the 4th and the 11th create, which needs the
+	// creates one at a time (with more, the first run creates nearly every run before its
+	// kill lands, and the second never creates one). 15-lanes checks kills with 32.
+	auth := []string{"--airflow-username", af.username, "--airflow-password-file", af.passwordFile, "--concurrency", "1"}
 	for run := 0; run < 2; run++ {
 		cmd, _ := e.start(t, run, auth...)
 		mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
@@ -19,6 +20,7 @@ import (
 
 // trigger starts one DAG run per change event.
 type trigger struct {
+	pool      *pgxpool.Pool // for prepare's read of claimed keys
 	airflow   *airflow.Client
 	dagID     string
 	schema    string
@@ -46,32 +48,104 @@ type trigger struct {
 //
 // Records that are not changes (tombstones, heartbeats, transaction metadata) and ops not
 // in --cdc-ops (by default truncates and logical messages) start no run.
-func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
+// prepared is what prepare found for one event, for handle to record.
+type prepared struct {
+	skip    bool   // nothing to run: a tombstone, a heartbeat, an op not started, or a Permanent failure recorded by handle
+	key     string // the event's identity (idempotency.DebeziumEvent.Key)
+	created bool   // Airflow created the run now (false: it existed, 409)
+}
+
+type preparedKey struct{}
+
+// prepare starts each event's DAG run before the consumer's transaction, outside it, so the
+// slow call to Airflow holds no pooled connection (Config.Prepare). A repeat — the
+// transaction failed after the call, or the process crashed before its commit — starts no
+// second run: the run id is derived from the event's identity and Airflow answers 409.
+// Failures name their event (kafkatx.FailMessage): Unavailable for Airflow down or refusing
+// the credentials, Permanent for an event Airflow refuses (400, 422) or that cannot be read.
+func (t *trigger) prepare(ctx context.Context, msgs []*kafkatx.Message) error {
+	for _, m := range msgs {
+		p, err := t.start(ctx, m)
+		if err != nil {
+			return kafkatx.FailMessage(m, err)
+		}
+		m.SetContext(context.WithValue(m.Context(), preparedKey{}, p))
+	}
+	return nil
+}
+
+// start starts m's DAG run (or finds it started) and says what happened.
+func (t *trigger) start(ctx context.Context, m *kafkatx.Message) (*prepared, error) {
 	ev, err := idempotency.ParseDebezium(m.Value)
 	if errors.Is(err, idempotency.ErrNotAChange) {
-		if len(bytes.TrimSpace(m.Value)) == 0 {
-			t.tombstones.Add(1) // Debezium's tombstone after a delete: nothing to run
-		} else {
-			t.notChanges.Add(1)
-		}
-		return nil
+		return &prepared{skip: true}, nil
 	}
 	if err != nil {
-		return kafkatx.Permanent(err)
+		return nil, kafkatx.Permanent(err)
 	}
 	if !t.ops[ev.Op] {
-		t.opsSkipped.Add(1)
-		return nil
+		return &prepared{skip: true}, nil
 	}
 	key, err := ev.Key(m.Key)
 	if err != nil {
-		return kafkatx.Permanent(err)
+		return nil, kafkatx.Permanent(err)
 	}
 	c, err := conf(ev, m.Key, t.fullBefore)
 	if err != nil {
-		return kafkatx.Permanent(err)
+		return nil, kafkatx.Permanent(err)
 	}
-	first, err := idempotency.Store{Schema: t.schema, Retention: t.retention}.ClaimTx(ctx, tx, t.scope, key)
+	if t.pool != nil {
+		// A copy of an event whose transaction committed (re-published at another offset)
+		// does not reach Airflow: handle's claim then counts it as a repeat.
+		if seen, err := (idempotency.Store{Schema: t.schema, Retention: t.retention}).Done(ctx, t.pool, t.scope, key); err != nil {
+			return nil, kafkatx.Unavailable(err) // the database, not the event: wait, no attempt
+		} else if seen {
+			return &prepared{key: key}, nil
+		}
+	}
+	res, err := t.airflow.TriggerDAGRun(ctx, airflow.Trigger{DAGID: t.dagID, Key: key, Conf: c})
+	if err != nil {
+		if kafkatx.IsUnavailable(err) {
+			return nil, err
+		}
+		if airflow.IsConfTooLarge(err) {
+			// Over the client's MaxConfBytes, or Airflow answered 413 or an opaque 5xx to a
+			// large conf (apache/airflow#66779): the dead letter says the size and the limit.
+			return nil, kafkatx.Permanent(err)
+		}
+		var se *airflow.StatusError
+		if errors.As(err, &se) && (se.StatusCode == http.StatusBadRequest || se.StatusCode == http.StatusUnprocessableEntity) {
+			return nil, kafkatx.Permanent(err) // Airflow refuses this run: retrying cannot help
+		}
+		return nil, err // anything else: retried, then dead-lettered
+	}
+	return &prepared{key: key, created: res.Created}, nil
+}
+
+// handle records, in the consumer's transaction, the event prepare started: its identity is
+// claimed (an event re-published at another offset is counted as a repeat) and the run
+// counted. Tombstones, heartbeats and ops not started are counted and skipped.
+func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
+	p, _ := m.Context().Value(preparedKey{}).(*prepared)
+	if p == nil {
+		var err error
+		if p, err = t.start(ctx, m); err != nil { // no prepare phase ran (a test calling handle alone)
+			return err
+		}
+	}
+	if p.skip {
+		ev, err := idempotency.ParseDebezium(m.Value)
+		switch {
+		case errors.Is(err, idempotency.ErrNotAChange) && len(bytes.TrimSpace(m.Value)) == 0:
+			t.tombstones.Add(1) // Debezium's tombstone after a delete: nothing to run
+		case errors.Is(err, idempotency.ErrNotAChange):
+			t.notChanges.Add(1)
+		case err == nil && !t.ops[ev.Op]:
+			t.opsSkipped.Add(1)
+		}
+		return nil
+	}
+	first, err := idempotency.Store{Schema: t.schema, Retention: t.retention}.ClaimTx(ctx, tx, t.scope, p.key)
 	if err != nil {
 		return err
 	}
@@ -81,25 +155,7 @@ func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) err
 			zap.String("topic", m.Topic), zap.Int32("partition", m.Partition), zap.Int64("offset", m.Offset))
 		return nil
 	}
-	res, err := t.airflow.TriggerDAGRun(ctx, airflow.Trigger{DAGID: t.dagID, Key: key, Conf: c})
-	if err != nil {
-		if kafkatx.IsUnavailable(err) {
-			// Refused credentials, a DAG not parsed yet, Airflow down: not this event's fault.
-			// The transaction rolls back (the claim too) and the partition waits and retries.
-			return err
-		}
-		if airflow.IsConfTooLarge(err) {
-			// Over --airflow-max-conf-bytes, or Airflow answered 413 or an opaque 5xx to a
-			// large conf (apache/airflow#66779): the dead letter says the size and the limit.
-			return kafkatx.Permanent(err)
-		}
-		var se *airflow.StatusError
-		if errors.As(err, &se) && (se.StatusCode == http.StatusBadRequest || se.StatusCode == http.StatusUnprocessableEntity) {
-			return kafkatx.Permanent(err) // Airflow refuses this run: retrying cannot help
-		}
-		return err // anything else: retried, then dead-lettered
-	}
-	if res.Created {
+	if p.created {
 		t.created.Add(1)
 	} else {
 		t.existing.Add(1)
@@ -107,18 +163,6 @@ func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) err
 	return nil
 }
 
-// conf is the run's conf (docs/dag-triggered-services.md):
-//
-//   - create, update, snapshot read: the after row, without the columns Debezium could not
-//     send (an unchanged TOASTed column arrives as idempotency.UnavailableValue): a column
-//     missing from conf is unknown, not null;
-//   - delete: {"op": "d", "before": {...}} with only the record key's columns of the before
-//     image (under the default replica identity the others hold "", 0 or null, which are not
-//     the row's values), or the whole before image (without placeholders) with fullBefore
-//     or for a keyless table (which PostgreSQL can only delete from under REPLICA IDENTITY
-//     FULL);
-//   - truncate: {"op": "t", "table": "<schema>.<table>"};
-//   - logical message: {"op": "m", "message": {"prefix": ..., "content": <base64>}}.
 func conf(ev *idempotency.DebeziumEvent, recordKey []byte, fullBefore bool) (json.RawMessage, error) {
 	switch ev.Op {
 	case "t":

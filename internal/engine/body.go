@@ -30,6 +30,10 @@ type Body[M any] struct {
 	Claims *Claims
 	// FromKafka converts a polled record for the handler (the loop's; nil in the kit).
 	FromKafka func(km *kafka.Message, attempt int) M
+	// Prepare, when set (Config.Prepare), runs on the messages before their transaction
+	// begins, outside any transaction: a slow call to another service that must not hold a
+	// pooled connection. Its answer is sorted as the handler's is.
+	Prepare func(ctx context.Context, msgs []M) error
 }
 
 // Claims is where and how Body claims business idempotency keys.
@@ -127,18 +131,43 @@ func (b *Body[M]) attribute(msgs []M, herr error) (int, error) {
 	return Unattributed, herr
 }
 
-// TryRecords is Try for records the loop polled, converted with FromKafka at attempt.
-func (b *Body[M]) TryRecords(ctx context.Context, tx pgx.Tx, scope string, kms []*kafka.Message, attempt int) (Tried, error) {
+// Prepared runs Prepare (if set) on msgs outside any transaction and sorts its answer as the
+// handler's: a Tried whose Verdict is Done when there is nothing to prepare or it succeeded.
+func (b *Body[M]) Prepared(ctx context.Context, msgs []M) Tried {
+	t := Tried{Failed: -1}
+	if b.Prepare == nil {
+		return t
+	}
+	perr := Call(func() error { return b.Prepare(ctx, msgs) })
+	t.Verdict, t.Err = Sort(ctx, nil, perr)
+	if t.Verdict == Failed || t.Verdict == Wait {
+		t.Failed, t.Cause = b.attribute(msgs, t.Err)
+	}
+	return t
+}
+
+// TryRecords runs, for records the loop polled (converted with FromKafka at attempt), the
+// prepare phase outside any transaction, then — when it succeeded — opens a transaction with
+// begin and runs Try in it. tx is that transaction (nil when none was opened), for the caller
+// to finish or roll back; err is begin's or the claim's database error.
+func (b *Body[M]) TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope string, kms []*kafka.Message, attempt int) (tx pgx.Tx, t Tried, err error) {
 	msgs := make([]M, len(kms))
 	for i, km := range kms {
 		msgs[i] = b.FromKafka(km, attempt)
 	}
-	return b.Try(ctx, tx, scope, msgs)
+	if t = b.Prepared(ctx, msgs); t.Verdict != Done {
+		return nil, t, nil
+	}
+	if tx, err = begin(ctx); err != nil {
+		return nil, t, fmt.Errorf("begin: %w", err)
+	}
+	t, err = b.Try(ctx, tx, scope, msgs)
+	return tx, t, err
 }
 
 // Runner is the part of Body the partition worker uses.
 type Runner interface {
-	TryRecords(ctx context.Context, tx pgx.Tx, scope string, kms []*kafka.Message, attempt int) (Tried, error)
+	TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope string, kms []*kafka.Message, attempt int) (pgx.Tx, Tried, error)
 }
 
 // NewDeadLetter is the dead letter of a message given up on after attempt a: the message's

@@ -73,6 +73,10 @@ func (l *Loop) dispatch(m *kafka.Message) {
 // run is the worker's goroutine: batch after batch until it is asked to stop, fenced for good,
 // or fails.
 func (p *worker) run() {
+	if p.set.Concurrency > 1 || len(p.doneAbove) > 0 {
+		p.runLanes() // lanes.go
+		return
+	}
 	defer close(p.done)
 	defer p.abortWork()
 	defer p.waits.available(false)
@@ -97,7 +101,7 @@ func (p *worker) run() {
 		p.busy.Store(int64(len(batch)))
 		err := p.waits.holdBack()
 		if err == nil {
-			err = p.process(batch)
+			err = p.serial.process(batch)
 		}
 		p.busy.Store(0)
 		var held int64
@@ -148,27 +152,27 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 // process runs batch: messages below the watermark are dropped (a redelivery); a message that
 // needs care runs alone (runOne); the others run as optimistic batches (runBatch), and a batch
 // that failed without naming its message runs again one message per transaction.
-func (p *worker) process(batch []*kafka.Message) error {
+func (u *lane) process(batch []*kafka.Message) error {
 	msgs := batch[:0]
 	for _, m := range batch {
-		if int64(m.TopicPartition.Offset) < p.watermark.Load() {
-			p.emit.RedeliveryDropped(p.tp, 1)
+		if int64(m.TopicPartition.Offset) < u.watermark.Load() {
+			u.emit.RedeliveryDropped(u.tp, 1)
 			continue
 		}
 		msgs = append(msgs, m)
 	}
 	split := 0 // while > 0, the next split messages run one per transaction
 	for len(msgs) > 0 {
-		if p.stopping() {
+		if u.stopping() {
 			return errStopped // the current transaction finished; the rest is redelivered to the next owner
 		}
-		if p.needsCare(msgs[0]) {
-			if err := p.runOne(msgs[0]); err != nil {
+		if u.needsCare(msgs[0]) {
+			if err := u.runOne(msgs[0]); err != nil {
 				return err
 			}
 			msgs = msgs[1:]
 			split = max(split-1, 0)
-			p.busy.Store(int64(len(msgs)))
+			u.held(len(msgs))
 			continue
 		}
 		limit := len(msgs)
@@ -176,17 +180,17 @@ func (p *worker) process(batch []*kafka.Message) error {
 			limit = 1
 		}
 		j := 1
-		for j < limit && !p.needsCare(msgs[j]) {
+		for j < limit && !u.needsCare(msgs[j]) {
 			j++
 		}
-		failed, err := p.runBatch(msgs[:j])
+		failed, err := u.runBatch(msgs[:j])
 		switch {
 		case err != nil:
 			return err
 		case failed == -1:
 			msgs = msgs[j:]
 			split = max(split-j, 0)
-			p.busy.Store(int64(len(msgs)))
+			u.held(len(msgs))
 		case failed == Unattributed:
 			// The batch handler failed without naming a message: run these one per
 			// transaction, so the failure names its message.
@@ -201,38 +205,38 @@ func (p *worker) process(batch []*kafka.Message) error {
 // needsCare reports whether km must run alone in its own transaction: it failed before, it
 // was in flight when a previous owner crashed (docs/design.md: no bisection by repeated
 // crashes), or it is oversized.
-func (p *worker) needsCare(km *kafka.Message) bool {
+func (u *lane) needsCare(km *kafka.Message) bool {
 	offset := int64(km.TopicPartition.Offset)
-	if offset < p.crashedUntil || p.oversized(km) {
+	if offset < u.crashedUntil || u.oversized(km) {
 		return true
 	}
-	_, ok := p.attempts[offset]
+	_, ok := u.attempt(offset)
 	return ok
 }
 
-func (p *worker) oversized(km *kafka.Message) bool {
-	return p.set.MaxValueBytes > 0 && len(km.Value) > p.set.MaxValueBytes
+func (u *lane) oversized(km *kafka.Message) bool {
+	return u.set.MaxValueBytes > 0 && len(km.Value) > u.set.MaxValueBytes
 }
 
 // runBatch runs msgs optimistically in one transaction. It returns the index of a message
 // whose handler failed (its attempt is recorded and the transaction rolled back),
 // Unattributed when the batch failed without naming one, or -1 when the batch committed.
-func (p *worker) runBatch(msgs []*kafka.Message) (int, error) {
-	ctx := p.workCtx
+func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
+	ctx := u.workCtx
 	first := int64(msgs[0].TopicPartition.Offset)
 	end := int64(msgs[len(msgs)-1].TopicPartition.Offset) + 1
-	if end > p.inflightEnd {
-		ahead := p.markAhead(end)
-		if err := p.waits.untilDone(first, func() error {
-			return p.store.MarkInflight(ctx, p.pool, p.group, p.tp, p.watermark.Load(), ahead)
+	if u.isSerial && end > u.inflightEnd { // with lanes, the coordinator marks before it dispatches
+		ahead := u.markAhead(end)
+		if err := u.waits.untilDone(first, func() error {
+			return u.store.MarkInflight(ctx, u.pool, u.group, u.tp, u.watermark.Load(), ahead)
 		}); err != nil {
 			return -1, err
 		}
-		p.inflightEnd = ahead
+		u.inflightEnd = ahead
 	}
 	var t Tried
-	if err := p.waits.untilDone(first, func() (err error) {
-		t, err = p.batchTx(ctx, msgs, end)
+	if err := u.waits.untilDone(first, func() (err error) {
+		t, err = u.batchTx(ctx, msgs, end)
 		return err
 	}); err != nil {
 		return -1, err
@@ -241,14 +245,14 @@ func (p *worker) runBatch(msgs []*kafka.Message) (int, error) {
 	case t.Verdict != Failed:
 		return -1, nil
 	case t.Failed == Unattributed:
-		p.waits.availableUnless(t.Cause)
-		p.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
+		u.waits.availableUnless(t.Cause)
+		u.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
 			zap.Int("messages", len(msgs)), zap.String("error", pg.SanitizeText(t.Cause.Error(), 512)))
 		return Unattributed, nil
 	default:
-		p.waits.availableUnless(t.Cause)
+		u.waits.availableUnless(t.Cause)
 		off := int64(msgs[t.Failed].TopicPartition.Offset)
-		if err := p.recordFailure(offsetstore.Attempt{Offset: off, Attempts: 1}, t.Cause, "handler failed in a batch; isolating the message"); err != nil {
+		if err := u.recordFailure(offsetstore.Attempt{Offset: off, Attempts: 1}, t.Cause, "handler failed in a batch; isolating the message"); err != nil {
 			return -1, err
 		}
 		return t.Failed, nil
@@ -270,26 +274,23 @@ func (p *worker) markAhead(end int64) int64 {
 // advances the watermark to end (finishTx). t.Verdict is Failed for a handler failure at
 // t.Failed (or Unattributed); err is a database or fencing error, or errWaited for an
 // Unavailable answer, after which untilDone runs it again.
-func (p *worker) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
+func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
 	start := time.Now()
-	tx, err := p.begin(ctx)
-	if err != nil {
-		return t, fmt.Errorf("begin: %w", err)
+	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.scope(), msgs, 1)
+	u.handlerEnded()
+	if tx != nil {
+		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	p.handlerStarted(first(msgs), tx)
-	t, err = p.body.TryRecords(ctx, tx, p.scope(), msgs, 1)
-	p.handlerEnded()
 	if err != nil {
 		return t, err
 	}
-	if err := p.verdict(&t, msgs); err != nil || t.Verdict == Failed {
+	if err := u.verdict(&t, msgs); err != nil || t.Verdict == Failed {
 		return t, err
 	}
 	for _, km := range msgs {
-		p.set.Signals.step("handled", int64(km.TopicPartition.Offset))
+		u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
 	}
-	return t, p.finishTx(ctx, tx, msgs, end, p.markAhead(end), false, &t, start)
+	return t, u.finishTx(ctx, tx, msgs, end, u.markAhead(end), false, &t, start)
 }
 
 // verdict turns a try's verdict over msgs into the loop's next step: Again is an error
@@ -297,12 +298,12 @@ func (p *worker) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) 
 // partition's Unavailable window lasts, then a failure (t.Verdict becomes Failed); a failure
 // the open breaker holds is errHeld (no attempt, breaker.go); Done and other failures are left
 // to the caller.
-func (p *worker) verdict(t *Tried, msgs []*kafka.Message) error {
+func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 	switch t.Verdict {
 	case Again:
 		return t.Err
 	case Wait:
-		if p.waits.stillUnavailable(t.Err) {
+		if u.waits.stillUnavailable(t.Err) {
 			return &errWaited{cause: t.Err}
 		}
 		t.Verdict = Failed
@@ -314,7 +315,7 @@ func (p *worker) verdict(t *Tried, msgs []*kafka.Message) error {
 		}
 		// Counted only when the failing message is the first of its transaction: later in a
 		// batch, the messages before it have not committed, and may (a pill among them).
-		if p.breaker.failed(Position{TP: p.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
+		if u.breaker.failed(Position{TP: u.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
 			return &errHeld{cause: t.Cause}
 		}
 	}
@@ -323,86 +324,83 @@ func (p *worker) verdict(t *Tried, msgs []*kafka.Message) error {
 
 // runOne runs one message alone, with a durable attempt count written before each try,
 // blocking retries with backoff, and the dead letter after the last allowed attempt.
-func (p *worker) runOne(km *kafka.Message) error {
-	ctx := p.workCtx
+func (u *lane) runOne(km *kafka.Message) error {
+	ctx := u.workCtx
 	off := int64(km.TopicPartition.Offset)
-	a, ok := p.attempts[off]
-	if !ok && off < p.crashedUntil {
+	a, ok := u.attempt(off)
+	if !ok && off < u.crashedUntil {
 		// Attempted by a batch that never committed: the crash counts once.
 		a = offsetstore.Attempt{Offset: off, Attempts: 1}
 	}
-	if p.oversized(km) {
-		return p.deadLetter(km, offsetstore.Attempt{Offset: off, ErrorClass: ClassOversized,
-			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), p.set.MaxValueBytes)})
+	if u.oversized(km) {
+		return u.deadLetter(km, offsetstore.Attempt{Offset: off, ErrorClass: ClassOversized,
+			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), u.set.MaxValueBytes)})
 	}
 	for {
-		if GiveUp(a.ErrorClass, a.Attempts, p.set.MaxAttempts) {
-			return p.deadLetter(km, a)
+		if GiveUp(a.ErrorClass, a.Attempts, u.set.MaxAttempts) {
+			return u.deadLetter(km, a)
 		}
 		if a.Attempts > 0 && a.ErrorClass != "" {
 			a.Offset = off
-			if err := p.waits.beforeRetry(a); err != nil {
+			if err := u.waits.beforeRetry(a); err != nil {
 				return err
 			}
 		}
 		n := a.Attempts + 1
 		// Durable before the handler runs: a crash during this try counts (invariant 3).
-		if err := p.waits.untilDone(off, func() error { return p.store.BeginAttempt(ctx, p.pool, p.group, p.tp, off, n) }); err != nil {
+		if err := u.waits.untilDone(off, func() error { return u.store.BeginAttempt(ctx, u.pool, u.group, u.tp, off, n) }); err != nil {
 			return err
 		}
 		a.Attempts = n
 		a.ErrorClass = "" // unknown until this try ends; a crash leaves it empty
-		p.attempts[off] = a
+		u.setAttempt(off, a)
 		var herr error
-		if err := p.waits.untilDone(off, func() (err error) {
-			herr, err = p.oneTx(ctx, km, n) // the same try each time: database trouble is not an attempt
+		if err := u.waits.untilDone(off, func() (err error) {
+			herr, err = u.oneTx(ctx, km, n) // the same try each time: database trouble is not an attempt
 			return err
 		}); err != nil {
 			return err
 		}
 		if herr == nil {
-			delete(p.attempts, off)
+			u.dropAttempt(off)
 			return nil
 		}
-		p.waits.availableUnless(herr)
-		if err := p.recordFailure(a, herr, "handler failed"); err != nil {
+		u.waits.availableUnless(herr)
+		if err := u.recordFailure(a, herr, "handler failed"); err != nil {
 			return err
 		}
-		a = p.attempts[off]
+		a, _ = u.attempt(off)
 	}
 }
 
 // oneTx runs one message's try in its own transaction. herr is the handler's failure; err a
 // database or fencing error, or errWaited for an Unavailable answer.
-func (p *worker) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
+func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
 	start := time.Now()
-	tx, err := p.begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
+	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.scope(), []*kafka.Message{km}, attempt)
+	u.handlerEnded()
+	if tx != nil {
+		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	p.handlerStarted(int64(km.TopicPartition.Offset), tx)
-	t, err := p.body.TryRecords(ctx, tx, p.scope(), []*kafka.Message{km}, attempt)
-	p.handlerEnded()
 	if err != nil {
 		return nil, err
 	}
-	if err := p.verdict(&t, []*kafka.Message{km}); err != nil || t.Verdict == Failed {
+	if err := u.verdict(&t, []*kafka.Message{km}); err != nil || t.Verdict == Failed {
 		return t.Cause, err
 	}
-	p.set.Signals.step("handled", int64(km.TopicPartition.Offset))
-	return nil, p.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, p.inflightEnd, true, &t, start)
+	u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
+	return nil, u.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, u.inflight(), true, &t, start)
 }
 
 // recordFailure logs herr (at info, with what) and stores it as the failure of attempt a,
-// durably in the attempts table and in p.attempts, so that the message's next try — after a
+// durably in the attempts table and in u.attempts, so that the message's next try — after a
 // crash too — knows its count, class and first failure time.
-func (p *worker) recordFailure(a offsetstore.Attempt, herr error, what string) error {
+func (u *lane) recordFailure(a offsetstore.Attempt, herr error, what string) error {
 	class, msg, stack := Describe(herr)
-	p.log.Info(what, zap.Int64("offset", a.Offset), zap.Int("attempt", a.Attempts),
+	u.log.Info(what, zap.Int64("offset", a.Offset), zap.Int("attempt", a.Attempts),
 		zap.String("error_class", class), zap.String("error", pg.SanitizeText(msg, 512)))
-	if err := p.waits.untilDone(a.Offset, func() error {
-		return p.store.RecordFailure(p.workCtx, p.pool, p.group, p.tp, a.Offset, a.Attempts, class, msg, stack)
+	if err := u.waits.untilDone(a.Offset, func() error {
+		return u.store.RecordFailure(u.workCtx, u.pool, u.group, u.tp, a.Offset, a.Attempts, class, msg, stack)
 	}); err != nil {
 		return err
 	}
@@ -411,26 +409,26 @@ func (p *worker) recordFailure(a offsetstore.Attempt, herr error, what string) e
 		a.FirstFailureAt = now
 	}
 	a.LastFailureAt, a.ErrorClass, a.ErrorMessage, a.Stack = now, class, msg, stack
-	p.attempts[a.Offset] = a
+	u.setAttempt(a.Offset, a)
 	return nil
 }
 
 // deadLetter dead-letters km after attempt a (deadLetterTx, run until it commits) and
 // records it.
-func (p *worker) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
+func (u *lane) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 	off := int64(km.TopicPartition.Offset)
 	var hs []dlq.Header
 	for _, h := range km.Headers {
 		hs = append(hs, dlq.Header{Key: h.Key, Value: h.Value})
 	}
-	d := NewDeadLetter(p.group, idempotency.Message{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: off, Key: km.Key, Value: km.Value},
-		km.Timestamp, hs, a, p.epoch)
-	if err := p.waits.untilDone(off, func() error { return p.deadLetterTx(p.workCtx, d, km) }); err != nil {
+	d := NewDeadLetter(u.group, idempotency.Message{Topic: u.tp.Topic, Partition: u.tp.Partition, Offset: off, Key: km.Key, Value: km.Value},
+		km.Timestamp, hs, a, u.epoch)
+	if err := u.waits.untilDone(off, func() error { return u.deadLetterTx(u.workCtx, d, km) }); err != nil {
 		return err
 	}
-	delete(p.attempts, off)
-	p.emit.DeadLettered(p.tp, off, d.Attempts, d.ErrorClass)
-	p.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
+	u.dropAttempt(off)
+	u.emit.DeadLettered(u.tp, off, d.Attempts, d.ErrorClass)
+	u.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
 		zap.String("error_class", d.ErrorClass), zap.String("error", pg.SanitizeText(d.ErrorMessage, 512)))
 	return nil
 }
@@ -440,52 +438,56 @@ func (p *worker) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 // Config.DeadLetter.Topic is an error of the loop's own work: logged at error level and run
 // again (untilDone), so the partition waits for the configuration to be fixed rather than the
 // process ending or the dead letter going unpublished.
-func (p *worker) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kafka.Message) error {
-	tx, err := p.begin(ctx)
+func (u *lane) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kafka.Message) error {
+	tx, err := u.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := DeadLetterTx(ctx, tx, p.set.Schema, d, p.set.DeadLetterTopic); err != nil {
+	if err := DeadLetterTx(ctx, tx, u.set.Schema, d, u.set.DeadLetterTopic); err != nil {
 		return err
 	}
-	p.set.Signals.step("dead-letter", d.Offset)
-	return p.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, p.inflightEnd, true, nil, time.Time{})
+	u.set.Signals.step("dead-letter", d.Offset)
+	return u.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, u.inflight(), true, nil, time.Time{})
 }
 
 // finishTx is the tail that every transaction moving the watermark over messages shares, in
 // this order: audit a gap that retention left below msgs' first offset, delete the attempt
-// rows of msgs when they had any (clearAttempts), advance the watermark from p.watermark to
+// rows of msgs when they had any (clearAttempts), advance the watermark from u.watermark to
 // end (compare-and-set; the in-flight marker to inflightEnd), commit, and record the commit
 // with what the body found (t; nil for a dead letter, which deadLetter records). start is when
 // the transaction began.
-func (p *worker) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, t *Tried, start time.Time) error {
+func (u *lane) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, t *Tried, start time.Time) error {
 	from := int64(msgs[0].TopicPartition.Offset)
-	if err := p.auditGap(ctx, tx, from); err != nil {
+	if !u.isSerial {
+		return u.finishUnitTx(ctx, tx, msgs, clearAttempts, t, start) // lanes.go
+	}
+	if err := u.auditGap(ctx, tx, from); err != nil {
 		return err
 	}
 	if clearAttempts {
-		if err := p.store.DeleteAttempts(ctx, tx, p.group, p.tp, from, end); err != nil {
+		if err := u.store.DeleteAttempts(ctx, tx, u.group, u.tp, from, end); err != nil {
 			return err
 		}
 	}
-	xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, p.watermark.Load(), end, inflightEnd)
+	xid, err := u.store.AdvanceXID(ctx, tx, u.group, u.tp, u.watermark.Load(), end, inflightEnd)
 	if err != nil {
 		return err
 	}
-	if err := p.commit(ctx, tx, end, xid); err != nil {
+	if err := u.commit(ctx, tx, end, xid); err != nil {
 		return err
 	}
 	for _, km := range msgs {
-		p.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
+		u.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
 	}
-	p.inflightEnd = inflightEnd
-	p.committed(end)
+	u.inflightEnd = inflightEnd
+	u.waits.available(true)
+	u.committed(end)
 	if t != nil && t.Verdict == Done {
-		p.breaker.succeeded() // handled messages committed: a spell of shared failures ends
+		u.breaker.succeeded() // handled messages committed: a spell of shared failures ends
 	}
 	if t != nil {
-		p.emit.BatchCommitted(p.tp, from, end, *t, time.Since(start))
+		u.emit.BatchCommitted(u.tp, from, end, *t, time.Since(start))
 	}
 	return nil
 }
@@ -565,7 +567,6 @@ func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
 // committed records a database commit that moved the watermark to next and hands the new
 // watermark to the Kafka committer (committer.go), the last step of a message's path.
 func (p *worker) committed(next int64) {
-	p.waits.available(true)
 	p.watermark.Store(next)
 	p.commits.enqueue(p.tp, next)
 	p.lastCommit.Store(time.Now().UnixNano())

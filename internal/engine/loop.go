@@ -78,6 +78,9 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		lastCommit: &l.lastCommitN,
 	}
 	l.deps.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)
+	if set.MaxUnits > 0 {
+		l.units = make(chan struct{}, set.MaxUnits)
+	}
 	return l
 }
 
@@ -303,11 +306,24 @@ func (l *Loop) Snapshot() Snapshot {
 	s.Stuck = l.stuckNow()
 	for _, f := range l.parts {
 		s.InFlight += f.inFlight()
-		if f.w.waits.heldBack.Load() {
+		ws := []*waits{f.w.waits}
+		if lanes := f.w.lanes.Load(); lanes != nil {
+			for _, u := range *lanes {
+				ws = append(ws, u.waits)
+			}
+		}
+		held, waiting := false, (*Waiting)(nil)
+		for _, w := range ws {
+			held = held || w.heldBack.Load()
+			if x := w.waiting.Load(); x != nil && (waiting == nil || x.Offset < waiting.Offset) {
+				waiting = x
+			}
+		}
+		if held {
 			s.HeldBack++
 		}
-		if w := f.w.waits.waiting.Load(); w != nil {
-			s.Waiting = append(s.Waiting, *w)
+		if waiting != nil {
+			s.Waiting = append(s.Waiting, *waiting)
 		}
 	}
 	return s

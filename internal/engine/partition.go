@@ -37,6 +37,7 @@ type deps struct {
 	fail       func(error)                                       // stops the consumer with an unexpected error
 	lastCommit *atomic.Int64                                     // unix nanos of the last database commit, for readiness
 	breaker    *Breaker                                          // shared failures across partitions (breaker.go)
+	units      chan struct{}                                     // process-wide unit slots (Settings.MaxUnits); nil: no cap
 }
 
 // worker runs one assigned partition's messages in offset order; each batch runs in one
@@ -47,8 +48,10 @@ type worker struct {
 	log   *zap.Logger
 	in    chan *kafka.Message
 	skips chan recordless // the poll loop's requests to pass offsets without a record (recordless.go)
-	waits waits
-	call  handlerCall // the handler call in progress (stuck.go)
+	waits *waits          // the worker's own waits (its database work, and the serial lane's)
+	// serial is the worker's one lane with Concurrency 1: it runs every message in offset order
+	// and its transactions advance the watermark themselves.
+	serial *lane
 
 	// The offsets, one name each. watermark is written by the worker (on every commit and
 	// refence), dispatchedEnd by the poll loop; both are read from any goroutine.
@@ -58,11 +61,17 @@ type worker struct {
 	crashedUntil  int64        // worker: offsets below had a marker when loaded; a crash counts one attempt each
 
 	// Read from any goroutine.
-	bytes atomic.Int64 // messageBytes of every message held (queued, kept, in a batch)
-	busy  atomic.Int64 // messages the worker holds (in a batch or a backoff)
+	lanes atomic.Pointer[[]*lane] // the lanes of the current round (Concurrency > 1), for Stats
+	bytes atomic.Int64            // messageBytes of every message held (queued, kept, in a batch)
+	busy  atomic.Int64            // messages the worker holds (in a batch or a backoff)
 
 	// Owned by the worker.
-	epoch    int // replay epoch: scopes business idempotency keys
+	epoch int // replay epoch: scopes business idempotency keys
+	// doneAbove are offsets above the watermark already applied (store.Done), left by units
+	// that committed out of order (Concurrency > 1): they are skipped, never run again.
+	doneAbove map[int64]bool
+
+	attMu    sync.Mutex // guards attempts: the lanes of one partition share it
 	attempts map[int64]offsetstore.Attempt
 
 	stopOnce  sync.Once
@@ -72,7 +81,7 @@ type worker struct {
 	done      chan struct{}
 }
 
-func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt) *worker {
+func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt, done []int64) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &worker{
 		deps:        d,
@@ -88,7 +97,9 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 		abortWork:   cancel,
 		done:        make(chan struct{}),
 	}
-	p.waits = waits{p: p}
+	p.waits = &waits{p: p, stop: p.stopCh}
+	p.serial = &lane{worker: p, waits: p.waits, isSerial: true}
+	p.setDoneAbove(done)
 	if w.InflightEnd > w.Next {
 		p.crashedUntil = w.InflightEnd
 		p.log.Warn("a batch was in flight when the last owner stopped; its offsets run one message per transaction",
@@ -197,6 +208,7 @@ func (p *worker) refence() bool {
 	p.log.Warn("watermark fenced: another consumer advanced it; re-reading the database watermark")
 	var w offsetstore.Watermark
 	var atts map[int64]offsetstore.Attempt
+	var done []int64
 	err := p.waits.untilDone(p.watermark.Load(), func() error {
 		ws, err := p.store.Watermarks(ctx, p.pool, p.group, []offsetstore.TP{p.tp})
 		if err != nil {
@@ -206,14 +218,21 @@ func (p *worker) refence() bool {
 		if w, ok = ws[p.tp]; !ok {
 			return fmt.Errorf("watermark of %s deleted", p.tp)
 		}
-		atts, err = p.store.Attempts(ctx, p.pool, p.group, p.tp, w.Next)
+		if atts, err = p.store.Attempts(ctx, p.pool, p.group, p.tp, w.Next); err != nil {
+			return err
+		}
+		done, err = p.store.Done(ctx, p.pool, p.group, p.tp, w.Next)
 		return err
 	})
 	if err != nil {
 		return false
 	}
 	p.emit.Fenced(p.tp, p.watermark.Load(), w.Next)
-	p.inflightEnd, p.attempts, p.epoch = w.InflightEnd, atts, w.ReplayEpoch
+	p.attMu.Lock()
+	p.attempts = atts
+	p.attMu.Unlock()
+	p.inflightEnd, p.epoch = w.InflightEnd, w.ReplayEpoch
+	p.setDoneAbove(done)
 	p.crashedUntil = max(p.crashedUntil, w.InflightEnd)
 	p.watermark.Store(w.Next)
 	r := resyncRequest{p: p, at: w.Next, done: make(chan struct{})}
@@ -241,4 +260,59 @@ func messageBytes(m *kafka.Message) int64 {
 		n += int64(len(h.Key) + len(h.Value))
 	}
 	return n
+}
+
+func (p *worker) setDoneAbove(done []int64) {
+	p.doneAbove = make(map[int64]bool, len(done))
+	for _, o := range done {
+		p.doneAbove[o] = true
+	}
+}
+
+func (p *worker) attempt(offset int64) (offsetstore.Attempt, bool) {
+	p.attMu.Lock()
+	defer p.attMu.Unlock()
+	a, ok := p.attempts[offset]
+	return a, ok
+}
+
+func (p *worker) setAttempt(offset int64, a offsetstore.Attempt) {
+	p.attMu.Lock()
+	defer p.attMu.Unlock()
+	p.attempts[offset] = a
+}
+
+func (p *worker) dropAttempt(offset int64) {
+	p.attMu.Lock()
+	defer p.attMu.Unlock()
+	delete(p.attempts, offset)
+}
+
+// lane runs messages of one partition in offset order, one unit (transaction) at a time:
+// the worker's serial lane (Concurrency 1), or one of Concurrency lanes (lanes.go), each
+// with its own waits, so a message in backoff holds only its lane.
+type lane struct {
+	*worker
+	call     handlerCall // the handler call in progress (stuck.go)
+	waits    *waits
+	isSerial bool
+	idx      int
+	q        laneQueue       // lanes.go; unused by the serial lane
+	comp     chan<- laneDone // completions to the worker's coordinator; nil for the serial lane
+}
+
+// held records how many messages the serial lane still holds, for Stats and the idle check.
+func (u *lane) held(n int) {
+	if u.isSerial {
+		u.busy.Store(int64(n))
+	}
+}
+
+// inflight is the in-flight marker a serial transaction leaves; lanes leave it to the
+// coordinator.
+func (u *lane) inflight() int64 {
+	if u.isSerial {
+		return u.inflightEnd
+	}
+	return 0
 }

@@ -113,7 +113,11 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		if err != nil {
 			return nil, err
 		}
-		p := newWorker(&l.deps, l.log, tp, w, atts)
+		done, err := l.store.Done(ctx, l.pool, l.group, tp, w.Next)
+		if err != nil {
+			return nil, err
+		}
+		p := newWorker(&l.deps, l.log, tp, w, atts, done)
 		newParts = append(newParts, p)
 		topic := tp.Topic
 		starts = append(starts, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(start)})
@@ -295,6 +299,9 @@ func (l *Loop) follow(ctx context.Context, tp offsetstore.TP, w, k int64, reason
 		return "", err
 	}
 	if err := l.store.DeleteAttempts(ctx, tx, l.group, tp, w, k); err != nil {
+		return "", err
+	}
+	if err := l.store.DeleteDone(ctx, tx, l.group, tp, k); err != nil {
 		return "", err
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -33,6 +33,12 @@ type Settings struct {
 	BatchSize int
 	BatchWait time.Duration
 
+	// Concurrency is the most units of one partition in flight at once, never two of one key
+	// (lanes.go); 1 runs the partition in offset order. MaxUnits caps the units in flight over
+	// the whole consumer (0: no cap).
+	Concurrency int
+	MaxUnits    int
+
 	MaxAttempts int
 	// Backoff is Config.Retry.Backoff: the wait before try attempt+1 (attempt >= 1).
 	Backoff func(attempt int) time.Duration

@@ -39,56 +39,78 @@ type Stuck struct {
 	Since  time.Time
 }
 
-// handlerStarted records that the handler is called on offset's transaction tx.
-func (p *worker) handlerStarted(offset int64, tx pgx.Tx) {
-	p.call.offset.Store(offset)
-	if c := tx.Conn(); c != nil && c.PgConn() != nil {
-		p.call.pid.Store(c.PgConn().PID())
+// trackBegin records that a unit starting at offset is about to run (its Prepare, then its
+// transaction's handler calls) and returns the begin function for it, which also records the
+// transaction's backend.
+func (u *lane) trackBegin(offset int64) func(context.Context) (pgx.Tx, error) {
+	u.call.offset.Store(offset)
+	u.call.pid.Store(0)
+	u.call.since.Store(time.Now().UnixNano())
+	return func(ctx context.Context) (pgx.Tx, error) {
+		tx, err := u.begin(ctx)
+		if err == nil {
+			if c := tx.Conn(); c != nil && c.PgConn() != nil {
+				u.call.pid.Store(c.PgConn().PID())
+			}
+		}
+		return tx, err
 	}
-	p.call.since.Store(time.Now().UnixNano())
 }
 
-// handlerEnded records that the handler returned; a call reported stuck is reported as ended.
-func (p *worker) handlerEnded() {
-	since := p.call.since.Swap(0)
-	p.call.pid.Store(0)
-	if p.call.stuck.Swap(false) {
-		p.log.Warn("the handler returned after running past its bound", zap.Int64("offset", p.call.offset.Load()),
+// handlerEnded records that the unit's handler returned; a call reported stuck is reported
+// as ended.
+func (u *lane) handlerEnded() {
+	since := u.call.since.Swap(0)
+	u.call.pid.Store(0)
+	if u.call.stuck.Swap(false) {
+		u.log.Warn("the handler returned after running past its bound", zap.Int64("offset", u.call.offset.Load()),
 			zap.Duration("ran", time.Since(time.Unix(0, since))))
-		p.emit.HandlerStuck(p.tp, p.call.offset.Load(), time.Unix(0, since), false)
+		u.emit.HandlerStuck(u.tp, u.call.offset.Load(), time.Unix(0, since), false)
 	}
 }
 
-// stuckSince returns when the current handler call started if it has run past
+// stuckSince returns when the lane's current call started if it has run past
 // Settings.StuckAfter.
-func (p *worker) stuckSince() (time.Time, bool) {
-	n := p.call.since.Load()
-	if n == 0 || p.set.StuckAfter <= 0 || time.Since(time.Unix(0, n)) < p.set.StuckAfter {
+func (u *lane) stuckSince() (time.Time, bool) {
+	n := u.call.since.Load()
+	if n == 0 || u.set.StuckAfter <= 0 || time.Since(time.Unix(0, n)) < u.set.StuckAfter {
 		return time.Time{}, false
 	}
 	return time.Unix(0, n), true
 }
 
+// allLanes is the worker's serial lane and, with Concurrency > 1, the lanes of its round.
+func (p *worker) allLanes() []*lane {
+	out := []*lane{p.serial}
+	if ls := p.lanes.Load(); ls != nil {
+		out = append(out, *ls...)
+	}
+	return out
+}
+
 // checkStuck logs and reports, once per call, each handler call running past StuckAfter.
 func (l *Loop) checkStuck() {
 	for _, f := range l.parts {
-		p := f.w
-		since, ok := p.stuckSince()
-		if !ok || p.call.stuck.Swap(true) {
-			continue
+		for _, u := range f.w.allLanes() {
+			since, ok := u.stuckSince()
+			if !ok || u.call.stuck.Swap(true) {
+				continue
+			}
+			u.log.Error("handler running past its bound: the partition makes no progress; handlers must honour ctx (Config.Transaction bounds the transaction, not the handler's other calls)",
+				zap.Int64("offset", u.call.offset.Load()), zap.Duration("running", time.Since(since)), zap.Duration("bound", u.set.StuckAfter))
+			u.emit.HandlerStuck(u.tp, u.call.offset.Load(), since, true)
 		}
-		p.log.Error("handler running past its bound: the partition makes no progress; handlers must honour ctx (Config.Transaction bounds the transaction, not the handler's other calls)",
-			zap.Int64("offset", p.call.offset.Load()), zap.Duration("running", time.Since(since)), zap.Duration("bound", p.set.StuckAfter))
-		p.emit.HandlerStuck(p.tp, p.call.offset.Load(), since, true)
 	}
 }
 
-// stuckNow lists the workers whose handler call has run past StuckAfter (under l.mu).
+// stuckNow lists the calls that have run past StuckAfter (under l.mu).
 func (l *Loop) stuckNow() []Stuck {
 	var out []Stuck
 	for _, f := range l.parts {
-		if since, ok := f.w.stuckSince(); ok {
-			out = append(out, Stuck{TP: f.w.tp, Offset: f.w.call.offset.Load(), Since: since})
+		for _, u := range f.w.allLanes() {
+			if since, ok := u.stuckSince(); ok {
+				out = append(out, Stuck{TP: u.tp, Offset: u.call.offset.Load(), Since: since})
+			}
 		}
 	}
 	return out
@@ -98,15 +120,20 @@ func (l *Loop) stuckNow() []Stuck {
 // Settings.CloseTimeout: the backend of its transaction is terminated, so the transaction
 // rolls back (a handler that returns later cannot commit it), and the caller stops waiting.
 func (p *worker) abandon() {
-	pid := p.call.pid.Load()
-	p.log.Error("the handler ignores its context: its transaction is abandoned (its connection closed, so it rolls back) and the partition released",
-		zap.Int64("offset", p.call.offset.Load()), zap.Duration("after", p.set.CloseTimeout), zap.Uint32("backend_pid", pid))
-	if pid == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := p.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(pid)); err != nil {
-		p.log.Warn("terminate the abandoned transaction's backend", zap.Uint32("backend_pid", pid), zap.Error(err))
+	for _, u := range p.allLanes() {
+		pid := u.call.pid.Load()
+		if u.call.since.Load() == 0 {
+			continue
+		}
+		p.log.Error("the handler ignores its context: its transaction is abandoned (its connection closed, so it rolls back) and the partition released",
+			zap.Int64("offset", u.call.offset.Load()), zap.Duration("after", p.set.CloseTimeout), zap.Uint32("backend_pid", pid))
+		if pid == 0 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := p.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, int64(pid)); err != nil {
+			p.log.Warn("terminate the abandoned transaction's backend", zap.Uint32("backend_pid", pid), zap.Error(err))
+		}
+		cancel()
 	}
 }

@@ -22,7 +22,8 @@ import (
 // wait ends early with errStopped when the worker is asked to stop. Owned by the worker's
 // goroutine except the atomics, which Stats and Readiness read.
 type waits struct {
-	p *worker
+	p    *worker
+	stop <-chan struct{} // closed: end every wait with errStopped (the worker's stop, or a lane round's)
 
 	// A wait for a dependency the handler reported Unavailable.
 	unavailSince   time.Time               // zero when not waiting
@@ -62,7 +63,7 @@ func (w *waits) sleep(d time.Duration) error {
 	select {
 	case <-t.C:
 		return nil
-	case <-w.p.stopCh:
+	case <-w.stop:
 		return errStopped
 	}
 }

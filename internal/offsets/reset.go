@@ -401,6 +401,11 @@ func (o *Operator) applyStep(ctx context.Context, tx pgx.Tx, group string, s *St
 		if err := o.store.DeleteAttempts(ctx, tx, group, s.TP, s.Watermark, s.Target); err != nil {
 			return err
 		}
+		// Offsets a consumer with Config.Concurrency > 1 applied above the old watermark: those
+		// below the target are skipped anyway; those above stay done.
+		if err := o.store.DeleteDone(ctx, tx, group, s.TP, s.Target); err != nil {
+			return err
+		}
 	case ActionReplay:
 		if next != s.Watermark {
 			return fmt.Errorf("the watermark moved from %d to %d since the plan (a consumer ran?); Kafka is at %d now, "+
@@ -412,6 +417,11 @@ func (o *Operator) applyStep(ctx context.Context, tx pgx.Tx, group string, s *St
 		if _, err := tx.Exec(ctx, `UPDATE `+o.t.Watermarks+` SET replay_epoch = replay_epoch + 1
 			WHERE group_id = $1 AND topic = $2 AND partition = $3`, group, s.Topic, s.Partition); err != nil {
 			return fmt.Errorf("open replay epoch: %w", err)
+		}
+		// A replay runs everything from the target again, including offsets a consumer with
+		// Config.Concurrency > 1 had applied above the old watermark.
+		if err := o.store.DeleteDone(ctx, tx, group, s.TP, -1); err != nil {
+			return err
 		}
 	}
 	if err := o.store.SetEventStatus(ctx, tx, s.AuditID, StatusApplied); err != nil {

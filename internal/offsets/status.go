@@ -34,6 +34,11 @@ type PartitionStatus struct {
 	State offsetstate.State `json:"state"`
 	// ReplayEpoch counts the replays of the partition (0 before the first).
 	ReplayEpoch int `json:"replay_epoch"`
+	// DoneAbove counts offsets above the watermark a consumer with Config.Concurrency > 1
+	// already applied (units commit out of offset order); the watermark and Kafka's offset are
+	// the lowest offset not yet done, and the consumer skips these after a restart. 0 with
+	// Concurrency 1.
+	DoneAbove int64 `json:"done_above"`
 	// LastEvent is the newest offset audit row of the partition, if any.
 	LastEvent *offsetstore.Event `json:"last_event"`
 	// Pending lists operator commands recorded but not yet applied (an operator skip waiting
@@ -118,6 +123,11 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 			s.Watermark = ptr(w.Next)
 			s.ReplayEpoch = w.ReplayEpoch
 			s.WatermarkUpdatedAt = ptr(w.UpdatedAt)
+			done, err := o.store.Done(ctx, o.pool, group, tp, w.Next)
+			if err != nil {
+				return nil, err
+			}
+			s.DoneAbove = int64(len(done))
 		}
 		if hasK {
 			s.Committed = ptr(k)

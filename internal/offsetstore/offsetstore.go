@@ -244,6 +244,69 @@ func (s *Store) DeleteAttempts(ctx context.Context, q pg.Querier, group string, 
 	return nil
 }
 
+// DeleteAttemptsAt removes the attempt rows of exactly offsets (a unit of one lane, whose
+// range may hold other lanes' offsets).
+func (s *Store) DeleteAttemptsAt(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) error {
+	_, err := q.Exec(ctx, `DELETE FROM `+s.t.Attempts+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" = ANY($4)`,
+		group, tp.Topic, tp.Partition, offsets)
+	if err != nil {
+		return fmt.Errorf("delete attempts %s %v: %w", tp, offsets, err)
+	}
+	return nil
+}
+
+// MarkDone records in q's transaction that offsets (above the watermark, applied by this
+// transaction) are done. It is fenced: the watermark row is read FOR SHARE and must not have
+// passed the lowest of offsets, and an offset another owner already recorded is not recorded
+// again; either way it returns ErrFenced, and the caller rolls back.
+func (s *Store) MarkDone(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) error {
+	low := offsets[0]
+	for _, o := range offsets {
+		low = min(low, o)
+	}
+	tag, err := q.Exec(ctx, `INSERT INTO `+s.t.DoneOffsets+` (group_id, topic, partition, "offset")
+		SELECT $1, $2, $3, o FROM unnest($4::bigint[]) AS o
+		WHERE EXISTS (SELECT 1 FROM `+s.t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset <= $5 FOR SHARE)
+		ON CONFLICT DO NOTHING`,
+		group, tp.Topic, tp.Partition, offsets, low)
+	if err != nil {
+		return fmt.Errorf("mark done %s %v: %w", tp, offsets, err)
+	}
+	if tag.RowsAffected() != int64(len(offsets)) {
+		return ErrFenced
+	}
+	return nil
+}
+
+// Done returns the offsets at or above from recorded done (MarkDone), in order.
+func (s *Store) Done(ctx context.Context, q pg.Querier, group string, tp TP, from int64) ([]int64, error) {
+	rows, err := q.Query(ctx, `SELECT "offset" FROM `+s.t.DoneOffsets+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 ORDER BY 1`,
+		group, tp.Topic, tp.Partition, from)
+	if err != nil {
+		return nil, fmt.Errorf("read done offsets %s: %w", tp, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read done offsets %s: %w", tp, err)
+	}
+	return out, nil
+}
+
+// DeleteDone removes the done rows of tp below `below` (the watermark passed them) — or all of
+// them when below < 0 (an operator reset).
+func (s *Store) DeleteDone(ctx context.Context, q pg.Querier, group string, tp TP, below int64) error {
+	var err error
+	if below < 0 {
+		_, err = q.Exec(ctx, `DELETE FROM `+s.t.DoneOffsets+` WHERE group_id = $1 AND topic = $2 AND partition = $3`, group, tp.Topic, tp.Partition)
+	} else {
+		_, err = q.Exec(ctx, `DELETE FROM `+s.t.DoneOffsets+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" < $4`, group, tp.Topic, tp.Partition, below)
+	}
+	if err != nil {
+		return fmt.Errorf("delete done offsets %s: %w", tp, err)
+	}
+	return nil
+}
+
 func nullIfEmpty(s string) any {
 	if s == "" {
 		return nil

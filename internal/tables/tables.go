@@ -20,6 +20,8 @@ type Names struct {
 	OutboxAudit          string
 	OutboxCommits        string
 	IdempotencyResponses string
+	// DoneOffsets lists offsets above a watermark already applied (Config.Concurrency > 1).
+	DoneOffsets string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -41,6 +43,7 @@ func For(schema string) Names {
 		OutboxAudit:          q("outbox_audit"),
 		OutboxCommits:        q("outbox_commits"),
 		IdempotencyResponses: q("idempotency_responses"),
+		DoneOffsets:          q("done_offsets"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }

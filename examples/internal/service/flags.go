@@ -28,7 +28,9 @@ type Flags struct {
 	// MetricsAddr serves Prometheus metrics (consumer and relay) on host:port/metrics.
 	MetricsAddr                        string
 	Partitions, MaxAttempts, BatchSize int
-	ExitWhenIdle, SessionTimeout       time.Duration
+	// Concurrency is kafkatx.Config.Concurrency: units of one partition in flight at once.
+	Concurrency                  int
+	ExitWhenIdle, SessionTimeout time.Duration
 	// GroupProtocol is group.protocol: "classic" or "consumer" (KIP-848); empty leaves it to
 	// --kafka-config-file, else kafkatx's default (classic).
 	GroupProtocol string
@@ -51,6 +53,7 @@ func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.IntVar(&f.MaxAttempts, "max-attempts", def.MaxAttempts, "tries, crashes included, before a "+what+" is dead-lettered")
 	fs.StringVar(&f.InstanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
 	fs.IntVar(&f.BatchSize, "batch-size", def.BatchSize, "most "+what+"s of one partition per transaction")
+	fs.IntVar(&f.Concurrency, "concurrency", max(def.Concurrency, 1), "most units (transactions) of one partition in flight at once, never two of one record key: each key's "+what+"s are applied in offset order, other keys meanwhile (1: one at a time, in offset order)")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (processed, dead letters, drift and lag per partition, outbox backlog) on HOST:PORT/metrics, /healthz (200 while the process runs) and /readyz (200 once joined to the group with an assignment, possibly empty, Kafka and the database reachable, no fatal error; else 503 with a JSON reason); off when empty")
 }
 
@@ -69,6 +72,9 @@ func (f *Flags) FromEnv() {
 // --group-protocol other than classic or consumer, and --session-timeout with --group-protocol
 // consumer (librdkafka refuses session.timeout.ms under KIP-848's protocol).
 func (f *Flags) Check() error {
+	if f.Concurrency < 1 {
+		return fmt.Errorf("--concurrency %d: want 1 or more", f.Concurrency)
+	}
 	switch strings.ToLower(f.GroupProtocol) {
 	case "", "classic":
 	case "consumer":
@@ -126,13 +132,14 @@ func (f *Flags) KafkaConfig() kafka.ConfigMap {
 // max attempts and batch size, with log and reg for logs and metrics.
 func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafkatx.Config {
 	return &kafkatx.Config{
-		Kafka:      f.KafkaConfig(),
-		Topics:     []string{f.Topic},
-		Schema:     f.Schema,
-		Logger:     log,
-		Registerer: reg,
-		Retry:      kafkatx.RetryPolicy{MaxAttempts: f.MaxAttempts},
-		Batch:      kafkatx.BatchConfig{Size: f.BatchSize},
+		Kafka:       f.KafkaConfig(),
+		Topics:      []string{f.Topic},
+		Schema:      f.Schema,
+		Logger:      log,
+		Registerer:  reg,
+		Retry:       kafkatx.RetryPolicy{MaxAttempts: f.MaxAttempts},
+		Batch:       kafkatx.BatchConfig{Size: f.BatchSize},
+		Concurrency: f.Concurrency,
 	}
 }
 
