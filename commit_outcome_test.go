@@ -93,6 +93,12 @@ func (p *cutProxy) cut() {
 // an attempt, nothing dead-lettered, nothing fenced, every message applied once.
 func TestLostCommitAnswerIsSettledFromTheDatabasesRecord(t *testing.T) {
 	t.Parallel()
+	for _, n := range []int{1, 4} {
+		t.Run(fmt.Sprintf("Concurrency %d", n), func(t *testing.T) { lostCommitAnswer(t, n) })
+	}
+}
+
+func lostCommitAnswer(t *testing.T, concurrency int) {
 	url, _ := testenv.OwnCluster(t, "synchronous_commit = on")
 	ctx := context.Background()
 	admin, err := pgxpool.New(ctx, url)
@@ -118,6 +124,7 @@ func TestLostCommitAnswerIsSettledFromTheDatabasesRecord(t *testing.T) {
 	cfg := b.config(t)
 	cfg.Hooks = []Hook{fenceCounter{&fenced}}
 	cfg.Batch.Size = 1 // offset 3 in a transaction of its own
+	cfg.Concurrency = concurrency
 	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
 		calls[m.Offset].Add(1)
 		if m.Offset == 3 {

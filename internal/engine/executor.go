@@ -534,6 +534,17 @@ func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
 	if err == nil {
 		return nil
 	}
+	return p.settle(ctx, err, xid, func() bool {
+		ws, rerr := p.store.Watermarks(context.WithoutCancel(ctx), p.pool, p.group, []offsetstore.TP{p.tp})
+		return rerr == nil && ws[p.tp].Next == end
+	})
+}
+
+// settle decides the outcome of a COMMIT of transaction xid that answered err (see commit):
+// nil when the database's record shows it committed, an error (run it again) when it shows
+// it aborted; while it reads as in progress, or the database cannot be asked, it waits.
+// recorded answers for a transaction the server no longer knows (txid_status NULL).
+func (p *worker) settle(ctx context.Context, err error, xid int64, recorded func() bool) error {
 	rctx := context.WithoutCancel(ctx)
 	for try := 1; ; try++ {
 		sctx, cancel := context.WithTimeout(rctx, 5*time.Second)
@@ -541,15 +552,13 @@ func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
 		cancel()
 		switch {
 		case serr == nil && st == "committed":
-			p.log.Warn("COMMIT answer lost; the database's record (txid_status) shows it committed", zap.Int64("xid", xid),
-				zap.Int64("watermark", end), zap.Error(err))
+			p.log.Warn("COMMIT answer lost; the database's record (txid_status) shows it committed", zap.Int64("xid", xid), zap.Error(err))
 			return nil
 		case serr == nil && st == "aborted":
 			return fmt.Errorf("commit (the database's record shows it aborted): %w", err)
 		case serr == nil && st == "":
-			ws, rerr := p.store.Watermarks(rctx, p.pool, p.group, []offsetstore.TP{p.tp})
-			if rerr == nil && ws[p.tp].Next == end {
-				p.log.Warn("COMMIT answer lost but the watermark shows it committed", zap.Int64("watermark", end), zap.Error(err))
+			if recorded() {
+				p.log.Warn("COMMIT answer lost but the offsets' rows show it committed", zap.Error(err))
 				return nil
 			}
 			return fmt.Errorf("commit: %w", err)

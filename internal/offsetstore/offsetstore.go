@@ -278,6 +278,29 @@ func (s *Store) MarkDone(ctx context.Context, q pg.Querier, group string, tp TP,
 	return nil
 }
 
+// MarkDoneXID is MarkDone that also returns the id of q's transaction (txid_current()), in
+// the same round trip, so that a COMMIT whose answer is lost is settled by TxStatus.
+func (s *Store) MarkDoneXID(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) (xid int64, err error) {
+	low := offsets[0]
+	for _, o := range offsets {
+		low = min(low, o)
+	}
+	var n int64
+	err = q.QueryRow(ctx, `WITH ins AS (INSERT INTO `+s.t.DoneOffsets+` (group_id, topic, partition, "offset")
+		SELECT $1, $2, $3, o FROM unnest($4::bigint[]) AS o
+		WHERE EXISTS (SELECT 1 FROM `+s.t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset <= $5 FOR SHARE)
+		ON CONFLICT DO NOTHING RETURNING 1)
+		SELECT count(*), txid_current() FROM ins`,
+		group, tp.Topic, tp.Partition, offsets, low).Scan(&n, &xid)
+	if err != nil {
+		return 0, fmt.Errorf("mark done %s %v: %w", tp, offsets, err)
+	}
+	if n != int64(len(offsets)) {
+		return 0, ErrFenced
+	}
+	return xid, nil
+}
+
 // Done returns the offsets at or above from recorded done (MarkDone), in order.
 func (s *Store) Done(ctx context.Context, q pg.Querier, group string, tp TP, from int64) ([]int64, error) {
 	rows, err := q.Query(ctx, `SELECT "offset" FROM `+s.t.DoneOffsets+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 ORDER BY 1`,
