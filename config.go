@@ -127,6 +127,11 @@ type Config struct {
 	// failures (attempts). Defaults to UnavailableMaxWaitDefault (30 minutes).
 	UnavailableMaxWait time.Duration
 
+	// Breaker stops a storm of dead letters when failures are shared — a revoked privilege,
+	// a column a deploy renamed, a dependency that fails for everyone — rather than one
+	// message's (docs/failures.md, "The breaker").
+	Breaker BreakerConfig
+
 	// Concurrency is the most units (transactions) of one partition in flight at once, never
 	// two of one record key: a partition's messages run in Concurrency fixed lanes (lane =
 	// FNV-1a of the key mod Concurrency; records without a key are spread by offset and have
@@ -362,9 +367,31 @@ const (
 	LockTimeoutDefault        = 10 * time.Second       // TransactionConfig.LockTimeout
 	StatementTimeoutDefault   = 60 * time.Second       // TransactionConfig.StatementTimeout
 	DeadLetterSuffixDefault   = ".dlq"                 // DeadLetterConfig.Topic: the source topic + this suffix
+	BreakerThresholdDefault   = 3                      // BreakerConfig.Threshold, in messages
+	BreakerProbeDefault       = 5 * time.Second        // BreakerConfig.Probe
 	ConcurrencyDefault        = 1                      // Config.Concurrency
 	MaxUnitsDefault           = 256                    // Config.MaxUnits
 )
+
+// BreakerConfig configures the breaker: when Threshold distinct messages — of any partitions
+// of the consumer — fail alike (the same SQLSTATE for a PostgreSQL error, otherwise the same
+// error text with its digits blanked; kafkatx.Permanent failures are not counted) with no
+// transaction succeeding in between, the breaker opens: each partition whose try fails alike
+// rolls it back without recording an attempt or a dead letter and waits Probe outside any
+// transaction before trying again; the first transaction that commits handled messages
+// closes it. It is logged once when it opens and when it closes, makes Readiness not ready
+// (Readiness.Breaker, the SQLSTATE named) and sets the kafkatx_breaker_open gauge. Bounded as
+// Unavailable's wait is: open longer than Config.UnavailableMaxWait, it holds no more and
+// tries count as attempts again. One bad message among good ones never opens it: the good
+// ones' commits reset the count.
+type BreakerConfig struct {
+	// Threshold is the number of distinct messages failing alike that opens the breaker.
+	// Defaults to BreakerThresholdDefault (3); negative: no breaker.
+	Threshold int
+	// Probe is how long a held partition waits between tries. Defaults to
+	// BreakerProbeDefault (5 s).
+	Probe time.Duration
+}
 
 // UnavailableMaxBackoff caps the wait between two tries of a message whose handler returned
 // Unavailable.
@@ -405,6 +432,12 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.UnavailableMaxWait <= 0 {
 		out.UnavailableMaxWait = UnavailableMaxWaitDefault
+	}
+	if out.Breaker.Threshold == 0 {
+		out.Breaker.Threshold = BreakerThresholdDefault
+	}
+	if out.Breaker.Probe <= 0 {
+		out.Breaker.Probe = BreakerProbeDefault
 	}
 	if out.Batch.Size <= 0 {
 		out.Batch.Size = BatchSizeDefault
@@ -498,8 +531,25 @@ func (c *Config) settings() (*engine.Settings, error) {
 		BeginSQL: d.Transaction.beginSQL(), IdleTimeout: d.Transaction.IdleTimeout,
 		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait, Concurrency: d.Concurrency, MaxUnits: d.MaxUnits,
 		MaxAttempts: d.Retry.MaxAttempts, Backoff: d.Retry.Backoff, UnavailableBackoff: unavail.Backoff,
-		UnavailableMaxWait: d.UnavailableMaxWait, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
+		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe,
+		StuckAfter: stuckAfter(d.Transaction), ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
 		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
 		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
 	}, nil
+}
+
+// stuckAfter is how long a handler call may run before the loop reports it stuck (logged
+// once with its partition and offset, Readiness.Stuck, kafkatx_partition_stuck): the
+// transaction's statement_timeout plus its idle_in_transaction_session_timeout
+// (Config.Transaction; 70 s by default) — past both, the call cannot be doing useful work in
+// its transaction. A bound turned off (negative) leaves the default's part in its place.
+func stuckAfter(t TransactionConfig) time.Duration {
+	st, idle := t.StatementTimeout, t.IdleTimeout
+	if st <= 0 {
+		st = StatementTimeoutDefault
+	}
+	if idle <= 0 {
+		idle = IdleTimeoutDefault
+	}
+	return st + idle
 }

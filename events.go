@@ -20,6 +20,9 @@ type emitter struct {
 	log   *zap.Logger
 	hooks hookSet
 	stats *counters
+	// metrics is kafkatx's Prometheus hook, for the events no public hook carries (the
+	// breaker); nil in tests that build an emitter without one.
+	metrics *promHook
 }
 
 // callHooks calls call for each hook of hs, recovering (and logging) a hook's panic so that
@@ -124,6 +127,22 @@ func (e *emitter) DependencyAvailable(tp offsetstore.TP, since time.Time) {
 func (e *emitter) PartitionLag(tp offsetstore.TP, w, high int64) {
 	ev := PartitionLag{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w, LogEnd: high, Lag: high - w}
 	callHooks(e, e.hooks.lag, func(h HookPartitionLag) { h.OnPartitionLag(ev) })
+}
+
+func (e *emitter) BreakerChanged(open bool, s engine.BreakerState) {
+	e.stats.breakerOpen.Store(open)
+	if open {
+		e.stats.breakerOpens.Add(1)
+	}
+	if e.metrics != nil {
+		e.metrics.breakerChanged(e.group, open)
+	}
+}
+
+func (e *emitter) HandlerStuck(tp offsetstore.TP, offset int64, since time.Time, stuck bool) {
+	if e.metrics != nil {
+		e.metrics.handlerStuck(e.group, tp, stuck)
+	}
 }
 
 func (e *emitter) PartitionPaused(tp offsetstore.TP, bytes int64) {

@@ -16,11 +16,15 @@ import (
 // rolls the transaction back; the message is retried with backoff until
 // Config.Retry.MaxAttempts, then dead-lettered. Return Permanent(err) to dead-letter at once.
 // The transaction is run again without counting an attempt only when ctx is done (shutdown,
-// a lost partition), the error holds a retryable PostgreSQL SQLSTATE (40001, 40P01, 55P03,
-// 25P03, 57P05, 25006, 57P0x, 08xxx), or tx's connection was lost and the error is not the
-// handler's own context ending; the handler's own timeout or cancellation (a context it
-// derived from ctx) and its own network errors are attempts. A panic is recovered and counted
-// as an attempt.
+// a lost partition), the error holds a PostgreSQL error that is not the statement's — a lost
+// race, run again at once, or the server's own condition, waited out like Unavailable and
+// bounded by Config.UnavailableMaxWait (the classification, code by code:
+// docs/failures.md) — or tx's connection was lost and the error is not the handler's own
+// context ending; the handler's own timeout or cancellation (a context it derived from ctx)
+// and its own network errors are attempts. A panic is recovered and counted as an attempt.
+// Honour ctx: a call that runs past Config.Transaction's statement plus idle timeouts is
+// reported stuck, and on shutdown one that ignores ctx is abandoned (its transaction rolled
+// back) Config.CloseTimeout after ctx ends.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // BatchHandler processes messages of one partition, in offset order, inside the one

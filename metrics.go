@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/promreg"
 )
 
@@ -24,6 +25,9 @@ type promHook struct {
 	batchSeconds prometheus.Histogram
 	unavailable  *prometheus.CounterVec
 	waiting      *prometheus.GaugeVec
+	breakerOpen  *prometheus.GaugeVec
+	breakerOpens *prometheus.CounterVec
+	stuck        *prometheus.GaugeVec
 }
 
 var (
@@ -52,10 +56,16 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 		lag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_lag", Help: "Log end offset minus database watermark, in messages."}, []string{"group", "topic", "partition"}),
 		batchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "kafkatx_batch_duration_seconds", Help: "Time to run and commit one batch transaction.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
-		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dependency_unavailable_total", Help: "Handler answers of Unavailable waited out (tries rolled back, no attempt counted)."}, []string{"group", "topic"}),
-		waiting:     prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_waiting", Help: "1 while the partition waits for a dependency its handler reported Unavailable."}, []string{"group", "topic", "partition"}),
+		unavailable:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dependency_unavailable_total", Help: "Handler answers of Unavailable waited out (tries rolled back, no attempt counted)."}, []string{"group", "topic"}),
+		waiting:      prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_waiting", Help: "1 while the partition waits for a dependency its handler reported Unavailable."}, []string{"group", "topic", "partition"}),
+		breakerOpen:  prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_breaker_open", Help: "1 while the breaker holds the partitions whose messages fail alike (Config.Breaker)."}, []string{"group"}),
+		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_breaker_opened_total", Help: "Times the breaker opened (Config.Breaker)."}, []string{"group"}),
 	}
+	m.stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
 	var err error
+	promreg.Into(reg, &m.stuck, &err)
+	promreg.Into(reg, &m.breakerOpen, &err)
+	promreg.Into(reg, &m.breakerOpens, &err)
 	promreg.Into(reg, &m.processed, &err)
 	promreg.Into(reg, &m.duplicates, &err)
 	promreg.Into(reg, &m.retries, &err)
@@ -74,6 +84,25 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 }
 
 func partitionLabel(p int32) string { return strconv.Itoa(int(p)) }
+
+// handlerStuck sets kafkatx_partition_stuck for tp.
+func (m *promHook) handlerStuck(group string, tp offsetstore.TP, stuck bool) {
+	v := 0.0
+	if stuck {
+		v = 1
+	}
+	m.stuck.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
+}
+
+// breakerChanged sets kafkatx_breaker_open and counts an opening.
+func (m *promHook) breakerChanged(group string, open bool) {
+	if open {
+		m.breakerOpen.WithLabelValues(group).Set(1)
+		m.breakerOpens.WithLabelValues(group).Inc()
+		return
+	}
+	m.breakerOpen.WithLabelValues(group).Set(0)
+}
 
 func (m *promHook) OnBatchCommitted(e BatchCommitted) {
 	if e.Processed > 0 {

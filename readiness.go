@@ -40,10 +40,43 @@ type Readiness struct {
 	// Fatal is the error that stopped (or is stopping) Run.
 	Fatal string `json:"fatal,omitempty"`
 	// Waiting lists the partitions waiting for a dependency their handler reported
-	// Unavailable (see UnavailableError). The consumer is still ready — it does its job, and
-	// a restart would not bring the dependency back — but a probe or an operator sees who
-	// waits, since when and why.
+	// Unavailable (see UnavailableError), or waiting out the database's own condition
+	// (WaitingPartition.Condition). For a dependency the consumer is still ready — it does its
+	// job, and a restart would not bring the dependency back — but a probe or an operator sees
+	// who waits, since when and why. For the database's own condition (a full disk, no
+	// connection slots, a read-only server: docs/failures.md) it is not ready: nothing can be
+	// written, and the reason names the SQLSTATE.
 	Waiting []WaitingPartition `json:"waiting,omitempty"`
+	// Breaker is set while the breaker is open (Config.Breaker): messages of several
+	// partitions fail alike, and the failing partitions pause and probe. Not ready meanwhile.
+	Breaker *BreakerReadiness `json:"breaker,omitempty"`
+	// Stuck lists the partitions whose handler call has run past its bound (Config.Transaction's
+	// statement_timeout plus idle_in_transaction_session_timeout, 70 s by default): the
+	// partition makes no progress. Not ready meanwhile.
+	Stuck []StuckPartition `json:"stuck,omitempty"`
+}
+
+// StuckPartition is a partition whose handler call, on the transaction starting at Offset,
+// has run since Since.
+type StuckPartition struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Offset    int64     `json:"offset"`
+	Since     time.Time `json:"since"`
+}
+
+// BreakerReadiness is an open breaker: since when, what the failures share (Signature: the
+// SQLSTATE and its name for a PostgreSQL error, "SQLSTATE 42501 insufficient_privilege",
+// otherwise the error text with its digits blanked), the SQLSTATE alone when there is one, an
+// example failure, how many distinct messages failed alike when it opened, and the
+// partitions it holds.
+type BreakerReadiness struct {
+	Since      time.Time `json:"since"`
+	Signature  string    `json:"signature"`
+	SQLState   string    `json:"sqlstate,omitempty"`
+	Example    string    `json:"example"`
+	Messages   int       `json:"messages"`
+	Partitions []string  `json:"partitions"`
 }
 
 // WaitingPartition is a partition waiting for an unavailable dependency: the message at
@@ -55,6 +88,10 @@ type WaitingPartition struct {
 	Offset    int64     `json:"offset"`
 	Since     time.Time `json:"since"`
 	Cause     string    `json:"cause"`
+	// Condition names the database's own condition the partition waits out — its SQLSTATE
+	// and name, "53100 disk_full" (docs/failures.md) — or is empty for a dependency's
+	// Unavailable answer. While any partition waits out one, the consumer is not ready.
+	Condition string `json:"condition,omitempty"`
 }
 
 // Ready reports nil when the consumer can do its job now (Readiness.Ready), else a
@@ -87,6 +124,23 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	if r.Fatal != "" {
 		r.Reasons = append(r.Reasons, "fatal error: "+r.Fatal)
 	}
+	if reason := conditionReason(r.Waiting); reason != "" {
+		r.Reasons = append(r.Reasons, reason)
+	}
+	for _, s := range snap.Stuck {
+		r.Stuck = append(r.Stuck, StuckPartition{Topic: s.TP.Topic, Partition: s.TP.Partition, Offset: s.Offset, Since: s.Since})
+		r.Reasons = append(r.Reasons, fmt.Sprintf("the handler on %s offset %d has run since %s, past its bound: the partition makes no progress",
+			s.TP, s.Offset, s.Since.UTC().Format(time.RFC3339)))
+	}
+	if b := snap.Breaker; b != nil {
+		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages}
+		for _, tp := range b.Held {
+			r.Breaker.Partitions = append(r.Breaker.Partitions, tp.String())
+		}
+		sort.Strings(r.Breaker.Partitions)
+		r.Reasons = append(r.Reasons, fmt.Sprintf("breaker open since %s: %d messages of the consumer failed alike (%s); the failing partitions pause and probe, spending no attempts (Config.Breaker)",
+			b.Since.UTC().Format(time.RFC3339), b.Messages, b.Signature))
+	}
 	if !running {
 		r.Reasons = append(r.Reasons, "the consumer is not running")
 	}
@@ -113,4 +167,26 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	r.Ready = len(r.Reasons) == 0
 	return r
+}
+
+// conditionReason is Readiness's reason while partitions wait out the database's own
+// condition: the condition (SQLSTATE and name) of the longest wait, since when, and how many
+// partitions wait; "" when none does.
+func conditionReason(ws []WaitingPartition) string {
+	var first *WaitingPartition
+	n := 0
+	for i := range ws {
+		if ws[i].Condition == "" {
+			continue
+		}
+		n++
+		if first == nil || ws[i].Since.Before(first.Since) {
+			first = &ws[i]
+		}
+	}
+	if first == nil {
+		return ""
+	}
+	return fmt.Sprintf("the database's own condition %s since %s: %d partition(s) wait it out, spending no attempt (docs/failures.md)",
+		first.Condition, first.Since.UTC().Format(time.RFC3339), n)
 }

@@ -53,4 +53,6 @@ type Stats struct {
 type counters struct {
 	processed, duplicates, retries, deadLettered, skipped, pauses, notChanges atomic.Int64
 	unavailable                                                               atomic.Int64
+	breakerOpen                                                               atomic.Bool
+	breakerOpens                                                              atomic.Int64
 }

@@ -10,8 +10,8 @@
 // batch that fails without naming a message is re-run one message per transaction; an
 // ordinary failure at Message.Attempt < Config.Retry.MaxAttempts is an attempt (the loop
 // would try again after a backoff), at MaxAttempts a dead letter — the handler's own timeout,
-// cancellation or network error included; Unavailable, retryable PostgreSQL errors (40001,
-// 40P01, ...) and the transaction's connection lost roll back without an attempt; the
+// cancellation or network error included; Unavailable, PostgreSQL errors that are not the
+// message's (docs/failures.md) and the transaction's connection lost roll back without an attempt; the
 // handler's tx refuses Commit and Rollback (kafkatx.ErrTxOwnedByLoop); business
 // idempotency keys (Config.Idempotency) are claimed and a key claimed before skips its
 // message. Dead letters are written in the transaction as the loop writes them (the
@@ -46,6 +46,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // EnvDatabaseURL names the environment variable New connects to when Options.Pool is nil: a
@@ -159,7 +160,7 @@ func connect(ctx context.Context, t testing.TB, schema string) *pgxpool.Pool {
 	if dsn == "" {
 		unavailable(t, "%s is not set", EnvDatabaseURL)
 	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	cfg, err := pg.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("kafkatxtest: parse %s: %v", EnvDatabaseURL, err) // pgx's error names no password
 	}

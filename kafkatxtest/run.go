@@ -39,8 +39,8 @@ const (
 	// Unavailable: the handler answered kafkatx.Unavailable; the try is rolled back, the
 	// partition waits and runs it again, and it is not an attempt.
 	Unavailable
-	// RunAgain: the handler returned a retryable PostgreSQL error (40001, 40P01, ...; see
-	// kafkatx.Handler), the transaction's connection was lost under it (and its error is not
+	// RunAgain: the handler returned a PostgreSQL error of a lost race (docs/failures.md;
+	// see kafkatx.Handler), the transaction's connection was lost under it (and its error is not
 	// its own context ending), or the test's context ended; the try is rolled back and run
 	// again, and it is not an attempt. A handler's own timeout, cancellation or network error
 	// is Retried or DeadLettered instead.

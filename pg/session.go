@@ -111,10 +111,11 @@ func probeRound(ctx context.Context, conn, other *pgx.Conn) (bool, error) {
 // pgx.QueryExecModeExec: the extended protocol with the unnamed statement, parameters typed
 // from their Go values, one round trip, no named prepared statements — which a transaction
 // pooler cannot keep (PgBouncer before 1.21 has no prepared-statement support at all). pooled
-// reports what the probe found (false when the URL chose the mode). Errors are pgx's, naming
-// no password.
+// reports what the probe found (false when the URL chose the mode). The URL is parsed by
+// ParseConfig (ErrAmbiguousURL, ErrUnparsableDSN: no part of the URL in the error); a failed
+// connection's error is pgx's, which names the user and database, never the password.
 func ParsePoolConfig(ctx context.Context, url string) (cfg *pgxpool.Config, pooled bool, err error) {
-	cfg, err = pgxpool.ParseConfig(url)
+	cfg, err = ParseConfig(url)
 	if err != nil {
 		return nil, false, err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/logging"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -82,7 +83,8 @@ const exitCodes = `Exit status:
   4  offsets account: offsets nothing accounts for
   5  offsets reset: the group has active members (stop the consumers first)
   6  outbox release|discard, dlq show|replay|discard: no such row, or not in a state the command acts on
-  7  offsets status: the group has no watermark and no committed offset`
+  7  offsets status: the group has no watermark and no committed offset
+  8  offsets status: a partition with lag whose watermark has not moved for --stalled-after`
 
 // maxIdentifierBytes is PostgreSQL's longest identifier (NAMEDATALEN - 1); a longer name is
 // silently truncated by the server.
@@ -162,8 +164,21 @@ func main() {
 		os.Exit(ee.code)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "kafkatx:", err)
+		if hint := conditionHint(err); hint != "" {
+			fmt.Fprintln(os.Stderr, "kafkatx:", hint)
+		}
 		os.Exit(exitFailed)
 	}
+}
+
+// conditionHint names the database's own condition behind err (internal/pgerr's Server class,
+// docs/failures.md), or returns "": the command did nothing wrong and can be run again once
+// the condition ends.
+func conditionHint(err error) string {
+	if c := pgerr.Describe(err); c.Class == pgerr.Server {
+		return fmt.Sprintf("this is the database's own condition (%s), not the command's: run it again when it ends", c)
+	}
+	return ""
 }
 
 // logger builds the stderr logger of a subcommand: console lines on a terminal, JSON
@@ -204,7 +219,7 @@ func (g *Globals) sessionPool(ctx context.Context, pool *pgxpool.Pool) (sp *pgxp
 	if g.SessionDatabaseURL == "" || g.SessionDatabaseURL == g.DatabaseURL {
 		return pool, func() {}, nil
 	}
-	cfg, err := pgxpool.ParseConfig(g.SessionDatabaseURL)
+	cfg, err := pg.ParseConfig(g.SessionDatabaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--session-database-url: %w", err)
 	}

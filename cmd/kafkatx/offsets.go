@@ -16,6 +16,7 @@ const (
 	offsetsExitGap     = 4 // offsets account: a watermark move nothing explains
 	offsetsExitActive  = 5 // offsets reset: the group has active members
 	offsetsExitUnknown = 7 // offsets status: the group has no watermark and no committed offset
+	offsetsExitStalled = 8 // offsets status: lag with a watermark that has not moved for --stalled-after
 )
 
 // OffsetsCmd groups the offset commands: the database leads, Kafka follows (docs/offsets.md).

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 )
@@ -14,9 +15,10 @@ import (
 // OffsetsStatusCmd compares each partition's database watermark with the group's committed
 // offset in Kafka.
 type OffsetsStatusCmd struct {
-	Group  string `required:"" help:"Consumer group id."`
-	Topic  string `help:"Only this topic (default: every topic the group has a watermark or a committed offset on)."`
-	Output string `default:"text" enum:"text,json,prometheus" help:"text, json (one object per partition per line) or prometheus (text exposition format, for node_exporter's textfile collector)."`
+	Group        string        `required:"" help:"Consumer group id."`
+	Topic        string        `help:"Only this topic (default: every topic the group has a watermark or a committed offset on)."`
+	Output       string        `default:"text" enum:"text,json,prometheus" help:"text, json (one object per partition per line) or prometheus (text exposition format, for node_exporter's textfile collector)."`
+	StalledAfter time.Duration `name:"stalled-after" default:"2m" help:"A partition with lag whose watermark has not moved for this long is stalled (a stuck handler, an open breaker, no consumer running): not aligned, exit 8."`
 }
 
 // Help is the long help of offsets status.
@@ -33,10 +35,14 @@ topic was recreated or truncated: the consumer refuses to start), watermark_belo
 (retention removed unprocessed records), kafka_past_log_end (the consumer ignores it);
 no_watermark and unused (not drift).
 
-Exit status: 0 when every partition is aligned (or has no watermark), 3 when any partition
-drifts (kafka_ahead, kafka_behind, kafka_missing, watermark_past_log_end,
-watermark_below_log_start, kafka_past_log_end), 7 when the group has no watermark and no
-committed offset (a mistyped group), 1 on an error.`
+Stalled: a partition with lag whose watermark has not moved for --stalled-after (default 2m)
+makes no progress — a handler stuck, the breaker open, a database condition waited out, or no
+consumer running — whatever its state; the text output marks it STALLED.
+
+Exit status: 0 when every partition is aligned (or has no watermark) and none is stalled, 3
+when any partition drifts (kafka_ahead, kafka_behind, kafka_missing, watermark_past_log_end,
+watermark_below_log_start, kafka_past_log_end), 8 when none drifts but one is stalled, 7 when
+the group has no watermark and no committed offset (a mistyped group), 1 on an error.`
 }
 
 func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
@@ -52,10 +58,14 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	drifted := 0
+	drifted, stalled := 0, 0
+	now := time.Now()
 	for _, s := range sts {
 		if s.Drifted() {
 			drifted++
+		}
+		if s.Stalled(c.StalledAfter, now) {
+			stalled++
 		}
 	}
 	switch c.Output {
@@ -89,8 +99,12 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			if s.DoneAbove > 0 {
 				last += fmt.Sprintf("; %d offsets done above the watermark (Config.Concurrency > 1)", s.DoneAbove)
 			}
+			state := string(s.State)
+			if s.Stalled(c.StalledAfter, now) {
+				state += " STALLED"
+			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Topic, s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
-				s.LogStart, s.LogEnd, s.Lag, offsetsSigned(s.Drift), s.State, last)
+				s.LogStart, s.LogEnd, s.Lag, offsetsSigned(s.Drift), state, last)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -103,12 +117,18 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			for _, h := range offsets.Hints(c.Group, sts, shellQuote) {
 				fmt.Printf("- %s\n", h)
 			}
+		case stalled > 0:
+			fmt.Printf("STALLED: %d of %d partition(s) have lag and a watermark that has not moved for %s: a handler stuck, the breaker open, a database condition waited out, or no consumer running (see the consumer's /readyz)\n",
+				stalled, len(sts), c.StalledAfter)
 		default:
 			fmt.Printf("aligned: %d partition(s)\n", len(sts))
 		}
 	}
 	if drifted > 0 {
 		return &exitError{code: offsetsExitDrift}
+	}
+	if stalled > 0 {
+		return &exitError{code: offsetsExitStalled}
 	}
 	if len(sts) == 0 {
 		// A mistyped group name must not look healthy to a monitoring check.

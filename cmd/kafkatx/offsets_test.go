@@ -570,3 +570,27 @@ func TestOffsetsAccountFindsAHandMadeGap(t *testing.T) {
 		t.Fatalf("account after hand-made moves exited %d, want 4", code)
 	}
 }
+
+// TestOffsetsStatusStalled: both sides agree (aligned), but records wait and the watermark
+// has not moved for --stalled-after: the partition is stalled (a stuck handler, an open
+// breaker, no consumer), never "aligned" with exit 0.
+func TestOffsetsStatusStalled(t *testing.T) {
+	t.Parallel()
+	b := offsetsSetup(t)
+	b.produce("a", "b", "c")
+	b.runUntil(3)
+	b.produce("d", "e") // nothing consumes them
+	if st, code := b.status(); code != 0 || st.State != offsetstate.Aligned || st.Lag != 2 {
+		t.Fatalf("lag 2 right after the last commit: exit %d, %+v; want 0 (not stalled yet)", code, st)
+	}
+	if _, err := b.pool.Exec(context.Background(), "UPDATE "+b.table("watermarks")+" SET updated_at = now() - interval '5 minutes' WHERE group_id = $1", b.group); err != nil {
+		t.Fatal(err)
+	}
+	out, code := b.kafkatx("offsets", "status", "--group", b.group, "--topic", b.topic)
+	if code != offsetsExitStalled || !strings.Contains(out, "aligned STALLED") || !strings.Contains(out, "STALLED: 1 of 1 partition(s)") {
+		t.Fatalf("stalled: exit %d\n%s", code, out)
+	}
+	if _, code := b.kafkatx("offsets", "status", "--group", b.group, "--topic", b.topic, "--stalled-after", "10m"); code != 0 {
+		t.Fatalf("--stalled-after 10m: exit %d, want 0", code)
+	}
+}

@@ -28,10 +28,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/httpmw"
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/logging"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -56,8 +56,8 @@ func main() {
 		*dbURL = os.Getenv("DATABASE_URL")
 	}
 
-	log := logging.Must("info") // console lines on a terminal, JSON otherwise
-	defer log.Sync()            //nolint:errcheck
+	log := service.Logger() // JSON on stderr at $KAFKATX_LOG_LEVEL
+	defer log.Sync()        //nolint:errcheck
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -82,7 +82,11 @@ func serve(ctx context.Context, addr, dbURL, schema string, retention, taskDelay
 	if dbURL == "" {
 		return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL")
 	}
-	pool, err := pgxpool.New(ctx, dbURL)
+	cfg, err := pg.ParseConfig(dbURL)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}

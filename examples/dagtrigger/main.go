@@ -179,7 +179,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return err
 	}
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
-		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
+		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{
 		"processed":       s.Processed,

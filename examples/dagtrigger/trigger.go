@@ -108,6 +108,11 @@ func (t *trigger) start(ctx context.Context, m *kafkatx.Message) (*prepared, err
 		if kafkatx.IsUnavailable(err) {
 			return nil, err
 		}
+		if airflow.IsConfTooLarge(err) {
+			// Over the client's MaxConfBytes, or Airflow answered 413 or an opaque 5xx to a
+			// large conf (apache/airflow#66779): the dead letter says the size and the limit.
+			return nil, kafkatx.Permanent(err)
+		}
 		var se *airflow.StatusError
 		if errors.As(err, &se) && (se.StatusCode == http.StatusBadRequest || se.StatusCode == http.StatusUnprocessableEntity) {
 			return nil, kafkatx.Permanent(err) // Airflow refuses this run: retrying cannot help

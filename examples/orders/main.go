@@ -174,7 +174,7 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 	}
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
 		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig,
-		ExitWhenIdle: o.ExitWhenIdle, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
+		ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{"processed": s.Processed, "duplicates": s.Duplicates, "retries": s.Retries, "dead_lettered": s.DeadLettered})
 	fmt.Println(string(b))

@@ -82,6 +82,14 @@ type Config struct {
 	// MaxBackoff caps the wait between attempts, Retry-After included. Defaults to 5s.
 	MaxBackoff time.Duration
 
+	// MaxConfBytes is the largest conf, in bytes of JSON, a trigger sends: a larger one is
+	// refused before sending with a *ConfTooLargeError (the run is not created; retrying
+	// cannot help, so a kafkatx handler dead-letters it with the size and the limit). Airflow
+	// itself sets no limit, but what stands in front of it or stores the run often does
+	// (nginx's client_max_body_size is 1 MiB by default; apache/airflow#66779: a large conf
+	// answered 413 or an opaque 500). Defaults to DefaultMaxConfBytes; negative: no limit.
+	MaxConfBytes int
+
 	// RunIDPrefix starts the run ids derived by RunID; it must pass ValidateRunIDPrefix.
 	// Defaults to DefaultRunIDPrefix.
 	RunIDPrefix string
@@ -111,7 +119,8 @@ func New(cfg Config) (*Client, error) {
 	}
 	u, err := url.Parse(strings.TrimRight(cfg.BaseURL, "/"))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("airflow: Config.BaseURL %q is not an http(s) URL", cfg.BaseURL)
+		// Not quoted: a URL that does not parse may hold credentials.
+		return nil, errors.New("airflow: Config.BaseURL is not an http(s) URL (http://host:port)")
 	}
 	if u.User != nil {
 		return nil, errors.New("airflow: Config.BaseURL must not carry credentials; use Token, TokenFile or Username and PasswordFile")
@@ -141,6 +150,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
+	}
+	if cfg.MaxConfBytes == 0 {
+		cfg.MaxConfBytes = DefaultMaxConfBytes
 	}
 	hc := cfg.HTTPClient
 	if hc == nil {
@@ -179,6 +191,10 @@ type Result struct {
 	Created bool
 	// Attempts is the number of requests sent.
 	Attempts int
+	// Settled is true when a create answered 5xx and a read of the run by its id found it
+	// (the run was created before the answer failed): Created is then true, and no other
+	// create is sent.
+	Settled bool
 }
 
 // StatusError is an answer from Airflow that is neither success nor 409.
@@ -262,16 +278,24 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	if !bytes.HasPrefix(bytes.TrimSpace(confJSON), []byte("{")) {
 		return Result{}, errors.New("airflow: Trigger.Conf must marshal to a JSON object")
 	}
+	if c.cfg.MaxConfBytes > 0 && len(confJSON) > c.cfg.MaxConfBytes {
+		return Result{RunID: runID}, &ConfTooLargeError{DAGID: t.DAGID, RunID: runID, Size: len(confJSON), Limit: c.cfg.MaxConfBytes}
+	}
 	body, err := json.Marshal(postBody{DAGRunID: runID, LogicalDate: t.LogicalDate, Conf: json.RawMessage(confJSON), Note: t.Note})
 	if err != nil {
 		return Result{}, fmt.Errorf("airflow: encode request: %w", err)
 	}
 	endpoint := c.base.JoinPath("api", "v2", "dags", t.DAGID, "dagRuns")
 	attempts := 0
+	st := &settler{c: c, run: endpoint.JoinPath(runID)}
 	bo := &backoff.ExponentialBackOff{InitialInterval: c.cfg.InitialBackoff, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: c.cfg.MaxBackoff}
 	created, err := backoff.Retry(ctx, func() (bool, error) {
 		attempts++
-		return c.postRun(ctx, endpoint, body)
+		created, err := c.postRun(ctx, endpoint, body)
+		if err != nil && st.settles(ctx, err) {
+			return true, nil
+		}
+		return created, err
 	},
 		backoff.WithBackOff(bo),
 		backoff.WithMaxTries(uint(c.cfg.MaxAttempts)),
@@ -284,13 +308,16 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 		if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
 			return Result{RunID: runID, Attempts: attempts}, err
 		}
+		if tl := st.tooLarge(err, t.DAGID, runID, len(confJSON)); tl != nil {
+			return Result{RunID: runID, Attempts: attempts}, tl
+		}
 		err = fmt.Errorf("airflow: trigger %s run %s: %w", t.DAGID, runID, err)
 		if unavailable(err) {
 			err = &UnavailableError{Err: err}
 		}
 		return Result{RunID: runID, Attempts: attempts}, err
 	}
-	return Result{RunID: runID, Created: created, Attempts: attempts}, nil
+	return Result{RunID: runID, Created: created, Attempts: attempts, Settled: st.settled}, nil
 }
 
 // UnavailableError is a failure of Airflow rather than of the request (see TriggerDAGRun):

@@ -40,10 +40,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
@@ -344,7 +344,18 @@ func (m *Middleware) replay(w http.ResponseWriter, s *stored, fp []byte) {
 	_, _ = w.Write(s.body)
 }
 
+// fail answers a request the middleware could not complete. When the database's own
+// condition stopped it (internal/pgerr's Server class: out of disk or connections, shutting
+// down, read-only, the connection lost; docs/failures.md) the answer is 503 with Retry-After,
+// so a client waits it out; otherwise 500. Either way the client retries with the same key.
 func (m *Middleware) fail(w http.ResponseWriter, what string, err error) {
+	cond := pgerr.Describe(err)
+	if cond.Class == pgerr.Server {
+		m.log.Warn("idempotent request: the database's own condition", zap.String("step", what), zap.Stringer("condition", cond), zap.Error(err))
+		w.Header().Set("Retry-After", "1")
+		problem(w, http.StatusServiceUnavailable, "The database is unavailable; retry it with the same Idempotency-Key.")
+		return
+	}
 	m.log.Error("idempotent request", zap.String("step", what), zap.Error(err))
 	problem(w, http.StatusInternalServerError, "The request was not completed; retry it with the same Idempotency-Key.")
 }
@@ -354,16 +365,11 @@ func inFlight(w http.ResponseWriter) {
 	problem(w, http.StatusConflict, "A request with this Idempotency-Key is still being processed; retry later.")
 }
 
-// conflictCode reports SQLSTATEs that mean a concurrent request won the key.
+// conflictCode reports an error that means a concurrent request won the key: a unique
+// violation (23505) on the stored response's key, or a lost race (internal/pgerr's Conflict
+// class: 40001, 40P01, ...).
 func conflictCode(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "23505", "40001", "40P01":
-			return true
-		}
-	}
-	return false
+	return pgerr.IsCode(err, "23505") || pgerr.Classify(err) == pgerr.Conflict
 }
 
 // fingerprint is SHA-256 over the method, the request URI (path and query, as sent) and

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/idempotency"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -119,8 +120,9 @@ const (
 	// transaction connection lost (see Sort); the transaction is rolled back and run again,
 	// and the try is not an attempt.
 	Again
-	// Wait: the handler answered Unavailable within its window; the transaction is rolled
-	// back, the partition waits and runs the message again, not an attempt.
+	// Wait: the handler answered Unavailable, or met the database's own condition, within
+	// its window; the transaction is rolled back, the partition waits and runs the message
+	// again, not an attempt.
 	Wait
 	// Failed: the handler's own failure; an attempt, retried or dead-lettered (GiveUp).
 	Failed
@@ -143,12 +145,14 @@ func (v Verdict) String() string {
 //
 //   - nil: Done.
 //   - Again — run the transaction again, not an attempt — only when (a) ctx is done (shutdown,
-//     a lost partition), (b) herr holds a *pgconn.PgError whose SQLSTATE is a retryable
-//     condition (RetryableSQLState: 40001, 40P01, 55P03, 25P03, 57P05, 25006, 57P0x, 08xxx),
-//     or (c) tx's connection is closed after the handler returned (the server or the network
-//     dropped it) and herr is not the handler's own context ending.
-//   - Wait: an Unavailable answer (IsUnavailable). The loop applies its window: once
-//     Config.UnavailableMaxWait has passed for the message, it counts the answer as Failed.
+//     a lost partition), (b) herr holds a *pgconn.PgError of internal/pgerr's Conflict class
+//     (a lost race: 40001, 40P01, 55P03, ...), or (c) tx's connection is closed after the
+//     handler returned (the server or the network dropped it) and herr is not the handler's
+//     own context ending.
+//   - Wait: herr holds a *pgconn.PgError of pgerr's Server class (the server's own condition:
+//     53100 disk_full, 53300, 58030, 25006, ...; docs/failures.md), or an Unavailable answer
+//     (IsUnavailable). The loop applies its window: once Config.UnavailableMaxWait has passed
+//     for the message, it counts the answer as Failed.
 //   - Failed: everything else, an attempt retried with backoff and dead-lettered at
 //     MaxAttempts. That includes a context.DeadlineExceeded or context.Canceled of a context
 //     the handler made while ctx is alive — its own timeout, even when pgx closed tx's
@@ -167,12 +171,13 @@ func Sort(ctx context.Context, tx pgx.Tx, herr error) (v Verdict, err error) {
 			v, err = Failed, &Panic{Value: r, Stack: debug.Stack(), Of: "a method of the handler's error"}
 		}
 	}()
+	_, server := ServerCondition(herr)
 	switch {
-	case ctx.Err() != nil, RetryableSQLState(herr):
+	case ctx.Err() != nil, RetryableSQLState(herr) && !server:
 		return Again, herr
 	case connLost(tx) && !errors.Is(herr, context.DeadlineExceeded) && !errors.Is(herr, context.Canceled):
 		return Again, herr
-	case IsUnavailable(herr):
+	case server, IsUnavailable(herr):
 		return Wait, herr
 	}
 	return Failed, herr
@@ -307,34 +312,30 @@ func callKey(key idempotency.KeyFunc, m idempotency.Message) (k string, ok bool,
 	return k, ok, err
 }
 
-// RetryableSQLState reports whether err holds a *pgconn.PgError whose SQLSTATE means "run
-// the transaction again": serialization failure (40001), deadlock (40P01), a lock wait past
-// lock_timeout (55P03), a session ended by idle_in_transaction_session_timeout (25P03) or
-// idle_session_timeout (57P05), a write refused by a read-only server (25006: after a
-// switchover the old primary stays up read-only), a server shutting down or starting
-// (57P01, 57P02, 57P03), or a connection exception (08000, 08001, 08003, 08004, 08006).
+// RetryableSQLState reports whether err holds a *pgconn.PgError whose SQLSTATE is not the
+// statement's: the server's own condition or a lost race (internal/pgerr's Server and
+// Conflict classes, docs/failures.md#the-classification-code-by-code). Such an error never
+// counts as an attempt.
 func RetryableSQLState(err error) bool {
 	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgerr.Waitable(err)
+}
+
+// ServerCondition returns the server's own condition err holds — a *pgconn.PgError of
+// internal/pgerr's Server class (53100 disk_full, 53300, 58030, 25006, ...) — or ok false.
+// Connection-level errors are not read here: Sort asks the transaction's connection instead.
+func ServerCondition(err error) (c pgerr.Condition, ok bool) {
+	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
-		return false
+		return pgerr.Condition{}, false
 	}
-	switch pgErr.Code {
-	case "40001", "40P01", // serialization_failure, deadlock_detected
-		"55P03",          // lock_not_available: lock_timeout passed (a frozen holder, Config.Transaction)
-		"25P03", "57P05", // idle_in_transaction_session_timeout, idle_session_timeout: the session was ended
-		"25006",                   // read_only_sql_transaction: a read-only server (old primary, standby)
-		"57P01", "57P02", "57P03", // admin_shutdown, crash_shutdown, cannot_connect_now
-		"08000", "08003", "08006", "08001", "08004": // connection exceptions
-		return true
-	}
-	return false
+	c = pgerr.Describe(err)
+	return c, c.Class == pgerr.Server
 }
 
 // RetryableDB reports whether err is a database condition that means "run the transaction
-// again": serialization failure (40001), deadlock (40P01), a lock wait past lock_timeout
-// (55P03), a session ended by idle_in_transaction_session_timeout (25P03) or
-// idle_session_timeout (57P05), a write refused by a read-only server (25006: after a
-// switchover the old primary stays up read-only), or a lost or refused connection. It sorts
+// again": a PostgreSQL error of the Server or Conflict class (RetryableSQLState,
+// docs/failures.md), or a lost or refused connection. It sorts
 // errors of the loop's OWN statements (attempt rows, markers, the watermark, COMMIT) for the
 // loop's log; a handler's answer is sorted by Sort, which asks the transaction's connection
 // instead of guessing from the error (a handler's own timeout or network error is its

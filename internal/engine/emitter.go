@@ -23,6 +23,11 @@ type Emitter interface {
 	DependencyAvailable(tp offsetstore.TP, since time.Time)
 	PartitionLag(tp offsetstore.TP, watermark, logEnd int64)
 	PartitionPaused(tp offsetstore.TP, bytes int64)
+	// BreakerChanged: the breaker opened (open) or closed; s is its state when it changed.
+	BreakerChanged(open bool, s BreakerState)
+	// HandlerStuck: the handler call on offset's transaction, started at since, ran past
+	// Settings.StuckAfter (stuck), or returned after that (!stuck).
+	HandlerStuck(tp offsetstore.TP, offset int64, since time.Time, stuck bool)
 }
 
 // Position is a partition and an offset: a start offset on assignment, a final watermark on

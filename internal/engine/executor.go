@@ -276,14 +276,15 @@ func (p *worker) markAhead(end int64) int64 {
 // Unavailable answer, after which untilDone runs it again.
 func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
 	start := time.Now()
-	tx, t, err := u.body.TryRecords(ctx, u.begin, u.scope(), msgs, 1)
+	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.scope(), msgs, 1)
+	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
 	if err != nil {
 		return t, err
 	}
-	if err := u.verdict(&t); err != nil || t.Verdict == Failed {
+	if err := u.verdict(&t, msgs); err != nil || t.Verdict == Failed {
 		return t, err
 	}
 	for _, km := range msgs {
@@ -292,11 +293,12 @@ func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t
 	return t, u.finishTx(ctx, tx, msgs, end, u.markAhead(end), false, &t, start)
 }
 
-// verdict turns a try's verdict into the loop's next step: Again is an error untilDone runs
-// the transaction again on (never an attempt); Wait is errWaited while the partition's
-// Unavailable window lasts, then a failure (t.Verdict becomes Failed); Done and Failed are
-// left to the caller.
-func (u *lane) verdict(t *Tried) error {
+// verdict turns a try's verdict over msgs into the loop's next step: Again is an error
+// untilDone runs the transaction again on (never an attempt); Wait is errWaited while the
+// partition's Unavailable window lasts, then a failure (t.Verdict becomes Failed); a failure
+// the open breaker holds is errHeld (no attempt, breaker.go); Done and other failures are left
+// to the caller.
+func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 	switch t.Verdict {
 	case Again:
 		return t.Err
@@ -305,6 +307,17 @@ func (u *lane) verdict(t *Tried) error {
 			return &errWaited{cause: t.Err}
 		}
 		t.Verdict = Failed
+	}
+	if t.Verdict == Failed && t.Cause != nil && PermanentCause(t.Cause) == nil {
+		at := msgs[0]
+		if t.Failed >= 0 && t.Failed < len(msgs) {
+			at = msgs[t.Failed]
+		}
+		// Counted only when the failing message is the first of its transaction: later in a
+		// batch, the messages before it have not committed, and may (a pill among them).
+		if u.breaker.failed(Position{TP: u.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
+			return &errHeld{cause: t.Cause}
+		}
 	}
 	return nil
 }
@@ -364,14 +377,15 @@ func (u *lane) runOne(km *kafka.Message) error {
 // database or fencing error, or errWaited for an Unavailable answer.
 func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
 	start := time.Now()
-	tx, t, err := u.body.TryRecords(ctx, u.begin, u.scope(), []*kafka.Message{km}, attempt)
+	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.scope(), []*kafka.Message{km}, attempt)
+	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
 	if err != nil {
 		return nil, err
 	}
-	if err := u.verdict(&t); err != nil || t.Verdict == Failed {
+	if err := u.verdict(&t, []*kafka.Message{km}); err != nil || t.Verdict == Failed {
 		return t.Cause, err
 	}
 	u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
@@ -456,10 +470,11 @@ func (u *lane) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, e
 			return err
 		}
 	}
-	if err := u.store.Advance(ctx, tx, u.group, u.tp, u.watermark.Load(), end, inflightEnd); err != nil {
+	xid, err := u.store.AdvanceXID(ctx, tx, u.group, u.tp, u.watermark.Load(), end, inflightEnd)
+	if err != nil {
 		return err
 	}
-	if err := u.commit(ctx, tx, end); err != nil {
+	if err := u.commit(ctx, tx, end, xid); err != nil {
 		return err
 	}
 	for _, km := range msgs {
@@ -468,6 +483,9 @@ func (u *lane) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, e
 	u.inflightEnd = inflightEnd
 	u.waits.available(true)
 	u.committed(end)
+	if t != nil && t.Verdict == Done {
+		u.breaker.succeeded() // handled messages committed: a spell of shared failures ends
+	}
 	if t != nil {
 		u.emit.BatchCommitted(u.tp, from, end, *t, time.Since(start))
 	}
@@ -500,20 +518,59 @@ func (p *worker) auditGap(ctx context.Context, tx pgx.Tx, first int64) error {
 	return err
 }
 
-// commit commits tx that moves the watermark to end. After a lost COMMIT reply, a
-// watermark that already equals end means the commit happened (docs/design.md,
-// "Compare-and-set").
-func (p *worker) commit(ctx context.Context, tx pgx.Tx, end int64) error {
+// commit commits tx, transaction xid, that moves the watermark to end. A COMMIT whose answer
+// is lost — the connection cut, or ctx ended (pgx then closes the connection and sends no
+// cancel) — may have committed, may not, or may still be committing (waiting for a
+// synchronous standby, during which the transaction reads as in progress). The outcome is
+// settled from the database's own record before anything else happens: txid_status(xid),
+// asked on another connection, until it answers committed (done: nothing runs again) or
+// aborted (the caller runs the transaction again, not an attempt); while it answers in
+// progress the partition waits. When the server no longer knows xid, a watermark at end
+// means committed (docs/design.md, "Compare-and-set"). The wait ends when the worker is asked
+// to stop, the outcome then left to the partition's next owner, whose compare-and-set on the
+// watermark cannot apply the messages twice.
+func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
 	err := tx.Commit(ctx)
 	if err == nil {
 		return nil
 	}
-	ws, rerr := p.store.Watermarks(context.WithoutCancel(ctx), p.pool, p.group, []offsetstore.TP{p.tp})
-	if rerr == nil && ws[p.tp].Next == end {
-		p.log.Warn("COMMIT reply lost but the watermark shows it committed", zap.Int64("watermark", end), zap.Error(err))
-		return nil
+	return p.settle(ctx, err, xid, func() bool {
+		ws, rerr := p.store.Watermarks(context.WithoutCancel(ctx), p.pool, p.group, []offsetstore.TP{p.tp})
+		return rerr == nil && ws[p.tp].Next == end
+	})
+}
+
+// settle decides the outcome of a COMMIT of transaction xid that answered err (see commit):
+// nil when the database's record shows it committed, an error (run it again) when it shows
+// it aborted; while it reads as in progress, or the database cannot be asked, it waits.
+// recorded answers for a transaction the server no longer knows (txid_status NULL).
+func (p *worker) settle(ctx context.Context, err error, xid int64, recorded func() bool) error {
+	rctx := context.WithoutCancel(ctx)
+	for try := 1; ; try++ {
+		sctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+		st, serr := offsetstore.TxStatus(sctx, p.pool, xid)
+		cancel()
+		switch {
+		case serr == nil && st == "committed":
+			p.log.Warn("COMMIT answer lost; the database's record (txid_status) shows it committed", zap.Int64("xid", xid), zap.Error(err))
+			return nil
+		case serr == nil && st == "aborted":
+			return fmt.Errorf("commit (the database's record shows it aborted): %w", err)
+		case serr == nil && st == "":
+			if recorded() {
+				p.log.Warn("COMMIT answer lost but the offsets' rows show it committed", zap.Error(err))
+				return nil
+			}
+			return fmt.Errorf("commit: %w", err)
+		}
+		if try == 1 || try%50 == 0 {
+			p.log.Warn("COMMIT answer lost and its outcome not known yet (in progress, or the database unreachable); waiting for the database's record",
+				zap.Int64("xid", xid), zap.String("status", st), zap.NamedError("status_error", serr), zap.Error(err))
+		}
+		if p.waits.sleep(200*time.Millisecond) != nil {
+			return fmt.Errorf("commit outcome unknown when the partition stopped (xid %d): %w", xid, err)
+		}
 	}
-	return fmt.Errorf("commit: %w", err)
 }
 
 // committed records a database commit that moved the watermark to next and hands the new
@@ -523,3 +580,6 @@ func (p *worker) committed(next int64) {
 	p.commits.enqueue(p.tp, next)
 	p.lastCommit.Store(time.Now().UnixNano())
 }
+
+// first is the offset of msgs' first message.
+func first(msgs []*kafka.Message) int64 { return int64(msgs[0].TopicPartition.Offset) }

@@ -80,6 +80,17 @@ func (l *Loop) onKafkaError(e kafka.Error) error {
 	switch {
 	case e.IsFatal():
 		err := fmt.Errorf("kafkatx: fatal Kafka error: %w", e)
+		if code == kafka.ErrFencedInstanceID {
+			// Fenced static member (KIP-345): the broker gave this group.instance.id to
+			// another member. Either another process runs with the same id, or this one was
+			// frozen (SIGSTOP, a VM or GC pause) past session.timeout.ms and its own return
+			// raced the broker's removal of its old member. librdkafka cannot rejoin after
+			// this error, so Run ends (docs/consumer.md, "Static membership").
+			err = fmt.Errorf("kafkatx: fatal Kafka error: %w: the broker gave this member's group.instance.id to another member — "+
+				"another process runs with the same id, or this process was frozen past session.timeout.ms and came back; "+
+				"the Kafka client cannot rejoin after this, so the consumer stops: restart the process (a supervisor, systemd "+
+				"Restart=on-failure, a Kubernetes pod restart) and it gets its partitions back, and give every process its own id", e)
+		}
 		h.set(func(h *health) { h.fatal = err })
 		return err // Run returns it (and logs "consumer stopping" with it as the cause)
 	case hasCode(authenticationCodes, code) || hasCode(authorizationCodes, code):

@@ -282,13 +282,14 @@ func (p *worker) advanceTo(next int64) error {
 		if err := p.auditGap(ctx, tx, next); err != nil {
 			return err
 		}
-		if err := p.store.Advance(ctx, tx, p.group, p.tp, w, next, p.inflightEnd); err != nil {
+		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, w, next, p.inflightEnd)
+		if err != nil {
 			return err
 		}
 		if err := p.store.DeleteDone(ctx, tx, p.group, p.tp, next); err != nil {
 			return err
 		}
-		return p.commit(ctx, tx, next)
+		return p.commit(ctx, tx, next, xid)
 	})
 	if err != nil {
 		return err
@@ -355,14 +356,18 @@ func (u *lane) finishUnitTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Messag
 			return err
 		}
 	}
-	if err := u.store.MarkDone(ctx, tx, u.group, u.tp, offs); err != nil {
+	xid, err := u.store.MarkDoneXID(ctx, tx, u.group, u.tp, offs)
+	if err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		// After a lost COMMIT reply, the done rows tell whether it happened.
-		done, rerr := u.store.Done(context.WithoutCancel(ctx), u.pool, u.group, u.tp, offs[0])
-		if rerr != nil || !containsAll(done, offs) {
-			return fmt.Errorf("commit: %w", err)
+		// A lost COMMIT answer is settled from the database's record (worker.settle); when
+		// the server no longer knows the transaction, the done rows tell.
+		if err := u.settle(ctx, err, xid, func() bool {
+			done, rerr := u.store.Done(context.WithoutCancel(ctx), u.pool, u.group, u.tp, offs[0])
+			return rerr == nil && containsAll(done, offs)
+		}); err != nil {
+			return err
 		}
 	}
 	for _, o := range offs {
@@ -370,6 +375,9 @@ func (u *lane) finishUnitTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Messag
 	}
 	u.waits.available(true)
 	u.lastCommit.Store(time.Now().UnixNano())
+	if t != nil && t.Verdict == Done {
+		u.breaker.succeeded() // handled messages committed: a spell of shared failures ends
+	}
 	if t != nil {
 		u.emit.BatchCommitted(u.tp, offs[0], offs[len(offs)-1]+1, *t, time.Since(start))
 	}

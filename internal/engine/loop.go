@@ -77,6 +77,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		},
 		lastCommit: &l.lastCommitN,
 	}
+	l.deps.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)
 	if set.MaxUnits > 0 {
 		l.units = make(chan struct{}, set.MaxUnits)
 	}
@@ -147,6 +148,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		select {
 		case <-lagTick.C:
 			l.updateLag()
+			l.checkStuck()
 			l.checkJoined() // KIP-848: a member with no partitions gets no callback
 			l.passRecordless()
 		default:
@@ -288,6 +290,8 @@ func (l *Loop) updateLag() {
 type Snapshot struct {
 	Assigned, InFlight, HeldBack int
 	Waiting                      []Waiting
+	Breaker                      *BreakerState // nil unless the breaker is open
+	Stuck                        []Stuck       // handler calls running past Settings.StuckAfter
 	LastMessage, LastCommit      time.Time
 	FirstAssigned                time.Time
 }
@@ -295,10 +299,11 @@ type Snapshot struct {
 // Snapshot returns the loop's current partitions. Safe from any goroutine.
 func (l *Loop) Snapshot() Snapshot {
 	s := Snapshot{LastMessage: unixNano(l.lastMessage.Load()), LastCommit: unixNano(l.lastCommitN.Load()),
-		FirstAssigned: unixNano(l.firstAssigned.Load())}
+		FirstAssigned: unixNano(l.firstAssigned.Load()), Breaker: l.breaker.State()}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s.Assigned = len(l.parts)
+	s.Stuck = l.stuckNow()
 	for _, f := range l.parts {
 		s.InFlight += f.inFlight()
 		ws := []*waits{f.w.waits}

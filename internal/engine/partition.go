@@ -36,6 +36,7 @@ type deps struct {
 	resyncs    chan<- resyncRequest                              // asks the poll loop to drop and seek a fenced partition
 	fail       func(error)                                       // stops the consumer with an unexpected error
 	lastCommit *atomic.Int64                                     // unix nanos of the last database commit, for readiness
+	breaker    *Breaker                                          // shared failures across partitions (breaker.go)
 	units      chan struct{}                                     // process-wide unit slots (Settings.MaxUnits); nil: no cap
 }
 
@@ -140,7 +141,23 @@ func (p *worker) requestStop(lost bool) {
 	})
 }
 
-func (p *worker) wait() { <-p.done }
+// wait waits for the worker to return. Once its work is aborted (lost, or the shutdown
+// timeout passed) it waits at most Settings.CloseTimeout more, then abandons the worker
+// (stuck.go): a handler that ignores its context never holds the partition or the shutdown.
+func (p *worker) wait() {
+	select {
+	case <-p.done:
+		return
+	case <-p.workCtx.Done():
+	}
+	t := time.NewTimer(p.set.CloseTimeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		p.abandon()
+	}
+}
 
 func (p *worker) stopAndWait(lost bool) {
 	p.requestStop(lost)
@@ -276,6 +293,7 @@ func (p *worker) dropAttempt(offset int64) {
 // with its own waits, so a message in backoff holds only its lane.
 type lane struct {
 	*worker
+	call     handlerCall // the handler call in progress (stuck.go)
 	waits    *waits
 	isSerial bool
 	idx      int

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -402,9 +403,12 @@ func (l *Loop) stopPartitions(ps []*worker, lost bool) {
 	for _, p := range ps {
 		p.requestStop(lost)
 	}
+	var wg sync.WaitGroup
 	for _, p := range ps {
-		p.wait()
+		wg.Add(1)
+		go func() { defer wg.Done(); p.wait() }() // abandoned workers time out together
 	}
+	wg.Wait()
 }
 
 // partitionsRevoked reports stopped workers with their final watermarks.

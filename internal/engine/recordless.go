@@ -95,10 +95,11 @@ func (p *worker) passRecordless(s recordless) error {
 		if err := p.auditGap(ctx, tx, s.to); err != nil {
 			return err
 		}
-		if err := p.store.Advance(ctx, tx, p.group, p.tp, s.from, s.to, p.inflightEnd); err != nil {
+		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, s.from, s.to, p.inflightEnd)
+		if err != nil {
 			return err
 		}
-		return p.commit(ctx, tx, s.to)
+		return p.commit(ctx, tx, s.to, xid)
 	})
 	if err != nil {
 		return err

@@ -45,7 +45,15 @@ type Settings struct {
 	// UnavailableBackoff is the wait after the n-th consecutive Unavailable answer.
 	UnavailableBackoff func(n int) time.Duration
 	UnavailableMaxWait time.Duration
+	// BreakerThreshold is how many distinct messages failing alike, with no success between,
+	// open the breaker (≤ 0: never); BreakerProbe is a held partition's wait between tries
+	// (breaker.go).
+	BreakerThreshold int
+	BreakerProbe     time.Duration
 
+	// StuckAfter is how long a handler call may run before it is reported stuck (stuck.go);
+	// ≤ 0: never.
+	StuckAfter       time.Duration
 	ShutdownTimeout  time.Duration
 	CloseTimeout     time.Duration
 	MaxValueBytes    int // 0: no limit

@@ -8,10 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -43,6 +43,9 @@ type Waiting struct {
 	Offset    int64     // the message held
 	Since     time.Time // the first Unavailable answer
 	Cause     string    // the last answer, sanitized
+	// Condition names the database's own condition the partition waits out ("53100
+	// disk_full", internal/pgerr), or is empty for a dependency's Unavailable answer.
+	Condition string
 }
 
 // errWaited is returned by the loop's transactions instead of a handler's Unavailable error
@@ -83,6 +86,12 @@ func (w *waits) untilDone(offset int64, op func() error) error {
 				return err
 			}
 			try = 0 // a dependency that answers again starts the database backoff afresh
+		case errors.As(err, new(*errHeld)):
+			// The breaker holds this try (breaker.go): no attempt; probe again later.
+			if err := w.sleep(w.p.breaker.probe); err != nil {
+				return err
+			}
+			try = 0
 		default:
 			if err := w.afterDBError(try, err); err != nil {
 				return err
@@ -108,8 +117,7 @@ func (w *waits) afterDBError(n int, err error) error {
 	d := p.set.Backoff(min(n, 8))
 	if RetryableDB(err) {
 		fields := []zap.Field{zap.Error(err), zap.Duration("backoff", d)}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "25006" {
+		if pgerr.IsCode(err, "25006") {
 			// A read-only server (an old primary after a switchover, a standby): every
 			// connection of the pool may be on it. Discard them all (in-use ones when
 			// released) so the retry connects afresh.
@@ -117,10 +125,11 @@ func (w *waits) afterDBError(n int, err error) error {
 			fields = append(fields, zap.String("hint", "the server refuses writes (read-only: an old primary after a switchover, or a standby); "+
 				"the pool's connections were discarded; list every host with target_session_attrs=read-write to reach the new primary"))
 		}
-		if errors.As(err, &pgErr) && pgErr.Code == "25P03" {
+		if pgerr.IsCode(err, "25P03") {
 			fields = append(fields, zap.String("hint", fmt.Sprintf("the transaction sat idle longer than Config.Transaction.IdleTimeout (%s): "+
 				"this process was frozen or cut off, or the handler waits on something other than the database inside its transaction", p.set.IdleTimeout)))
 		}
+		fields = append(fields, zap.Stringer("condition", pgerr.Describe(err)))
 		p.log.Warn("retryable database error; running it again (not an attempt)", fields...)
 	} else {
 		p.log.Error("database error in the loop's own statements; the partition waits and tries again", zap.Error(err), zap.Duration("backoff", d))
@@ -161,11 +170,31 @@ func (w *waits) waitUnavailable(offset int64, cause error) error {
 	if w.unavailSince.IsZero() {
 		w.unavailSince = time.Now()
 	}
-	w.waiting.Store(&Waiting{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: offset,
-		Since: w.unavailSince, Cause: pg.SanitizeText(cause.Error(), 512)})
+	cond, server := ServerCondition(cause)
+	wt := &Waiting{Topic: p.tp.Topic, Partition: p.tp.Partition, Offset: offset,
+		Since: w.unavailSince, Cause: pg.SanitizeText(cause.Error(), 512)}
+	if server {
+		wt.Condition = cond.String()
+	}
+	w.waiting.Store(wt)
 	w.unavailN++
 	d := p.set.UnavailableBackoff(min(w.unavailN, 16))
 	p.emit.DependencyUnavailable(p.tp, offset, w.unavailSince, d)
+	if server {
+		if cond.SQLState == "25006" {
+			// A read-only server: every connection of the pool may be on it; discard them
+			// so the next try connects afresh (docs/deployment.md).
+			p.pool.Reset()
+		}
+		// The server's own condition (docs/failures.md): logged when it starts, then every
+		// eighth try, not at every probe.
+		if w.unavailN == 1 || w.unavailN%8 == 0 {
+			p.log.Warn("the database's own condition; the partition waits it out and runs the message again (not an attempt)",
+				zap.Int64("offset", offset), zap.String("condition", wt.Condition), zap.String("cause", wt.Cause),
+				zap.Duration("waited", time.Since(w.unavailSince)), zap.Duration("backoff", d), zap.Duration("bound", p.set.UnavailableMaxWait))
+		}
+		return w.sleep(d)
+	}
 	p.log.Warn("dependency unavailable; the partition waits and runs the message again (not an attempt)",
 		zap.Int64("offset", offset), zap.String("cause", pg.SanitizeText(cause.Error(), 512)),
 		zap.Duration("waited", time.Since(w.unavailSince)), zap.Duration("backoff", d))

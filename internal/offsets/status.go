@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
@@ -43,6 +44,15 @@ type PartitionStatus struct {
 	// Pending lists operator commands recorded but not yet applied (an operator skip waiting
 	// for the consumer to follow Kafka, or a command that stopped half way).
 	Pending []offsetstore.Event `json:"pending,omitempty"`
+	// WatermarkUpdatedAt is when the watermark last moved (nil: no watermark).
+	WatermarkUpdatedAt *time.Time `json:"watermark_updated_at,omitempty"`
+}
+
+// Stalled reports lag with no progress: records wait (Lag > 0) and the watermark has not
+// moved for at least d — a stuck handler, an open breaker, a condition waited out, or no
+// consumer running. Aligned offsets do not make a partition healthy.
+func (s PartitionStatus) Stalled(d time.Duration, now time.Time) bool {
+	return s.Lag > 0 && s.WatermarkUpdatedAt != nil && now.Sub(*s.WatermarkUpdatedAt) >= d
 }
 
 // Drifted reports whether the two sides disagree in a way the consumer would repair, audit
@@ -112,6 +122,7 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 		if hasW {
 			s.Watermark = ptr(w.Next)
 			s.ReplayEpoch = w.ReplayEpoch
+			s.WatermarkUpdatedAt = ptr(w.UpdatedAt)
 			done, err := o.store.Done(ctx, o.pool, group, tp, w.Next)
 			if err != nil {
 				return nil, err

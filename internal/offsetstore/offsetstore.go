@@ -4,12 +4,12 @@
 package offsetstore
 
 import (
-	"github.com/jackc/pgx/v5"
-
 	"context"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
@@ -118,6 +118,40 @@ func (s *Store) Advance(ctx context.Context, q pg.Querier, group string, tp TP, 
 		return ErrFenced
 	}
 	return nil
+}
+
+// AdvanceXID is Advance that also returns the id of q's transaction (txid_current(), the
+// 64-bit form txid_status accepts), so that a COMMIT whose answer is lost can be settled from
+// the database's own record (TxStatus) rather than guessed.
+func (s *Store) AdvanceXID(ctx context.Context, q pg.Querier, group string, tp TP, from, to, inflightEnd int64) (xid int64, err error) {
+	var ie *int64
+	if inflightEnd > to {
+		ie = &inflightEnd
+	}
+	err = q.QueryRow(ctx, `UPDATE `+s.t.Watermarks+` SET next_offset = $5, inflight_end = $6, updated_at = now()
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4 RETURNING txid_current()`,
+		group, tp.Topic, tp.Partition, from, to, ie).Scan(&xid)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, ErrFenced
+	}
+	if err != nil {
+		return 0, fmt.Errorf("advance watermark %s %d→%d: %w", tp, from, to, err)
+	}
+	return xid, nil
+}
+
+// TxStatus returns txid_status(xid): "committed", "aborted", "in progress" (a COMMIT still
+// waiting — for a synchronous standby, say — reads as in progress), or "" when the
+// transaction is too old for the server to know.
+func TxStatus(ctx context.Context, q pg.Querier, xid int64) (string, error) {
+	var st *string
+	if err := q.QueryRow(ctx, `SELECT txid_status($1)`, xid).Scan(&st); err != nil {
+		return "", fmt.Errorf("txid_status: %w", err)
+	}
+	if st == nil {
+		return "", nil
+	}
+	return *st, nil
 }
 
 // MarkInflight durably records that offsets [at, end) are about to be attempted, so that a
@@ -242,6 +276,29 @@ func (s *Store) MarkDone(ctx context.Context, q pg.Querier, group string, tp TP,
 		return ErrFenced
 	}
 	return nil
+}
+
+// MarkDoneXID is MarkDone that also returns the id of q's transaction (txid_current()), in
+// the same round trip, so that a COMMIT whose answer is lost is settled by TxStatus.
+func (s *Store) MarkDoneXID(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) (xid int64, err error) {
+	low := offsets[0]
+	for _, o := range offsets {
+		low = min(low, o)
+	}
+	var n int64
+	err = q.QueryRow(ctx, `WITH ins AS (INSERT INTO `+s.t.DoneOffsets+` (group_id, topic, partition, "offset")
+		SELECT $1, $2, $3, o FROM unnest($4::bigint[]) AS o
+		WHERE EXISTS (SELECT 1 FROM `+s.t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset <= $5 FOR SHARE)
+		ON CONFLICT DO NOTHING RETURNING 1)
+		SELECT count(*), txid_current() FROM ins`,
+		group, tp.Topic, tp.Partition, offsets, low).Scan(&n, &xid)
+	if err != nil {
+		return 0, fmt.Errorf("mark done %s %v: %w", tp, offsets, err)
+	}
+	if n != int64(len(offsets)) {
+		return 0, ErrFenced
+	}
+	return xid, nil
 }
 
 // Done returns the offsets at or above from recorded done (MarkDone), in order.

@@ -40,6 +40,8 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Environment variables read by this package.
@@ -90,7 +92,7 @@ func Postgres(t testing.TB) *pgxpool.Pool {
 
 func connect(t testing.TB, dsn string) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(dsn)
+	cfg, err := pg.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("testenv: parse %s: %v", EnvDatabaseURL, err)
 	}

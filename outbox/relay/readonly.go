@@ -5,8 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -27,10 +26,10 @@ var errReadOnly = errors.New("the database refuses writes (transaction_read_only
 	"not leading until a writable server answers (list every host with target_session_attrs=read-write)")
 
 // readOnlyServer reports whether err is a write refused by a read-only server (SQLSTATE
-// 25006, read_only_sql_transaction) or errReadOnly.
+// 25006, read_only_sql_transaction, one of the server's conditions in internal/pgerr) or
+// errReadOnly.
 func readOnlyServer(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.Is(err, errReadOnly) || (errors.As(err, &pgErr) && pgErr.Code == "25006")
+	return errors.Is(err, errReadOnly) || pgerr.IsCode(err, "25006")
 }
 
 // requireWritable returns errReadOnly when q's session is read-only.

@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
@@ -291,6 +292,10 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 			// checks the leadership session itself.
 			r.pool.Reset()
 			r.log.Warn("relay round failed: a write was refused by a read-only server; the pool's connections were discarded", zap.Error(err))
+		case err != nil && pgerr.Classify(err) == pgerr.Server:
+			// The server's own condition (docs/failures.md): the round is run again after the
+			// backoff, as every failed round is; the log names the condition.
+			r.log.Warn("relay round failed: the database's own condition; waiting it out", zap.Stringer("condition", pgerr.Describe(err)), zap.Error(err))
 		case err != nil:
 			r.log.Warn("relay round failed", zap.Error(err))
 		default:

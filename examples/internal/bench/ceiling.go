@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,11 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -173,10 +172,8 @@ func ceilingVariant(ctx context.Context, s spec, kind string, batch int) (cell, 
 	return c, nil
 }
 
-// retryable reports a deadlock or serialization failure, which the ceiling simply runs again.
-func retryable(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
-}
+// retryable reports a lost race (internal/pgerr's Conflict class: a deadlock, a
+// serialization failure, ...), which the ceiling simply runs again.
+func retryable(err error) bool { return pgerr.Classify(err) == pgerr.Conflict }
 
 func sortDurations(d []time.Duration) { slices.Sort(d) }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // spec is what the parent asks one child process to measure. Each phase runs in its own
@@ -166,7 +167,7 @@ func childLogger(name string) *zap.Logger {
 // openPool connects to the run's database with search_path set to the phase's schema (so
 // the example's unqualified tables land there) and, when probe is set, the commit probe.
 func openPool(ctx context.Context, s spec, schema string, probe *commitProbe, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(s.DatabaseURL)
+	cfg, err := pg.ParseConfig(s.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database url: %w", err)
 	}

@@ -49,6 +49,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 type options struct {
@@ -156,6 +157,9 @@ func run(ctx context.Context, o options) (*report, error) {
 		}
 	}
 
+	if err := pg.CheckURL(o.databaseURL); err != nil {
+		return nil, err
+	}
 	base, err := pgxpool.New(ctx, o.databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
@@ -169,7 +173,7 @@ func run(ctx context.Context, o options) (*report, error) {
 	if !o.keep {
 		defer dropDatabase(context.WithoutCancel(ctx), base, dbName)
 	}
-	cfg, err := pgxpool.ParseConfig(o.databaseURL)
+	cfg, err := pg.ParseConfig(o.databaseURL)
 	if err != nil {
 		return nil, err
 	}

@@ -49,7 +49,7 @@ func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.StringVar(&f.Group, "group", def.Group, "consumer group id")
 	fs.IntVar(&f.Partitions, "partitions", def.Partitions, "partitions of topics created if missing")
 	fs.StringVar(&f.Schema, "schema", def.Schema, "schema of kafkatx's tables")
-	fs.DurationVar(&f.ExitWhenIdle, "exit-when-idle", 0, "exit once, for this long, no "+what+" arrived and nothing is in flight, in backoff or waiting in the outbox (clock starts at the first assignment; none within 2m: exit 0)")
+	fs.DurationVar(&f.ExitWhenIdle, "exit-when-idle", 0, "exit once, for this long, no "+what+" arrived and nothing is in flight, in backoff or waiting in the outbox, and every partition's watermark has reached its log end with Kafka reachable (clock starts at the first assignment; none within 2m: exit 0, or 1 when Kafka cannot be reached)")
 	fs.DurationVar(&f.SessionTimeout, "session-timeout", 0, "session.timeout.ms of the classic group protocol (default librdkafka's 45s); refused with --group-protocol consumer, where the broker's group.consumer.session.timeout.ms decides")
 	fs.StringVar(&f.GroupProtocol, "group-protocol", "", "consumer group protocol: classic (the default) or consumer (KIP-848: the broker assigns partitions and owns the session timeout; a preview in the librdkafka 2.11 this build links)")
 	fs.IntVar(&f.MaxAttempts, "max-attempts", def.MaxAttempts, "tries, crashes included, before a "+what+" is dead-lettered")
@@ -168,6 +168,17 @@ func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafk
 	}
 }
 
+// EnvLogLevel names the environment variable that sets the examples' log level: debug, info
+// (the default), warn or error. Secrets are never logged at any level.
+const EnvLogLevel = "KAFKATX_LOG_LEVEL"
+
 // Logger is the examples' logger, on stderr (stdout carries only summary lines): console
-// lines on a terminal, JSON otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead).
-func Logger() *zap.Logger { return logging.Must("info") }
+// lines on a terminal, JSON otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead),
+// at $KAFKATX_LOG_LEVEL (default info).
+func Logger() *zap.Logger {
+	lv := os.Getenv(EnvLogLevel)
+	if lv == "" {
+		lv = "info"
+	}
+	return logging.Must(lv)
+}

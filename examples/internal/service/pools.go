@@ -59,7 +59,7 @@ func (f *Flags) OpenPools(ctx context.Context, log *zap.Logger) (*Pools, error) 
 	}
 	p := &Pools{Pool: pool, Session: pool, Pooled: pooled}
 	if f.SessionDatabaseURL != "" && f.SessionDatabaseURL != f.DatabaseURL {
-		scfg, err := pgxpool.ParseConfig(f.SessionDatabaseURL)
+		scfg, err := pg.ParseConfig(f.SessionDatabaseURL)
 		if err != nil {
 			pool.Close()
 			return nil, fmt.Errorf("--session-database-url: %w", err)

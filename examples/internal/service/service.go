@@ -39,9 +39,14 @@ type Options struct {
 	// Pool that goes through a transaction pooler.
 	Session *pgx.ConnConfig
 	// ExitWhenIdle, when > 0, stops the consumer once, for this long, no message arrived,
-	// nothing is in flight or in backoff and the outbox holds nothing to publish. The clock
-	// starts at the first assignment; with none within NoAssignmentTimeout Run stops too.
+	// nothing is in flight or in backoff and the outbox holds nothing to publish, and the
+	// group has caught up: Kafka answers and no partition of Topic has its log end ahead of
+	// Group's watermark (idle.go). The clock starts at the first assignment; with none
+	// within NoAssignmentTimeout Run stops too, with a *NoAssignmentError when Kafka cannot
+	// be reached.
 	ExitWhenIdle time.Duration
+	// Group and Topic are the consumer's group id and topic, for ExitWhenIdle's check.
+	Group, Topic string
 	// NoAssignmentTimeout defaults to 2 minutes.
 	NoAssignmentTimeout time.Duration
 	Logger              *zap.Logger
@@ -107,8 +112,16 @@ func Run(ctx context.Context, o Options) error {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- o.Consumer.Run(runCtx) }()
+	idleErr := make(chan error, 1)
 	if o.ExitWhenIdle > 0 {
-		go watchIdle(runCtx, cancel, o, rl)
+		check, err := newIdleCheck(o, kcfg)
+		if err != nil {
+			cancel()
+			<-done
+			return err
+		}
+		defer check.close()
+		go func() { idleErr <- watchIdle(runCtx, cancel, o, rl, check) }()
 	}
 	authErr := make(chan error, 1)
 	if o.AuthFailureExit > 0 {
@@ -116,6 +129,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	err = <-done
 	cancel()
+	if o.ExitWhenIdle > 0 {
+		if ierr := <-idleErr; ierr != nil && err == nil {
+			err = ierr
+		}
+	}
 	if o.AuthFailureExit > 0 {
 		if aerr := <-authErr; aerr != nil && err == nil {
 			err = aerr
@@ -180,40 +198,3 @@ func (e *AuthError) Error() string {
 }
 
 func (e *AuthError) Unwrap() error { return e.Err }
-
-// watchIdle cancels the consumer once it is idle as Options.ExitWhenIdle says.
-func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *relay.Relay) {
-	start := time.Now()
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s := o.Consumer.Stats()
-		if s.FirstAssignedAt.IsZero() {
-			if time.Since(start) > o.NoAssignmentTimeout {
-				o.Logger.Warn("no partition assigned; exiting", zap.Duration("waited", time.Since(start)))
-				cancel()
-				return
-			}
-			continue
-		}
-		last := s.FirstAssignedAt
-		if s.LastMessageAt.After(last) {
-			last = s.LastMessageAt
-		}
-		if s.InFlight > 0 || s.Waiting > 0 || time.Since(last) < o.ExitWhenIdle {
-			continue
-		}
-		// Only now, when otherwise idle: the outbox must be empty too.
-		if pending, err := rl.Pending(ctx); err != nil || pending {
-			continue
-		}
-		o.Logger.Info("idle; exiting", zap.Duration("since_last_message", time.Since(last)))
-		cancel()
-		return
-	}
-}

@@ -1,0 +1,181 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/outbox/relay"
+)
+
+// "Idle" for --exit-when-idle means caught up, not "nothing arrived": a broker outage also
+// stops messages from arriving. So besides the quiet spell (no message for ExitWhenIdle,
+// nothing in flight or waiting, the outbox empty), the binary exits only when
+//   - the consumer reports no Kafka error (Readiness.KafkaError is empty), and
+//   - the broker answers, now, each partition's log end (ListOffsets, read_committed: the last
+//     stable offset), and no partition of the topic has a log end ahead of the group's
+//     watermark in PostgreSQL (a partition without a watermark row is caught up only while
+//     its log is empty).
+// Every partition of the topic is checked, not only this member's: a member that exits while
+// another still drains would otherwise hand its partitions back mid-drain at the next
+// rebalance. When no partition is assigned within NoAssignmentTimeout, Run returns an error
+// (exit non-zero) if the consumer cannot reach Kafka, and nil otherwise (every partition is
+// held by other members).
+
+// idleCheck asks the broker and the database whether the group has caught up on the topic.
+type idleCheck struct {
+	kafka *offsets.Kafka
+	pool  *pgxpool.Pool
+	store *offsetstore.Store
+	group string
+	topic string
+}
+
+func newIdleCheck(o Options, kcfg kafka.ConfigMap) (*idleCheck, error) {
+	k, err := offsets.NewKafka(kcfg, o.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &idleCheck{kafka: k, pool: o.Pool, store: offsetstore.New(o.Schema), group: o.Group, topic: o.Topic}, nil
+}
+
+func (c *idleCheck) close() { c.kafka.Close() }
+
+// caughtUp reports whether every partition of the topic has its watermark at or past its log
+// end; why says which is behind, or what could not be asked.
+func (c *idleCheck) caughtUp(ctx context.Context) (ok bool, why string) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ps, err := c.kafka.Partitions(ctx, c.topic)
+	if err != nil {
+		return false, "cannot ask the broker for the topic's partitions: " + err.Error()
+	}
+	tps := make([]offsetstore.TP, len(ps))
+	for i, p := range ps {
+		tps[i] = offsetstore.TP{Topic: c.topic, Partition: p}
+	}
+	ranges, err := c.kafka.LogOffsets(ctx, tps)
+	if err != nil {
+		return false, "cannot ask the broker for the log ends: " + err.Error()
+	}
+	wms, err := c.store.Watermarks(ctx, c.pool, c.group, tps)
+	if err != nil {
+		return false, "cannot read the watermarks: " + err.Error()
+	}
+	if behind := behindLogEnd(ranges, wms); len(behind) > 0 {
+		return false, fmt.Sprintf("not caught up: %s", behind[0]) + more(len(behind)-1)
+	}
+	return true, ""
+}
+
+func more(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (and %d more partitions)", n)
+}
+
+// behindLogEnd lists the partitions of ranges whose log end is ahead of their watermark in
+// wms — a partition without a watermark is behind unless its log is empty (end ≤ start) — as
+// "topic[p] watermark W, log end E", in partition order.
+func behindLogEnd(ranges map[offsetstore.TP]offsets.LogRange, wms map[offsetstore.TP]offsetstore.Watermark) []string {
+	var tps []offsetstore.TP
+	for tp := range ranges {
+		tps = append(tps, tp)
+	}
+	sort.Slice(tps, func(i, j int) bool {
+		if tps[i].Topic != tps[j].Topic {
+			return tps[i].Topic < tps[j].Topic
+		}
+		return tps[i].Partition < tps[j].Partition
+	})
+	var out []string
+	for _, tp := range tps {
+		r := ranges[tp]
+		w, ok := wms[tp]
+		switch {
+		case !ok && r.End > r.Start:
+			out = append(out, fmt.Sprintf("%s no watermark, log %d..%d", tp, r.Start, r.End))
+		case ok && w.Next < r.End:
+			out = append(out, fmt.Sprintf("%s watermark %d, log end %d", tp, w.Next, r.End))
+		}
+	}
+	return out
+}
+
+// NoAssignmentError is Run's error when no partition was assigned within
+// Options.NoAssignmentTimeout while the consumer could not reach Kafka.
+type NoAssignmentError struct {
+	Waited     time.Duration
+	KafkaError string // Readiness.KafkaError
+}
+
+func (e *NoAssignmentError) Error() string {
+	return fmt.Sprintf("no partition assigned in %s and Kafka cannot be reached: %s", e.Waited.Round(time.Second), e.KafkaError)
+}
+
+// watchIdle cancels the consumer once it is idle as Options.ExitWhenIdle says: quiet for
+// ExitWhenIdle, and caught up (idleCheck). It returns a *NoAssignmentError when it gives up
+// waiting for an assignment because Kafka cannot be reached, else nil.
+func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *relay.Relay, check *idleCheck) error {
+	start := time.Now()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	var lastWhy string
+	var nextCheck time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		s := o.Consumer.Stats()
+		if s.FirstAssignedAt.IsZero() {
+			if time.Since(start) > o.NoAssignmentTimeout {
+				cancel()
+				if rd := o.Consumer.Readiness(context.WithoutCancel(ctx)); rd.KafkaError != "" {
+					return &NoAssignmentError{Waited: time.Since(start), KafkaError: rd.KafkaError}
+				}
+				o.Logger.Warn("no partition assigned; exiting", zap.Duration("waited", time.Since(start)))
+				return nil
+			}
+			continue
+		}
+		last := s.FirstAssignedAt
+		if s.LastMessageAt.After(last) {
+			last = s.LastMessageAt
+		}
+		if s.InFlight > 0 || s.Waiting > 0 || time.Since(last) < o.ExitWhenIdle || time.Now().Before(nextCheck) {
+			continue
+		}
+		// Only now, when otherwise quiet: Kafka reachable, every partition caught up, the
+		// outbox empty. Asked at most once a second.
+		nextCheck = time.Now().Add(time.Second)
+		why := ""
+		if rd := o.Consumer.Readiness(ctx); rd.KafkaError != "" {
+			why = "Kafka cannot be reached: " + rd.KafkaError
+		} else if check != nil {
+			_, why = check.caughtUp(ctx)
+		}
+		if why != "" {
+			if why != lastWhy && ctx.Err() == nil {
+				o.Logger.Info("quiet but not idle; not exiting", zap.String("reason", why))
+			}
+			lastWhy = why
+			continue
+		}
+		if pending, err := rl.Pending(ctx); err != nil || pending {
+			continue
+		}
+		o.Logger.Info("idle (caught up); exiting", zap.Duration("since_last_message", time.Since(last)))
+		cancel()
+		return nil
+	}
+}

@@ -1,0 +1,129 @@
+package airflow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"go.uber.org/zap"
+)
+
+// DefaultMaxConfBytes is Config.MaxConfBytes's default: 1,000,000 bytes of JSON, so that the
+// request (conf, run id, note) stays under the 1 MiB that nginx, a common proxy in front of
+// Airflow, accepts by default (client_max_body_size).
+const DefaultMaxConfBytes = 1_000_000
+
+// OpaqueConfBytes is the conf size from which a create that answers 5xx on every try, while
+// Airflow answers a read of the same run (404: it does not exist), is taken for a conf too
+// large for Airflow (apache/airflow#66779: its API answered an opaque 500, sometimes after
+// creating the run) rather than for Airflow failing: 64 KiB, MySQL's TEXT column and a common
+// proxy buffer size. Below it, the same answers are an *UnavailableError (Airflow failing).
+const OpaqueConfBytes = 64 << 10
+
+// ConfTooLargeError is a trigger whose conf Airflow does not take: larger than
+// Config.MaxConfBytes (Status 0: nothing was sent), answered 413 Content Too Large
+// (Status 413), or answered 5xx on every try while a read of the run said it does not exist,
+// with a conf of at least OpaqueConfBytes (Status 5xx). The run was not created. It is not an
+// *UnavailableError: retrying cannot help, and a kafkatx handler should return it as
+// kafkatx.Permanent (examples/dagtrigger does), so the event is dead-lettered with this
+// message — the size and the limit — at once.
+type ConfTooLargeError struct {
+	DAGID, RunID string
+	Size         int    // the conf's JSON, in bytes
+	Limit        int    // Config.MaxConfBytes (≤ 0: none)
+	Status       int    // 0, 413 or the last 5xx
+	Detail       string // the start of Airflow's answer, when it answered
+}
+
+func (e *ConfTooLargeError) Error() string {
+	limit := "no limit set"
+	if e.Limit > 0 {
+		limit = fmt.Sprintf("limit %d bytes (Config.MaxConfBytes)", e.Limit)
+	}
+	switch {
+	case e.Status == 0:
+		return fmt.Sprintf("airflow: the conf of %s run %s is %d bytes of JSON, over the %s; not sent (pass a reference the task can resolve instead of the data)", e.DAGID, e.RunID, e.Size, limit)
+	case e.Status == http.StatusRequestEntityTooLarge:
+		return fmt.Sprintf("airflow: %s run %s: Airflow answered 413 Content Too Large to a conf of %d bytes (%s): %s", e.DAGID, e.RunID, e.Size, limit, e.Detail)
+	}
+	return fmt.Sprintf("airflow: %s run %s: Airflow answered %d to every create of a conf of %d bytes while it answered that the run does not exist: "+
+		"the conf is taken for too large for Airflow (apache/airflow#66779; %s): %s", e.DAGID, e.RunID, e.Status, e.Size, limit, e.Detail)
+}
+
+// IsConfTooLarge reports whether err or an error it wraps is a *ConfTooLargeError.
+func IsConfTooLarge(err error) bool {
+	var e *ConfTooLargeError
+	return errors.As(err, &e)
+}
+
+// settler settles a create that answered 5xx by reading the run by its id (GET
+// /api/v2/dags/{dag_id}/dagRuns/{dag_run_id}): Airflow may have created the run before its
+// answer failed. Found: the trigger succeeded (Result.Settled) and no other create is sent.
+// The run id is the identity either way — a create sent again would answer 409 — so a 5xx
+// never makes a second run; the read makes the outcome known at once and tells a conf
+// Airflow cannot take from Airflow failing.
+type settler struct {
+	c       *Client
+	run     *url.URL
+	settled bool
+	absent  bool // the last read answered 404: Airflow answers, the run does not exist
+}
+
+// settles reports whether err, a create's failure, is a 5xx after which the run exists.
+func (s *settler) settles(ctx context.Context, err error) bool {
+	var se *StatusError
+	if !errors.As(err, &se) || se.StatusCode < 500 {
+		return false
+	}
+	status, err := s.read(ctx)
+	s.absent = err == nil && status == http.StatusNotFound
+	if err == nil && status == http.StatusOK {
+		s.settled = true
+		s.c.log.Info("trigger DAG run: the create answered an error but the run exists; settled by its run id",
+			zap.String("run", s.run.Path), zap.Int("create_status", se.StatusCode))
+		return true
+	}
+	return false
+}
+
+// tooLarge returns the *ConfTooLargeError err stands for, or nil: a 413, or a 5xx while the
+// run was read as absent with a conf of at least OpaqueConfBytes.
+func (s *settler) tooLarge(err error, dag, run string, size int) *ConfTooLargeError {
+	var se *StatusError
+	if !errors.As(err, &se) {
+		return nil
+	}
+	if se.StatusCode == http.StatusRequestEntityTooLarge || (se.StatusCode >= 500 && s.absent && size >= OpaqueConfBytes) {
+		return &ConfTooLargeError{DAGID: dag, RunID: run, Size: size, Limit: s.c.cfg.MaxConfBytes, Status: se.StatusCode, Detail: se.Detail}
+	}
+	return nil
+}
+
+// read GETs the run once and returns the status (200: it exists; 404: it does not).
+func (s *settler) read(ctx context.Context) (int, error) {
+	token, err := s.c.bearer(ctx, false)
+	if err != nil {
+		return 0, err
+	}
+	actx, cancel := context.WithTimeout(ctx, s.c.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(actx, http.MethodGet, s.run.String(), nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "kafkatx-airflow/1")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := s.c.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, nil
+}
