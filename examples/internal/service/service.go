@@ -22,7 +22,9 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
+	"github.com/kafkatx/kafkatx/outbox/walrelay"
 )
 
 // Options configures Run.
@@ -38,6 +40,10 @@ type Options struct {
 	// Session, when set, is the relay's leadership connection (relay.Config.Session), for a
 	// Pool that goes through a transaction pooler.
 	Session *pgx.ConnConfig
+	// OutboxMode selects the in-process relay: outbox.ModeWAL runs a WAL relay (package
+	// outbox/walrelay) streaming from the schema's slot over Session (or Pool's
+	// configuration); anything else the table relay.
+	OutboxMode outbox.Mode
 	// ExitWhenIdle, when > 0, stops the consumer once, for this long, no message arrived,
 	// nothing is in flight or in backoff and the outbox holds nothing to publish. The clock
 	// starts at the first assignment; with none within NoAssignmentTimeout Run stops too.
@@ -76,13 +82,31 @@ func Run(ctx context.Context, o Options) error {
 			kcfg[k] = v
 		}
 	}
-	rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Session: o.Session}
-	if o.Registry != nil {
-		rcfg.Registerer = o.Registry
-	}
-	rl, err := relay.New(o.Pool, rcfg)
-	if err != nil {
-		return err
+	var rl inProcessRelay
+	if o.OutboxMode == outbox.ModeWAL {
+		repl := o.Session
+		if repl == nil {
+			repl = o.Pool.Config().ConnConfig
+		}
+		wcfg := walrelay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Replication: repl}
+		if o.Registry != nil {
+			wcfg.Registerer = o.Registry
+		}
+		w, err := walrelay.New(o.Pool, wcfg)
+		if err != nil {
+			return err
+		}
+		rl = w
+	} else {
+		rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Session: o.Session}
+		if o.Registry != nil {
+			rcfg.Registerer = o.Registry
+		}
+		t, err := relay.New(o.Pool, rcfg)
+		if err != nil {
+			return err
+		}
+		rl = t
 	}
 	if o.MetricsAddr != "" {
 		srv := &http.Server{Addr: o.MetricsAddr, Handler: Handler(o.Consumer, o.Registry), ReadHeaderTimeout: 5 * time.Second}
@@ -114,7 +138,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.AuthFailureExit > 0 {
 		go func() { authErr <- watchAuth(runCtx, cancel, o) }()
 	}
-	err = <-done
+	err := <-done
 	cancel()
 	if o.AuthFailureExit > 0 {
 		if aerr := <-authErr; aerr != nil && err == nil {
@@ -122,6 +146,12 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	return err
+}
+
+// inProcessRelay is the table relay or the WAL relay.
+type inProcessRelay interface {
+	Run(ctx context.Context) error
+	Pending(ctx context.Context) (bool, error)
 }
 
 // Handler serves /metrics (reg, when set), /healthz (200: the process runs) and /readyz
@@ -182,7 +212,7 @@ func (e *AuthError) Error() string {
 func (e *AuthError) Unwrap() error { return e.Err }
 
 // watchIdle cancels the consumer once it is idle as Options.ExitWhenIdle says.
-func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *relay.Relay) {
+func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl inProcessRelay) {
 	start := time.Now()
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()

@@ -1,0 +1,186 @@
+package outbox
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// WALPrefix is the logical-decoding message prefix of schema's records (the schema's
+// outbox_wal_prefix function): "kafkatx.outbox:<schema>".
+func WALPrefix(schema string) string { return "kafkatx.outbox:" + schema }
+
+// AppendWAL appends record r encoded as one WAL-mode message to b (the schema's
+// outbox_wal_encode function writes the same bytes): version byte 1; topic, key and value each
+// as a big-endian int32 length (-1 for a nil key or value) and the bytes; the partition as an
+// int32 (-1: the partitioner's); the header count as an int32, then each header's key and
+// value as length and bytes (a nil header value is stored empty).
+func AppendWAL(b []byte, r *Record) []byte {
+	b = append(b, 1)
+	b = appendBytes(b, []byte(r.Topic), false)
+	b = appendBytes(b, r.Key, r.Key == nil)
+	b = appendBytes(b, r.Value, r.Value == nil)
+	p := int32(-1)
+	if r.Partition != nil {
+		p = *r.Partition
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(p))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
+	for _, h := range r.Headers {
+		b = appendBytes(b, []byte(h.Key), false)
+		b = appendBytes(b, h.Value, false)
+	}
+	return b
+}
+
+func appendBytes(b, v []byte, null bool) []byte {
+	if null {
+		return binary.BigEndian.AppendUint32(b, ^uint32(0))
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
+	return append(b, v...)
+}
+
+// DecodeWAL decodes a message AppendWAL wrote. The record's slices point into b.
+func DecodeWAL(b []byte) (Record, error) {
+	var r Record
+	if len(b) < 1 || b[0] != 1 {
+		return r, errors.New("outbox: WAL message: unknown format version")
+	}
+	d := walDecoder{b: b[1:]}
+	t, _ := d.bytes()
+	r.Topic = string(t)
+	r.Key, _ = d.bytes()
+	r.Value, _ = d.bytes()
+	if p := int32(d.u32()); p >= 0 {
+		r.Partition = &p
+	}
+	n := d.u32()
+	if d.err == nil && uint64(n) > uint64(len(d.b)/8) {
+		d.err = errors.New("header count past the message's end")
+	}
+	if d.err == nil && n > 0 {
+		r.Headers = make([]Header, n)
+		for i := range r.Headers {
+			k, _ := d.bytes()
+			v, _ := d.bytes()
+			r.Headers[i] = Header{Key: string(k), Value: v}
+		}
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%d bytes past the record", len(d.b))
+	}
+	if d.err != nil {
+		return Record{}, fmt.Errorf("outbox: WAL message: %w", d.err)
+	}
+	if r.Topic == "" {
+		return Record{}, errors.New("outbox: WAL message: no topic")
+	}
+	return r, nil
+}
+
+type walDecoder struct {
+	b   []byte
+	err error
+}
+
+func (d *walDecoder) u32() uint32 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 4 {
+		d.err = errors.New("truncated")
+		return 0
+	}
+	v := binary.BigEndian.Uint32(d.b)
+	d.b = d.b[4:]
+	return v
+}
+
+func (d *walDecoder) bytes() ([]byte, bool) {
+	n := d.u32()
+	if d.err != nil || n == ^uint32(0) {
+		return nil, false
+	}
+	if uint64(n) > uint64(len(d.b)) {
+		d.err = errors.New("truncated")
+		return nil, false
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v, true
+}
+
+// writeWAL emits records as transactional logical-decoding messages through the schema's
+// outbox_emit function (one round trip), which first checks that the schema is in WAL mode
+// and that its slot exists. It returns the messages' LSNs.
+func (w Writer) writeWAL(ctx context.Context, tx pgx.Tx, records []Record) ([]int64, error) {
+	msgs := make([][]byte, len(records))
+	size := 0
+	for i := range records {
+		size += 21 + len(records[i].Topic) + len(records[i].Key) + len(records[i].Value)
+		for _, h := range records[i].Headers {
+			size += 8 + len(h.Key) + len(h.Value)
+		}
+	}
+	buf := make([]byte, 0, size)
+	for i := range records {
+		start := len(buf)
+		buf = AppendWAL(buf, &records[i])
+		msgs[i] = buf[start:len(buf):len(buf)]
+	}
+	var lsns []int64
+	err := tx.QueryRow(ctx, `SELECT `+pgx.Identifier{w.schema()}.Sanitize()+`.outbox_emit($1::bytea[])`, msgs).Scan(&lsns)
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && (pe.Code == "KX001" || pe.Code == "KX002") {
+			forgetMode(tx, w.schema())
+		}
+		return nil, fmt.Errorf("outbox: emit %d records: %w", len(records), err)
+	}
+	if len(lsns) != len(records) {
+		return nil, fmt.Errorf("outbox: emit %d records: got %d positions", len(records), len(lsns))
+	}
+	return lsns, nil
+}
+
+// modeTTL is how long a writer trusts the outbox mode it read. A writer on a stale table mode
+// still works (in WAL mode the table's trigger turns its rows into messages); one on a stale
+// WAL mode is refused by outbox_emit, forgets the mode and fails its transaction.
+const modeTTL = 2 * time.Second
+
+type modeKey struct{ host, db, schema string }
+
+type modeEntry struct {
+	mode Mode
+	at   time.Time
+}
+
+var modes sync.Map // modeKey -> modeEntry
+
+func keyOf(tx pgx.Tx, schema string) modeKey {
+	c := tx.Conn().Config()
+	return modeKey{host: fmt.Sprintf("%s:%d", c.Host, c.Port), db: c.Database, schema: schema}
+}
+
+func forgetMode(tx pgx.Tx, schema string) { modes.Delete(keyOf(tx, schema)) }
+
+// mode returns the schema's outbox mode, read in tx at most every modeTTL.
+func (w Writer) mode(ctx context.Context, tx pgx.Tx) (Mode, error) {
+	k := keyOf(tx, w.schema())
+	if e, ok := modes.Load(k); ok && time.Since(e.(modeEntry).at) < modeTTL {
+		return e.(modeEntry).mode, nil
+	}
+	s, err := ReadSettings(ctx, tx, w.schema())
+	if err != nil {
+		return "", err
+	}
+	modes.Store(k, modeEntry{mode: s.Mode, at: time.Now()})
+	return s.Mode, nil
+}

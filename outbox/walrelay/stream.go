@@ -1,0 +1,369 @@
+package walrelay
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// stream is one replication session: decoded transactions in, Kafka transactions out.
+type stream struct {
+	r      *Relay
+	conn   *pgconn.PgConn
+	k      *kafkaSide
+	prefix string
+	slot   string
+	src    uint32
+
+	ckpt      pglogrepl.LSN // commit LSN published through (the checkpoint)
+	confirmed pglogrepl.LSN // position to report as flushed
+	sent      pglogrepl.LSN // position last reported
+
+	// the decoded transaction in progress
+	inTx     bool
+	txCommit pglogrepl.LSN
+	txPos    uint32
+	txSkip   bool
+	txOurs   int
+
+	// the open Kafka transaction
+	kOpen       bool
+	kRecords    int
+	kFirst      time.Time
+	kLastCommit pglogrepl.LSN
+	kLastEnd    pglogrepl.LSN
+
+	headers []kafka.Header
+}
+
+// errRestart ends a stream whose Kafka transaction was aborted for a refused record: the next
+// stream re-reads from the slot's confirmed position and parks the record.
+var errRestart = errors.New("walrelay: a record was refused; publishing the transaction again without it")
+
+func (s *stream) run(ctx context.Context) error {
+	nextStatus := time.Now().Add(s.r.cfg.StatusInterval)
+	for {
+		if s.r.wantReply.Swap(false) {
+			if err := s.sendStatus(true); err != nil {
+				return err
+			}
+		}
+		deadline := nextStatus
+		if s.kOpen && !s.inTx {
+			if d := s.kFirst.Add(s.r.cfg.Linger); d.Before(deadline) {
+				deadline = d
+			}
+		}
+		if w := time.Now().Add(50 * time.Millisecond); w.Before(deadline) {
+			deadline = w // Pending's requests are served within 50 ms
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		msg, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return s.abortOpen(ctx.Err())
+			}
+			if !pgconn.Timeout(err) {
+				return s.abortOpen(fmt.Errorf("walrelay: receive: %w", err))
+			}
+		} else {
+			switch m := msg.(type) {
+			case *pgproto3.CopyData:
+				if err := s.copyData(ctx, m.Data); err != nil {
+					return s.abortOpen(err)
+				}
+			case *pgproto3.ErrorResponse:
+				return s.abortOpen(fmt.Errorf("walrelay: stream: %w", pgconn.ErrorResponseToPgError(m)))
+			case *pgproto3.CopyDone:
+				return s.abortOpen(errors.New("walrelay: the server ended the stream"))
+			}
+		}
+		if s.kOpen && !s.inTx && (s.kRecords >= s.r.cfg.MaxBatchRecords || time.Since(s.kFirst) >= s.r.cfg.Linger) {
+			if err := s.commit(ctx); err != nil {
+				return err
+			}
+		}
+		if !time.Now().Before(nextStatus) {
+			if err := s.sendStatus(false); err != nil {
+				return err
+			}
+			nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
+		}
+	}
+}
+
+func (s *stream) copyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("walrelay: keepalive: %w", err)
+		}
+		if !s.inTx && !s.kOpen {
+			// Nothing decoded is unpublished: every transaction committed before the
+			// walsender's position was sent, so the slot may move past other WAL.
+			s.advance(ka.ServerWALEnd)
+		}
+		if ka.ReplyRequested {
+			return s.sendStatus(false)
+		}
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("walrelay: XLogData: %w", err)
+		}
+		return s.logical(ctx, x.WALData)
+	}
+	return nil
+}
+
+// logical handles one pgoutput message (proto 1): Begin, Message, Commit; others (relations,
+// rows of a publication someone filled) are ignored.
+func (s *stream) logical(ctx context.Context, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	switch b[0] {
+	case 'B':
+		if len(b) < 21 {
+			return errors.New("walrelay: short Begin message")
+		}
+		s.inTx, s.txCommit, s.txPos, s.txOurs = true, pglogrepl.LSN(binary.BigEndian.Uint64(b[1:9])), 0, 0
+		s.txSkip = s.txCommit <= s.ckpt
+	case 'M':
+		// flags(1) lsn(8) prefix(cstring) length(4) content
+		if len(b) < 15 || b[1]&1 == 0 || !s.inTx {
+			return nil // non-transactional: never ours
+		}
+		rest := b[10:]
+		z := bytes.IndexByte(rest, 0)
+		if z < 0 || len(rest) < z+5 {
+			return errors.New("walrelay: malformed Message")
+		}
+		if string(rest[:z]) != s.prefix {
+			return nil
+		}
+		n := binary.BigEndian.Uint32(rest[z+1:])
+		content := rest[z+5:]
+		if uint64(n) > uint64(len(content)) {
+			return errors.New("walrelay: truncated Message")
+		}
+		content = content[:n]
+		at := position{s.txCommit, s.txPos}
+		s.txPos++
+		if s.txSkip {
+			return nil
+		}
+		return s.record(ctx, at, content)
+	case 'C':
+		if len(b) < 26 {
+			return errors.New("walrelay: short Commit message")
+		}
+		end := pglogrepl.LSN(binary.BigEndian.Uint64(b[10:18]))
+		s.inTx = false
+		switch {
+		case s.txOurs > 0:
+			s.kLastCommit, s.kLastEnd = s.txCommit, end
+		case s.kOpen:
+			s.kLastEnd = end
+		default:
+			s.advance(end)
+		}
+	}
+	return nil
+}
+
+// record produces one outbox record into the open Kafka transaction (opening it), or parks it
+// when it cannot be published.
+func (s *stream) record(ctx context.Context, at position, content []byte) error {
+	s.r.mu.Lock()
+	reason, refuse := s.r.refuse[at]
+	s.r.mu.Unlock()
+	rec, derr := outbox.DecodeWAL(content)
+	switch {
+	case derr != nil:
+		return s.park(ctx, at, outbox.Record{Topic: "(undecodable)", Value: append([]byte(nil), content...)}, derr.Error())
+	case refuse:
+		return s.park(ctx, at, rec, reason)
+	}
+	n := s.k.topicPartitions(rec.Topic)
+	switch {
+	case n < 0:
+		return s.park(ctx, at, rec, fmt.Sprintf("topic %s does not exist", rec.Topic))
+	case rec.Partition != nil && n > 0 && int(*rec.Partition) >= n:
+		return s.park(ctx, at, rec, fmt.Sprintf("topic %s has %d partitions, the record names partition %d", rec.Topic, n, *rec.Partition))
+	}
+	hook("after-decode")
+	if !s.kOpen {
+		if err := s.k.p.BeginTransaction(); err != nil {
+			return fmt.Errorf("walrelay: begin Kafka transaction: %w", err)
+		}
+		s.kOpen, s.kRecords, s.kFirst = true, 0, time.Now()
+	}
+	hs := s.headers[:0]
+	for _, h := range rec.Headers {
+		if h.Key != outbox.HeaderOutboxID && h.Key != HeaderPosition {
+			hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	id := outboxID(s.src, at.commit, at.pos)
+	hs = append(hs, kafka.Header{Key: outbox.HeaderOutboxID, Value: []byte(id.String())},
+		kafka.Header{Key: HeaderPosition, Value: []byte(at.commit.String() + "#" + strconv.FormatUint(uint64(at.pos), 10))})
+	s.headers = hs
+	tp := kafka.TopicPartition{Topic: &rec.Topic, Partition: kafka.PartitionAny}
+	if rec.Partition != nil {
+		tp.Partition = *rec.Partition
+	}
+	m := &kafka.Message{TopicPartition: tp, Key: rec.Key, Value: rec.Value, Headers: hs, Opaque: &at}
+	for {
+		err := s.k.p.Produce(m, nil)
+		if err == nil {
+			break
+		}
+		var ke kafka.Error
+		if errors.As(err, &ke) && ke.Code() == kafka.ErrQueueFull {
+			// Memory stays bounded (queue.buffering.max.messages): wait for deliveries.
+			s.k.p.Flush(10)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		if errors.As(err, &ke) && refused(ke.Code()) {
+			return s.park(ctx, at, rec, ke.Error())
+		}
+		return fmt.Errorf("walrelay: produce to %s: %w", rec.Topic, err)
+	}
+	s.k.produced.Add(1)
+	hook("after-produce")
+	s.kRecords++
+	s.txOurs++
+	return nil
+}
+
+// commit closes the open Kafka transaction with its checkpoint, then confirms its end.
+func (s *stream) commit(ctx context.Context) error {
+	cp, _ := json.Marshal(checkpoint{CommitLSN: s.kLastCommit.String(), At: time.Now().UTC()})
+	t := s.r.cfg.CheckpointTopic
+	err := s.k.p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: 0}, Key: s.k.key, Value: cp}, nil)
+	if err != nil {
+		return s.abortOpen(fmt.Errorf("walrelay: produce checkpoint: %w", err))
+	}
+	s.k.produced.Add(1)
+	hook("before-kafka-commit")
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	err = s.k.p.CommitTransaction(cctx)
+	cancel()
+	if err != nil {
+		return s.abortOpen(fmt.Errorf("walrelay: commit Kafka transaction: %w", err))
+	}
+	hook("after-kafka-commit")
+	s.r.published.Add(int64(s.kRecords))
+	s.r.transactions.Add(1)
+	s.kOpen, s.kRecords = false, 0
+	s.ckpt = s.kLastCommit
+	s.advance(s.kLastEnd)
+	return s.sendStatus(false)
+}
+
+// abortOpen aborts the open Kafka transaction, if any, and returns err — or errRestart when a
+// record in it was refused (recorded so the next stream parks it).
+func (s *stream) abortOpen(err error) error {
+	if !s.kOpen {
+		return err
+	}
+	s.kOpen = false
+	s.k.waitReported(5 * time.Second)
+	actx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if aerr := s.k.p.AbortTransaction(actx); aerr != nil {
+		s.r.log.Warn("abort Kafka transaction", zap.Error(aerr))
+	}
+	if f := s.k.takeFailure(); f != nil && refused(f.err.Code()) && f.at.commit != 0 {
+		s.r.mu.Lock()
+		s.r.refuse[f.at] = f.err.Error()
+		s.r.mu.Unlock()
+		s.r.log.Warn("the broker refused a record: its Kafka transaction is aborted and published again without it; the record is parked",
+			zap.Stringer("commit_lsn", f.at.commit), zap.Uint32("position", f.at.pos), zap.Error(f.err))
+		return errRestart
+	}
+	return err
+}
+
+// advance moves the position confirmed to the server (never back) and what Pending sees.
+func (s *stream) advance(l pglogrepl.LSN) {
+	if l > s.confirmed {
+		s.confirmed = l
+	}
+	if uint64(l) > s.r.caughtUp.Load() {
+		s.r.caughtUp.Store(uint64(l))
+	}
+}
+
+// sendStatus reports the confirmed position as written and flushed (the slot may drop WAL
+// before it); reply asks the server for a keepalive with its position.
+func (s *stream) sendStatus(reply bool) error {
+	hook("before-confirm")
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: s.confirmed, WALFlushPosition: s.confirmed, WALApplyPosition: s.confirmed, ReplyRequested: reply})
+	if err != nil {
+		return fmt.Errorf("walrelay: send status: %w", err)
+	}
+	s.sent = s.confirmed
+	return nil
+}
+
+// park stores a record that cannot be published as a parked row of the outbox table (where
+// kafkatx outbox parked|release|discard see it), once per identity, and goes on without it.
+// The key's later records are not held behind it: they are published, and a release
+// publishes it after them.
+func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reason string) error {
+	id := outboxID(s.src, at.commit, at.pos)
+	var hk, hv [][]byte
+	hk, hv = [][]byte{}, [][]byte{}
+	for _, h := range rec.Headers {
+		v := h.Value
+		if v == nil {
+			v = []byte{}
+		}
+		hk, hv = append(hk, []byte(h.Key)), append(hv, v)
+	}
+	t := quoteIdent(s.r.cfg.Schema) + ".outbox"
+	tag, err := s.r.pool.Exec(ctx, `INSERT INTO `+t+` (outbox_id, topic, key, value, partition, header_keys, header_values, state, attempts, last_error, parked_at)
+		SELECT $1, $2, $3, $4, $5, $6, $7, 'parked', 1, $8, now()
+		WHERE NOT EXISTS (SELECT 1 FROM `+t+` WHERE outbox_id = $1)`, id, rec.Topic, rec.Key, rec.Value, rec.Partition, hk, hv, reason)
+	if err != nil {
+		return fmt.Errorf("walrelay: park record %s#%d: %w", at.commit, at.pos, err)
+	}
+	if tag.RowsAffected() > 0 {
+		s.r.parked.Add(1)
+		s.r.log.Error("record parked: the broker cannot take it; later records of its key are published without waiting for it (kafkatx outbox parked|release|discard)",
+			zap.String("topic", rec.Topic), zap.String("outbox_id", id.String()), zap.Stringer("commit_lsn", at.commit), zap.Uint32("position", at.pos),
+			zap.String("reason", reason))
+	}
+	s.r.mu.Lock()
+	delete(s.r.refuse, at)
+	s.r.mu.Unlock()
+	return nil
+}
+
+func quoteIdent(s string) string {
+	return `"` + string(bytes.ReplaceAll([]byte(s), []byte(`"`), []byte(`""`))) + `"`
+}
