@@ -70,9 +70,10 @@ func WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error)
 // commits or rolls back.
 //
 // In table mode (the default; see Mode) it inserts rows and returns the rows' ids in the
-// records' order. In WAL mode it emits one transactional logical-decoding message per record
-// (one round trip, no row) and returns the messages' LSNs as int64, ascending in the records'
-// order: unique in the cluster, but not the published record's identity, which is the
+// records' order. In WAL mode it emits transactional logical-decoding messages of up to about
+// 256 KiB of records each (one round trip, no row) and returns WAL positions as int64 (record
+// i of n in a message ending at LSN L gets L-(n-1)+i), ascending in the records' order:
+// unique in the cluster, but not the published record's identity, which is the
 // transaction's commit LSN and the record's position in it (docs/outbox-wal.md). WAL mode
 // fails when the schema's replication slot is missing (nothing is emitted). The mode is read
 // from the schema's outbox_settings at most every 2 s per database and schema.

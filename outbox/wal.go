@@ -22,7 +22,10 @@ func WALPrefix(schema string) string { return "kafkatx.outbox:" + schema }
 // int32 (-1: the partitioner's); the header count as an int32, then each header's key and
 // value as length and bytes (a nil header value is stored empty).
 func AppendWAL(b []byte, r *Record) []byte {
-	b = append(b, 1)
+	return appendRecord(append(b, 1), r)
+}
+
+func appendRecord(b []byte, r *Record) []byte {
 	b = appendBytes(b, []byte(r.Topic), false)
 	b = appendBytes(b, r.Key, r.Key == nil)
 	b = appendBytes(b, r.Value, r.Value == nil)
@@ -47,13 +50,68 @@ func appendBytes(b, v []byte, null bool) []byte {
 	return append(b, v...)
 }
 
+// ErrMalformedWAL wraps the errors of DecodeWAL and RangeWAL for bytes that are not a
+// well-formed WAL-mode message.
+var ErrMalformedWAL = errors.New("outbox: malformed WAL message")
+
 // DecodeWAL decodes a message AppendWAL wrote. The record's slices point into b.
 func DecodeWAL(b []byte) (Record, error) {
-	var r Record
 	if len(b) < 1 || b[0] != 1 {
-		return r, errors.New("outbox: WAL message: unknown format version")
+		return Record{}, fmt.Errorf("%w: not a single record (format version 1)", ErrMalformedWAL)
 	}
 	d := walDecoder{b: b[1:]}
+	r := d.record()
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%d bytes past the record", len(d.b))
+	}
+	if d.err != nil {
+		return Record{}, fmt.Errorf("%w: %w", ErrMalformedWAL, d.err)
+	}
+	return r, nil
+}
+
+// RangeWAL calls f for each record of a WAL-mode message in order: one record (format
+// version 1, AppendWAL, the table trigger's) or several (version 2: a big-endian uint32 count,
+// then each record as in version 1 without the version byte; what WriteTx emits). The
+// records' slices point into b. It stops at f's first error and returns it, or at a malformed
+// record (an error naming it; the records before it were passed to f).
+func RangeWAL(b []byte, f func(i int, r Record) error) error {
+	if len(b) < 1 {
+		return fmt.Errorf("%w: empty", ErrMalformedWAL)
+	}
+	switch b[0] {
+	case 1:
+		r, err := DecodeWAL(b)
+		if err != nil {
+			return err
+		}
+		return f(0, r)
+	case 2:
+		d := walDecoder{b: b[1:]}
+		n := d.u32()
+		for i := 0; d.err == nil && uint32(i) < n; i++ {
+			r := d.record()
+			if d.err != nil {
+				return fmt.Errorf("%w: record %d: %w", ErrMalformedWAL, i, d.err)
+			}
+			if err := f(i, r); err != nil {
+				return err
+			}
+		}
+		if d.err == nil && len(d.b) != 0 {
+			d.err = fmt.Errorf("%d bytes past the records", len(d.b))
+		}
+		if d.err != nil {
+			return fmt.Errorf("%w: %w", ErrMalformedWAL, d.err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: unknown format version %d", ErrMalformedWAL, b[0])
+}
+
+// record decodes one record (without the version byte).
+func (d *walDecoder) record() Record {
+	var r Record
 	t, _ := d.bytes()
 	r.Topic = string(t)
 	r.Key, _ = d.bytes()
@@ -73,16 +131,10 @@ func DecodeWAL(b []byte) (Record, error) {
 			r.Headers[i] = Header{Key: string(k), Value: v}
 		}
 	}
-	if d.err == nil && len(d.b) != 0 {
-		d.err = fmt.Errorf("%d bytes past the record", len(d.b))
+	if d.err == nil && r.Topic == "" {
+		d.err = errors.New("no topic")
 	}
-	if d.err != nil {
-		return Record{}, fmt.Errorf("outbox: WAL message: %w", d.err)
-	}
-	if r.Topic == "" {
-		return Record{}, errors.New("outbox: WAL message: no topic")
-	}
-	return r, nil
+	return r
 }
 
 type walDecoder struct {
@@ -117,23 +169,48 @@ func (d *walDecoder) bytes() ([]byte, bool) {
 	return v, true
 }
 
+// walMessageBytes bounds a version-2 message: WriteTx starts a new one past it, so neither
+// the server nor the relay holds more than about this much of one call at once.
+const walMessageBytes = 256 << 10
+
 // writeWAL emits records as transactional logical-decoding messages through the schema's
 // outbox_emit function (one round trip), which first checks that the schema is in WAL mode
-// and that its slot exists. It returns the messages' LSNs.
+// and that its slot exists. Records go several to a message (format version 2, up to about
+// 256 KiB each): the walsender sends each message on its own, so one per record costs a
+// send per record (measured in docs/benchmarks.md). It returns, for record i of n in a message
+// whose WAL record ends at LSN L (what pg_logical_emit_message returns), L - (n-1) + i:
+// ascending, and unique in the cluster, since each record takes more than one byte of that
+// WAL record.
 func (w Writer) writeWAL(ctx context.Context, tx pgx.Tx, records []Record) ([]int64, error) {
-	msgs := make([][]byte, len(records))
 	size := 0
 	for i := range records {
-		size += 21 + len(records[i].Topic) + len(records[i].Key) + len(records[i].Value)
+		size += 20 + len(records[i].Topic) + len(records[i].Key) + len(records[i].Value)
 		for _, h := range records[i].Headers {
 			size += 8 + len(h.Key) + len(h.Value)
 		}
 	}
-	buf := make([]byte, 0, size)
+	buf := make([]byte, 0, size+5*(1+size/walMessageBytes))
+	var msgs [][]byte
+	var counts []int
+	start, n := 0, 0
+	flush := func() {
+		binary.BigEndian.PutUint32(buf[start+1:], uint32(n))
+		msgs, counts = append(msgs, buf[start:len(buf):len(buf)]), append(counts, n)
+	}
 	for i := range records {
-		start := len(buf)
-		buf = AppendWAL(buf, &records[i])
-		msgs[i] = buf[start:len(buf):len(buf)]
+		if n == 0 {
+			start = len(buf)
+			buf = append(buf, 2, 0, 0, 0, 0)
+		}
+		buf = appendRecord(buf, &records[i])
+		n++
+		if len(buf)-start >= walMessageBytes {
+			flush()
+			n = 0
+		}
+	}
+	if n > 0 {
+		flush()
 	}
 	var lsns []int64
 	err := tx.QueryRow(ctx, `SELECT `+pgx.Identifier{w.schema()}.Sanitize()+`.outbox_emit($1::bytea[])`, msgs).Scan(&lsns)
@@ -144,10 +221,16 @@ func (w Writer) writeWAL(ctx context.Context, tx pgx.Tx, records []Record) ([]in
 		}
 		return nil, fmt.Errorf("outbox: emit %d records: %w", len(records), err)
 	}
-	if len(lsns) != len(records) {
-		return nil, fmt.Errorf("outbox: emit %d records: got %d positions", len(records), len(lsns))
+	if len(lsns) != len(msgs) {
+		return nil, fmt.Errorf("outbox: emit %d records: got %d positions for %d messages", len(records), len(lsns), len(msgs))
 	}
-	return lsns, nil
+	ids := make([]int64, 0, len(records))
+	for m, l := range lsns {
+		for i := 0; i < counts[m]; i++ {
+			ids = append(ids, l-int64(counts[m]-1)+int64(i))
+		}
+	}
+	return ids, nil
 }
 
 // modeTTL is how long a writer trusts the outbox mode it read. A writer on a stale table mode

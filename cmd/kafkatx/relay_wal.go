@@ -109,6 +109,8 @@ func (c *RelayCmd) runWAL(ctx context.Context, g *Globals, pool, sp *pgxpool.Poo
 	wg.Wait()
 	s := rl.Stats()
 	out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "transactions": s.Transactions})
+	log.Debug("where the stream's time went", zap.Duration("receive", s.Steps.Receive), zap.Duration("handle", s.Steps.Handle),
+		zap.Duration("queue_full", s.Steps.QueueFull), zap.Duration("commit", s.Steps.Commit))
 	fmt.Println(string(out))
 	return runErr
 }

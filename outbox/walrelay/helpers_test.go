@@ -81,8 +81,14 @@ type bundle struct {
 // ends (before the database).
 func newBundle(t *testing.T) *bundle {
 	t.Helper()
-	b := &bundle{brokers: testenv.Brokers(t)}
-	b.dsn = testenv.Database(t)
+	brokers := testenv.Brokers(t)
+	return newBundleOn(t, brokers, testenv.Database(t))
+}
+
+// newBundleOn is newBundle on the database dsn names.
+func newBundleOn(t *testing.T, brokers, dsn string) *bundle {
+	t.Helper()
+	b := &bundle{brokers: brokers, dsn: dsn}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, b.dsn)
 	if err != nil {

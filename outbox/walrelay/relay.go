@@ -39,8 +39,10 @@ type Relay struct {
 	streaming atomic.Bool
 	caughtUp  atomic.Uint64 // everything committed before this LSN is published (or not ours)
 	wantReply atomic.Bool   // Pending asks the server for its position
+	diagnose  atomic.Bool   // the next stream asks for delivery reports
 
 	published, parked, transactions atomic.Int64
+	steps                           stepTimes
 	logged                          atomic.Bool // "streaming" logged once
 
 	mu     sync.Mutex
@@ -55,8 +57,22 @@ type position struct {
 	pos    uint32
 }
 
+// stepTimes accumulates where the stream's time went, in nanoseconds.
+type stepTimes struct {
+	receive, handle, queueFull, commit atomic.Int64
+}
+
+// StepTimes is where a relay's stream spent its time since New (for benchmarks): waiting for
+// the server (Receive), decoding and producing what arrived (Handle, which includes
+// QueueFull: waiting for deliveries while librdkafka's queue was full), and committing Kafka
+// transactions (Commit, which waits for the deliveries still in flight).
+type StepTimes struct {
+	Receive, Handle, QueueFull, Commit time.Duration
+}
+
 // Stats are a relay's counters since New.
 type Stats struct {
+	Steps StepTimes
 	Published    int64 // records the broker acknowledged in committed Kafka transactions
 	Parked       int64 // records parked (refused by the broker or undecodable)
 	Transactions int64 // Kafka transactions committed
@@ -87,7 +103,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 
 // Stats returns the relay's counters.
 func (r *Relay) Stats() Stats {
-	return Stats{Published: r.published.Load(), Parked: r.parked.Load(), Transactions: r.transactions.Load(), Streaming: r.streaming.Load()}
+	return Stats{Steps: StepTimes{Receive: time.Duration(r.steps.receive.Load()), Handle: time.Duration(r.steps.handle.Load()),
+		QueueFull: time.Duration(r.steps.queueFull.Load()), Commit: time.Duration(r.steps.commit.Load())},
+		Published: r.published.Load(), Parked: r.parked.Load(), Transactions: r.transactions.Load(), Streaming: r.streaming.Load()}
 }
 
 // FatalError is Run's error when the relay cannot go on without an operator: the slot is
@@ -203,7 +221,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("walrelay: START_REPLICATION of slot %s: %w", s.Slot, err)
 	}
-	k, err := newKafka(ctx, r.cfg, s.Slot, sys.SystemID+"/"+sys.DBName+"/"+s.Slot, r.log)
+	k, err := newKafka(ctx, r.cfg, s.Slot, sys.SystemID+"/"+sys.DBName+"/"+s.Slot, r.diagnose.Swap(false), r.log)
 	if err != nil {
 		return err
 	}

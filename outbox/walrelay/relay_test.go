@@ -90,7 +90,7 @@ func TestPublishesCommittedRecordsOnceInCommitOrder(t *testing.T) {
 // producing it, before and after the Kafka commit, before confirming the slot's position —
 // and a restart: a read_committed reader sees every record exactly once.
 func TestSIGKILLAtEachPointPublishesEachRecordOnce(t *testing.T) {
-	for _, point := range []string{"after-decode:150", "after-produce:700", "before-kafka-commit:2", "after-kafka-commit:2", "before-confirm:3"} {
+	for _, point := range []string{"after-decode:150", "after-produce:700", "before-kafka-commit:1", "after-kafka-commit:1", "before-confirm:2"} {
 		t.Run(strings.Split(point, ":")[0], func(t *testing.T) {
 			b := newBundle(t)
 			for i := 0; i < 10; i++ {

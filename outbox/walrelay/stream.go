@@ -70,9 +70,15 @@ func (s *stream) run(ctx context.Context) error {
 		if w := time.Now().Add(50 * time.Millisecond); w.Before(deadline) {
 			deadline = w // Pending's requests are served within 50 ms
 		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
-		msg, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		// A read deadline on the socket rather than a context per message: pgconn watches a
+		// context with a goroutine per call. A timeout leaves the connection usable.
+		if err := s.conn.Conn().SetReadDeadline(deadline); err != nil {
+			return s.abortOpen(fmt.Errorf("walrelay: set read deadline: %w", err))
+		}
+		t0 := time.Now()
+		msg, err := s.conn.ReceiveMessage(context.Background())
+		t1 := time.Now()
+		s.r.steps.receive.Add(int64(t1.Sub(t0)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return s.abortOpen(ctx.Err())
@@ -86,6 +92,7 @@ func (s *stream) run(ctx context.Context) error {
 				if err := s.copyData(ctx, m.Data); err != nil {
 					return s.abortOpen(err)
 				}
+				s.r.steps.handle.Add(int64(time.Since(t1)))
 			case *pgproto3.ErrorResponse:
 				return s.abortOpen(fmt.Errorf("walrelay: stream: %w", pgconn.ErrorResponseToPgError(m)))
 			case *pgproto3.CopyDone:
@@ -166,12 +173,27 @@ func (s *stream) logical(ctx context.Context, b []byte) error {
 			return errors.New("walrelay: truncated Message")
 		}
 		content = content[:n]
-		at := position{s.txCommit, s.txPos}
-		s.txPos++
 		if s.txSkip {
+			// Covered by the checkpoint; the position still counts the records.
+			if len(content) >= 5 && content[0] == 2 {
+				s.txPos += binary.BigEndian.Uint32(content[1:])
+			} else {
+				s.txPos++
+			}
 			return nil
 		}
-		return s.record(ctx, at, content)
+		first := s.txPos
+		err := outbox.RangeWAL(content, func(i int, rec outbox.Record) error {
+			s.txPos = first + uint32(i) + 1
+			return s.record(ctx, position{s.txCommit, first + uint32(i)}, rec)
+		})
+		if errors.Is(err, outbox.ErrMalformedWAL) {
+			// A malformed message: park what is left of it as one undecodable record.
+			at := position{s.txCommit, s.txPos}
+			s.txPos++
+			return s.park(ctx, at, outbox.Record{Topic: "(undecodable)", Value: append([]byte(nil), content...)}, err.Error())
+		}
+		return err
 	case 'C':
 		if len(b) < 26 {
 			return errors.New("walrelay: short Commit message")
@@ -192,15 +214,11 @@ func (s *stream) logical(ctx context.Context, b []byte) error {
 
 // record produces one outbox record into the open Kafka transaction (opening it), or parks it
 // when it cannot be published.
-func (s *stream) record(ctx context.Context, at position, content []byte) error {
+func (s *stream) record(ctx context.Context, at position, rec outbox.Record) error {
 	s.r.mu.Lock()
 	reason, refuse := s.r.refuse[at]
 	s.r.mu.Unlock()
-	rec, derr := outbox.DecodeWAL(content)
-	switch {
-	case derr != nil:
-		return s.park(ctx, at, outbox.Record{Topic: "(undecodable)", Value: append([]byte(nil), content...)}, derr.Error())
-	case refuse:
+	if refuse {
 		return s.park(ctx, at, rec, reason)
 	}
 	n := s.k.topicPartitions(rec.Topic)
@@ -231,7 +249,10 @@ func (s *stream) record(ctx context.Context, at position, content []byte) error 
 	if rec.Partition != nil {
 		tp.Partition = *rec.Partition
 	}
-	m := &kafka.Message{TopicPartition: tp, Key: rec.Key, Value: rec.Value, Headers: hs, Opaque: &at}
+	m := &kafka.Message{TopicPartition: tp, Key: rec.Key, Value: rec.Value, Headers: hs}
+	if s.k.reports {
+		m.Opaque = &at
+	}
 	for {
 		err := s.k.p.Produce(m, nil)
 		if err == nil {
@@ -240,7 +261,9 @@ func (s *stream) record(ctx context.Context, at position, content []byte) error 
 		var ke kafka.Error
 		if errors.As(err, &ke) && ke.Code() == kafka.ErrQueueFull {
 			// Memory stays bounded (queue.buffering.max.messages): wait for deliveries.
+			tf := time.Now()
 			s.k.p.Flush(10)
+			s.r.steps.queueFull.Add(int64(time.Since(tf)))
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -251,7 +274,9 @@ func (s *stream) record(ctx context.Context, at position, content []byte) error 
 		}
 		return fmt.Errorf("walrelay: produce to %s: %w", rec.Topic, err)
 	}
-	s.k.produced.Add(1)
+	if s.k.reports {
+		s.k.produced.Add(1)
+	}
 	hook("after-produce")
 	s.kRecords++
 	s.txOurs++
@@ -266,12 +291,21 @@ func (s *stream) commit(ctx context.Context) error {
 	if err != nil {
 		return s.abortOpen(fmt.Errorf("walrelay: produce checkpoint: %w", err))
 	}
-	s.k.produced.Add(1)
+	if s.k.reports {
+		s.k.produced.Add(1)
+	}
 	hook("before-kafka-commit")
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	tc := time.Now()
 	err = s.k.p.CommitTransaction(cctx)
 	cancel()
+	s.r.steps.commit.Add(int64(time.Since(tc)))
 	if err != nil {
+		if !s.k.reports {
+			// Without delivery reports the refused record, if any, is unknown: the next
+			// stream publishes the same transactions again with reports on, to find it.
+			s.r.diagnose.Store(true)
+		}
 		return s.abortOpen(fmt.Errorf("walrelay: commit Kafka transaction: %w", err))
 	}
 	hook("after-kafka-commit")
@@ -290,7 +324,9 @@ func (s *stream) abortOpen(err error) error {
 		return err
 	}
 	s.kOpen = false
-	s.k.waitReported(5 * time.Second)
+	if s.k.reports {
+		s.k.waitReported(5 * time.Second)
+	}
 	actx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if aerr := s.k.p.AbortTransaction(actx); aerr != nil {
