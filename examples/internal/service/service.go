@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -117,18 +118,28 @@ func Run(ctx context.Context, o Options) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- rl.Run(relayCtx) }()
+	var relayErr atomic.Pointer[error]
+	go func() {
+		err := rl.Run(relayCtx)
+		if err != nil && relayCtx.Err() == nil {
+			// The relay gave up (a WAL relay's lost slot, for one): stop the consumer too,
+			// rather than writing events no relay publishes.
+			relayErr.Store(&err)
+			cancel()
+		}
+		relayDone <- err
+	}()
 	defer func() {
 		stopRelay()
-		if err := <-relayDone; err != nil {
+		if err := <-relayDone; err != nil && relayErr.Load() == nil {
 			o.Logger.Warn("relay", zap.Error(err))
 		}
 	}()
 
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- o.Consumer.Run(runCtx) }()
 	if o.ExitWhenIdle > 0 {
@@ -140,6 +151,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	err := <-done
 	cancel()
+	if re := relayErr.Load(); re != nil && err == nil {
+		err = fmt.Errorf("outbox relay: %w", *re)
+	}
 	if o.AuthFailureExit > 0 {
 		if aerr := <-authErr; aerr != nil && err == nil {
 			err = aerr
