@@ -154,6 +154,7 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 		}
 	}
 	t := pgx.Identifier{schema, "outbox"}.Sanitize()
+	defer forgetSchema(schema)
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// No writer inserts while the mode changes; pending rows stay the table relay's.
 		if _, err := tx.Exec(ctx, `LOCK TABLE `+t+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {

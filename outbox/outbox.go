@@ -164,6 +164,13 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 	if err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: %w", n, err)
 	}
+	if len(ids) == 0 {
+		// The schema switched to WAL mode since this process read it: the table's trigger
+		// emitted the rows as messages and stored none. Fail the transaction (it is retried
+		// in the new mode) rather than return ids that do not exist.
+		forgetMode(tx, schema)
+		return nil, fmt.Errorf("outbox: insert %d records: the outbox switched to WAL mode; retry the transaction", n)
+	}
 	if len(ids) != n {
 		return nil, fmt.Errorf("outbox: insert %d records: got %d ids", n, len(ids))
 	}

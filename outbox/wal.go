@@ -254,6 +254,16 @@ func keyOf(tx pgx.Tx, schema string) modeKey {
 
 func forgetMode(tx pgx.Tx, schema string) { modes.Delete(keyOf(tx, schema)) }
 
+// forgetSchema drops what this process cached of schema's mode, in every database.
+func forgetSchema(schema string) {
+	modes.Range(func(k, _ any) bool {
+		if k.(modeKey).schema == schema {
+			modes.Delete(k)
+		}
+		return true
+	})
+}
+
 // mode returns the schema's outbox mode, read in tx at most every modeTTL.
 func (w Writer) mode(ctx context.Context, tx pgx.Tx) (Mode, error) {
 	k := keyOf(tx, w.schema())
