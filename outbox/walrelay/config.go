@@ -32,9 +32,14 @@ type Config struct {
 	// MaxBatchRecords closes a Kafka transaction at the next decoded transaction's end once
 	// it holds this many records. Defaults to 50,000.
 	MaxBatchRecords int
-	// Linger closes a Kafka transaction at the next decoded transaction's end this long
-	// after its first record, or earlier when the stream has nothing more. Defaults to 20 ms.
+	// Linger: a Kafka transaction open this long (since its first record) is committed at
+	// the first pause of the stream (1 ms without data) at a decoded transaction's end.
+	// Defaults to 20 ms.
 	Linger time.Duration
+	// MaxLinger: a Kafka transaction open this long is committed at the next decoded
+	// transaction's end even while data keeps flowing (a backlog), so commits are amortized
+	// over more records without holding them longer than this. Defaults to 250 ms.
+	MaxLinger time.Duration
 	// StatusInterval is how often the relay reports its confirmed position to the server
 	// and reads the slot's state (metrics, warnings). Defaults to 1 s.
 	StatusInterval time.Duration
@@ -64,6 +69,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Linger <= 0 {
 		c.Linger = 20 * time.Millisecond
+	}
+	if c.MaxLinger < c.Linger {
+		c.MaxLinger = max(c.Linger, 250*time.Millisecond)
 	}
 	if c.StatusInterval <= 0 {
 		c.StatusInterval = time.Second

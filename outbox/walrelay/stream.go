@@ -63,7 +63,11 @@ func (s *stream) run(ctx context.Context) error {
 		}
 		deadline := nextStatus
 		if s.kOpen && !s.inTx {
-			if d := s.kFirst.Add(s.r.cfg.Linger); d.Before(deadline) {
+			d := s.kFirst.Add(s.r.cfg.Linger)
+			if now := time.Now(); now.After(d) {
+				d = now.Add(time.Millisecond) // past Linger: commit at the stream's first pause
+			}
+			if d.Before(deadline) {
 				deadline = d
 			}
 		}
@@ -86,6 +90,11 @@ func (s *stream) run(ctx context.Context) error {
 			if !pgconn.Timeout(err) {
 				return s.abortOpen(fmt.Errorf("walrelay: receive: %w", err))
 			}
+			if s.kOpen && !s.inTx && time.Since(s.kFirst) >= s.r.cfg.Linger {
+				if err := s.commit(ctx); err != nil {
+					return err
+				}
+			}
 		} else {
 			switch m := msg.(type) {
 			case *pgproto3.CopyData:
@@ -99,7 +108,7 @@ func (s *stream) run(ctx context.Context) error {
 				return s.abortOpen(errors.New("walrelay: the server ended the stream"))
 			}
 		}
-		if s.kOpen && !s.inTx && (s.kRecords >= s.r.cfg.MaxBatchRecords || time.Since(s.kFirst) >= s.r.cfg.Linger) {
+		if s.kOpen && !s.inTx && (s.kRecords >= s.r.cfg.MaxBatchRecords || time.Since(s.kFirst) >= s.r.cfg.MaxLinger) {
 			if err := s.commit(ctx); err != nil {
 				return err
 			}
