@@ -110,7 +110,7 @@ func Run(ctx context.Context, o Options) error {
 		rl = t
 	}
 	if o.MetricsAddr != "" {
-		srv := &http.Server{Addr: o.MetricsAddr, Handler: Handler(o.Consumer, o.Registry), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Addr: o.MetricsAddr, Handler: withOutboxSlot(Handler(o.Consumer, o.Registry), rl), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", o.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("--metrics-addr: %w", err)
