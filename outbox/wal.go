@@ -113,7 +113,12 @@ func RangeWAL(b []byte, f func(i int, r Record) error) error {
 func (d *walDecoder) record() Record {
 	var r Record
 	t, _ := d.bytes()
-	r.Topic = string(t)
+	if string(t) == d.last { // one string per run of records to the same topic
+		r.Topic = d.last
+	} else {
+		r.Topic = string(t)
+		d.last = r.Topic
+	}
 	r.Key, _ = d.bytes()
 	r.Value, _ = d.bytes()
 	if p := int32(d.u32()); p >= 0 {
@@ -138,8 +143,9 @@ func (d *walDecoder) record() Record {
 }
 
 type walDecoder struct {
-	b   []byte
-	err error
+	b    []byte
+	err  error
+	last string
 }
 
 func (d *walDecoder) u32() uint32 {

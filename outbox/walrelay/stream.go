@@ -46,7 +46,43 @@ type stream struct {
 	kLastCommit pglogrepl.LSN
 	kLastEnd    pglogrepl.LSN
 
-	headers []kafka.Header
+	headers       []kafka.Header
+	msg           kafka.Message
+	topic         string
+	idBuf, posBuf []byte
+}
+
+// appendUUID appends u's 36-character text form.
+func appendUUID(b []byte, u [16]byte) []byte {
+	const hexd = "0123456789abcdef"
+	for i, c := range u {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b = append(b, '-')
+		}
+		b = append(b, hexd[c>>4], hexd[c&0x0f])
+	}
+	return b
+}
+
+// appendPosition appends HeaderPosition's value: "<commit LSN>#<position>".
+// The LSN is in PostgreSQL's text form (upper-case hex), as pglogrepl.LSN.String.
+func appendPosition(b []byte, at position) []byte {
+	b = appendUpperHex(b, uint64(at.commit)>>32)
+	b = append(b, '/')
+	b = appendUpperHex(b, uint64(at.commit)&0xffffffff)
+	b = append(b, '#')
+	return strconv.AppendUint(b, uint64(at.pos), 10)
+}
+
+func appendUpperHex(b []byte, v uint64) []byte {
+	start := len(b)
+	b = strconv.AppendUint(b, v, 16)
+	for i := start; i < len(b); i++ {
+		if b[i] >= 'a' {
+			b[i] -= 'a' - 'A'
+		}
+	}
+	return b
 }
 
 // errRestart ends a stream whose Kafka transaction was aborted for a refused record: the next
@@ -250,17 +286,28 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 			hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
 		}
 	}
+	// Produce copies headers, key and value into librdkafka before it returns, so without
+	// delivery reports (which keep the message) the buffers and the message are reused.
 	id := outboxID(s.src, at.commit, at.pos)
-	hs = append(hs, kafka.Header{Key: outbox.HeaderOutboxID, Value: []byte(id.String())},
-		kafka.Header{Key: HeaderPosition, Value: []byte(at.commit.String() + "#" + strconv.FormatUint(uint64(at.pos), 10))})
+	s.idBuf = appendUUID(s.idBuf[:0], id)
+	s.posBuf = appendPosition(s.posBuf[:0], at)
+	hs = append(hs, kafka.Header{Key: outbox.HeaderOutboxID, Value: s.idBuf}, kafka.Header{Key: HeaderPosition, Value: s.posBuf})
 	s.headers = hs
-	tp := kafka.TopicPartition{Topic: &rec.Topic, Partition: kafka.PartitionAny}
-	if rec.Partition != nil {
-		tp.Partition = *rec.Partition
+	if s.topic != rec.Topic {
+		s.topic = rec.Topic
 	}
-	m := &kafka.Message{TopicPartition: tp, Key: rec.Key, Value: rec.Value, Headers: hs}
+	m := &s.msg
 	if s.k.reports {
+		m = &kafka.Message{}
+		hs = append([]kafka.Header(nil), hs...)
+		hs[len(hs)-2].Value = []byte(id.String())
+		hs[len(hs)-1].Value = append([]byte(nil), s.posBuf...)
 		m.Opaque = &at
+	}
+	*m = kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &s.topic, Partition: kafka.PartitionAny},
+		Key: rec.Key, Value: rec.Value, Headers: hs, Opaque: m.Opaque}
+	if rec.Partition != nil {
+		m.TopicPartition.Partition = *rec.Partition
 	}
 	for {
 		err := s.k.p.Produce(m, nil)
