@@ -254,6 +254,9 @@ type modeEntry struct {
 var modes sync.Map // modeKey -> modeEntry
 
 func keyOf(tx pgx.Tx, schema string) modeKey {
+	if tx.Conn() == nil { // a wrapped transaction that hides its connection
+		return modeKey{schema: schema}
+	}
 	c := tx.Conn().Config()
 	return modeKey{host: fmt.Sprintf("%s:%d", c.Host, c.Port), db: c.Database, schema: schema}
 }
