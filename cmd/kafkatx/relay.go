@@ -44,7 +44,13 @@ func (RelayCmd) Help() string {
 	return `Publishes the rows of <schema>.outbox to Kafka: idempotent producer (acks=all), murmur2 partitioning,
 woken by NOTIFY with polling as a fallback. Run several for availability: one leads (advisory lock),
 the others stand by and take over within --standby-interval. SIGTERM: stop reading, wait for in-flight
-deliveries, mark them, exit 0. On exit it prints {"published":N,"parked":N,"retried":N}.`
+deliveries, mark them, exit 0. On exit it prints {"published":N,"parked":N,"retried":N}.
+
+In WAL mode (stored with the schema: kafkatx migrate up --outbox-mode wal) it streams the schema's
+replication slot instead and publishes in Kafka transactions with a checkpoint, exactly once for
+read_committed readers; a second relay waits for the slot. It needs a session connection with
+replication=database (--session-database-url behind a transaction pooler). On exit it prints
+{"published":N,"parked":N,"transactions":N}. See docs/outbox-wal.md.`
 }
 
 func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
