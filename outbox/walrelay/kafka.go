@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,17 +25,21 @@ type kafkaSide struct {
 	wg      sync.WaitGroup
 	topics  map[string]int // partition count; -1 when the topic does not exist
 	checked map[string]time.Time
+	limits  map[string]int // max.message.bytes; 0 when it could not be read
+	batch   int            // librdkafka batch.size of this producer
 
 	produced, reported atomic.Int64
 	acked              atomic.Int64
 	mu                 sync.Mutex
 	failure            *deliveryFailure // the first failed delivery of the open transaction
+	failed             []position       // every failed record's position (reports on)
 	fatal              atomic.Pointer[kafka.Error]
 }
 
 type deliveryFailure struct {
 	at  position
 	err kafka.Error
+	all []position // every record that failed with it (a refused batch fails them all)
 }
 
 // checkpoint is the value of a checkpoint record.
@@ -46,7 +51,7 @@ type checkpoint struct {
 // newKafka creates the stream's transactional producer. Without reports it asks for no
 // per-record delivery reports (they cost about a third of the relay's CPU per record): a
 // refused record then fails the commit, and the next stream, with reports, finds it.
-func newKafka(ctx context.Context, cfg Config, slot, key string, reports bool, log *zap.Logger) (*kafkaSide, error) {
+func newKafka(ctx context.Context, cfg Config, slot, key string, reports bool, batch int, log *zap.Logger) (*kafkaSide, error) {
 	kc := kafka.ConfigMap{}
 	for k, v := range cfg.Kafka {
 		kc[k] = v
@@ -56,6 +61,11 @@ func newKafka(ctx context.Context, cfg Config, slot, key string, reports bool, l
 	kc["acks"] = "all"
 	kc["go.delivery.report.fields"] = "none"
 	kc["go.delivery.reports"] = reports
+	if batch > 0 {
+		kc["batch.size"] = batch
+	} else {
+		batch = defaultBatchSize
+	}
 	for k, v := range map[string]any{"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 200000} {
 		if _, ok := kc[k]; !ok {
 			kc[k] = v
@@ -65,7 +75,8 @@ func newKafka(ctx context.Context, cfg Config, slot, key string, reports bool, l
 	if err != nil {
 		return nil, fmt.Errorf("walrelay: create producer: %w", err)
 	}
-	k := &kafkaSide{cfg: cfg, p: p, key: []byte(key), reports: reports, log: log, topics: map[string]int{}, checked: map[string]time.Time{}}
+	k := &kafkaSide{cfg: cfg, p: p, key: []byte(key), reports: reports, log: log, topics: map[string]int{}, checked: map[string]time.Time{},
+		limits: map[string]int{}, batch: batch}
 	k.wg.Add(1)
 	go k.drain()
 	ictx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -94,9 +105,13 @@ func (k *kafkaSide) drain() {
 					ke = kafka.NewError(kafka.ErrUnknown, ev.TopicPartition.Error.Error(), false)
 				}
 				k.mu.Lock()
+				p, ok := ev.Opaque.(*position)
+				if ok {
+					k.failed = append(k.failed, *p)
+				}
 				if k.failure == nil {
 					f := &deliveryFailure{err: ke}
-					if p, ok := ev.Opaque.(*position); ok {
+					if ok {
 						f.at = *p
 					}
 					k.failure = f
@@ -242,7 +257,10 @@ func (k *kafkaSide) takeFailure() *deliveryFailure {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	f := k.failure
-	k.failure = nil
+	if f != nil {
+		f.all = k.failed
+	}
+	k.failure, k.failed = nil, nil
 	return f
 }
 
@@ -257,4 +275,31 @@ func refused(code kafka.ErrorCode) bool {
 		return true
 	}
 	return false
+}
+
+// defaultBatchSize is librdkafka's batch.size default: the most one batch (a partition's
+// records in one request) may hold, framing included.
+const defaultBatchSize = 1000000
+
+// maxMessageBytes returns topic's max.message.bytes (DescribeConfigs, once per stream), 0
+// when it cannot be read (then only a refusal tells). The broker applies it to a whole batch.
+func (k *kafkaSide) maxMessageBytes(ctx context.Context, topic string) int {
+	if v, ok := k.limits[topic]; ok {
+		return v
+	}
+	v := 0
+	a, err := kafka.NewAdminClientFromProducer(k.p)
+	if err == nil {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, derr := a.DescribeConfigs(dctx, []kafka.ConfigResource{{Type: kafka.ResourceTopic, Name: topic}})
+		cancel()
+		a.Close()
+		if derr == nil && len(res) == 1 && res[0].Error.Code() == kafka.ErrNoError {
+			if e, ok := res[0].Config["max.message.bytes"]; ok {
+				v, _ = strconv.Atoi(e.Value)
+			}
+		}
+	}
+	k.limits[topic] = v
+	return v
 }

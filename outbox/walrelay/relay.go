@@ -40,14 +40,16 @@ type Relay struct {
 	caughtUp  atomic.Uint64 // everything committed before this LSN is published (or not ours)
 	wantReply atomic.Bool   // Pending asks the server for its position
 	diagnose  atomic.Bool   // the next stream asks for delivery reports
+	batchSize atomic.Int64  // librdkafka batch.size, lowered to the smallest topic limit seen
 
 	published, parked, transactions atomic.Int64
 	steps                           stepTimes
 	logged                          atomic.Bool // "streaming" logged once
 
-	mu     sync.Mutex
-	refuse map[position]string // records the broker refused: parked when decoded again
-	health Health
+	mu      sync.Mutex
+	refuse  map[position]string // records the broker refused: parked when decoded again
+	isolate map[position]bool   // records of a refused batch: produced alone to find the culprit
+	health  Health
 }
 
 // position is a record's identity: its transaction's commit LSN and its 0-based position
@@ -72,7 +74,7 @@ type StepTimes struct {
 
 // Stats are a relay's counters since New.
 type Stats struct {
-	Steps StepTimes
+	Steps        StepTimes
 	Published    int64 // records the broker acknowledged in committed Kafka transactions
 	Parked       int64 // records parked (refused by the broker or undecodable)
 	Transactions int64 // Kafka transactions committed
@@ -92,7 +94,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 		return nil, errors.New("walrelay: Config.Kafka has no bootstrap.servers")
 	}
 	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With(zap.String("relay", "wal"), zap.String("schema", cfg.Schema)),
-		refuse: map[position]string{}}
+		refuse: map[position]string{}, isolate: map[position]bool{}}
 	m, err := newMetrics(cfg.Registerer, r)
 	if err != nil {
 		return nil, err
@@ -221,7 +223,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("walrelay: START_REPLICATION of slot %s: %w", s.Slot, err)
 	}
-	k, err := newKafka(ctx, r.cfg, s.Slot, sys.SystemID+"/"+sys.DBName+"/"+s.Slot, r.diagnose.Swap(false), r.log)
+	k, err := newKafka(ctx, r.cfg, s.Slot, sys.SystemID+"/"+sys.DBName+"/"+s.Slot, r.diagnose.Swap(false), int(r.batchSize.Load()), r.log)
 	if err != nil {
 		return err
 	}

@@ -89,6 +89,10 @@ func appendUpperHex(b []byte, v uint64) []byte {
 // stream re-reads from the slot's confirmed position and parks the record.
 var errRestart = errors.New("walrelay: a record was refused; publishing the transaction again without it")
 
+// errBatchSize ends a stream that met a topic whose max.message.bytes is below the producer's
+// batch.size: the next stream's producer batches under it.
+var errBatchSize = errors.New("walrelay: lowering the producer's batch.size to a topic's max.message.bytes")
+
 func (s *stream) run(ctx context.Context) error {
 	nextStatus := time.Now().Add(s.r.cfg.StatusInterval)
 	for {
@@ -273,6 +277,20 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 	case rec.Partition != nil && n > 0 && int(*rec.Partition) >= n:
 		return s.park(ctx, at, rec, fmt.Sprintf("topic %s has %d partitions, the record names partition %d", rec.Topic, n, *rec.Partition))
 	}
+	if limit := s.k.maxMessageBytes(ctx, rec.Topic); limit > 0 {
+		if size := recordSize(&rec); size > limit {
+			return s.park(ctx, at, rec, fmt.Sprintf("record of about %d bytes over topic %s's max.message.bytes %d", size, rec.Topic, limit))
+		}
+		if limit < s.k.batch {
+			// The broker refuses a whole batch over the topic's limit, so batches must stay
+			// under the smallest limit: a producer with a smaller batch.size publishes the
+			// same transactions again.
+			s.r.batchSize.Store(int64(limit))
+			s.r.log.Info("a topic's max.message.bytes is below the producer's batch.size: reconnecting with batch.size lowered to it",
+				zap.String("topic", rec.Topic), zap.Int("max_message_bytes", limit), zap.Int("batch_size", s.k.batch))
+			return errBatchSize
+		}
+	}
 	hook("after-decode")
 	if !s.kOpen {
 		if err := s.k.p.BeginTransaction(); err != nil {
@@ -334,6 +352,20 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 		s.k.produced.Add(1)
 	}
 	hook("after-produce")
+	if s.k.reports && s.isolated(at) {
+		// A suspect of a refused batch: alone in its batch, its own delivery says.
+		s.k.p.Flush(30000)
+		s.k.waitReported(5 * time.Second)
+		s.r.mu.Lock()
+		delete(s.r.isolate, at)
+		s.r.mu.Unlock()
+		s.k.mu.Lock()
+		f := s.k.failure
+		s.k.mu.Unlock()
+		if f != nil && f.at == at {
+			return s.abortOpen(errRestart)
+		}
+	}
 	s.kRecords++
 	s.txOurs++
 	return nil
@@ -389,6 +421,19 @@ func (s *stream) abortOpen(err error) error {
 		s.r.log.Warn("abort Kafka transaction", zap.Error(aerr))
 	}
 	if f := s.k.takeFailure(); f != nil && refused(f.err.Code()) && f.at.commit != 0 {
+		if len(f.all) > 1 {
+			// The broker refused a batch: which of its records is at fault is unknown. The
+			// next stream produces each of them alone, waiting for its delivery.
+			s.r.mu.Lock()
+			for _, at := range f.all {
+				s.r.isolate[at] = true
+			}
+			s.r.mu.Unlock()
+			s.r.diagnose.Store(true)
+			s.r.log.Warn("the broker refused a batch: publishing its records one at a time to find the one it refuses",
+				zap.Int("records", len(f.all)), zap.Error(f.err))
+			return errRestart
+		}
 		s.r.mu.Lock()
 		s.r.refuse[f.at] = f.err.Error()
 		s.r.mu.Unlock()
@@ -458,4 +503,21 @@ func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reaso
 
 func quoteIdent(s string) string {
 	return `"` + string(bytes.ReplaceAll([]byte(s), []byte(`"`), []byte(`""`))) + `"`
+}
+
+// recordSize estimates rec's size in a record batch: its bytes, its headers and the batch's
+// own framing (61 bytes) with room for the record's varints.
+func recordSize(rec *outbox.Record) int {
+	n := 61 + 32 + len(rec.Key) + len(rec.Value)
+	for _, h := range rec.Headers {
+		n += 10 + len(h.Key) + len(h.Value)
+	}
+	return n + 2*80 // the two headers the relay adds
+}
+
+// isolated reports whether at is a suspect of a refused batch.
+func (s *stream) isolated(at position) bool {
+	s.r.mu.Lock()
+	defer s.r.mu.Unlock()
+	return s.r.isolate[at]
 }
