@@ -91,7 +91,10 @@ func TestModeIsStoredChosenOnceAndGuardsWriters(t *testing.T) {
 	}
 	// Pending rows block a switch to WAL.
 	w := outbox.Writer{Schema: b.schema}
-	if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error { _, err := w.WriteTx(ctx, tx, outbox.Record{Topic: "t", Value: []byte("x")}); return err }); err != nil {
+	if err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := w.WriteTx(ctx, tx, outbox.Record{Topic: "t", Value: []byte("x")})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if err := outbox.SetMode(ctx, b.pool, b.schema, outbox.ModeWAL); err == nil || !strings.Contains(err.Error(), "pending rows") {
