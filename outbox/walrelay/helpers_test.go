@@ -98,6 +98,7 @@ func newBundleOn(t *testing.T, brokers, dsn string) *bundle {
 	t.Cleanup(func() {
 		if b.slot != "" {
 			for i := 0; i < 50; i++ { // a killed relay's walsender may hold it a moment
+				_, _ = pool.Exec(context.Background(), `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, b.slot)
 				_, err := pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, b.slot)
 				if err == nil {
 					break
