@@ -66,8 +66,19 @@ func WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error)
 	return Writer{}.WriteTx(ctx, tx, records...)
 }
 
-// WriteTx writes records into w.Schema's outbox table in the caller's transaction, which it
-// never commits or rolls back, and returns the rows' ids in the records' order. All records
+// WriteTx writes records into w.Schema's outbox in the caller's transaction, which it never
+// commits or rolls back.
+//
+// In table mode (the default; see Mode) it inserts rows and returns the rows' ids in the
+// records' order. In WAL mode it emits transactional logical-decoding messages of up to about
+// 256 KiB of records each (one round trip, no row) and returns WAL positions as int64 (record
+// i of n in a message ending at LSN L gets L-(n-1)+i), ascending in the records' order:
+// unique in the cluster, but not the published record's identity, which is the
+// transaction's commit LSN and the record's position in it (docs/outbox-wal.md). WAL mode
+// fails when the schema's replication slot is missing (nothing is emitted). The mode is read
+// from the schema's outbox_settings at most every 2 s per database and schema.
+//
+// In table mode: All records
 // go in one INSERT statement (one round trip) — or, from 1,000 records without headers or
 // explicit partitions, in one COPY after one query for their ids and timestamps (two round
 // trips; 6.0 instead of 9.5 µs per record at 5,000). It returns an error,
@@ -79,6 +90,21 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 	}
 	if len(records) == 0 {
 		return nil, nil
+	}
+	for i, r := range records {
+		if r.Topic == "" {
+			return nil, fmt.Errorf("outbox: record %d has no topic", i)
+		}
+		if r.Partition != nil && *r.Partition < 0 {
+			return nil, fmt.Errorf("outbox: record %d (topic %s) has negative partition %d", i, r.Topic, *r.Partition)
+		}
+	}
+	mode, err := w.mode(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if mode == ModeWAL {
+		return w.writeWAL(ctx, tx, records)
 	}
 	schema := w.schema()
 	// The rows are inserted in the records' order, so the ids nextval assigns ascend with it.
@@ -112,7 +138,6 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 		return w.copyRecords(ctx, tx, topics, keys, values)
 	}
 	var rows pgx.Rows
-	var err error
 	if hKeys == nil && !anyPartition(partitions) {
 		// No headers, no explicit partition: three arrays instead of eight, and no per-row
 		// array slicing on the server.
@@ -138,6 +163,13 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: %w", n, err)
+	}
+	if len(ids) == 0 {
+		// The schema switched to WAL mode since this process read it: the table's trigger
+		// emitted the rows as messages and stored none. Fail the transaction (it is retried
+		// in the new mode) rather than return ids that do not exist.
+		forgetMode(tx, schema)
+		return nil, fmt.Errorf("outbox: insert %d records: the outbox switched to WAL mode; retry the transaction", n)
 	}
 	if len(ids) != n {
 		return nil, fmt.Errorf("outbox: insert %d records: got %d ids", n, len(ids))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // MigrateCmd applies or prints the embedded migrations.
@@ -13,10 +14,12 @@ type MigrateCmd struct {
 	Print MigratePrintCmd `cmd:"" help:"Print every migration as one SQL script, for goose, atlas or tern users."`
 }
 
-// MigrateUpCmd applies pending migrations.
-type MigrateUpCmd struct{}
+// MigrateUpCmd applies pending migrations and, with --outbox-mode, sets the outbox's mode.
+type MigrateUpCmd struct {
+	OutboxMode string `name:"outbox-mode" enum:"wal,table," default:"" help:"Set the outbox's mode, stored with the schema: wal (transactional logical-decoding messages relayed from a replication slot, created here with its publication) or table (rows). Switching to wal refuses while the table holds pending rows; switching to table keeps the slot (kafkatx outbox drop-slot drops it). Empty: unchanged (table for a new schema)."`
+}
 
-func (MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
+func (c MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 	pool, err := g.pool(ctx)
 	if err != nil {
 		return err
@@ -32,6 +35,20 @@ func (MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	fmt.Printf("schema %s at version %d (applied %v)\n", g.Schema, migrations.Latest(), done)
+	if c.OutboxMode != "" {
+		if err := outbox.SetMode(ctx, sp, g.Schema, outbox.Mode(c.OutboxMode)); err != nil {
+			return err
+		}
+		st, err := outbox.ReadSettings(ctx, sp, g.Schema)
+		if err != nil {
+			return err
+		}
+		if st.Mode == outbox.ModeWAL {
+			fmt.Printf("outbox mode wal (slot %s, publication %s)\n", st.Slot, st.Publication)
+		} else {
+			fmt.Printf("outbox mode table\n")
+		}
+	}
 	return nil
 }
 

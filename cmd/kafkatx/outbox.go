@@ -22,9 +22,10 @@ const exitNotActionable = 6
 
 // OutboxCmd groups the operator commands for parked outbox rows.
 type OutboxCmd struct {
-	Parked  OutboxParkedCmd  `cmd:"" help:"List rows the broker refused for good (too large, unknown topic, not authorized), with the rows waiting behind each."`
-	Release OutboxReleaseCmd `cmd:"" help:"Put a parked row back in the queue (after fixing the topic or its limits)."`
-	Discard OutboxDiscardCmd `cmd:"" help:"Give up on a parked row: never published; the rows of its key behind it flow again."`
+	Parked   OutboxParkedCmd   `cmd:"" help:"List rows the broker refused for good (too large, unknown topic, not authorized), with the rows waiting behind each."`
+	Release  OutboxReleaseCmd  `cmd:"" help:"Put a parked row back in the queue (after fixing the topic or its limits)."`
+	Discard  OutboxDiscardCmd  `cmd:"" help:"Give up on a parked row: never published; the rows of its key behind it flow again."`
+	DropSlot OutboxDropSlotCmd `cmd:"" name:"drop-slot" help:"Drop the WAL outbox's replication slot (what it holds unpublished is lost)."`
 }
 
 // OutboxParkedCmd lists parked rows.

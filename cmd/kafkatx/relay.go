@@ -19,12 +19,14 @@ import (
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
 // RelayCmd runs the outbox relay as a standalone sidecar process.
 type RelayCmd struct {
+	OutboxMode      string        `name:"outbox-mode" enum:"wal,table," default:"" help:"wal: publish the WAL outbox from its replication slot (exactly once, Kafka transactions); table: publish the outbox table's rows. Must match the mode stored with the schema (else exit 2); empty follows it (table for a new schema)."`
 	HealthAddr      string        `name:"health-addr" env:"KAFKATX_HEALTH_ADDR" help:"Serve /healthz, /readyz and /metrics (Prometheus) on this host:port. Off when empty."`
 	ExitWhenIdle    time.Duration `name:"exit-when-idle" help:"Exit 0 once the outbox has had no row waiting for this long (0: run until SIGTERM)."`
 	Migrate         bool          `name:"migrate" help:"Apply kafkatx's migrations before starting (otherwise they must have been applied)."`
@@ -58,7 +60,13 @@ func (RelayCmd) Help() string {
 	return `Publishes the rows of <schema>.outbox to Kafka: idempotent producer (acks=all), murmur2 partitioning,
 woken by NOTIFY with polling as a fallback. Run several for availability: one leads (advisory lock),
 the others stand by and take over within --standby-interval. SIGTERM: stop reading, wait for in-flight
-deliveries, mark them, exit 0. On exit it prints {"published":N,"parked":N,"retried":N}.`
+deliveries, mark them, exit 0. On exit it prints {"published":N,"parked":N,"retried":N}.
+
+In WAL mode (stored with the schema: kafkatx migrate up --outbox-mode wal) it streams the schema's
+replication slot instead and publishes in Kafka transactions with a checkpoint, exactly once for
+read_committed readers; a second relay waits for the slot. It needs a session connection with
+replication=database (--session-database-url behind a transaction pooler). On exit it prints
+{"published":N,"parked":N,"transactions":N}. See docs/outbox-wal.md.`
 }
 
 func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
@@ -92,8 +100,15 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err := checkOutboxTable(ctx, pool, g.Schema); err != nil {
 		return err
 	}
+	mode, err := c.mode(ctx, sp, g.Schema)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if mode == outbox.ModeWAL {
+		return c.runWAL(ctx, g, pool, sp, kcfg, reg, log)
+	}
 	janitor := relay.JanitorConfig{Disabled: c.NoJanitor, AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
 	rl, err := relay.New(pool, &relay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, BatchSize: c.BatchSize,
 		PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval, ShutdownTimeout: c.ShutdownTimeout,
@@ -210,7 +225,9 @@ func (c *RelayCmd) serveHealth(rl *relay.Relay, reg *prometheus.Registry, done <
 
 // waitIdle reports true once the relay's backlog has been empty for d (checked about four
 // times per d, at least every second), false when ctx ends first.
-func waitIdle(ctx context.Context, rl *relay.Relay, d time.Duration, log *zap.Logger) bool {
+func waitIdle(ctx context.Context, rl interface {
+	Pending(context.Context) (bool, error)
+}, d time.Duration, log *zap.Logger) bool {
 	step := min(max(d/4, 50*time.Millisecond), time.Second)
 	var idleSince time.Time
 	t := time.NewTicker(step)

@@ -38,6 +38,7 @@ type options struct {
 	maxOutboxRows                int
 	produceOnly, inProcessBroker bool
 	traceStderr                  bool
+	outboxMode                   string
 }
 
 func main() {
@@ -56,6 +57,7 @@ func run() int {
 	fs.IntVar(&o.poisonEvery, "poison-every", 0, "with --generate, make every K-th message a non-JSON poison pill")
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
 	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (PostgreSQL's live-row estimate), so the relay is not left behind without bound; 0: no bound")
+	fs.StringVar(&o.outboxMode, "outbox-mode", "", "how events and dead letters go through the outbox: wal (logical-decoding messages relayed from a replication slot) or table (rows; the default of a new schema). Stored with the schema: empty follows it, a value that conflicts with it exits 2")
 	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
 	if code, ok := flagcheck.Parse(fs, os.Args[1:]); !ok {
 		return code
@@ -79,6 +81,9 @@ func run() int {
 	case o.maxOutboxRows < 0:
 		fmt.Fprintf(os.Stderr, "orders: --max-outbox-rows (%d) must not be negative (0: no bound); see --help\n", o.maxOutboxRows)
 		return 2
+	case !validMode(o.outboxMode):
+		fmt.Fprintf(os.Stderr, "orders: --outbox-mode %q: want wal or table; see --help\n", o.outboxMode)
+		return 2
 	case o.generate < 0 || o.poisonEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --generate (%d) and --poison-every (%d) must not be negative; see --help\n", o.generate, o.poisonEvery)
 		return 2
@@ -92,6 +97,9 @@ func run() int {
 	defer stop()
 	if err := serve(ctx, o, log); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
+		if errors.Is(err, outbox.ErrModeConflict) {
+			return 2
+		}
 		return 1
 	}
 	return 0
@@ -151,6 +159,11 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 	if err := order.Migrate(ctx, pools.Session); err != nil {
 		return err
 	}
+	// The outbox mode is stored with the schema; the slot exists before anything is written.
+	mode, err := outbox.EnsureMode(ctx, pools.Session, o.Schema, outbox.Mode(o.outboxMode))
+	if err != nil {
+		return err
+	}
 	tr, err := newTracing(o.traceStderr)
 	if err != nil {
 		return err
@@ -173,10 +186,15 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 		return err
 	}
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
-		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig,
+		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, OutboxMode: mode,
 		ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{"processed": s.Processed, "duplicates": s.Duplicates, "retries": s.Retries, "dead_lettered": s.DeadLettered})
 	fmt.Println(string(b))
 	return err
+}
+
+func validMode(s string) bool {
+	_, err := outbox.ParseMode(s)
+	return err == nil
 }

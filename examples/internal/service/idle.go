@@ -12,7 +12,6 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
-	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
 // "Idle" for --exit-when-idle means caught up, not "nothing arrived": a broker outage also
@@ -124,7 +123,7 @@ func (e *NoAssignmentError) Error() string {
 // watchIdle cancels the consumer once it is idle as Options.ExitWhenIdle says: quiet for
 // ExitWhenIdle, and caught up (idleCheck). It returns a *NoAssignmentError when it gives up
 // waiting for an assignment because Kafka cannot be reached, else nil.
-func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl *relay.Relay, check *idleCheck) error {
+func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl inProcessRelay, check *idleCheck) error {
 	start := time.Now()
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -22,7 +23,9 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
+	"github.com/kafkatx/kafkatx/outbox/walrelay"
 )
 
 // Options configures Run.
@@ -38,6 +41,10 @@ type Options struct {
 	// Session, when set, is the relay's leadership connection (relay.Config.Session), for a
 	// Pool that goes through a transaction pooler.
 	Session *pgx.ConnConfig
+	// OutboxMode selects the in-process relay: outbox.ModeWAL runs a WAL relay (package
+	// outbox/walrelay) streaming from the schema's slot over Session (or Pool's
+	// configuration); anything else the table relay.
+	OutboxMode outbox.Mode
 	// ExitWhenIdle, when > 0, stops the consumer once, for this long, no message arrived,
 	// nothing is in flight or in backoff and the outbox holds nothing to publish, and the
 	// group has caught up: Kafka answers and no partition of Topic has its log end ahead of
@@ -81,16 +88,34 @@ func Run(ctx context.Context, o Options) error {
 			kcfg[k] = v
 		}
 	}
-	rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Session: o.Session}
-	if o.Registry != nil {
-		rcfg.Registerer = o.Registry
-	}
-	rl, err := relay.New(o.Pool, rcfg)
-	if err != nil {
-		return err
+	var rl inProcessRelay
+	if o.OutboxMode == outbox.ModeWAL {
+		repl := o.Session
+		if repl == nil {
+			repl = o.Pool.Config().ConnConfig
+		}
+		wcfg := walrelay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Replication: repl}
+		if o.Registry != nil {
+			wcfg.Registerer = o.Registry
+		}
+		w, err := walrelay.New(o.Pool, wcfg)
+		if err != nil {
+			return err
+		}
+		rl = w
+	} else {
+		rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Session: o.Session}
+		if o.Registry != nil {
+			rcfg.Registerer = o.Registry
+		}
+		t, err := relay.New(o.Pool, rcfg)
+		if err != nil {
+			return err
+		}
+		rl = t
 	}
 	if o.MetricsAddr != "" {
-		srv := &http.Server{Addr: o.MetricsAddr, Handler: Handler(o.Consumer, o.Registry), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Addr: o.MetricsAddr, Handler: withOutboxSlot(Handler(o.Consumer, o.Registry), rl), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", o.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("--metrics-addr: %w", err)
@@ -98,18 +123,28 @@ func Run(ctx context.Context, o Options) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- rl.Run(relayCtx) }()
+	var relayErr atomic.Pointer[error]
+	go func() {
+		err := rl.Run(relayCtx)
+		if err != nil && relayCtx.Err() == nil {
+			// The relay gave up (a WAL relay's lost slot, for one): stop the consumer too,
+			// rather than writing events no relay publishes.
+			relayErr.Store(&err)
+			cancel()
+		}
+		relayDone <- err
+	}()
 	defer func() {
 		stopRelay()
-		if err := <-relayDone; err != nil {
+		if err := <-relayDone; err != nil && relayErr.Load() == nil {
 			o.Logger.Warn("relay", zap.Error(err))
 		}
 	}()
 
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- o.Consumer.Run(runCtx) }()
 	idleErr := make(chan error, 1)
@@ -127,12 +162,15 @@ func Run(ctx context.Context, o Options) error {
 	if o.AuthFailureExit > 0 {
 		go func() { authErr <- watchAuth(runCtx, cancel, o) }()
 	}
-	err = <-done
+	err := <-done
 	cancel()
 	if o.ExitWhenIdle > 0 {
 		if ierr := <-idleErr; ierr != nil && err == nil {
 			err = ierr
 		}
+	}
+	if re := relayErr.Load(); re != nil && err == nil {
+		err = fmt.Errorf("outbox relay: %w", *re)
 	}
 	if o.AuthFailureExit > 0 {
 		if aerr := <-authErr; aerr != nil && err == nil {
@@ -140,6 +178,12 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	return err
+}
+
+// inProcessRelay is the table relay or the WAL relay.
+type inProcessRelay interface {
+	Run(ctx context.Context) error
+	Pending(ctx context.Context) (bool, error)
 }
 
 // Handler serves /metrics (reg, when set), /healthz (200: the process runs) and /readyz

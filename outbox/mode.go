@@ -1,0 +1,267 @@
+package outbox
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/pg"
+)
+
+// Mode is how the outbox of a schema carries records (docs/outbox-wal.md).
+type Mode string
+
+const (
+	// ModeTable writes rows into <schema>.outbox, published by package outbox/relay. The
+	// default.
+	ModeTable Mode = "table"
+	// ModeWAL writes each record as a transactional logical-decoding message
+	// (pg_logical_emit_message(true, ...)), relayed from the schema's replication slot by
+	// package outbox/walrelay. No outbox row is written.
+	ModeWAL Mode = "wal"
+)
+
+// ParseMode parses "table" or "wal"; "" is "" (no choice: the stored mode).
+func ParseMode(s string) (Mode, error) {
+	switch Mode(s) {
+	case "", ModeTable, ModeWAL:
+		return Mode(s), nil
+	}
+	return "", fmt.Errorf("outbox mode %q: want wal or table", s)
+}
+
+// Settings is the schema's outbox_settings row (migration 008).
+type Settings struct {
+	Mode Mode
+	// Chosen is false until a binary or an operator set the mode explicitly (SetMode).
+	Chosen bool
+	// Slot and Publication name the replication slot and the publication of WAL mode; empty
+	// before WAL mode was first chosen.
+	Slot, Publication string
+}
+
+// ErrModeConflict is returned by EnsureMode when the schema's stored mode is not the one asked.
+var ErrModeConflict = errors.New("outbox mode conflict")
+
+// ReadSettings reads schema's outbox settings. A schema without migration 008 is in table
+// mode, not chosen.
+func ReadSettings(ctx context.Context, q pg.Querier, schema string) (Settings, error) {
+	schema = pg.SchemaOr(schema)
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "outbox_settings"}.Sanitize()).Scan(&exists); err != nil {
+		return Settings{}, fmt.Errorf("outbox: read the outbox mode: %w", err)
+	}
+	if !exists {
+		return Settings{Mode: ModeTable}, nil
+	}
+	var s Settings
+	var slot, pub *string
+	err := q.QueryRow(ctx, `SELECT mode, chosen, slot_name, publication_name FROM `+pgx.Identifier{schema, "outbox_settings"}.Sanitize()).
+		Scan(&s.Mode, &s.Chosen, &slot, &pub)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Settings{Mode: ModeTable}, nil
+	}
+	if err != nil {
+		return Settings{}, fmt.Errorf("outbox: read the outbox mode: %w", err)
+	}
+	if slot != nil {
+		s.Slot = *slot
+	}
+	if pub != nil {
+		s.Publication = *pub
+	}
+	return s, nil
+}
+
+// SlotName is the replication slot of schema's WAL outbox in database: "kafkatx_<database>_<schema>",
+// lower-cased, every byte outside [a-z0-9_] replaced by "_", and, past PostgreSQL's 63-byte
+// limit, cut to 46 bytes followed by "_" and 16 hex digits of md5(database "/" schema). The
+// in-process relay and `kafkatx relay` derive the same name.
+func SlotName(database, schema string) string {
+	return identName("kafkatx_"+database+"_"+schema, database+"/"+schema)
+}
+
+// PublicationName is the (empty) publication the WAL relay names in pgoutput's
+// publication_names: "kafkatx_outbox_<schema>", shaped as SlotName.
+func PublicationName(schema string) string {
+	return identName("kafkatx_outbox_"+schema, schema)
+}
+
+func identName(s, hashOf string) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			b[i] = '_'
+		}
+	}
+	if len(b) <= 63 {
+		return string(b)
+	}
+	sum := md5.Sum([]byte(hashOf))
+	return string(b[:46]) + "_" + hex.EncodeToString(sum[:])[:16]
+}
+
+// SetMode sets schema's outbox mode and marks it chosen (kafkatx migrate up --outbox-mode).
+// For ModeWAL it first checks the server (PostgreSQL 14 or later, wal_level=logical), creates
+// the publication and the replication slot (pgoutput) when missing — before any writer can
+// emit — and only then switches; creating a slot waits for every transaction open in the
+// cluster. It refuses to switch while the outbox table holds pending rows (publish them first
+// with the table relay, e.g. `kafkatx relay --outbox-mode table --exit-when-idle 5s`). For
+// ModeTable the slot stays, so a WAL relay can publish what it still holds; drop it with
+// DropSlot once that is done. pool must reach the database directly or through a session
+// pooler (slot creation is not a transaction), with a role that has REPLICATION and may
+// create publications.
+func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) error {
+	schema = pg.SchemaOr(schema)
+	if mode != ModeTable && mode != ModeWAL {
+		return fmt.Errorf("outbox: set mode %q: want wal or table", mode)
+	}
+	var slot, pub *string
+	if mode == ModeWAL {
+		if err := CheckWALServer(ctx, pool); err != nil {
+			return err
+		}
+		var db string
+		if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+			return fmt.Errorf("outbox: set mode: %w", err)
+		}
+		s, p := SlotName(db, schema), PublicationName(schema)
+		slot, pub = &s, &p
+		var hasPub bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, p).Scan(&hasPub); err != nil {
+			return fmt.Errorf("outbox: look for publication %s: %w", p, err)
+		}
+		if !hasPub {
+			if _, err := pool.Exec(ctx, `CREATE PUBLICATION `+pgx.Identifier{p}.Sanitize()); err != nil && !isDuplicate(err) {
+				return fmt.Errorf("outbox: create publication %s (needs CREATE on the database): %w", p, err)
+			}
+		}
+		var hasSlot bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, s).Scan(&hasSlot); err != nil {
+			return fmt.Errorf("outbox: look for slot %s: %w", s, err)
+		}
+		if !hasSlot {
+			if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, s); err != nil && !isDuplicate(err) {
+				return fmt.Errorf("outbox: create replication slot %s (needs the REPLICATION attribute and a free slot of max_replication_slots): %w", s, err)
+			}
+		}
+	}
+	t := pgx.Identifier{schema, "outbox"}.Sanitize()
+	defer forgetSchema(schema)
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// No writer inserts while the mode changes; pending rows stay the table relay's.
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+t+` IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+			return fmt.Errorf("outbox: set mode: lock %s: %w", t, err)
+		}
+		if mode == ModeWAL {
+			var pending bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE state = 'pending')`).Scan(&pending); err != nil {
+				return fmt.Errorf("outbox: set mode: %w", err)
+			}
+			if pending {
+				return fmt.Errorf("outbox: set mode wal: %s still holds pending rows; publish them first with the table relay (kafkatx relay --outbox-mode table --exit-when-idle 5s), then switch", t)
+			}
+		}
+		if _, err := tx.Exec(ctx, `SELECT `+pgx.Identifier{schema}.Sanitize()+`.outbox_set_mode($1, $2, $3)`, string(mode), slot, pub); err != nil {
+			return fmt.Errorf("outbox: set mode %s: %w", mode, err)
+		}
+		return nil
+	})
+}
+
+// EnsureMode is what a binary started with --outbox-mode want does: want "" accepts the
+// stored mode; a mode not chosen yet becomes want (SetMode); a chosen mode other than want is
+// an error wrapping ErrModeConflict (the binary exits 2 with it). In WAL mode it also fails
+// when the slot is missing. It returns the mode in force.
+func EnsureMode(ctx context.Context, pool *pgxpool.Pool, schema string, want Mode) (Mode, error) {
+	schema = pg.SchemaOr(schema)
+	s, err := ReadSettings(ctx, pool, schema)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case want == "" || want == s.Mode:
+	case !s.Chosen:
+		if err := SetMode(ctx, pool, schema, want); err != nil {
+			return "", err
+		}
+		if s, err = ReadSettings(ctx, pool, schema); err != nil {
+			return "", err
+		}
+	default:
+		return "", fmt.Errorf("%w: --outbox-mode %s, but schema %s's outbox is in %s mode (switch it with kafkatx migrate up --outbox-mode %s --schema %s)",
+			ErrModeConflict, want, schema, s.Mode, want, schema)
+	}
+	if s.Mode == ModeWAL {
+		var ok bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)`, s.Slot).Scan(&ok); err != nil {
+			return "", fmt.Errorf("outbox: look for slot %s: %w", s.Slot, err)
+		}
+		if !ok {
+			return "", fmt.Errorf("outbox: schema %s is in WAL mode but its replication slot %s is missing: writers refuse to emit; "+
+				"if it was dropped or lost, events not yet relayed are gone (see docs/outbox-wal.md, Recovery); recreate it with kafkatx migrate up --outbox-mode wal --schema %s",
+				schema, s.Slot, schema)
+		}
+	}
+	return s.Mode, nil
+}
+
+// DropSlot drops schema's WAL slot (kafkatx outbox drop-slot). What it held and no relay
+// published is lost. It fails while a relay streams from the slot, and, unless force, while
+// the schema is in WAL mode (writers would then refuse to emit). It returns the slot's name.
+func DropSlot(ctx context.Context, q pg.Querier, schema string, force bool) (string, error) {
+	s, err := ReadSettings(ctx, q, schema)
+	if err != nil {
+		return "", err
+	}
+	if s.Slot == "" {
+		return "", fmt.Errorf("outbox: schema %s never had a WAL slot", pg.SchemaOr(schema))
+	}
+	if s.Mode == ModeWAL && !force {
+		return s.Slot, fmt.Errorf("outbox: schema %s is in WAL mode: dropping slot %s stops every writer (they refuse to emit); switch to table mode first or pass --force", pg.SchemaOr(schema), s.Slot)
+	}
+	if _, err := q.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, s.Slot); err != nil {
+		return s.Slot, fmt.Errorf("outbox: drop slot %s: %w", s.Slot, err)
+	}
+	return s.Slot, nil
+}
+
+// CheckWALServer says what the server lacks for WAL mode: PostgreSQL 14 or later (pgoutput's
+// messages option), wal_level=logical, the REPLICATION attribute on the current role. nil
+// when nothing.
+func CheckWALServer(ctx context.Context, q pg.Querier) error {
+	var version int
+	var level string
+	var repl bool
+	err := q.QueryRow(ctx, `SELECT current_setting('server_version_num')::int, current_setting('wal_level'),
+		(SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user)`).Scan(&version, &level, &repl)
+	if err != nil {
+		return fmt.Errorf("outbox: check the server for WAL mode: %w", err)
+	}
+	var missing []string
+	if version < 140000 {
+		missing = append(missing, fmt.Sprintf("PostgreSQL 14 or later (this is %d.%d)", version/10000, version%10000))
+	}
+	if level != "logical" {
+		missing = append(missing, fmt.Sprintf("wal_level=logical (it is %s; set it and restart PostgreSQL)", level))
+	}
+	if !repl {
+		missing = append(missing, "the REPLICATION attribute for the current role (ALTER ROLE ... REPLICATION)")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("outbox: WAL mode needs %s", strings.Join(missing, ", and "))
+	}
+	return nil
+}
+
+func isDuplicate(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42710"
+}

@@ -1,0 +1,305 @@
+package walrelay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+)
+
+// kafkaSide is one stream's transactional producer and the checkpoint it writes.
+type kafkaSide struct {
+	cfg     Config
+	p       *kafka.Producer
+	key     []byte // checkpoint key: "<system id>/<database>/<slot>"
+	reports bool   // per-record delivery reports (to find a refused record)
+	log     *zap.Logger
+	wg      sync.WaitGroup
+	topics  map[string]int // partition count; -1 when the topic does not exist
+	checked map[string]time.Time
+	limits  map[string]int // max.message.bytes; 0 when it could not be read
+	batch   int            // librdkafka batch.size of this producer
+
+	produced, reported atomic.Int64
+	acked              atomic.Int64
+	mu                 sync.Mutex
+	failure            *deliveryFailure // the first failed delivery of the open transaction
+	failed             []position       // every failed record's position (reports on)
+	fatal              atomic.Pointer[kafka.Error]
+}
+
+type deliveryFailure struct {
+	at  position
+	err kafka.Error
+	all []position // every record that failed with it (a refused batch fails them all)
+}
+
+// checkpoint is the value of a checkpoint record.
+type checkpoint struct {
+	CommitLSN string    `json:"commit_lsn"`
+	At        time.Time `json:"at"`
+}
+
+// newKafka creates the stream's transactional producer. Without reports it asks for no
+// per-record delivery reports (they cost about a third of the relay's CPU per record): a
+// refused record then fails the commit, and the next stream, with reports, finds it.
+func newKafka(ctx context.Context, cfg Config, slot, key string, reports bool, batch int, log *zap.Logger) (*kafkaSide, error) {
+	kc := kafka.ConfigMap{}
+	for k, v := range cfg.Kafka {
+		kc[k] = v
+	}
+	kc["transactional.id"] = cfg.TransactionalIDPrefix + slot
+	kc["enable.idempotence"] = true
+	kc["acks"] = "all"
+	kc["go.delivery.report.fields"] = "none"
+	kc["go.delivery.reports"] = reports
+	if batch > 0 {
+		kc["batch.size"] = batch
+	} else {
+		batch = defaultBatchSize
+	}
+	for k, v := range map[string]any{"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 200000} {
+		if _, ok := kc[k]; !ok {
+			kc[k] = v
+		}
+	}
+	p, err := kafka.NewProducer(&kc)
+	if err != nil {
+		return nil, fmt.Errorf("walrelay: create producer: %w", err)
+	}
+	k := &kafkaSide{cfg: cfg, p: p, key: []byte(key), reports: reports, log: log, topics: map[string]int{}, checked: map[string]time.Time{},
+		limits: map[string]int{}, batch: batch}
+	k.wg.Add(1)
+	go k.drain()
+	ictx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	// Fences any earlier producer of this slot (a zombie relay) and aborts its open transaction.
+	if err := p.InitTransactions(ictx); err != nil {
+		k.close()
+		return nil, fmt.Errorf("walrelay: init Kafka transactions (transactional.id %s): %w", kc["transactional.id"], err)
+	}
+	if err := k.ensureCheckpointTopic(ctx); err != nil {
+		k.close()
+		return nil, err
+	}
+	return k, nil
+}
+
+// drain reads delivery reports: counts them, keeps the open transaction's first failure.
+func (k *kafkaSide) drain() {
+	defer k.wg.Done()
+	for e := range k.p.Events() {
+		switch ev := e.(type) {
+		case *kafka.Message:
+			if ev.TopicPartition.Error != nil {
+				var ke kafka.Error
+				if !errors.As(ev.TopicPartition.Error, &ke) {
+					ke = kafka.NewError(kafka.ErrUnknown, ev.TopicPartition.Error.Error(), false)
+				}
+				k.mu.Lock()
+				p, ok := ev.Opaque.(*position)
+				if ok {
+					k.failed = append(k.failed, *p)
+				}
+				if k.failure == nil {
+					f := &deliveryFailure{err: ke}
+					if ok {
+						f.at = *p
+					}
+					k.failure = f
+				}
+				k.mu.Unlock()
+			} else if _, ok := ev.Opaque.(*position); ok {
+				k.acked.Add(1)
+			}
+			k.reported.Add(1)
+		case kafka.Error:
+			if ev.IsFatal() {
+				k.fatal.Store(&ev)
+				k.log.Error("producer fatal error", zap.Error(ev))
+			} else {
+				k.log.Debug("producer error", zap.Error(ev))
+			}
+		}
+	}
+}
+
+func (k *kafkaSide) close() {
+	k.p.Close()
+	k.wg.Wait()
+}
+
+// ensureCheckpointTopic creates the checkpoint topic (1 partition, compacted) when missing.
+func (k *kafkaSide) ensureCheckpointTopic(ctx context.Context) error {
+	t := k.cfg.CheckpointTopic
+	md, err := k.p.GetMetadata(&t, false, 10000)
+	if err == nil {
+		if tm, ok := md.Topics[t]; ok && tm.Error.Code() == kafka.ErrNoError && len(tm.Partitions) > 0 {
+			return nil
+		}
+	}
+	a, err := kafka.NewAdminClientFromProducer(k.p)
+	if err != nil {
+		return fmt.Errorf("walrelay: admin client: %w", err)
+	}
+	defer a.Close()
+	rf := 1
+	if md != nil && len(md.Brokers) >= 3 {
+		rf = 3
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := a.CreateTopics(cctx, []kafka.TopicSpecification{{Topic: t, NumPartitions: 1, ReplicationFactor: rf,
+		Config: map[string]string{"cleanup.policy": "compact", "segment.ms": "3600000"}}})
+	if err != nil {
+		return fmt.Errorf("walrelay: create checkpoint topic %s: %w", t, err)
+	}
+	for _, r := range res {
+		if r.Error.Code() != kafka.ErrNoError && r.Error.Code() != kafka.ErrTopicAlreadyExists {
+			return fmt.Errorf("walrelay: create checkpoint topic %s: %w", t, r.Error)
+		}
+	}
+	return nil
+}
+
+// readCheckpoint reads the checkpoint topic (read_committed) to its end and returns the last
+// commit LSN published for this slot; 0 when none.
+func (k *kafkaSide) readCheckpoint(ctx context.Context) (pglogrepl.LSN, error) {
+	cc := kafka.ConfigMap{}
+	for kk, v := range k.cfg.Kafka {
+		switch kk {
+		case "bootstrap.servers", "security.protocol", "sasl.mechanisms", "sasl.mechanism", "sasl.username", "sasl.password",
+			"ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "client.id", "logger", "go.logs.channel.enable", "go.logs.channel":
+			cc[kk] = v
+		}
+	}
+	cc["group.id"] = "kafkatx-walrelay-checkpoint"
+	cc["enable.auto.commit"] = false
+	cc["isolation.level"] = "read_committed"
+	cc["enable.partition.eof"] = true
+	cc["auto.offset.reset"] = "earliest"
+	c, err := kafka.NewConsumer(&cc)
+	if err != nil {
+		return 0, fmt.Errorf("walrelay: checkpoint reader: %w", err)
+	}
+	defer c.Close()
+	t := k.cfg.CheckpointTopic
+	if err := c.Assign([]kafka.TopicPartition{{Topic: &t, Partition: 0, Offset: kafka.OffsetBeginning}}); err != nil {
+		return 0, fmt.Errorf("walrelay: read checkpoint topic %s: %w", t, err)
+	}
+	var last pglogrepl.LSN
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		switch ev := c.Poll(200).(type) {
+		case *kafka.Message:
+			if string(ev.Key) != string(k.key) {
+				continue
+			}
+			var cp checkpoint
+			if err := json.Unmarshal(ev.Value, &cp); err != nil {
+				return 0, fmt.Errorf("walrelay: checkpoint at offset %d of %s: %w", ev.TopicPartition.Offset, t, err)
+			}
+			l, err := pglogrepl.ParseLSN(cp.CommitLSN)
+			if err != nil {
+				return 0, fmt.Errorf("walrelay: checkpoint at offset %d of %s: %w", ev.TopicPartition.Offset, t, err)
+			}
+			last = l
+		case kafka.PartitionEOF:
+			return last, nil
+		case kafka.Error:
+			if ev.IsFatal() || ev.Code() == kafka.ErrUnknownTopicOrPart {
+				return 0, fmt.Errorf("walrelay: read checkpoint topic %s: %w", t, ev)
+			}
+		}
+	}
+	return 0, fmt.Errorf("walrelay: read checkpoint topic %s: no end within 60 s", t)
+}
+
+// topicPartitions returns topic's partition count (-1: no such topic), asking the broker at
+// most every 30 s for a topic it did not know.
+func (k *kafkaSide) topicPartitions(topic string) int {
+	if n, ok := k.topics[topic]; ok && (n >= 0 || time.Since(k.checked[topic]) < 30*time.Second) {
+		return n
+	}
+	n := -1
+	md, err := k.p.GetMetadata(&topic, false, 10000)
+	if err != nil {
+		return 0 // unknown: let the producer decide
+	}
+	if tm, ok := md.Topics[topic]; ok && tm.Error.Code() == kafka.ErrNoError && len(tm.Partitions) > 0 {
+		n = len(tm.Partitions)
+	}
+	k.topics[topic], k.checked[topic] = n, time.Now()
+	return n
+}
+
+// waitReported waits up to d until every produced record's delivery was reported.
+func (k *kafkaSide) waitReported(d time.Duration) {
+	end := time.Now().Add(d)
+	for k.reported.Load() < k.produced.Load() && time.Now().Before(end) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// takeFailure returns and clears the open transaction's first failed delivery.
+func (k *kafkaSide) takeFailure() *deliveryFailure {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	f := k.failure
+	if f != nil {
+		f.all = k.failed
+	}
+	k.failure, k.failed = nil, nil
+	return f
+}
+
+// refused reports whether the broker refused a record for good (publishing it again cannot
+// succeed until an operator acts): too large, invalid, no such topic or partition, not
+// authorized, a policy's refusal.
+func refused(code kafka.ErrorCode) bool {
+	switch code {
+	case kafka.ErrMsgSizeTooLarge, kafka.ErrInvalidMsg, kafka.ErrInvalidRecord, kafka.ErrInvalidMsgSize,
+		kafka.ErrUnknownTopicOrPart, kafka.ErrUnknownTopic, kafka.ErrUnknownPartition, kafka.ErrTopicAuthorizationFailed,
+		kafka.ErrPolicyViolation, kafka.ErrRecordListTooLarge, kafka.ErrTopicException, kafka.ErrInvalidRequiredAcks:
+		return true
+	}
+	return false
+}
+
+// defaultBatchSize is librdkafka's batch.size default: the most one batch (a partition's
+// records in one request) may hold, framing included.
+const defaultBatchSize = 1000000
+
+// maxMessageBytes returns topic's max.message.bytes (DescribeConfigs, once per stream), 0
+// when it cannot be read (then only a refusal tells). The broker applies it to a whole batch.
+func (k *kafkaSide) maxMessageBytes(ctx context.Context, topic string) int {
+	if v, ok := k.limits[topic]; ok {
+		return v
+	}
+	v := 0
+	a, err := kafka.NewAdminClientFromProducer(k.p)
+	if err == nil {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, derr := a.DescribeConfigs(dctx, []kafka.ConfigResource{{Type: kafka.ResourceTopic, Name: topic}})
+		cancel()
+		a.Close()
+		if derr == nil && len(res) == 1 && res[0].Error.Code() == kafka.ErrNoError {
+			if e, ok := res[0].Config["max.message.bytes"]; ok {
+				v, _ = strconv.Atoi(e.Value)
+			}
+		}
+	}
+	k.limits[topic] = v
+	return v
+}

@@ -1,0 +1,285 @@
+// Package walrelay publishes the records of a schema's WAL-mode outbox (package outbox, Mode
+// ModeWAL) from its logical replication slot to Kafka, exactly once for read_committed
+// readers (docs/outbox-wal.md).
+//
+// It streams the slot with pgoutput (proto_version 1, messages on, streaming off), so each
+// transaction's messages arrive at its commit, in commit order, never after a rollback. The
+// records of one or more whole decoded transactions go into one Kafka transaction together
+// with a checkpoint record (the last commit LSN included) on a compacted topic; only after
+// that Kafka commit does the relay confirm the transactions' end to the slot. On start it
+// reads the checkpoint (read_committed) and skips every transaction it covers, so what the
+// slot resends after a crash is not published twice. A second relay is fenced by the slot
+// (SQLSTATE 55006: it waits) and by the producer's transactional.id.
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/pg"
+)
+
+// Relay is a WAL relay. Create it with New and run it with Run.
+type Relay struct {
+	pool *pgxpool.Pool
+	cfg  Config
+	log  *zap.Logger
+	m    *metrics
+
+	streaming atomic.Bool
+	caughtUp  atomic.Uint64 // everything committed before this LSN is published (or not ours)
+	wantReply atomic.Bool   // Pending asks the server for its position
+	diagnose  atomic.Bool   // the next stream asks for delivery reports
+	batchSize atomic.Int64  // librdkafka batch.size, lowered to the smallest topic limit seen
+
+	published, parked, transactions atomic.Int64
+	steps                           stepTimes
+	logged                          atomic.Bool // "streaming" logged once
+
+	mu      sync.Mutex
+	refuse  map[position]string // records the broker refused: parked when decoded again
+	isolate map[position]bool   // records of a refused batch: produced alone to find the culprit
+	health  Health
+}
+
+// position is a record's identity: its transaction's commit LSN and its 0-based position
+// among that transaction's outbox messages.
+type position struct {
+	commit pglogrepl.LSN
+	pos    uint32
+}
+
+// stepTimes accumulates where the stream's time went, in nanoseconds.
+type stepTimes struct {
+	receive, handle, queueFull, commit atomic.Int64
+}
+
+// StepTimes is where a relay's stream spent its time since New (for benchmarks): waiting for
+// the server (Receive), decoding and producing what arrived (Handle, which includes
+// QueueFull: waiting for deliveries while librdkafka's queue was full), and committing Kafka
+// transactions (Commit, which waits for the deliveries still in flight).
+type StepTimes struct {
+	Receive, Handle, QueueFull, Commit time.Duration
+}
+
+// Stats are a relay's counters since New.
+type Stats struct {
+	Steps        StepTimes
+	Published    int64 // records the broker acknowledged in committed Kafka transactions
+	Parked       int64 // records parked (refused by the broker or undecodable)
+	Transactions int64 // Kafka transactions committed
+	Streaming    bool
+}
+
+// New checks cfg and returns a relay.
+func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if pool == nil {
+		return nil, errors.New("walrelay: nil pool")
+	}
+	if cfg.Replication == nil {
+		return nil, errors.New("walrelay: Config.Replication is required (a session connection; the relay adds replication=database)")
+	}
+	if _, ok := cfg.Kafka["bootstrap.servers"]; !ok {
+		return nil, errors.New("walrelay: Config.Kafka has no bootstrap.servers")
+	}
+	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With(zap.String("relay", "wal"), zap.String("schema", cfg.Schema)),
+		refuse: map[position]string{}, isolate: map[position]bool{}}
+	m, err := newMetrics(cfg.Registerer, r)
+	if err != nil {
+		return nil, err
+	}
+	r.m = m
+	return r, nil
+}
+
+// Stats returns the relay's counters.
+func (r *Relay) Stats() Stats {
+	return Stats{Steps: StepTimes{Receive: time.Duration(r.steps.receive.Load()), Handle: time.Duration(r.steps.handle.Load()),
+		QueueFull: time.Duration(r.steps.queueFull.Load()), Commit: time.Duration(r.steps.commit.Load())},
+		Published: r.published.Load(), Parked: r.parked.Load(), Transactions: r.transactions.Load(), Streaming: r.streaming.Load()}
+}
+
+// FatalError is Run's error when the relay cannot go on without an operator: the slot is
+// lost, invalidated or missing, or the server lacks what WAL mode needs.
+type FatalError struct{ Err error }
+
+func (e *FatalError) Error() string { return e.Err.Error() }
+func (e *FatalError) Unwrap() error { return e.Err }
+
+// Run streams until ctx ends (then nil) or a FatalError. Other errors (the broker, the
+// database, another relay holding the slot) are logged and retried after RetryInterval.
+func (r *Relay) Run(ctx context.Context) error {
+	for {
+		err := r.runOnce(ctx)
+		r.streaming.Store(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var fe *FatalError
+		if errors.As(err, &fe) {
+			r.log.Error("WAL relay stopped", zap.Error(err))
+			return err
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "55006" {
+			r.log.Info("the slot is in use by another relay (or a walsender not yet gone); waiting", zap.String("detail", pe.Message))
+		} else if err != nil {
+			r.log.Warn("WAL relay: reconnecting", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.cfg.RetryInterval):
+		}
+	}
+}
+
+// Pending reports whether something written before the call may not be published yet: it
+// takes the server's current WAL position and waits up to 2 s for the relay to have streamed
+// past it with nothing unpublished (asking the server for its position); a relay not
+// streaming compares the slot's confirmed position instead. --exit-when-idle uses it.
+func (r *Relay) Pending(ctx context.Context) (bool, error) {
+	var now pglogrepl.LSN
+	if err := r.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()`).Scan(&now); err != nil {
+		return true, fmt.Errorf("walrelay: read the WAL position: %w", err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if pglogrepl.LSN(r.caughtUp.Load()) >= now {
+			return false, nil
+		}
+		if !r.streaming.Load() {
+			s, err := outbox.ReadSettings(ctx, r.pool, r.cfg.Schema)
+			if err != nil {
+				return true, err
+			}
+			var confirmed *pglogrepl.LSN
+			err = r.pool.QueryRow(ctx, `SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1`, s.Slot).Scan(&confirmed)
+			if err != nil {
+				return true, fmt.Errorf("walrelay: read slot %s: %w", s.Slot, err)
+			}
+			return confirmed == nil || *confirmed < now, nil
+		}
+		if time.Now().After(deadline) {
+			return true, nil
+		}
+		r.wantReply.Store(true)
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return true, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// runOnce checks the server, takes the slot, fences older producers, reads the checkpoint
+// and streams until an error.
+func (r *Relay) runOnce(ctx context.Context) error {
+	schema := pg.SchemaOr(r.cfg.Schema)
+	s, err := outbox.ReadSettings(ctx, r.pool, schema)
+	if err != nil {
+		return err
+	}
+	if s.Slot == "" {
+		return &FatalError{fmt.Errorf("walrelay: schema %s never was in WAL mode (no slot): run kafkatx migrate up --outbox-mode wal --schema %s", schema, schema)}
+	}
+	if s.Mode != outbox.ModeWAL {
+		r.log.Warn("the outbox is in table mode; the WAL relay publishes what its slot still holds", zap.String("slot", s.Slot))
+	}
+	if err := r.preflight(ctx, s); err != nil {
+		return err
+	}
+	pc := r.cfg.Replication.Config.Copy()
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	pc.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return fmt.Errorf("walrelay: replication connection: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("walrelay: IDENTIFY_SYSTEM: %w", err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, s.Slot, 0, pglogrepl.StartReplicationOptions{
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + s.Publication + "'", "messages 'true'"},
+	})
+	if err != nil {
+		return fmt.Errorf("walrelay: START_REPLICATION of slot %s: %w", s.Slot, err)
+	}
+	k, err := newKafka(ctx, r.cfg, s.Slot, sys.SystemID+"/"+sys.DBName+"/"+s.Slot, r.diagnose.Swap(false), int(r.batchSize.Load()), r.log)
+	if err != nil {
+		return err
+	}
+	defer k.close()
+	ckpt, err := k.readCheckpoint(ctx)
+	if err != nil {
+		return err
+	}
+	st := &stream{r: r, conn: conn, k: k, prefix: outbox.WALPrefix(schema), ckpt: ckpt, slot: s.Slot,
+		src: sourceHash(sys.SystemID, sys.DBName, schema)}
+	r.streaming.Store(true)
+	if !r.logged.Swap(true) {
+		r.log.Info("streaming", zap.String("slot", s.Slot), zap.String("publication", s.Publication),
+			zap.Stringer("checkpoint_commit_lsn", ckpt), zap.Stringer("server_wal", sys.XLogPos))
+	}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watchErr := make(chan error, 1)
+	go func() { watchErr <- r.watchSlot(watchCtx, s.Slot) }()
+	streamCtx, stopStream := context.WithCancel(ctx)
+	defer stopStream()
+	go func() {
+		select {
+		case <-watchCtx.Done():
+		case err := <-watchErr:
+			watchErr <- err
+			stopStream()
+		}
+	}()
+	err = st.run(streamCtx)
+	select {
+	case werr := <-watchErr:
+		if werr != nil {
+			return werr
+		}
+	default:
+	}
+	return err
+}
+
+// preflight says exactly what is missing: the server's version, wal_level, the role's
+// REPLICATION attribute, the publication, the slot (or its WAL: wal_status lost).
+func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
+	if err := outbox.CheckWALServer(ctx, r.pool); err != nil {
+		return &FatalError{err}
+	}
+	var pub bool
+	if err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, s.Publication).Scan(&pub); err != nil {
+		return fmt.Errorf("walrelay: look for publication %s: %w", s.Publication, err)
+	}
+	if !pub {
+		return &FatalError{fmt.Errorf("walrelay: publication %s does not exist in this database: run kafkatx migrate up --outbox-mode wal (it creates it, empty)", s.Publication)}
+	}
+	h, err := r.readSlot(ctx, s.Slot)
+	if err != nil {
+		return err
+	}
+	return h.fatal(s.Slot)
+}

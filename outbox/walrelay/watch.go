@@ -1,0 +1,117 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+)
+
+// Health is the slot's state as the relay last read it (pg_replication_slots).
+type Health struct {
+	Slot string
+	// Missing: the slot does not exist (dropped, or never created).
+	Missing bool
+	// WALStatus is pg_replication_slots.wal_status: reserved, extended, unreserved or lost.
+	WALStatus string
+	// RetainedBytes is the WAL the slot keeps (current position - restart_lsn).
+	RetainedBytes int64
+	// LagBytes is the WAL not yet confirmed (current position - confirmed_flush_lsn).
+	LagBytes int64
+	// SafeBytes is how much more WAL may be written before the slot is invalidated by
+	// max_slot_wal_keep_size (pg_replication_slots.safe_wal_size); -1 when unlimited.
+	SafeBytes int64
+	At        time.Time
+}
+
+// Ready reports whether the slot can be streamed: it exists and its WAL is not lost.
+func (h Health) Ready() bool { return !h.Missing && h.WALStatus != "lost" && !h.At.IsZero() }
+
+// fatal is the loud error for a slot that is missing or lost.
+func (h Health) fatal(slot string) error {
+	switch {
+	case h.Missing:
+		return &FatalError{fmt.Errorf("walrelay: replication slot %s does not exist: the events written since the last published checkpoint and not yet relayed are lost "+
+			"(writers refuse to emit without it, so no new ones are). Recover: find what was lost from the services' own tables, "+
+			"recreate the slot with kafkatx migrate up --outbox-mode wal, republish what is missing (docs/outbox-wal.md, Recovery)", slot)}
+	case h.WALStatus == "lost":
+		return &FatalError{fmt.Errorf("walrelay: replication slot %s was invalidated (wal_status lost: it retained more than max_slot_wal_keep_size): "+
+			"the events of transactions committed after its confirmed position are lost. Recover: drop it (kafkatx outbox drop-slot --force), "+
+			"recreate it (kafkatx migrate up --outbox-mode wal), republish what is missing from the services' own tables (docs/outbox-wal.md, Recovery); "+
+			"raise max_slot_wal_keep_size or keep the relay running", slot)}
+	}
+	return nil
+}
+
+// Health returns the slot's state as last read (every StatusInterval while running).
+func (r *Relay) Health() Health {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.health
+}
+
+func (r *Relay) readSlot(ctx context.Context, slot string) (Health, error) {
+	h := Health{Slot: slot, At: time.Now()}
+	var status *string
+	var safe *int64
+	err := r.pool.QueryRow(ctx, `SELECT wal_status,
+			coalesce((pg_current_wal_lsn() - restart_lsn)::bigint, 0),
+			coalesce((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, 0),
+			safe_wal_size
+		FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&status, &h.RetainedBytes, &h.LagBytes, &safe)
+	if errors.Is(err, pgx.ErrNoRows) {
+		h.Missing = true
+	} else if err != nil {
+		return h, fmt.Errorf("walrelay: read slot %s: %w", slot, err)
+	}
+	if status != nil {
+		h.WALStatus = *status
+	}
+	h.SafeBytes = -1
+	if safe != nil {
+		h.SafeBytes = *safe
+	}
+	r.mu.Lock()
+	r.health = h
+	r.mu.Unlock()
+	return h, nil
+}
+
+// watchSlot reads the slot every StatusInterval: metrics, a warning once the retained WAL
+// passes WarnRetainedFraction of max_slot_wal_keep_size, and a FatalError when it is missing
+// or lost.
+func (r *Relay) watchSlot(ctx context.Context, slot string) error {
+	t := time.NewTicker(r.cfg.StatusInterval)
+	defer t.Stop()
+	warned := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		h, err := r.readSlot(ctx, slot)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("slot check", zap.Error(err))
+			}
+			continue
+		}
+		if err := h.fatal(slot); err != nil {
+			return err
+		}
+		if h.SafeBytes >= 0 {
+			limit := h.RetainedBytes + h.SafeBytes
+			over := limit > 0 && float64(h.RetainedBytes) >= r.cfg.WarnRetainedFraction*float64(limit)
+			if over && !warned {
+				r.log.Warn("the slot retains WAL close to max_slot_wal_keep_size: past it PostgreSQL invalidates the slot and the events it holds are lost",
+					zap.String("slot", slot), zap.Int64("retained_bytes", h.RetainedBytes), zap.Int64("safe_wal_size_bytes", h.SafeBytes),
+					zap.String("wal_status", h.WALStatus))
+			}
+			warned = over
+		}
+	}
+}
