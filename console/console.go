@@ -18,6 +18,7 @@ package console
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -136,22 +137,32 @@ func (h *Handler) Close() { h.kafka.Close() }
 
 // secretReplacer replaces every secret the console knows of with "***".
 func secretReplacer(cfg Config) *strings.Replacer {
-	var pairs []string
-	add := func(s string) {
-		if len(s) >= 3 { // a one- or two-character "secret" would blank out ordinary text
-			pairs = append(pairs, s, "***", url.QueryEscape(s), "***", url.PathEscape(s), "***")
-		}
-	}
-	for _, s := range cfg.Secrets {
-		add(s)
-	}
-	add(cfg.Pool.Config().ConnConfig.Password)
+	list := append([]string{}, cfg.Secrets...)
+	list = append(list, cfg.Pool.Config().ConnConfig.Password)
 	for k, v := range cfg.Kafka {
 		if strings.Contains(k, "password") || strings.Contains(k, "secret") || k == "sasl.oauthbearer.config" {
 			if s, ok := v.(string); ok {
-				add(s)
+				list = append(list, s)
 			}
 		}
+	}
+	return secretPairs(list)
+}
+
+// secretPairs blanks each secret of three characters or more (a shorter "secret" would blank
+// out ordinary text) as "***", in each form it travels in.
+func secretPairs(list []string) *strings.Replacer {
+	var pairs []string
+	for _, s := range list {
+		if len(s) < 3 {
+			continue
+		}
+		// As is, query- and path-escaped, escaped as a URL's password (userinfo:
+		// "p%40ss%20w%2Frd", the form a dead letter quoting a DSN holds) and base64 (a Basic
+		// Authorization header).
+		userinfo := strings.TrimPrefix(url.UserPassword("", s).String(), ":")
+		pairs = append(pairs, s, "***", url.QueryEscape(s), "***", url.PathEscape(s), "***",
+			userinfo, "***", base64.StdEncoding.EncodeToString([]byte(s)), "***")
 	}
 	return strings.NewReplacer(pairs...)
 }
