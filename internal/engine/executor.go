@@ -19,11 +19,12 @@ import (
 //
 //	Loop.dispatch        the poll loop hands a polled record to its partition's worker
 //	worker.run           the worker takes it with what is queued behind it (collect)
-//	worker.process       drops what is below the watermark, splits around messages that need care
-//	worker.runBatch      in-flight marker, then one optimistic transaction for the batch
-//	worker.batchTx       Body (claims, handler, verdict), then finishTx
-//	worker.runOne        a message alone: durable attempt, oneTx, backoff, dead letter
-//	worker.finishTx      gap audit, attempts cleared, watermark compare-and-set, COMMIT
+//	lane.process         drops what is below the watermark, splits around messages that need care
+//	lane.runBatch        in-flight marker, then one optimistic transaction for the batch
+//	lane.batchTx         Body (claims, handler, verdict), then finishTx
+//	lane.runOne          a message alone: durable attempt, oneTx, backoff, dead letter
+//	lane.finishTx        gap audit, attempts cleared, watermark compare-and-set, then
+//	worker.commit        the PostgreSQL COMMIT (a lost answer settled from txid_status)
 //	worker.committed     the new watermark to the committer (committer.go), which commits it to Kafka
 //
 // Every wait on the way (database retries, Unavailable, Backpressure, backoff) is in waits.go.
