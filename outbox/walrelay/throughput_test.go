@@ -16,7 +16,7 @@ import (
 // The cost of each step on a backlog of 200,000 records (1,000 per transaction, keyed, about
 // 80-byte values): the writers' WriteTx (emit), then the relay draining it — its time waiting
 // for the walsender, decoding and producing, committing Kafka transactions, and its process
-// CPU. It logs the figures docs/benchmarks.md quotes and fails below 5,000 records/s.
+// CPU. It logs the figures docs/benchmarks.md quotes.
 func TestRelayThroughputAndStepCosts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("200,000 records")
@@ -53,9 +53,8 @@ func TestRelayThroughputAndStepCosts(t *testing.T) {
 		"per record: waiting for the walsender %.1f us, decoding+producing %.1f us (queue full %.1f), Kafka commits %.1f us; relay process CPU %.1f us/record",
 		us(emit), per, n, drain.Round(time.Millisecond), n/drain.Seconds(), s.Transactions,
 		us(s.Steps.Receive), us(s.Steps.Handle), us(s.Steps.QueueFull), us(s.Steps.Commit), us(cpu))
-	if rate := n / drain.Seconds(); rate < 5000 {
-		t.Fatalf("relay drained %.0f records/s", rate)
-	}
+	// The rate is logged for docs/benchmarks.md, not asserted (speed is measured, not timed
+	// in a test); that every record was published within 120 s is checked above.
 }
 
 // processCPU is this process's user+system CPU time.
