@@ -117,6 +117,35 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 
+	stale := max(5*time.Second, 3*c.PollInterval, 3*c.StandbyInterval)
+	readyz := func(w http.ResponseWriter, _ *http.Request) {
+		s := rl.Stats()
+		age := time.Since(s.LastContact)
+		body, _ := json.Marshal(map[string]any{"leader": s.Leader, "published": s.Published, "parked": s.Parked,
+			"last_database_contact_seconds": age.Seconds()})
+		w.Header().Set("Content-Type", "application/json")
+		if age > stale {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		w.Write(append(body, '\n')) //nolint:errcheck
+	}
+	return c.runRelay(ctx, rl, reg, readyz, log, func() {
+		s := rl.Stats()
+		out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "retried": s.Retried})
+		fmt.Println(string(out))
+	})
+}
+
+// runningRelay is what runRelay needs of either relay (outbox/relay, outbox/walrelay).
+type runningRelay interface {
+	Run(ctx context.Context) error
+	Pending(ctx context.Context) (bool, error)
+}
+
+// runRelay runs rl until ctx ends, it fails, or (--exit-when-idle) its backlog stays empty;
+// with --health-addr it serves /healthz, readyz as /readyz and /metrics meanwhile. summary
+// prints the one-line JSON totals on stdout after rl has stopped.
+func (c *RelayCmd) runRelay(ctx context.Context, rl runningRelay, reg *prometheus.Registry, readyz http.HandlerFunc, log *zap.Logger, summary func()) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -129,7 +158,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 		runErr = rl.Run(runCtx)
 	}()
 	if c.HealthAddr != "" {
-		srv, err := c.serveHealth(rl, reg, done, log)
+		srv, err := c.serveHealth(readyz, reg, done, log)
 		if err != nil {
 			stop()
 			wg.Wait()
@@ -154,13 +183,10 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	<-done
 	stop()
 	wg.Wait()
-	s := rl.Stats()
-	out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "retried": s.Retried})
-	fmt.Println(string(out))
+	summary()
 	return runErr
 }
 
-// checkOutboxTable fails with a helpful message when the outbox table is missing.
 // requireSession is pg.RequireSession on a connection of sp.
 func requireSession(ctx context.Context, sp *pgxpool.Pool) error {
 	conn, err := sp.Acquire(ctx)
@@ -174,6 +200,7 @@ func requireSession(ctx context.Context, sp *pgxpool.Pool) error {
 	return nil
 }
 
+// checkOutboxTable fails with a helpful message when the outbox table is missing.
 func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.outbox') IS NOT NULL`, schema).Scan(&ok); err != nil {
@@ -185,14 +212,13 @@ func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) er
 	return nil
 }
 
-// serveHealth serves /healthz (the relay is running), /readyz (it reached the database
-// recently) and /metrics.
-func (c *RelayCmd) serveHealth(rl *relay.Relay, reg *prometheus.Registry, done <-chan struct{}, log *zap.Logger) (*http.Server, error) {
+// serveHealth serves /healthz (the relay is running), readyz as /readyz (the relay's own
+// notion of ready) and /metrics.
+func (c *RelayCmd) serveHealth(readyz http.HandlerFunc, reg *prometheus.Registry, done <-chan struct{}, log *zap.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", c.HealthAddr)
 	if err != nil {
 		return nil, fmt.Errorf("health endpoint: %w", err)
 	}
-	stale := max(5*time.Second, 3*c.PollInterval, 3*c.StandbyInterval)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
@@ -202,17 +228,7 @@ func (c *RelayCmd) serveHealth(rl *relay.Relay, reg *prometheus.Registry, done <
 			fmt.Fprintln(w, "ok")
 		}
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		s := rl.Stats()
-		age := time.Since(s.LastContact)
-		body, _ := json.Marshal(map[string]any{"leader": s.Leader, "published": s.Published, "parked": s.Parked,
-			"last_database_contact_seconds": age.Seconds()})
-		w.Header().Set("Content-Type", "application/json")
-		if age > stale {
-			w.WriteHeader(http.StatusServiceUnavailable)
-		}
-		w.Write(append(body, '\n')) //nolint:errcheck
-	})
+	mux.HandleFunc("/readyz", readyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

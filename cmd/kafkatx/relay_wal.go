@@ -3,17 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"sync"
-	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox"
@@ -48,69 +43,21 @@ func (c *RelayCmd) runWAL(ctx context.Context, g *Globals, pool, sp *pgxpool.Poo
 	if err != nil {
 		return err
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	var wg sync.WaitGroup
-	var runErr error
-	done := make(chan struct{})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer close(done)
-		runErr = rl.Run(runCtx)
-	}()
-	if c.HealthAddr != "" {
-		ln, err := net.Listen("tcp", c.HealthAddr)
-		if err != nil {
-			stop()
-			wg.Wait()
-			return fmt.Errorf("health endpoint: %w", err)
+	readyz := func(w http.ResponseWriter, _ *http.Request) {
+		h, s := rl.Health(), rl.Stats()
+		body, _ := json.Marshal(map[string]any{"streaming": s.Streaming, "slot": h.Slot, "wal_status": h.WALStatus,
+			"slot_retained_bytes": h.RetainedBytes, "slot_lag_bytes": h.LagBytes, "slot_safe_bytes": h.SafeBytes, "published": s.Published, "parked": s.Parked})
+		w.Header().Set("Content-Type", "application/json")
+		if !s.Streaming || !h.Ready() {
+			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-			select {
-			case <-done:
-				http.Error(w, "relay stopped\n", http.StatusServiceUnavailable)
-			default:
-				fmt.Fprintln(w, "ok")
-			}
-		})
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-			h, s := rl.Health(), rl.Stats()
-			body, _ := json.Marshal(map[string]any{"streaming": s.Streaming, "slot": h.Slot, "wal_status": h.WALStatus,
-				"slot_retained_bytes": h.RetainedBytes, "slot_lag_bytes": h.LagBytes, "slot_safe_bytes": h.SafeBytes, "published": s.Published, "parked": s.Parked})
-			w.Header().Set("Content-Type", "application/json")
-			if !s.Streaming || !h.Ready() {
-				w.WriteHeader(http.StatusServiceUnavailable)
-			}
-			w.Write(append(body, '\n')) //nolint:errcheck
-		})
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("health endpoint stopped", zap.Error(err))
-			}
-		}()
-		defer srv.Close()
+		w.Write(append(body, '\n')) //nolint:errcheck
 	}
-	if c.ExitWhenIdle > 0 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if waitIdle(runCtx, rl, c.ExitWhenIdle, log) {
-				log.Info("outbox idle; exiting", zap.Duration("exit_when_idle", c.ExitWhenIdle))
-				stop()
-			}
-		}()
-	}
-	<-done
-	stop()
-	wg.Wait()
-	s := rl.Stats()
-	out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "transactions": s.Transactions})
-	log.Debug("where the stream's time went", zap.Duration("receive", s.Steps.Receive), zap.Duration("handle", s.Steps.Handle),
-		zap.Duration("queue_full", s.Steps.QueueFull), zap.Duration("commit", s.Steps.Commit))
-	fmt.Println(string(out))
-	return runErr
+	return c.runRelay(ctx, rl, reg, readyz, log, func() {
+		s := rl.Stats()
+		out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "transactions": s.Transactions})
+		log.Debug("where the stream's time went", zap.Duration("receive", s.Steps.Receive), zap.Duration("handle", s.Steps.Handle),
+			zap.Duration("queue_full", s.Steps.QueueFull), zap.Duration("commit", s.Steps.Commit))
+		fmt.Println(string(out))
+	})
 }
