@@ -108,22 +108,31 @@ func (f *dlqBulkFlags) dlqBulk(ctx context.Context, pool *pgxpool.Pool, schema, 
 		fmt.Printf("  group %s, topic %s, %s: %d, ids %d..%d, failed %s .. %s\n", s.Group, s.Topic, s.ErrorClass, s.Count,
 			s.FirstID, s.LastID, s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339))
 	}
-	if f.DryRun {
+	sel.MaxID = dlq.MaxIDOf(sum)
+	return runBulk(ctx, pool, f.DryRun, verb, done, "dead letter(s)", total, func(tx pgx.Tx) (int64, error) {
+		return act(tx, sel, actor)
+	})
+}
+
+// runBulk ends a bulk command after its printed plan: with dryRun it says nothing changed;
+// otherwise it runs act in one transaction and prints how many of the total planned it
+// acted on (done, e.g. "released"), naming the rows that someone else resolved meanwhile.
+func runBulk(ctx context.Context, pool *pgxpool.Pool, dryRun bool, verb, done, noun string, total int64, act func(pgx.Tx) (int64, error)) error {
+	if dryRun {
 		fmt.Printf("dry run: nothing changed; run again without --dry-run to %s them\n", verb)
 		return nil
 	}
-	sel.MaxID = dlq.MaxIDOf(sum)
 	var n int64
 	start := time.Now()
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		n, err = act(tx, sel, actor)
+		n, err = act(tx)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s %d dead letter(s) in %.2fs", done, n, time.Since(start).Seconds())
+	fmt.Printf("%s %d %s in %.2fs", done, n, noun, time.Since(start).Seconds())
 	if n != total {
 		fmt.Printf(" (%d of those listed were resolved by someone else meanwhile)", total-n)
 	}

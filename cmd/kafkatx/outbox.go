@@ -217,27 +217,10 @@ func (g *Globals) resolveAllParked(ctx context.Context, pool *pgxpool.Pool, w ou
 	for _, s := range sum {
 		fmt.Printf("  %s: %d row(s), ids %d..%d, parked since %s\n", s.Topic, s.Rows, s.FirstID, s.LastID, s.OldestParkedAt.UTC().Format(time.RFC3339))
 	}
-	if f.DryRun {
-		fmt.Printf("dry run: nothing changed; run again without --dry-run to %s them\n", verb)
-		return nil
-	}
 	sel.MaxID = outbox.MaxIDOf(sum)
-	var n int64
-	start := time.Now()
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var err error
-		n, err = all(w, ctx, tx, sel, f.Reason, actor)
-		return err
+	return runBulk(ctx, pool, f.DryRun, verb, done, "parked outbox row(s)", total, func(tx pgx.Tx) (int64, error) {
+		return all(w, ctx, tx, sel, f.Reason, actor)
 	})
-	if err != nil {
-		return err
-	}
-	fmt.Printf("%s %d parked outbox row(s) in %.2fs", done, n, time.Since(start).Seconds())
-	if n != total {
-		fmt.Printf(" (%d of those listed were resolved by someone else meanwhile)", total-n)
-	}
-	fmt.Println()
-	return nil
 }
 
 // outboxPool connects and checks that the outbox table exists.
