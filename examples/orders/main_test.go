@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bytes"
-	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
 // Issue "liveness" 6: without a broker address the example ran on its in-process broker (said
@@ -15,10 +11,7 @@ import (
 // refuses with exit 2 and one line, unless --in-process-broker asks for it.
 func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "orders")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := testenv.BuildBinary(t, "orders")
 	for _, tc := range []struct {
 		args []string
 		env  string
@@ -36,17 +29,6 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--in-process-broker", "--partitions", "0"}, want: "--partitions 0"},
 		{args: []string{"--in-process-broker", "--batch-size", "lots"}, want: "batch-size"},
 	} {
-		cmd := exec.Command(bin, tc.args...)
-		cmd.Env = append(os.Environ(), "KAFKA_BOOTSTRAP_SERVERS=", tc.env)
-		var out, errOut bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errOut
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
-			t.Fatalf("orders %q: %v, want exit 2", tc.args, err)
-		}
-		if lines := strings.Split(strings.TrimSpace(errOut.String()), "\n"); len(lines) != 1 || out.Len() != 0 || !strings.Contains(lines[0], tc.want) {
-			t.Fatalf("orders %q: want one line naming %s, got stdout %q stderr %q", tc.args, tc.want, out.String(), errOut.String())
-		}
+		testenv.RequireUsageError(t, bin, tc.args, []string{"KAFKA_BOOTSTRAP_SERVERS=", tc.env}, tc.want)
 	}
 }

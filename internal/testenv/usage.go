@@ -1,0 +1,43 @@
+package testenv
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// BuildBinary builds the main package in the test's working directory into a temporary file
+// named name and returns its path.
+func BuildBinary(t testing.TB, name string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// RequireUsageError runs bin with args (env added to the environment) and fails t unless it
+// exits 2 (the binaries' usage error) with nothing on stdout and exactly one line on stderr
+// that contains want: the project's rule for a bad flag value (issue "a user's first week" 5).
+func RequireUsageError(t testing.TB, bin string, args, env []string, want string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	name := filepath.Base(bin)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Errorf("%s %q: %v, want exit 2", name, args, err)
+		return
+	}
+	if lines := strings.Split(strings.TrimSpace(errOut.String()), "\n"); len(lines) != 1 || out.Len() != 0 || !strings.Contains(lines[0], want) {
+		t.Errorf("%s %q: want one line with %q, got stdout %q stderr %q", name, args, want, out.String(), errOut.String())
+	}
+}
