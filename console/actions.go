@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -83,6 +85,31 @@ func checkParams(p ActionParams, ids []int64) error {
 		return fmt.Errorf("%d items selected: at most %d in one action", len(ids), maxActionItems)
 	}
 	return nil
+}
+
+// oneItemAction reads POST .../{id}/{action} on one item (what names it in messages): the
+// action, one of allowed (404 otherwise), the id (400 when not a number) and the JSON body
+// ActionParams, checked (400). ok is false when it has answered the request itself.
+func (h *Handler) oneItemAction(w http.ResponseWriter, r *http.Request, what string, allowed ...string) (action string, id int64, p ActionParams, ok bool) {
+	action = r.PathValue("action")
+	if !slices.Contains(allowed, action) {
+		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("no action %q on %s: %s", action, what, strings.Join(allowed, " or ")))
+		return "", 0, p, false
+	}
+	id, err := pathID(r)
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return "", 0, p, false
+	}
+	if err := decodeJSON(r, &p); err != nil {
+		h.fail(w, r, http.StatusBadRequest, "body: "+err.Error())
+		return "", 0, p, false
+	}
+	if err := checkParams(p, []int64{id}); err != nil {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return "", 0, p, false
+	}
+	return action, id, p, true
 }
 
 // deadLetterAction replays or discards each dead letter of ids.

@@ -455,23 +455,8 @@ func (h *Handler) apiDeadLetter(w http.ResponseWriter, r *http.Request) {
 // ActionParams: 200 and the ActionResult; 404 no such dead letter, 409 not new (already
 // replayed or discarded), 400 a bad body.
 func (h *Handler) apiDeadLetterAction(w http.ResponseWriter, r *http.Request) {
-	action := r.PathValue("action")
-	if action != actReplay && action != actDiscard {
-		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("no action %q on a dead letter: replay or discard", action))
-		return
-	}
-	id, err := pathID(r)
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	var p ActionParams
-	if err := decodeJSON(r, &p); err != nil {
-		h.fail(w, r, http.StatusBadRequest, "body: "+err.Error())
-		return
-	}
-	if err := checkParams(p, []int64{id}); err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
+	action, id, p, ok := h.oneItemAction(w, r, "a dead letter", actReplay, actDiscard)
+	if !ok {
 		return
 	}
 	res := h.deadLetterAction(r.Context(), action, []int64{id}, p, h.actor(r))

@@ -175,23 +175,8 @@ func (h *Handler) apiOutbox(w http.ResponseWriter, r *http.Request) {
 // apiOutboxAction answers POST /api/outbox/{id}/release|discard with a JSON body
 // ActionParams: 200 and the ActionResult, 404 when the row is not parked.
 func (h *Handler) apiOutboxAction(w http.ResponseWriter, r *http.Request) {
-	action := r.PathValue("action")
-	if action != actRelease && action != actDiscard {
-		h.fail(w, r, http.StatusNotFound, fmt.Sprintf("no action %q on an outbox row: release or discard", action))
-		return
-	}
-	id, err := pathID(r)
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
-		return
-	}
-	var p ActionParams
-	if err := decodeJSON(r, &p); err != nil {
-		h.fail(w, r, http.StatusBadRequest, "body: "+err.Error())
-		return
-	}
-	if err := checkParams(p, []int64{id}); err != nil {
-		h.fail(w, r, http.StatusBadRequest, err.Error())
+	action, id, p, ok := h.oneItemAction(w, r, "an outbox row", actRelease, actDiscard)
+	if !ok {
 		return
 	}
 	res := h.outboxAction(r.Context(), action, []int64{id}, p, h.actor(r))
