@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,15 +99,15 @@ func TestLostCommitAnswerIsSettledFromTheDatabasesRecord(t *testing.T) {
 }
 
 func lostCommitAnswer(t *testing.T, concurrency int) {
-	url, _ := testenv.OwnCluster(t, "synchronous_commit = on")
+	own := testenv.StartOwnPostgres(t, "synchronous_commit = on")
 	ctx := context.Background()
-	admin, err := pgxpool.New(ctx, url)
+	admin, err := pgxpool.New(ctx, own.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(admin.Close)
-	proxy := newCutProxy(t, strings.TrimSuffix(strings.TrimPrefix(url, "postgres://kafkatx@"), "/postgres?sslmode=disable"))
-	viaProxy := fmt.Sprintf("postgres://kafkatx@%s/postgres?sslmode=disable", proxy.ln.Addr())
+	proxy := newCutProxy(t, admin.Config().ConnConfig.Host+":"+strconv.Itoa(int(admin.Config().ConnConfig.Port)))
+	viaProxy := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", proxy.ln.Addr())
 	pool, err := pgxpool.New(ctx, viaProxy)
 	if err != nil {
 		t.Fatal(err)
