@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -69,23 +68,5 @@ func get(ctx context.Context, q pg.Querier, schema string, id int64, suffix stri
 }
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
-	var d DeadLetter
-	var hk, hv [][]byte
-	var ts *time.Time
-	err := row.Scan(&d.ID, &d.Group, &d.Topic, &d.Partition, &d.Offset, &d.Key, &d.Value, &hk, &hv, &ts,
-		&d.ErrorClass, &d.ErrorMessage, &d.Stack, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.CreatedAt, &d.ResolvedAt, &d.ReplayEpoch)
-	if err != nil {
-		return d, err
-	}
-	if ts != nil {
-		d.Timestamp = *ts
-	}
-	for i := range hk {
-		var v []byte
-		if i < len(hv) {
-			v = hv[i]
-		}
-		d.Headers = append(d.Headers, Header{Key: string(hk[i]), Value: v})
-	}
-	return d, nil
+	return scanDeadLetterExtra(row)
 }
