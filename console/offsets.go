@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -64,22 +63,11 @@ func (p ResetParams) request(actor string) (offsets.ResetRequest, error) {
 	case !p.ToDatabase && p.Mode != string(offsets.ModeSkip) && p.Mode != string(offsets.ModeReplay):
 		return req, errors.New("mode skip or replay is required (except with to_database)")
 	}
-	switch {
-	case p.ToOffset != nil:
-		req.Target = offsets.Target{Kind: offsets.TargetOffset, Offset: *p.ToOffset}
-	case p.ToTime != "":
-		t, err := time.Parse(time.RFC3339Nano, p.ToTime)
-		if err != nil {
-			return req, fmt.Errorf("to_time: want RFC 3339, such as 2025-01-31T12:00:00Z: %w", err)
-		}
-		req.Target = offsets.Target{Kind: offsets.TargetTime, Time: t}
-	case p.ToEarliest:
-		req.Target = offsets.Target{Kind: offsets.TargetEarliest}
-	case p.ToLatest:
-		req.Target = offsets.Target{Kind: offsets.TargetLatest}
-	default:
-		req.Target = offsets.Target{Kind: offsets.TargetDatabase}
+	t, err := offsets.TargetFrom(p.ToOffset, p.ToTime, p.ToEarliest, p.ToLatest)
+	if err != nil {
+		return req, fmt.Errorf("to_time: %w", err)
 	}
+	req.Target = t
 	return req, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 )
@@ -59,10 +58,8 @@ func (c *OffsetsResetCmd) Validate() error {
 	if c.ToDatabase && c.Mode != "" {
 		return errors.New("--mode does not apply to --to-database, which moves only Kafka")
 	}
-	if c.ToTime != "" {
-		if _, err := time.Parse(time.RFC3339Nano, c.ToTime); err != nil {
-			return fmt.Errorf("--to-time: want RFC 3339, such as 2025-01-31T12:00:00Z: %w", err)
-		}
+	if _, err := offsets.TargetFrom(c.ToOffset, c.ToTime, c.ToEarliest, c.ToLatest); err != nil {
+		return fmt.Errorf("--to-time: %w", err)
 	}
 	return nil
 }
@@ -72,19 +69,7 @@ func (c *OffsetsResetCmd) request() offsets.ResetRequest {
 	if c.Partition != nil {
 		req.Partition = *c.Partition
 	}
-	switch {
-	case c.ToOffset != nil:
-		req.Target = offsets.Target{Kind: offsets.TargetOffset, Offset: *c.ToOffset}
-	case c.ToTime != "":
-		t, _ := time.Parse(time.RFC3339Nano, c.ToTime) // checked by Validate
-		req.Target = offsets.Target{Kind: offsets.TargetTime, Time: t}
-	case c.ToEarliest:
-		req.Target = offsets.Target{Kind: offsets.TargetEarliest}
-	case c.ToLatest:
-		req.Target = offsets.Target{Kind: offsets.TargetLatest}
-	default:
-		req.Target = offsets.Target{Kind: offsets.TargetDatabase}
-	}
+	req.Target, _ = offsets.TargetFrom(c.ToOffset, c.ToTime, c.ToEarliest, c.ToLatest) // checked by Validate
 	return req
 }
 

@@ -65,6 +65,28 @@ func (t Target) String() string {
 	return "offset " + strconv.FormatInt(t.Offset, 10)
 }
 
+// TargetFrom is the Target the operator asked for, by the first of: an explicit offset
+// (toOffset non-nil), a time (toTime, RFC 3339), the log start (earliest), the log end
+// (latest); none of them means TargetDatabase. The CLI's flags and the console's fields both
+// come through it. The error is a toTime that does not parse.
+func TargetFrom(toOffset *int64, toTime string, earliest, latest bool) (Target, error) {
+	switch {
+	case toOffset != nil:
+		return Target{Kind: TargetOffset, Offset: *toOffset}, nil
+	case toTime != "":
+		t, err := time.Parse(time.RFC3339Nano, toTime)
+		if err != nil {
+			return Target{}, fmt.Errorf("want RFC 3339, such as 2025-01-31T12:00:00Z: %w", err)
+		}
+		return Target{Kind: TargetTime, Time: t}, nil
+	case earliest:
+		return Target{Kind: TargetEarliest}, nil
+	case latest:
+		return Target{Kind: TargetLatest}, nil
+	}
+	return Target{Kind: TargetDatabase}, nil
+}
+
 // ResetRequest is one `kafkatx offsets reset` command.
 type ResetRequest struct {
 	Group string
