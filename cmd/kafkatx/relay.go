@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -22,6 +23,7 @@ import (
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/retention"
 )
 
 // RelayCmd runs the outbox relay as a standalone sidecar process.
@@ -38,6 +40,46 @@ type RelayCmd struct {
 	KeepPublished   time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
 	AttemptsRet     time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
 	DeadLetterRet   time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
+
+	set map[string]bool // the flags given on the command line (AfterApply)
+}
+
+// tableOnlyFlags mean something in table mode only: WAL mode has no outbox rows to read in
+// batches, poll or keep, and no leader election to stand by for (the slot fences). Given with
+// a schema in WAL mode they are refused with exit status 2 once the mode is read, before
+// anything is published, never accepted and ignored. Retention flags (--no-janitor,
+// --attempts-retention, --dead-letter-retention) apply in both modes.
+var tableOnlyFlags = []string{"batch-size", "poll-interval", "standby-interval", "keep-published", "shutdown-timeout"}
+
+// AfterApply records which flags the command line gave (kong calls it after parsing), so a
+// flag that means nothing in the schema's mode can be refused rather than ignored.
+func (c *RelayCmd) AfterApply(kctx *kong.Context) error {
+	c.set = map[string]bool{}
+	for _, p := range kctx.Path {
+		if p.Flag != nil {
+			c.set[p.Flag.Name] = true
+		}
+	}
+	return nil
+}
+
+// refuseFlagsOf returns a usage error (exit 2) naming the first flag given that means
+// nothing in mode, or nil.
+func (c *RelayCmd) refuseFlagsOf(mode outbox.Mode) error {
+	if mode != outbox.ModeWAL {
+		return nil
+	}
+	for _, f := range tableOnlyFlags {
+		if c.set[f] {
+			return &exitError{code: exitUsage, err: fmt.Errorf("--%s means nothing in WAL mode (the schema's outbox mode): it applies to the table relay only; drop it", f)}
+		}
+	}
+	return nil
+}
+
+// retention is the retention both modes run, from the retention flags.
+func (c *RelayCmd) retention() retention.Config {
+	return retention.Config{Disabled: c.NoJanitor, AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
 }
 
 // Validate refuses out-of-range values (exit 2, one line naming the flag and the range)
@@ -104,15 +146,17 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	if err := c.refuseFlagsOf(mode); err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if mode == outbox.ModeWAL {
 		return c.runWAL(ctx, g, pool, sp, kcfg, reg, log)
 	}
-	janitor := relay.JanitorConfig{Disabled: c.NoJanitor, AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
 	rl, err := relay.New(pool, &relay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, BatchSize: c.BatchSize,
 		PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval, ShutdownTimeout: c.ShutdownTimeout,
-		KeepPublished: c.KeepPublished, Janitor: janitor, Registerer: reg, Session: sp.Config().ConnConfig})
+		KeepPublished: c.KeepPublished, Janitor: c.retention(), Registerer: reg, Session: sp.Config().ConnConfig})
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ func (c *RelayCmd) mode(ctx context.Context, sp *pgxpool.Pool, schema string) (o
 
 // runWAL runs the WAL relay (package outbox/walrelay) on sp's connection settings.
 func (c *RelayCmd) runWAL(ctx context.Context, g *Globals, pool, sp *pgxpool.Pool, kcfg kafka.ConfigMap, reg *prometheus.Registry, log *zap.Logger) error {
-	rl, err := walrelay.New(pool, walrelay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, Replication: sp.Config().ConnConfig, Registerer: reg})
+	rl, err := walrelay.New(pool, walrelay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, Replication: sp.Config().ConnConfig, Registerer: reg, Retention: c.retention()})
 	if err != nil {
 		return err
 	}
