@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/retention"
 )
@@ -139,13 +140,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	if _, ok := out.Kafka["request.required.acks"]; !ok {
 		setDefault("acks", "all")
 	}
-	setDefault("partitioner", "murmur2_random")
-	setDefault("linger.ms", 5)
+	publish.ProducerDefaults(out.Kafka) // partitioner=murmur2_random, linger.ms=5, go.delivery.report.fields=none
 	setDefault("message.timeout.ms", 60000)
 	setDefault("go.logs.channel.enable", false)
-	// A delivery report needs only the error and the Opaque row index: copying each record's
-	// key and value back into Go (confluent-kafka-go's default, "key,value") is wasted work.
-	setDefault("go.delivery.report.fields", "none")
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
 		out.Logger = zap.NewNop()
