@@ -291,3 +291,9 @@ func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 	}
 	return h.fatal(s.Slot)
 }
+
+// Totals are Stats' published, parked and transactions counts by name (relays.Relay).
+func (r *Relay) Totals() map[string]int64 {
+	s := r.Stats()
+	return map[string]int64{"published": s.Published, "parked": s.Parked, "transactions": s.Transactions}
+}
