@@ -29,9 +29,10 @@ type JanitorConfig struct {
 	Logger *zap.Logger
 }
 
-// Janitor deletes expired rows (the same DELETE as package retention, which both relays run
-// in either outbox mode; a Janitor is for a service that runs no relay) of the idempotency_keys and idempotency_responses tables in
-// small batches. Create one with NewJanitor and run it with Run; it starts no goroutine.
+// Janitor deletes expired rows of the idempotency_keys and idempotency_responses tables in
+// small batches. It runs the same DELETE as package retention, which both relays already run
+// in either outbox mode: a Janitor is for a service that runs no relay. Create one with
+// NewJanitor and run it with Run; it starts no goroutine.
 type Janitor struct {
 	pool   *pgxpool.Pool
 	cfg    JanitorConfig
