@@ -195,8 +195,44 @@ func (e *NotReadyError) Error() string {
 	return "kafkatx: consumer not ready: " + strings.Join(e.Readiness.Reasons, "; ")
 }
 
+// LogChangedError is returned by Run when the log behind a partition's watermark is another
+// one: the topic's id (KIP-516) or the cluster's id differs from the one recorded with the
+// watermark — the topic was deleted and created again under the same name, or the brokers are
+// another cluster (a disaster-recovery switch, a rebuilt cluster). The watermark's offsets
+// mean nothing in the new log, so kafkatx neither starts there (it would skip the new log's
+// first records) nor anywhere else on its own; nothing is processed. Adopt the new log with
+// `kafkatx offsets reset --mode adopt` (from its earliest offset, latest, or a time), or set
+// Config.OnLogChange. An id that is "" was not known.
+type LogChangedError struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Watermark int64 // the database's next offset to process, in the old log
+	// RecordedTopicID and RecordedClusterID are the ids recorded with the watermark; TopicID
+	// and ClusterID the ones the broker gives now.
+	RecordedTopicID, TopicID     string
+	RecordedClusterID, ClusterID string
+	LogStart, LogEnd             int64 // the new log's start and end offsets
+}
+
+func (e *LogChangedError) Error() string {
+	c := offsetstate.CompareLog(offsetstate.LogID{Cluster: e.RecordedClusterID, Topic: e.RecordedTopicID},
+		offsetstate.LogID{Cluster: e.ClusterID, Topic: e.TopicID})
+	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed: %s. The watermark %d counts offsets of the old log "+
+		"and means nothing in the new one (log [%d, %d)): kafkatx will not start at it there (it would skip or mix up records) and processed nothing. "+
+		"With the consumer stopped, adopt the new log from its start with `kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` "+
+		"(or --to-latest, --to-time), or set Config.OnLogChange",
+		e.Group, e.Topic, e.Partition, c.What(), e.Watermark, e.LogStart, e.LogEnd, shellWord(e.Group), shellWord(e.Topic))
+}
+
 // haltError is the error Run returns for reconciliation's halt h.
 func haltError(h engine.Halt) error {
+	if h.State == string(offsetstate.LogChanged) {
+		c := h.LogChange
+		return &LogChangedError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark,
+			RecordedTopicID: c.Recorded.Topic, TopicID: c.Current.Topic, RecordedClusterID: c.Recorded.Cluster, ClusterID: c.Current.Cluster,
+			LogStart: h.LogStart, LogEnd: h.LogEnd}
+	}
 	if h.State == string(offsetstate.WatermarkPastLogEnd) {
 		return &LogRangeError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd}
 	}

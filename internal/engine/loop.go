@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -38,6 +39,10 @@ type Loop struct {
 	resyncC chan resyncRequest
 	fatal   error
 	eager   bool
+
+	// knownTopics: the topics the group had a watermark on when the current assignment's
+	// reconciliation began (rebalance.go); the poll goroutine's only.
+	knownTopics map[string]bool
 
 	health    health        // what Readiness reports
 	probeWake chan struct{} // wakes the topic probe
@@ -347,6 +352,8 @@ type Halt struct {
 	Watermark        int64
 	Committed        int64
 	LogStart, LogEnd int64
+	// LogChange is set when State is offsetstate.LogChanged: the recorded and current ids.
+	LogChange offsetstate.LogChange
 }
 
 // halted marks the error of a Halt, which ends Run instead of being retried.

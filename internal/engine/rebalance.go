@@ -92,6 +92,15 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 	if err != nil {
 		return nil, err
 	}
+	ids, err := l.logIDs(ctx, tps)
+	if err != nil {
+		return nil, err
+	}
+	// Topics the group read before this assignment: a partition of one without a watermark
+	// was added to it (a partition count raised), which its first_run row says.
+	if l.knownTopics, err = l.store.Topics(ctx, l.pool, l.group); err != nil {
+		return nil, err
+	}
 	var starts []kafka.TopicPartition
 	var newParts []*worker
 	for _, tp := range tps {
@@ -102,13 +111,27 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		if err != nil {
 			return nil, fmt.Errorf("query log offsets of %s: %w", tp, err)
 		}
-		d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high},
-			offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
-		w, err = l.applyStart(ctx, tp, w, k, low, high, d, log.With(zap.String("state", string(d.State))))
-		if err != nil {
-			return nil, err
+		var start int64
+		change := offsetstate.CompareLog(offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}, ids[tp.Topic])
+		if hasW && change.Changed() { // another log: checked before the offsets are compared (identity.go)
+			if w, err = l.onLogChange(ctx, tp, w, low, high, change, log); err != nil {
+				return nil, err
+			}
+			start = w.Next
+		} else {
+			d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high},
+				offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
+			w, err = l.applyStart(ctx, tp, w, k, low, high, d, log.With(zap.String("state", string(d.State))))
+			if err != nil {
+				return nil, err
+			}
+			start = d.Start
+			if change.Missing() { // a first run, or a row older than the ids: filled on first contact
+				if err := l.store.FillLogIdentity(ctx, l.pool, l.group, tp, change.Current.Topic, change.Current.Cluster); err != nil {
+					return nil, err
+				}
+			}
 		}
-		start := d.Start
 		atts, err := l.store.Attempts(ctx, l.pool, l.group, tp, w.Next)
 		if err != nil {
 			return nil, err
@@ -254,8 +277,12 @@ func (l *Loop) firstRun(ctx context.Context, tp offsetstore.TP, start int64, has
 		return offsetstore.Watermark{}, err
 	}
 	if created {
+		reason := "no watermark; started at " + startSource(hasK)
+		if l.knownTopics[tp.Topic] {
+			reason = "a partition new to a topic the group already reads (its partition count was raised); started at " + startSource(hasK)
+		}
 		if _, err := l.store.InsertEvent(ctx, tx, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
-			Kind: offsetstore.KindFirstRun, From: start, To: start, Actor: "kafkatx.consumer", Reason: "no watermark; started at " + startSource(hasK)}); err != nil {
+			Kind: offsetstore.KindFirstRun, From: start, To: start, Actor: "kafkatx.consumer", Reason: reason}); err != nil {
 			return offsetstore.Watermark{}, err
 		}
 	}
