@@ -32,7 +32,7 @@ func codeTable(t *testing.T, re *regexp.Regexp, text string) map[int]string {
 func TestHelpReadmeAndCodeAgreeOnExitStatuses(t *testing.T) {
 	t.Parallel()
 	code := map[int]string{0: "success", exitFailed: "error", exitUsage: "usage error", offsetsExitDrift: "offsets status",
-		offsetsExitGap: "offsets account", offsetsExitActive: "offsets reset", exitNotActionable: "outbox release", offsetsExitUnknown: "offsets status", offsetsExitStalled: "offsets status"}
+		offsetsExitGap: "offsets account", offsetsExitActive: "offsets reset", exitNotActionable: "outbox release", offsetsExitUnknown: "offsets status", offsetsExitStalled: "offsets status", offsetsExitLogChanged: "offsets status"}
 	help := codeTable(t, regexp.MustCompile(`(?m)^  (\d+)  (.+)$`), exitCodes)
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {

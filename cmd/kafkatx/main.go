@@ -84,7 +84,8 @@ const exitCodes = `Exit status:
   5  offsets reset: the group has active members (stop the consumers first)
   6  outbox release|discard, dlq show|replay|discard: no such row, or not in a state the command acts on
   7  offsets status: the group has no watermark and no committed offset
-  8  offsets status: a partition with lag whose watermark has not moved for --stalled-after`
+  8  offsets status: a partition with lag whose watermark has not moved for --stalled-after
+  9  offsets status: the log behind a watermark changed (topic recreated, another cluster): log_changed`
 
 // maxIdentifierBytes is PostgreSQL's longest identifier (NAMEDATALEN - 1); a longer name is
 // silently truncated by the server.

@@ -19,6 +19,10 @@ const (
 	offsetsExitStalled = 8 // offsets status: lag with a watermark that has not moved for --stalled-after
 )
 
+// offsetsExitLogChanged is offsets status's status when the log behind a watermark is another
+// one (the topic recreated, another cluster: state log_changed); it takes precedence over drift.
+const offsetsExitLogChanged = 9
+
 // OffsetsCmd groups the offset commands: the database leads, Kafka follows (docs/offsets.md).
 type OffsetsCmd struct {
 	Status  OffsetsStatusCmd  `cmd:"" help:"Per partition: watermark, committed offset, log start/end, lag, drift, last audit event. Exit 0 aligned, 3 drift."`

@@ -73,6 +73,11 @@ func Hints(group string, sts []PartitionStatus, quote func(string) string) []str
 			h = fmt.Sprintf("watermark_past_log_end on %s: the watermark %d is past the log end %d (the topic was recreated or truncated); the consumer refuses to start on it. "+
 				"To process the topic's records from its start: `%s --to-earliest --mode replay --reason '...' --execute`",
 				where, w, first.LogEnd, whole)
+		case offsetstate.LogChanged:
+			h = fmt.Sprintf("log_changed on %s: the log behind the watermark is another one: %s. The watermark %d counts offsets of the old log and means nothing in this one; "+
+				"the consumer refuses to start on it (unless Config.OnLogChange adopts it) and applies nothing from the new log. "+
+				"To process the new log from its start: `%s --mode adopt --to-earliest --reason '...' --execute` (or --to-latest to skip what it holds now, --to-time T from a time)",
+				where, first.Log.Change().What(), w, whole)
 		case offsetstate.KafkaPastLogEnd:
 			h = fmt.Sprintf("kafka_past_log_end on %s: Kafka's committed offset %d is past the log end; the consumer ignores it and starts at the watermark %d. "+
 				"To align Kafka now: `%s --to-database --reason '...' --execute`", where, k, w, whole)
