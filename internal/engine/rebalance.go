@@ -199,8 +199,11 @@ func (l *Loop) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.
 		}
 	}
 	if d.State == offsetstate.WatermarkPastLogEnd {
-		e := l.set.Halt(Halt{State: string(d.State), Group: l.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k, LogStart: low, LogEnd: high})
-		log.Error("database watermark past the log end; halting", zap.Int64("watermark", w.Next), zap.Int64("log_end", high))
+		// The ids recorded with w are the current ones (a changed log is decided before): a
+		// known topic id says the same topic's log was truncated, not recreated.
+		e := l.set.Halt(Halt{State: string(d.State), Group: l.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k, LogStart: low, LogEnd: high,
+			LogChange: offsetstate.LogChange{Recorded: offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}, Current: offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}}})
+		log.Error("database watermark past the log end; halting", zap.Int64("watermark", w.Next), zap.Int64("log_end", high), zap.String("topic_id", w.TopicID))
 		_ = audit(offsetstore.KindHalt, high, w.Next, e.Error())
 		return w, &halted{err: e}
 	}
