@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -38,6 +40,15 @@ func TestOffsetsResetAdoptsARecreatedTopic(t *testing.T) {
 	oldID, newID := s.Log.RecordedTopicID, s.Log.TopicID
 	if oldID == "" || newID == "" || oldID == newID || s.Log.ClusterID != s.Log.RecordedClusterID {
 		t.Fatalf("offsets status log %+v: want two topic ids and one cluster", *s.Log)
+	}
+	// The id is the one Kafka's own kafka-topics prints (scripts/kafka-topics, from the dev jars).
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := exec.Command(filepath.Join(root, "scripts", "kafka-topics"), "--bootstrap-server", b.brokers, "--describe", "--topic", b.topic).CombinedOutput()
+	if err != nil || !strings.Contains(string(desc), "TopicId: "+newID+"\t") {
+		t.Fatalf("kafka-topics --describe (%v) does not print TopicId %s:\n%s", err, newID, desc)
 	}
 	text, _ := b.kafkatx("offsets", "status", "--group", b.group, "--topic", b.topic)
 	for _, want := range []string{"log_changed", oldID, newID, "--mode adopt --to-earliest"} {

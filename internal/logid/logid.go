@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
@@ -15,7 +16,7 @@ import (
 )
 
 // Read returns, per topic of topics, the cluster id (DescribeCluster) and the topic id
-// (DescribeTopics by name): two admin requests however many topics. A topic id of zero (a
+// (DescribeTopics by name), as Kafka's tools print them: two admin requests however many topics. A topic id of zero (a
 // broker before Kafka 2.8) is returned as "" (unknown), as is a nil cluster id. A topic the
 // broker does not know, or any other per-topic error, fails the whole read: the caller
 // retries or reports it, never decides without it.
@@ -45,7 +46,7 @@ func Read(ctx context.Context, admin *kafka.AdminClient, topics []string) (map[s
 		}
 		id := ""
 		if d.TopicID.GetMostSignificantBits() != 0 || d.TopicID.GetLeastSignificantBits() != 0 {
-			id = d.TopicID.String()
+			id = kafkaForm(d.TopicID.String())
 		}
 		out[d.Name] = offsetstate.LogID{Cluster: cluster, Topic: id}
 	}
@@ -55,6 +56,12 @@ func Read(ctx context.Context, admin *kafka.AdminClient, topics []string) (map[s
 		}
 	}
 	return out, nil
+}
+
+// kafkaForm writes a topic id as Kafka's own tools print it (kafka-topics --describe's
+// TopicId: Uuid.toString, URL-safe base64 without padding); librdkafka gives standard base64.
+func kafkaForm(b64 string) string {
+	return strings.NewReplacer("+", "-", "/", "_", "=", "").Replace(b64)
 }
 
 func uniq(s []string) []string {
