@@ -166,3 +166,37 @@ func (b *testBundle) qs(t *testing.T, sql string) string {
 	}
 	return s
 }
+
+// The topic deleted and created again while the consumer runs: the client's metadata sees the
+// new topic (a rebalance, or its fetch is reset), and the consumer refuses the new log before
+// applying anything of it, as at a start.
+func TestTopicRecreatedWhileRunningRefusesTheNewLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint("old-", i) }))
+	cfg := b.config(t)
+	cfg.Kafka["topic.metadata.refresh.interval.ms"] = 1000
+	c, err := NewConsumer(b.pool, b.handler(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 60*time.Second, "watermark 10", func() bool { return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 10 })
+	testenv.RecreateTopic(t, b.brokers, b.topic, 1)
+	produce(t, b.brokers, b.topic, values(15, 0, func(i int) string { return fmt.Sprint("new-", i) }))
+	select {
+	case err = <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("Run still running 90 s after the topic was recreated; %d applications (want 10)", b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"))
+	}
+	var lce *LogChangedError
+	if !errors.As(err, &lce) || lce.TopicID == lce.RecordedTopicID {
+		t.Fatalf("Run returned %v, want a *LogChangedError", err)
+	}
+	if n := b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"); n != 10 {
+		t.Fatalf("%d applications, want the old topic's 10: records of the new topic were applied", n)
+	}
+}

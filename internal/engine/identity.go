@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -91,4 +92,53 @@ func (l *Loop) onLogChange(ctx context.Context, tp offsetstore.TP, w offsetstore
 	l.commits.enqueue(tp, start)
 	l.emit.Reconciled(tp, 0, start, false)
 	return w, nil
+}
+
+// logRewound handles a record below partition p's watermark that the client delivered on its
+// own — the loop only ever seeks to a watermark, so librdkafka went back by itself: its fetch
+// at the watermark was out of range (the log now ends below it) and auto.offset.reset, which
+// kafkatx keeps at earliest, restarted it at the log start. The log under the watermark is
+// another one (the topic deleted and created again while the consumer runs) or was truncated
+// (an unclean leader election). Before, the records below the watermark were dropped as
+// redeliveries and those above applied: the new log followed silently. Now the partition is
+// paused and the consumer halts as it does at an assignment, with *kafkatx.LogChangedError
+// when the topic or cluster id differs from the recorded one, else *kafkatx.LogRangeError;
+// nothing of the new log is applied (the record that revealed it is not handed to the
+// worker, and the loop stops before the next poll). Runs on the poll goroutine.
+func (l *Loop) logRewound(p *worker, off int64) {
+	if l.fatal != nil {
+		return
+	}
+	tp, w := p.tp, p.watermark.Load()
+	if err := l.kc.Pause([]kafka.TopicPartition{p.ktp()}); err != nil {
+		l.log.Warn("pause partition", zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition), zap.Error(err))
+	}
+	log := l.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition))
+	ctx := context.Background()
+	low, high, err := l.kc.QueryWatermarkOffsets(tp.Topic, tp.Partition, 10000)
+	if err != nil {
+		low, high = -1, -1
+	}
+	recorded := l.recordedLog[tp]
+	if ids, err := l.logIDs(ctx, []offsetstore.TP{tp}); err == nil {
+		if c := offsetstate.CompareLog(recorded, ids[tp.Topic]); c.Changed() {
+			_, err := l.onLogChange(ctx, tp, offsetstore.Watermark{TP: tp, Next: w}, low, high, c, log.With(zap.Int64("rewound_to", off)))
+			var h *halted
+			if errors.As(err, &h) {
+				l.fatal = h.err
+				return
+			}
+			// Adopting while running would race the worker's in-flight transaction: halt; the
+			// next start adopts (Config.OnLogChange) at its assignment.
+		}
+	} else {
+		log.Warn("read the topic and cluster ids after the client went back below the watermark", zap.Error(err))
+	}
+	e := l.set.Halt(Halt{State: string(offsetstate.WatermarkPastLogEnd), Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+		Watermark: w, Committed: -1, LogStart: low, LogEnd: high, LogChange: offsetstate.LogChange{Recorded: recorded, Current: recorded}})
+	log.Error("the client went back below the watermark on its own: the log now ends below it; halting", zap.Int64("watermark", w),
+		zap.Int64("rewound_to", off), zap.Int64("log_start", low), zap.Int64("log_end", high), zap.String("state", string(offsetstate.WatermarkPastLogEnd)))
+	_, _ = l.store.InsertEvent(ctx, l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+		Kind: offsetstore.KindHalt, From: max(high, 0), To: w, Actor: "kafkatx.consumer", Reason: e.Error()})
+	l.fatal = e
 }

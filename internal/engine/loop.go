@@ -43,6 +43,9 @@ type Loop struct {
 	// knownTopics: the topics the group had a watermark on when the current assignment's
 	// reconciliation began (rebalance.go); the poll goroutine's only.
 	knownTopics map[string]bool
+	// recordedLog is the log each assigned partition's watermark is in, as reconciled at its
+	// assignment (identity.go); the poll goroutine's only.
+	recordedLog map[offsetstore.TP]offsetstate.LogID
 
 	health    health        // what Readiness reports
 	probeWake chan struct{} // wakes the topic probe
@@ -71,6 +74,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		parts:     map[offsetstore.TP]*fetch{},
 		probeWake: make(chan struct{}, 1),
 	}
+	l.recordedLog = map[offsetstore.TP]offsetstate.LogID{}
 	l.deps = deps{
 		group: set.Group, set: set, pool: pool, store: offsetstore.New(set.Schema), body: body, emit: emit,
 		begin: func(ctx context.Context) (pgx.Tx, error) {
