@@ -119,7 +119,9 @@ func (l *Loop) logRewound(p *worker, off int64) {
 	if err != nil {
 		low, high = -1, -1
 	}
+	l.mu.Lock()
 	recorded := l.recordedLog[tp]
+	l.mu.Unlock()
 	if ids, err := l.logIDs(ctx, []offsetstore.TP{tp}); err == nil {
 		if c := offsetstate.CompareLog(recorded, ids[tp.Topic]); c.Changed() {
 			_, err := l.onLogChange(ctx, tp, offsetstore.Watermark{TP: tp, Next: w}, low, high, c, log.With(zap.Int64("rewound_to", off)))
@@ -141,4 +143,69 @@ func (l *Loop) logRewound(p *worker, off int64) {
 	_, _ = l.store.InsertEvent(ctx, l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
 		Kind: offsetstore.KindHalt, From: max(high, 0), To: w, Actor: "kafkatx.consumer", Reason: e.Error()})
 	l.fatal = e
+}
+
+// logCheckEvery is how often watchLogs compares the assigned partitions' logs with the ones
+// their watermarks are in while the consumer runs.
+const logCheckEvery = 5 * time.Second
+
+// watchLogs runs until quit is closed: every logCheckEvery it reads the cluster's and the
+// assigned topics' ids (two admin requests) and, when one differs from the log a partition's
+// watermark is in, stops the consumer with the halt's error (*kafkatx.LogChangedError), as
+// an assignment would. It covers the recreated topic that already holds the watermark's
+// offsets when the client reaches it, so that librdkafka goes on fetching at the watermark
+// in the new log without going back (logRewound catches the rest at its first record): the
+// new log's records are applied for at most logCheckEvery, plus the client's metadata
+// refresh, before the consumer stops — a window, not a guarantee, which the next start's
+// assignment then refuses.
+func (l *Loop) watchLogs(quit <-chan struct{}) {
+	t := time.NewTicker(logCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-quit:
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		rec := make(map[offsetstore.TP]offsetstate.LogID, len(l.parts))
+		for tp := range l.parts {
+			rec[tp] = l.recordedLog[tp]
+		}
+		l.mu.Unlock()
+		if len(rec) == 0 {
+			continue
+		}
+		tps := make([]offsetstore.TP, 0, len(rec))
+		for tp := range rec {
+			tps = append(tps, tp)
+		}
+		ids, err := l.logIDs(context.Background(), tps)
+		if err != nil {
+			continue // a broker outage or a topic being deleted: the next tick, or the assignment, decides
+		}
+		for tp, r := range rec {
+			c := offsetstate.CompareLog(r, ids[tp.Topic])
+			if !c.Changed() {
+				continue
+			}
+			l.mu.Lock()
+			f := l.parts[tp]
+			l.mu.Unlock()
+			if f == nil {
+				continue
+			}
+			w := f.w.watermark.Load()
+			log := l.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition), zap.String("found_by", "running check"))
+			e := l.set.Halt(Halt{State: string(offsetstate.LogChanged), Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+				Watermark: w, Committed: -1, LogStart: -1, LogEnd: -1, LogChange: c})
+			log.Error("the log behind the watermark changed while the consumer ran ("+c.What()+"); stopping", zap.Int64("watermark", w),
+				zap.String("state", string(offsetstate.LogChanged)))
+			_, _ = l.store.InsertEvent(context.Background(), l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+				Kind: offsetstore.KindHalt, From: w, To: w, Actor: "kafkatx.consumer", Reason: "log changed while running: " + c.What() + "; stopped"})
+			l.emit.LogChanged(tp, c, false)
+			l.failed.CompareAndSwap(nil, &e)
+			return
+		}
+	}
 }

@@ -44,7 +44,7 @@ type Loop struct {
 	// reconciliation began (rebalance.go); the poll goroutine's only.
 	knownTopics map[string]bool
 	// recordedLog is the log each assigned partition's watermark is in, as reconciled at its
-	// assignment (identity.go); the poll goroutine's only.
+	// assignment (identity.go); guarded by mu (watchLogs reads it).
 	recordedLog map[offsetstore.TP]offsetstate.LogID
 
 	health    health        // what Readiness reports
@@ -140,6 +140,8 @@ func (l *Loop) Run(ctx context.Context) error {
 	probeQuit := make(chan struct{})
 	probeDone := make(chan struct{})
 	go func() { defer close(probeDone); l.probeTopics(probeQuit) }()
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); l.watchLogs(probeQuit) }()
 	l.log.Info("consumer started", zap.Strings("topics", l.set.Topics),
 		zap.Int("batch_size", l.set.BatchSize), zap.Int("max_attempts", l.set.MaxAttempts))
 
@@ -186,6 +188,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	<-commitDone
 	close(probeQuit)
 	<-probeDone
+	<-watchDone
 	if err := closeWithin(kc, l.set.CloseTimeout); err != nil {
 		l.log.Warn("close Kafka consumer", zap.Error(err))
 	}

@@ -114,7 +114,9 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		var start int64
 		change := offsetstate.CompareLog(offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}, ids[tp.Topic])
 		// The log the worker reads: as recorded, filled, or adopted below.
+		l.mu.Lock()
 		l.recordedLog[tp] = ids[tp.Topic]
+		l.mu.Unlock()
 		if hasW && change.Changed() { // another log: checked before the offsets are compared (identity.go)
 			if w, err = l.onLogChange(ctx, tp, w, low, high, change, log); err != nil {
 				return nil, err
