@@ -209,8 +209,10 @@ func TestTopicRecreatedWhileRunningRefusesTheNewLog(t *testing.T) {
 // The recreated topic already holds the watermark's offsets when the client reaches it (its
 // fetch waits out a long error backoff meanwhile), so librdkafka goes on at the watermark in
 // the new log without going back: the running check (every 5 s) stops the consumer with a
-// *LogChangedError. What it applied of the new log in that window is bounded, not zero; the
-// next start refuses (TestTopicRecreatedUnderTheSameNameRefusesToStart).
+// *LogChangedError — or a rebalance's assignment does, when the client dropped the partition
+// meanwhile (a loaded machine). What it applies of the new log in the running check's window
+// is bounded, not zero (0 here: the check comes before the fetch's backoff ends); the next
+// start refuses (TestTopicRecreatedUnderTheSameNameRefusesToStart).
 func TestTopicRecreatedWhileRunningIsFoundByTheRunningCheck(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
@@ -240,7 +242,7 @@ func TestTopicRecreatedWhileRunningIsFoundByTheRunningCheck(t *testing.T) {
 	}
 	n := b.q(t, "SELECT sum(applied) FROM {{schema}}.effects")
 	t.Logf("applied of the new log before the consumer stopped: %d", n-10)
-	if b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'halt' AND reason LIKE 'log changed while running%'") != 1 {
-		t.Fatal("no halt audit row of the running check")
+	if b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'halt' AND reason LIKE 'log changed%'") != 1 {
+		t.Fatal("no halt audit row of the changed log")
 	}
 }
