@@ -110,7 +110,7 @@ type Limiter struct {
 	winDrop     bool
 	winMaxIn    int
 	slowStart   bool
-	dropAt      float64 // the limit when calls were last dropped; 0 before
+	dropAt      float64       // the limit when calls were last dropped; 0 before
 	base        time.Duration // lowest latency without load; 0 before the first sample
 
 	probing    bool
