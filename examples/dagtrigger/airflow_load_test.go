@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+// The load tests against the real Airflow 3.3.2 of `scripts/dev-services up airflow`, as it
+// comes (one api-server worker, SQLAlchemy's pool of 5 + 10 overflow: nothing tuned). Their
+// DAG is examples/dags/kafkatx_load.py, paused at creation, so the runs stay queued and the
+// api-server's create is what is loaded.
+
+const loadDAG = "kafkatx_load"
+
+// loadEvents returns n create events of distinct rows whose Debezium source name is tag, so
+// every run id they get holds tag (dbz2:pg:<tag>:…).
+func loadEvents(tag string, n int) [][2][]byte {
+	base := int64(rand.IntN(1<<30)) * 64
+	kvs := make([][2][]byte, n)
+	for i := range n {
+		kvs[i] = [2][]byte{fmt.Appendf(nil, `{"id":%d}`, i+1), fmt.Appendf(nil,
+			`{"before":null,"after":{"id":%d,"load":%q},"source":{"connector":"postgresql","name":%q,"db":"app","schema":"public","table":"customers","lsn":%d,"txId":%d},"op":"c","ts_ms":1790000000000}`,
+			i+1, tag, tag, base+int64(i)*64, base/64+int64(i))}
+	}
+	return kvs
+}
+
+// loadRuns counts the runs of the load DAG whose run id holds tag, by run id.
+func (a *realAirflow) loadRuns(t *testing.T, tag string) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for offset := 0; ; offset += 100 {
+		var page struct {
+			Runs  []dagRun `json:"dag_runs"`
+			Total int      `json:"total_entries"`
+		}
+		q := url.Values{"limit": {"100"}, "offset": {fmt.Sprint(offset)}, "run_id_pattern": {"%" + tag + "%"}}
+		if _, err := a.do(http.MethodGet, "/api/v2/dags/"+loadDAG+"/dagRuns?"+q.Encode(), nil, &page); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range page.Runs {
+			if strings.Contains(r.RunID, tag) {
+				out[r.RunID]++
+			}
+		}
+		if offset+100 >= page.Total {
+			return out
+		}
+	}
+}
+
+// healthy reports whether the api-server answers its health endpoint within d.
+func (a *realAirflow) healthy(d time.Duration) error {
+	c := &http.Client{Timeout: d}
+	resp, err := c.Get(a.url + "/api/v2/monitor/health")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("health: %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// loadRun is one dagtrigger run over n events against the real Airflow.
+type loadRun struct {
+	sum     map[string]int64
+	elapsed time.Duration
+	runs    map[string]int // run id → runs in Airflow
+	err     error          // dagtrigger did not finish
+	log     string
+}
+
+// runDagtrigger produces n events over 6 partitions and runs dagtrigger with extra flags until
+// it is idle for 5 s, or for at most limit.
+func runDagtrigger(t *testing.T, af *realAirflow, n int, limit time.Duration, extra ...string) loadRun {
+	t.Helper()
+	tag := fmt.Sprintf("load%x", rand.Uint32())
+	brokers := testenv.Brokers(t)
+	e := &env{bin: buildBinary(t), brokers: brokers, dbURL: testenv.Database(t), topic: testenv.Topic(t, brokers, 6),
+		group: testenv.Group(t), airflowURL: af.url, logDir: t.TempDir()}
+	produceRaw(t, e.brokers, e.topic, loadEvents(tag, n))
+	args := append([]string{"--brokers", e.brokers, "--database-url", e.dbURL, "--topic", e.topic, "--group", e.group,
+		"--airflow-url", af.url, "--dag-id", loadDAG, "--partitions", "6", "--exit-when-idle", "5s",
+		"--airflow-username", af.username, "--airflow-password-file", af.passwordFile}, extra...)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, e.bin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	r := loadRun{elapsed: time.Since(start) - 5*time.Second, log: string(tail(stderr.Bytes(), 3000))}
+	if err != nil {
+		r.err = fmt.Errorf("dagtrigger: %v after %v", err, time.Since(start).Round(time.Second))
+	} else if json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &r.sum) != nil {
+		r.err = fmt.Errorf("stdout is not one JSON summary line: %q", stdout.String())
+	}
+	if af.healthy(30*time.Second) == nil {
+		r.runs = af.loadRuns(t, tag)
+	}
+	return r
+}
+
+// directDriver posts n runs of the load DAG straight to the API with conc calls in flight, as
+// a hand-written client would: one POST per run, a run answered 409 counted as existing. It
+// returns the runs per second from the first call to the last answer.
+func directDriver(t *testing.T, af *realAirflow, n, conc int) (perSec float64, created, failed int) {
+	t.Helper()
+	if _, err := af.do(http.MethodGet, "/api/v2/dags/"+loadDAG, nil, nil); err != nil {
+		t.Fatal(err) // also obtains the token
+	}
+	af.mu.Lock()
+	token := af.token
+	af.mu.Unlock()
+	tag := fmt.Sprintf("direct%x", rand.Uint32())
+	hc := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
+	var next, ok, bad atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(n) {
+					return
+				}
+				body, _ := json.Marshal(map[string]any{"dag_run_id": fmt.Sprintf("direct__%s_%d", tag, i), "logical_date": nil, "conf": map[string]any{"id": i}})
+				req, _ := http.NewRequest(http.MethodPost, af.url+"/api/v2/dags/"+loadDAG+"/dagRuns", bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", "Bearer "+token)
+				resp, err := hc.Do(req)
+				if err != nil {
+					bad.Add(1)
+					continue
+				}
+				resp.Body.Close()
+				if resp.StatusCode == 200 || resp.StatusCode == 409 {
+					ok.Add(1)
+				} else {
+					bad.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(ok.Load()) / time.Since(start).Seconds(), int(ok.Load()), int(bad.Load())
+}
+
+// needLoad returns the real Airflow with the load DAG parsed.
+func needLoad(t *testing.T) *realAirflow {
+	t.Helper()
+	af := needAirflow(t)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(2 * time.Second) {
+		code, err := af.do(http.MethodGet, "/api/v2/dags/"+loadDAG, nil, nil)
+		if err == nil && code == 200 {
+			return af
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Airflow has not parsed examples/dags/kafkatx_load.py after 60 s: %d %v", code, err)
+		}
+	}
+}
+
+// TestRealAirflowLoadUnboundedLocksUp reproduces the lock-up that dagtrigger's old default made
+// of a default Airflow 3.3.2: 16 lanes × 6 partitions = 96 calls in flight against one
+// api-server worker whose database pool holds 15. It leaves the api-server stuck, so it runs
+// only when asked (KAFKATX_AIRFLOW_LOCKUP=1) and restarts Airflow after.
+func TestRealAirflowLoadUnboundedLocksUp(t *testing.T) {
+	if os.Getenv("KAFKATX_AIRFLOW_LOCKUP") != "1" {
+		t.Skip("reproduces a lock-up of the shared api-server; set KAFKATX_AIRFLOW_LOCKUP=1 (it restarts Airflow after)")
+	}
+	af := needLoad(t)
+	t.Cleanup(func() {
+		if af.healthy(10*time.Second) == nil {
+			return
+		}
+		out, err := exec.Command("../../scripts/dev-services", "down", "airflow").CombinedOutput()
+		if err == nil {
+			out, err = exec.Command("../../scripts/dev-services", "up", "airflow").CombinedOutput()
+		}
+		t.Logf("restarted Airflow: %v\n%s", err, tail(out, 1000))
+	})
+	const n = 600
+	r := runDagtrigger(t, af, n, 4*time.Minute)
+	health := af.healthy(10 * time.Second)
+	t.Logf("unbounded: %v, summary %v, %d runs in Airflow, health after: %v\n%s", r.elapsed, r.sum, len(r.runs), health, r.log)
+	if r.err == nil && len(r.runs) == n {
+		t.Fatalf("96 calls in flight did not lock up the api-server: %d runs in %v", len(r.runs), r.elapsed)
+	}
+}
