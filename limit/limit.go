@@ -25,9 +25,9 @@
 //     shrinks as queueing at the far side raises it; near the limit that last dropped calls
 //     (above 0.9 of it) it grows by 1 a window instead of √L.
 //
-// L stays within [Config.Min, Config.Max]. base is the lowest latency seen, measured again
-// every Config.ProbeInterval (the first after ProbeFirst): the limit is held at ProbeLimit
-// until ProbeSamples calls started under it complete, and base is their lowest latency —
+// L stays within [Config.Min, Config.Max]. base is the lowest window mean seen, measured
+// again every Config.ProbeInterval (the first after ProbeFirst): the limit is held at
+// ProbeLimit until ProbeSamples calls started under it complete, and base is their median —
 // without a probe, a base measured while the far side queued would stay too high and let L
 // creep up. Against a far side whose latency grows with its queue (one CPU-bound API worker:
 // ~30 ms a call at one in flight) L settles at a few calls in flight; against one that
@@ -38,6 +38,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -47,7 +48,7 @@ const (
 	DefaultInitial       = 4
 	DefaultMin           = 1
 	DefaultMax           = 256
-	DefaultTolerance     = 2.0
+	DefaultTolerance     = 1.5
 	DefaultProbeInterval = time.Minute
 	DefaultProbeFirst    = 10 * time.Second
 	// ProbeLimit is the limit held during a probe of the latency without load: 2 calls.
@@ -73,7 +74,7 @@ type Config struct {
 	// DefaultProbeInterval (1 minute); negative: never after the first.
 	ProbeInterval time.Duration
 	// ProbeFirst is when the first probe runs, after the first call. Defaults to
-	// DefaultProbeFirst (10 s); negative: none (base is the lowest latency seen).
+	// DefaultProbeFirst (10 s); negative: none (base is the lowest window mean seen).
 	ProbeFirst time.Duration
 }
 
@@ -111,13 +112,12 @@ type Limiter struct {
 	winMaxIn    int
 	slowStart   bool
 	dropAt      float64       // the limit when calls were last dropped; 0 before
-	base        time.Duration // lowest latency without load; 0 before the first sample
+	base        time.Duration // latency without load: the lowest window mean, or a probe's median; 0 before
 
 	probing    bool
 	probeSince time.Time
 	probeSaved float64
-	probeN     int
-	probeMin   time.Duration
+	probeRTTs  []time.Duration
 	nextProbe  time.Time // zero: none planned
 }
 
@@ -309,14 +309,12 @@ func (l *Limiter) sample(start, end time.Time, dropped bool) {
 	rtt := max(end.Sub(start), time.Microsecond)
 	if l.probing {
 		if !start.Before(l.probeSince) && !dropped {
-			l.probeN++
-			if l.probeMin == 0 || rtt < l.probeMin {
-				l.probeMin = rtt
-			}
+			l.probeRTTs = append(l.probeRTTs, rtt)
 		}
-		if dropped || l.probeN >= ProbeSamples || end.Sub(l.probeSince) > 30*time.Second {
-			if l.probeMin > 0 {
-				l.base = l.probeMin
+		if dropped || len(l.probeRTTs) >= ProbeSamples || end.Sub(l.probeSince) > 30*time.Second {
+			if n := len(l.probeRTTs); n > 0 {
+				slices.Sort(l.probeRTTs)
+				l.base = l.probeRTTs[n/2] // the median: one lucky call on a busy machine is not the far side's speed
 			}
 			l.probing = false
 			l.limit = l.probeSaved
@@ -324,9 +322,6 @@ func (l *Limiter) sample(start, end time.Time, dropped bool) {
 			l.openWindow(end)
 		}
 		return
-	}
-	if !dropped && (l.base == 0 || rtt < l.base) {
-		l.base = rtt
 	}
 	if dropped {
 		l.winDrop = true
@@ -344,7 +339,7 @@ func (l *Limiter) sample(start, end time.Time, dropped bool) {
 	l.update()
 	l.openWindow(end)
 	if !l.nextProbe.IsZero() && !end.Before(l.nextProbe) {
-		l.probing, l.probeSince, l.probeSaved, l.probeN, l.probeMin = true, end, l.limit, 0, 0
+		l.probing, l.probeSince, l.probeSaved, l.probeRTTs = true, end, l.limit, l.probeRTTs[:0]
 	}
 }
 
@@ -360,6 +355,9 @@ func (l *Limiter) update() {
 		// Nothing measured, or the callers did not use half the limit.
 	default:
 		avg := l.winSum / time.Duration(l.winN)
+		if l.base == 0 || avg < l.base {
+			l.base = avg
+		}
 		if l.slowStart && float64(avg) <= 1.25*float64(l.base) {
 			lim = lim * 2
 			break
