@@ -192,6 +192,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	go logLimit(ctx, log, calls)
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
 		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
@@ -211,6 +212,24 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	})
 	fmt.Println(string(b))
 	return err
+}
+
+// logLimit logs the limit on requests to Airflow at info level every 10 s while it changes.
+func logLimit(ctx context.Context, log *zap.Logger, l *limit.Limiter) {
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	last := -1
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if n := l.Limit(); n != last {
+			last = n
+			log.Info("requests to Airflow in flight", zap.Int("limit", n), zap.Int("in_flight", l.InFlight()), zap.Int("waiting", l.Waiting()))
+		}
+	}
 }
 
 // parseOps parses --cdc-ops.
