@@ -21,7 +21,7 @@
 //     could take more);
 //   - slow start, until the first window with avg > 1.25 × base or a drop: L = 2L;
 //   - else L = L × g + √L, g = Tolerance × base / avg clamped to [0.5, 1] (Gradient2):
-//     L grows by √L per window while the latency stays within Tolerance (2) × base and
+//     L grows by √L per window while the latency stays within Tolerance (1.5 by default) × base and
 //     shrinks as queueing at the far side raises it; near the limit that last dropped calls
 //     (above 0.9 of it) it grows by 1 a window instead of √L.
 //
@@ -68,7 +68,7 @@ type Config struct {
 	// Min == Max is a fixed limit: nothing adapts (see Fixed).
 	Max int
 	// Tolerance is how much slower than the latency without load a call may be before the
-	// limit shrinks, as a ratio > 1. Defaults to DefaultTolerance (2).
+	// limit shrinks, as a ratio > 1. Defaults to DefaultTolerance (1.5).
 	Tolerance float64
 	// ProbeInterval is how often the latency without load is measured again. Defaults to
 	// DefaultProbeInterval (1 minute); negative: never after the first.

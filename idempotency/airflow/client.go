@@ -17,6 +17,12 @@
 // that returns them makes its partition wait and retry without spending the event's attempts
 // (kafkatx.UnavailableError). Other answers (400, 422: Airflow refuses this run) are plain
 // *StatusError values. The package does not import kafkatx.
+//
+// Every request holds a permit of one limit on the requests in flight to Airflow over the
+// whole Client (Config.Limiter, adaptive by default: package limit), taken before the
+// request's timeout starts; a create that got no answer (a timeout, a connection lost after
+// the request went out) or a 5xx is settled by reading the run by its id before it is sent
+// again.
 package airflow
 
 import (
@@ -70,7 +76,8 @@ type Config struct {
 	// timeout.
 	HTTPClient *http.Client
 
-	// RequestTimeout bounds one attempt (connect, send, read the answer). Defaults to 10s.
+	// RequestTimeout bounds one attempt (connect, send, read the answer), from when it holds
+	// its permit of Limiter: time waiting for the permit does not count. Defaults to 10s.
 	RequestTimeout time.Duration
 
 	// MaxAttempts is the most attempts per trigger for temporary failures, the first
