@@ -21,9 +21,9 @@
 //     could take more);
 //   - slow start, until the first window with avg > 1.25 × base or a drop: L = 2L;
 //   - else L = L × g + √L, g = Tolerance × base / avg clamped to [0.5, 1] (Gradient2):
-//     L grows by √L per window while the latency stays within Tolerance (1.5 by default) × base and
-//     shrinks as queueing at the far side raises it; near the limit that last dropped calls
-//     (above 0.9 of it) it grows by 1 a window instead of √L.
+//     L grows by √L per window while the latency stays within Tolerance (1.5 by default)
+//     × base and shrinks as queueing at the far side raises it; near the limit that last
+//     dropped calls (above 0.9 of it) it grows by 1 a window instead of √L.
 //
 // L stays within [Config.Min, Config.Max]. base is the lowest window mean seen, measured
 // again every Config.ProbeInterval (the first after ProbeFirst): the limit is held at
