@@ -162,7 +162,7 @@ func simulate(t *testing.T, cfg Config, far farSide, callers int, d, warm time.D
 // keep the worker busy: the throughput is that of the worker (33 calls/s).
 func TestLimitSettlesLowAgainstAQueueingServer(t *testing.T) {
 	far := &cpuBound{work: 30 * time.Millisecond, timeout: 10 * time.Second, poolSize: 15, left: map[int]time.Duration{}, age: map[int]time.Duration{}}
-	r := simulate(t, Config{}, far, 96, 180*time.Second, 5*time.Second)
+	r := simulate(t, Config{}, far, 96, 90*time.Second, 5*time.Second)
 	if r.over > 0 {
 		t.Errorf("more calls in flight than the far side's pool of 15 for %v", r.over)
 	}
@@ -172,9 +172,9 @@ func TestLimitSettlesLowAgainstAQueueingServer(t *testing.T) {
 	if r.lastLimit < 2 {
 		t.Errorf("limit ended at %d: the worker idles between calls", r.lastLimit)
 	}
-	capacity := int(180 * time.Second / (30 * time.Millisecond))
+	capacity := int(90 * time.Second / (30 * time.Millisecond))
 	if r.done < capacity*9/10 {
-		t.Errorf("%d calls done in 180 s, want ≥ 90%% of the worker's %d", r.done, capacity)
+		t.Errorf("%d calls done in 90 s, want ≥ 90%% of the worker's %d", r.done, capacity)
 	}
 	t.Logf("done %d of %d, max limit after 5 s %d, last %d", r.done, capacity, r.maxLimit, r.lastLimit)
 }
@@ -185,13 +185,13 @@ func TestLimitSettlesLowAgainstAQueueingServer(t *testing.T) {
 // worker busy: the limit gets ≥ 90% of the worker's throughput and stays within the pool.
 func TestLimitFillsAServerThatAlsoWaits(t *testing.T) {
 	far := &cpuBound{work: 36 * time.Millisecond, wait: 80 * time.Millisecond, timeout: 10 * time.Second, poolSize: 15, left: map[int]time.Duration{}, age: map[int]time.Duration{}}
-	r := simulate(t, Config{}, far, 96, 180*time.Second, 5*time.Second)
-	capacity := int(180 * time.Second / (36 * time.Millisecond))
+	r := simulate(t, Config{}, far, 96, 90*time.Second, 5*time.Second)
+	capacity := int(90 * time.Second / (36 * time.Millisecond))
 	if r.over > 0 || r.maxLimit > 15 {
 		t.Errorf("over the pool of 15 for %v; limit reached %d after 5 s", r.over, r.maxLimit)
 	}
 	if r.done < capacity*9/10 {
-		t.Errorf("%d calls done in 180 s, want ≥ 90%% of the worker's %d", r.done, capacity)
+		t.Errorf("%d calls done in 90 s, want ≥ 90%% of the worker's %d", r.done, capacity)
 	}
 	t.Logf("done %d of %d, max limit after 5 s %d, last %d", r.done, capacity, r.maxLimit, r.lastLimit)
 }
