@@ -236,7 +236,8 @@ func needLoad(t *testing.T) *realAirflow {
 // TestRealAirflowLoadUnboundedLocksUp reproduces the lock-up that dagtrigger's old default made
 // of a default Airflow 3.3.2: 16 lanes × 6 partitions = 96 calls in flight (today: a fixed
 // limit of 96) against one api-server worker whose database pool holds 15. Measured before
-// the limit: no run listed in 3 min 55 s, the health endpoint not answering in 10 s after. It leaves the api-server stuck, so it runs
+// the limit (at dagtrigger's defaults then) and again with the fixed 96: no run listed in
+// 3 min 55 s, the health endpoint not answering in 10 s after. It leaves the api-server stuck, so it runs
 // only when asked (KAFKATX_AIRFLOW_LOCKUP=1) and restarts Airflow after.
 func TestRealAirflowLoadUnboundedLocksUp(t *testing.T) {
 	if os.Getenv("KAFKATX_AIRFLOW_LOCKUP") != "1" {
