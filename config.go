@@ -14,6 +14,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/engine"
+	"github.com/kafkatx/kafkatx/limit"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -213,6 +214,18 @@ type Config struct {
 	// follow the handler's rules (FailMessage, Permanent, Unavailable, a panic, a retryable
 	// PostgreSQL error). Defaults to nil.
 	Prepare func(ctx context.Context, msgs []*Message) error
+
+	// PrepareLimit bounds the Prepare calls in flight over the whole consumer (every
+	// partition and lane): a unit waits for a permit, outside any transaction, before its
+	// Prepare runs, and the call's latency and answer feed the limit (package limit: it adapts
+	// — a call answered Unavailable, or a retryable database error, counts as dropped and
+	// shrinks it; a success is a latency sample; a handler-style failure says nothing of the
+	// far side's speed). With Concurrency lanes in each of P partitions, Concurrency × P
+	// calls could otherwise reach the far side at once, bounded by nothing that knows it.
+	// Defaults to limit.New(limit.Config{}) when Prepare is set (4 at the start, 1 to 256);
+	// limit.Fixed(MaxUnits) adds no bound of its own (a client that limits its own calls, as
+	// idempotency/airflow does).
+	PrepareLimit *limit.Limiter
 
 	// Backpressure, when set, is called by each partition's worker before a batch's
 	// transaction begins, outside any transaction, and may block to hold the partition back:
@@ -502,6 +515,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if out.MaxUnits <= 0 {
 		out.MaxUnits = MaxUnitsDefault
+	}
+	if out.Prepare != nil && out.PrepareLimit == nil {
+		out.PrepareLimit = limit.MustNew(limit.Config{})
 	}
 	if out.ShutdownTimeout <= 0 {
 		out.ShutdownTimeout = ShutdownTimeoutDefault
