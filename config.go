@@ -243,7 +243,9 @@ type BatchConfig struct {
 // (25P03) — is retried with backoff and is not an attempt; a statement_timeout (57014) in the
 // handler is the handler's failure and counts as one. A handler that calls out (an HTTP API,
 // an orchestrator) keeps each call's own timeout well under IdleTimeout and does any long
-// wait outside the transaction. A negative value leaves the server's setting alone.
+// wait outside the transaction. One rule for every field: zero is the default, a negative
+// value is off — the server's setting is left alone, and the handler-stuck report
+// (Settings.StuckAfter), which is derived from IdleTimeout and StatementTimeout, is off too.
 type TransactionConfig struct {
 	// IdleTimeout is idle_in_transaction_session_timeout: a transaction idle for longer (its
 	// process frozen, stopped by SIGSTOP or cut off by a network partition) has its session
@@ -542,14 +544,11 @@ func (c *Config) settings() (*engine.Settings, error) {
 // once with its partition and offset, Readiness.Stuck, kafkatx_partition_stuck): the
 // transaction's statement_timeout plus its idle_in_transaction_session_timeout
 // (Config.Transaction; 70 s by default) — past both, the call cannot be doing useful work in
-// its transaction. A bound turned off (negative) leaves the default's part in its place.
+// its transaction. A negative field means "off" here as in beginSQL (TransactionConfig's one
+// rule): with either bound off the loop knows no bound of the call, and reports none stuck (0).
 func stuckAfter(t TransactionConfig) time.Duration {
-	st, idle := t.StatementTimeout, t.IdleTimeout
-	if st <= 0 {
-		st = StatementTimeoutDefault
+	if t.StatementTimeout < 0 || t.IdleTimeout < 0 {
+		return 0
 	}
-	if idle <= 0 {
-		idle = IdleTimeoutDefault
-	}
-	return st + idle
+	return t.StatementTimeout + t.IdleTimeout
 }
