@@ -405,9 +405,13 @@ const (
 	DefaultUnavailableMaxWait = UnavailableMaxWaitDefault // Deprecated: use UnavailableMaxWaitDefault.
 )
 
-// withDefaults returns a copy of c (validated) with every zero field set to its default.
-// The user's Config and its Kafka map are not changed.
-func (c *Config) withDefaults() Config {
+// WithDefaults returns a copy of c with every zero field set to the default the consumer runs
+// with (the *Default constants above; Idempotency.Key idempotency.FromOutboxID, Retention
+// idempotency.DefaultRetention, DeadLetter.Topic the source topic + DeadLetterSuffixDefault),
+// the one place the loop's defaults are applied: NewConsumer runs with it and the test kit
+// kafkatxtest reads its rules from it (River's Config.WithDefaults). It validates nothing
+// (NewConsumer does); the user's Config and its Kafka map are not changed.
+func (c *Config) WithDefaults() Config {
 	out := *c
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
@@ -485,7 +489,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	d := c.withDefaults()
+	d := c.WithDefaults()
 	km := kafka.ConfigMap{}
 	for k, v := range c.Kafka {
 		km[k] = v

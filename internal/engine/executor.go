@@ -150,9 +150,9 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 	return batch
 }
 
-// process runs batch: messages below the watermark are dropped (a redelivery); a message that
-// needs care runs alone (runOne); the others run as optimistic batches (runBatch), and a batch
-// that failed without naming its message runs again one message per transaction.
+// process runs batch: messages below the watermark are dropped (a redelivery); the rest are cut
+// into transactions by Split (split.go): a message that needs care runs alone (runOne), the
+// others as optimistic batches (runBatch).
 func (u *lane) process(batch []*kafka.Message) error {
 	msgs := batch[:0]
 	for _, m := range batch {
@@ -162,45 +162,19 @@ func (u *lane) process(batch []*kafka.Message) error {
 		}
 		msgs = append(msgs, m)
 	}
-	split := 0 // while > 0, the next split messages run one per transaction
-	for len(msgs) > 0 {
-		if u.stopping() {
-			return errStopped // the current transaction finished; the rest is redelivered to the next owner
-		}
-		if u.needsCare(msgs[0]) {
-			if err := u.runOne(msgs[0]); err != nil {
-				return err
+	sp := Split{
+		Alone: func(i int) bool { return u.needsCare(msgs[i]) },
+		Batch: func(i, j int) (int, error) { return u.runBatch(msgs[i:j]) },
+		One:   func(i int) error { return u.runOne(msgs[i]) },
+		Before: func(i int) error {
+			u.held(len(msgs) - i)
+			if u.stopping() {
+				return errStopped // the current transaction finished; the rest is redelivered to the next owner
 			}
-			msgs = msgs[1:]
-			split = max(split-1, 0)
-			u.held(len(msgs))
-			continue
-		}
-		limit := len(msgs)
-		if split > 0 {
-			limit = 1
-		}
-		j := 1
-		for j < limit && !u.needsCare(msgs[j]) {
-			j++
-		}
-		failed, err := u.runBatch(msgs[:j])
-		switch {
-		case err != nil:
-			return err
-		case failed == -1:
-			msgs = msgs[j:]
-			split = max(split-j, 0)
-			u.held(len(msgs))
-		case failed == Unattributed:
-			// The batch handler failed without naming a message: run these one per
-			// transaction, so the failure names its message.
-			split = j
-		}
-		// Otherwise msgs[failed] now has an attempt row: the next round commits the
-		// messages before it as a batch, then runs it alone.
+			return nil
+		},
 	}
-	return nil
+	return sp.Run(len(msgs))
 }
 
 // needsCare reports whether km must run alone in its own transaction: it failed before, it
