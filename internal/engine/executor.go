@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -71,49 +72,54 @@ func (l *Loop) dispatch(m *kafka.Message) {
 	}
 }
 
-// run is the worker's goroutine: batch after batch until it is asked to stop, fenced for good,
-// or fails.
+// run is the worker's goroutine: round after round until it is asked to stop, fenced for
+// good, or fails. A round is one batch of the serial lane, or a round of lanes (lanes.go) with
+// Concurrency > 1 or while offsets done out of order are left above the watermark — except in
+// a suspect range (isolate.go), which the serial lane runs in its pieces whatever Concurrency.
 func (p *worker) run() {
-	if p.set.Concurrency > 1 || len(p.doneAbove) > 0 {
-		p.runLanes() // lanes.go
-		return
-	}
 	defer close(p.done)
 	defer p.abortWork()
 	defer p.waits.available(false)
 	for {
-		if p.stopping() {
-			p.clearInflight()
-			return
+		var err error
+		if (p.set.Concurrency > 1 || len(p.doneAbove) > 0) && !p.sus.holds(p.watermark.Load()) {
+			err = p.laneRound(max(1, p.set.Concurrency))
+		} else {
+			err = p.serialRound()
 		}
-		var first *kafka.Message
-		select {
-		case <-p.stopCh:
-			p.clearInflight()
-			return
-		case s := <-p.skips:
-			if !p.goOn(p.passRecordless(s)) {
-				return
-			}
-			continue
-		case first = <-p.in:
-		}
-		batch := p.collect(first)
-		p.busy.Store(int64(len(batch)))
-		err := p.waits.holdBack()
-		if err == nil {
-			err = p.serial.process(batch)
-		}
-		p.busy.Store(0)
-		var held int64
-		for _, m := range batch {
-			held += messageBytes(m)
-		}
-		p.bytes.Add(-held)
 		if !p.goOn(err) {
 			return
 		}
 	}
+}
+
+// serialRound runs one batch of the serial lane, or passes offsets without a record
+// (recordless.go); errStopped when the worker is asked to stop.
+func (p *worker) serialRound() error {
+	if p.stopping() {
+		return errStopped
+	}
+	var first *kafka.Message
+	select {
+	case <-p.stopCh:
+		return errStopped
+	case s := <-p.skips:
+		return p.passRecordless(s)
+	case first = <-p.in:
+	}
+	batch := p.collect(first)
+	p.busy.Store(int64(len(batch)))
+	err := p.waits.holdBack()
+	if err == nil {
+		err = p.serial.process(batch)
+	}
+	p.busy.Store(0)
+	var held int64
+	for _, m := range batch {
+		held += messageBytes(m)
+	}
+	p.bytes.Add(-held)
+	return err
 }
 
 // collect takes up to Batch.Size messages: those already queued, and more for up to
@@ -150,39 +156,66 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 	return batch
 }
 
-// process runs batch: messages below the watermark are dropped (a redelivery); the rest are cut
-// into transactions by Split (split.go): a message that needs care runs alone (runOne), the
-// others as optimistic batches (runBatch).
+// process runs batch: messages below the watermark are dropped (a redelivery), and so are,
+// in the serial lane, offsets already done by lanes (doneAbove); the rest are cut into
+// transactions by Split (split.go) — a message that needs care runs alone (runOne), the others
+// as optimistic batches (runBatch) — never across a piece of a suspect range (isolate.go).
 func (u *lane) process(batch []*kafka.Message) error {
 	msgs := batch[:0]
 	for _, m := range batch {
-		if int64(m.TopicPartition.Offset) < u.watermark.Load() {
+		off := int64(m.TopicPartition.Offset)
+		if off < u.watermark.Load() {
+			u.emit.RedeliveryDropped(u.tp, 1)
+			continue
+		}
+		if u.isSerial && u.doneAbove[off] {
+			delete(u.doneAbove, off) // applied by a lane before the crash: never run again
+			u.doneRowsTo = max(u.doneRowsTo, off+1)
 			u.emit.RedeliveryDropped(u.tp, 1)
 			continue
 		}
 		msgs = append(msgs, m)
 	}
-	sp := Split{
-		Alone: func(i int) bool { return u.needsCare(msgs[i]) },
-		Batch: func(i, j int) (int, error) { return u.runBatch(msgs[i:j]) },
-		One:   func(i int) error { return u.runOne(msgs[i]) },
-		Before: func(i int) error {
-			u.held(len(msgs) - i)
-			if u.stopping() {
-				return errStopped // the current transaction finished; the rest is redelivered to the next owner
-			}
-			return nil
-		},
+	for len(msgs) > 0 {
+		n := len(msgs)
+		if o := first(msgs); u.sus.holds(o) {
+			end := u.sus.pieceEnd(o)
+			n = sort.Search(len(msgs), func(i int) bool { return int64(msgs[i].TopicPartition.Offset) >= end })
+		}
+		seg, rest := msgs[:n], len(msgs)-n
+		sp := Split{
+			Alone: func(i int) bool { return u.needsCare(seg[i]) },
+			Batch: func(i, j int) (int, error) { return u.runBatch(seg[i:j]) },
+			One:   func(i int) error { return u.runOne(seg[i]) },
+			Before: func(i int) error {
+				u.held(len(seg) - i + rest)
+				if u.stopping() {
+					return errStopped // the current transaction finished; the rest is redelivered to the next owner
+				}
+				return nil
+			},
+		}
+		if err := sp.Run(len(seg)); err != nil {
+			return err
+		}
+		msgs = msgs[n:]
 	}
-	return sp.Run(len(msgs))
+	if u.isSerial && u.doneRowsTo > u.watermark.Load() {
+		// The batch ended with offsets done before: the watermark passes them, and their rows go.
+		if err := u.advanceTo(u.doneRowsTo); err != nil {
+			return err
+		}
+		u.doneRowsTo = 0
+	}
+	return nil
 }
 
-// needsCare reports whether km must run alone in its own transaction: it failed before, it
-// was in flight when a previous owner crashed (docs/design.md: no bisection by repeated
-// crashes), or it is oversized.
+// needsCare reports whether km must run alone in its own transaction: it failed before (an
+// attempt row), it is the only offset of its piece of a suspect range (a probe, isolate.go), or
+// it is oversized.
 func (u *lane) needsCare(km *kafka.Message) bool {
 	offset := int64(km.TopicPartition.Offset)
-	if offset < u.crashedUntil || u.oversized(km) {
+	if u.sus.single(offset) || u.oversized(km) {
 		return true
 	}
 	_, ok := u.attempt(offset)
@@ -200,14 +233,8 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 	ctx := u.workCtx
 	first := int64(msgs[0].TopicPartition.Offset)
 	end := int64(msgs[len(msgs)-1].TopicPartition.Offset) + 1
-	if u.isSerial && end > u.inflightEnd { // with lanes, the coordinator marks before it dispatches
-		ahead := u.markAhead(end)
-		if err := u.waits.untilDone(first, func() error {
-			return u.store.MarkInflight(ctx, u.pool, u.group, u.tp, u.watermark.Load(), ahead)
-		}); err != nil {
-			return -1, err
-		}
-		u.inflightEnd = ahead
+	if err := u.mark(first, end); err != nil {
+		return -1, err
 	}
 	var t Tried
 	if err := u.waits.untilDone(first, func() (err error) {
@@ -234,13 +261,38 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 	}
 }
 
+// mark makes the serial lane's in-flight marker cover [first, end) before a unit runs them:
+// in a suspect range exactly first's piece (isolate.go), else reaching ahead (markAhead) when
+// end is past it. Usually the previous commit wrote it. With lanes, the coordinator marks when
+// it admits a message.
+func (u *lane) mark(first, end int64) error {
+	if !u.isSerial {
+		return nil
+	}
+	want := u.inflightEnd
+	switch {
+	case u.sus.holds(first):
+		want = u.sus.pieceEnd(first)
+	case end > u.inflightEnd:
+		want = u.markAhead(end)
+	}
+	if want == u.inflightEnd {
+		return nil
+	}
+	if err := u.waits.untilDone(first, func() error {
+		return u.store.MarkInflight(u.workCtx, u.pool, u.group, u.tp, u.watermark.Load(), want)
+	}); err != nil {
+		return err
+	}
+	u.inflightEnd = want
+	return nil
+}
+
 // markAhead is how far the in-flight marker written with a batch ending at end reaches: over
 // the messages already dispatched to the worker, at most one batch beyond end. Marking ahead
 // spares the next batch its own marker write (it is covered by the previous commit);
-// bounding it bounds what a crash costs, since every offset under the marker then runs one
-// message per transaction (docs/design.md, "No bisection by crashing"). Unbounded, a crash
-// with 25,000 messages dispatched per partition cost about 45 s of one-per-transaction
-// recovery.
+// bounding it bounds what a crash costs, since every offset under the marker is then suspect
+// and runs in pieces (isolate.go).
 func (p *worker) markAhead(end int64) int64 {
 	return max(end, min(p.dispatchedEnd.Load(), end+int64(p.set.BatchSize)))
 }
@@ -250,6 +302,10 @@ func (p *worker) markAhead(end int64) int64 {
 // t.Failed (or Unattributed); err is a database or fencing error, or errWaited for an
 // Unavailable answer, after which untilDone runs it again.
 func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
+	if err := u.gate.enter(u.waits.stop); err != nil {
+		return t, err
+	}
+	defer u.gate.leave()
 	start := time.Now()
 	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.scope(), msgs, 1)
 	u.handlerEnded()
@@ -265,7 +321,7 @@ func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t
 	for _, km := range msgs {
 		u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
 	}
-	return t, u.finishTx(ctx, tx, msgs, end, u.markAhead(end), false, &t, start)
+	return t, u.finishTx(ctx, tx, msgs, end, u.markAfter(end, true), false, &t, start)
 }
 
 // verdict turns a try's verdict over msgs into the loop's next step: Again is an error
@@ -297,16 +353,15 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 	return nil
 }
 
-// runOne runs one message alone, with a durable attempt count written before each try,
-// blocking retries with backoff, and the dead letter after the last allowed attempt.
+// runOne runs one message alone: blocking retries with backoff, and the dead letter after the
+// last allowed attempt. A try of a crash suspect — the only offset of its piece, or a message
+// whose last try crashed — is a probe (isolate.go): it runs alone in the process, its attempt
+// recorded durably before the handler runs, so that a crash during it counts as the
+// message's own (invariant 3). Other tries record their attempt when they fail; a crash
+// during one is found by the marker, never charged to a message that did not run alone.
 func (u *lane) runOne(km *kafka.Message) error {
-	ctx := u.workCtx
 	off := int64(km.TopicPartition.Offset)
-	a, ok := u.attempt(off)
-	if !ok && off < u.crashedUntil {
-		// Attempted by a batch that never committed: the crash counts once.
-		a = offsetstore.Attempt{Offset: off, Attempts: 1}
-	}
+	a, _ := u.attempt(off)
 	if u.oversized(km) {
 		return u.deadLetter(km, offsetstore.Attempt{Offset: off, ErrorClass: ClassOversized,
 			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), u.set.MaxValueBytes)})
@@ -321,19 +376,8 @@ func (u *lane) runOne(km *kafka.Message) error {
 				return err
 			}
 		}
-		n := a.Attempts + 1
-		// Durable before the handler runs: a crash during this try counts (invariant 3).
-		if err := u.waits.untilDone(off, func() error { return u.store.BeginAttempt(ctx, u.pool, u.group, u.tp, off, n) }); err != nil {
-			return err
-		}
-		a.Attempts = n
-		a.ErrorClass = "" // unknown until this try ends; a crash leaves it empty
-		u.setAttempt(off, a)
-		var herr error
-		if err := u.waits.untilDone(off, func() (err error) {
-			herr, err = u.oneTx(ctx, km, n) // the same try each time: database trouble is not an attempt
-			return err
-		}); err != nil {
+		herr, err := u.try(km, &a, u.sus.single(off) || (a.Attempts > 0 && a.ErrorClass == ""))
+		if err != nil {
 			return err
 		}
 		if herr == nil {
@@ -348,9 +392,51 @@ func (u *lane) runOne(km *kafka.Message) error {
 	}
 }
 
-// oneTx runs one message's try in its own transaction. herr is the handler's failure; err a
-// database or fencing error, or errWaited for an Unavailable answer.
-func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
+// try runs try a.Attempts+1 of km (a probe when probe, isolate.go) and sets a.Attempts to it;
+// herr is the handler's failure, err a database, fencing or stop error.
+func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr, err error) {
+	ctx := u.workCtx
+	off := int64(km.TopicPartition.Offset)
+	if err := u.mark(off, off+1); err != nil {
+		return nil, err
+	}
+	n := a.Attempts + 1
+	alone := false
+	if probe {
+		if alone, err = u.gate.alone(u.waits.stop, u.set.StuckAfter); err != nil {
+			return nil, err
+		}
+		if alone {
+			defer u.gate.release()
+			// Durable before the handler runs: a crash during this try is the message's own.
+			if err := u.waits.untilDone(off, func() error { return u.store.BeginAttempt(ctx, u.pool, u.group, u.tp, off, n) }); err != nil {
+				return nil, err
+			}
+			a.Offset, a.Attempts, a.ErrorClass = off, n, "" // the class is unknown until this try ends; a crash leaves it empty
+			u.setAttempt(off, *a)
+		} else {
+			u.log.Warn("a crash suspect runs with other units: a handler call ran past the stuck bound; a crash now is not counted as the message's",
+				zap.Int64("offset", off), zap.Duration("bound", u.set.StuckAfter))
+		}
+	}
+	err = u.waits.untilDone(off, func() (err error) {
+		herr, err = u.oneTx(ctx, km, n, alone) // the same try each time: database trouble is not an attempt
+		return err
+	})
+	a.Offset, a.Attempts = off, n
+	return herr, err
+}
+
+// oneTx runs one message's try in its own transaction, among the process's other units
+// unless alone (a probe holding the gate). herr is the handler's failure; err a database or
+// fencing error, or errWaited for an Unavailable answer.
+func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone bool) (herr, err error) {
+	if !alone {
+		if err := u.gate.enter(u.waits.stop); err != nil {
+			return nil, err
+		}
+		defer u.gate.leave()
+	}
 	start := time.Now()
 	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.scope(), []*kafka.Message{km}, attempt)
 	u.handlerEnded()
@@ -364,7 +450,8 @@ func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr,
 		return t.Cause, err
 	}
 	u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
-	return nil, u.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, u.inflight(), true, &t, start)
+	end := int64(km.TopicPartition.Offset) + 1
+	return nil, u.finishTx(ctx, tx, []*kafka.Message{km}, end, u.markAfter(end, false), true, &t, start)
 }
 
 // recordFailure logs herr (at info, with what) and stores it as the failure of attempt a,
@@ -423,7 +510,7 @@ func (u *lane) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kafka.Me
 		return err
 	}
 	u.set.Signals.step("dead-letter", d.Offset)
-	return u.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, u.inflight(), true, nil, time.Time{})
+	return u.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, u.markAfter(d.Offset+1, false), true, nil, time.Time{})
 }
 
 // finishTx is the tail that every transaction moving the watermark over messages shares, in
@@ -445,12 +532,20 @@ func (u *lane) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, e
 			return err
 		}
 	}
+	if u.doneRowsTo > 0 {
+		if err := u.store.DeleteDone(ctx, tx, u.group, u.tp, end); err != nil {
+			return err
+		}
+	}
 	xid, err := u.store.AdvanceXID(ctx, tx, u.group, u.tp, u.watermark.Load(), end, inflightEnd)
 	if err != nil {
 		return err
 	}
 	if err := u.commit(ctx, tx, end, xid); err != nil {
 		return err
+	}
+	if end >= u.doneRowsTo {
+		u.doneRowsTo = 0 // every done row the serial lane passed is deleted
 	}
 	for _, km := range msgs {
 		u.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
