@@ -22,9 +22,9 @@ import (
 //	worker.run           the worker takes it with what is queued behind it (collect)
 //	lane.process         drops what is below the watermark, splits around messages that need care
 //	lane.runBatch        in-flight marker, then one optimistic transaction for the batch
-//	lane.batchTx         Body (claims, handler, verdict), then finishTx
+//	lane.batchTx         Body (claims, handler, verdict), then the lane's mode's finish
 //	lane.runOne          a message alone: durable attempt, oneTx, backoff, dead letter
-//	lane.finishTx        gap audit, attempts cleared, watermark compare-and-set, then
+//	serialMode.finish    gap audit, attempts cleared, watermark compare-and-set (mode.go), then
 //	worker.commit        the PostgreSQL COMMIT (a lost answer settled from txid_status)
 //	worker.committed     the new watermark to the committer (committer.go), which commits it to Kafka
 //
@@ -111,7 +111,13 @@ func (p *worker) serialRound() error {
 	p.busy.Store(int64(len(batch)))
 	err := p.waits.holdBack()
 	if err == nil {
-		err = p.serial.process(batch)
+		err = p.serial.process(p.passDone(batch))
+	}
+	if err == nil && p.doneRowsTo > p.watermark.Load() {
+		// The batch ended with offsets done before: the watermark passes them, and their rows go.
+		if err = p.advanceTo(p.doneRowsTo); err == nil {
+			p.doneRowsTo = 0
+		}
 	}
 	p.busy.Store(0)
 	var held int64
@@ -120,6 +126,26 @@ func (p *worker) serialRound() error {
 	}
 	p.bytes.Add(-held)
 	return err
+}
+
+// passDone drops from batch the offsets lanes applied before a crash (doneAbove): never run
+// again; the serial lane's commits delete their rows (serialMode.finish).
+func (p *worker) passDone(batch []*kafka.Message) []*kafka.Message {
+	if len(p.doneAbove) == 0 {
+		return batch
+	}
+	out := batch[:0:0]
+	for _, m := range batch {
+		off := int64(m.TopicPartition.Offset)
+		if p.doneAbove[off] {
+			delete(p.doneAbove, off)
+			p.doneRowsTo = max(p.doneRowsTo, off+1)
+			p.emit.RedeliveryDropped(p.tp, 1)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // collect takes up to Batch.Size messages: those already queued, and more for up to
@@ -156,21 +182,14 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 	return batch
 }
 
-// process runs batch: messages below the watermark are dropped (a redelivery), and so are,
-// in the serial lane, offsets already done by lanes (doneAbove); the rest are cut into
-// transactions by Split (split.go) — a message that needs care runs alone (runOne), the others
-// as optimistic batches (runBatch) — never across a piece of a suspect range (isolate.go).
+// process runs batch: messages below the watermark are dropped (a redelivery); the rest are
+// cut into transactions by Split (split.go) — a message that needs care runs alone (runOne),
+// the others as optimistic batches (runBatch) — never across a piece of a suspect range
+// (isolate.go).
 func (u *lane) process(batch []*kafka.Message) error {
 	msgs := batch[:0]
 	for _, m := range batch {
-		off := int64(m.TopicPartition.Offset)
-		if off < u.watermark.Load() {
-			u.emit.RedeliveryDropped(u.tp, 1)
-			continue
-		}
-		if u.isSerial && u.doneAbove[off] {
-			delete(u.doneAbove, off) // applied by a lane before the crash: never run again
-			u.doneRowsTo = max(u.doneRowsTo, off+1)
+		if int64(m.TopicPartition.Offset) < u.watermark.Load() {
 			u.emit.RedeliveryDropped(u.tp, 1)
 			continue
 		}
@@ -188,7 +207,7 @@ func (u *lane) process(batch []*kafka.Message) error {
 			Batch: func(i, j int) (int, error) { return u.runBatch(seg[i:j]) },
 			One:   func(i int) error { return u.runOne(seg[i]) },
 			Before: func(i int) error {
-				u.held(len(seg) - i + rest)
+				u.mode.held(u, len(seg)-i+rest)
 				if u.stopping() {
 					return errStopped // the current transaction finished; the rest is redelivered to the next owner
 				}
@@ -199,13 +218,6 @@ func (u *lane) process(batch []*kafka.Message) error {
 			return err
 		}
 		msgs = msgs[n:]
-	}
-	if u.isSerial && u.doneRowsTo > u.watermark.Load() {
-		// The batch ended with offsets done before: the watermark passes them, and their rows go.
-		if err := u.advanceTo(u.doneRowsTo); err != nil {
-			return err
-		}
-		u.doneRowsTo = 0
 	}
 	return nil
 }
@@ -233,7 +245,7 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 	ctx := u.workCtx
 	first := int64(msgs[0].TopicPartition.Offset)
 	end := int64(msgs[len(msgs)-1].TopicPartition.Offset) + 1
-	if err := u.mark(first, end); err != nil {
+	if err := u.mode.mark(u, first, end); err != nil {
 		return -1, err
 	}
 	var t Tried
@@ -261,33 +273,6 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 	}
 }
 
-// mark makes the serial lane's in-flight marker cover [first, end) before a unit runs them:
-// in a suspect range exactly first's piece (isolate.go), else reaching ahead (markAhead) when
-// end is past it. Usually the previous commit wrote it. With lanes, the coordinator marks when
-// it admits a message.
-func (u *lane) mark(first, end int64) error {
-	if !u.isSerial {
-		return nil
-	}
-	want := u.inflightEnd
-	switch {
-	case u.sus.holds(first):
-		want = u.sus.pieceEnd(first)
-	case end > u.inflightEnd:
-		want = u.markAhead(end)
-	}
-	if want == u.inflightEnd {
-		return nil
-	}
-	if err := u.waits.untilDone(first, func() error {
-		return u.store.MarkInflight(u.workCtx, u.pool, u.group, u.tp, u.watermark.Load(), want)
-	}); err != nil {
-		return err
-	}
-	u.inflightEnd = want
-	return nil
-}
-
 // markAhead is how far the in-flight marker written with a batch ending at end reaches: over
 // the messages already dispatched to the worker, at most one batch beyond end. Marking ahead
 // spares the next batch its own marker write (it is covered by the previous commit);
@@ -298,7 +283,7 @@ func (p *worker) markAhead(end int64) int64 {
 }
 
 // batchTx runs the body over msgs in one transaction and, when the handler succeeded,
-// advances the watermark to end (finishTx). t.Verdict is Failed for a handler failure at
+// advances the watermark to end (the lane's mode's finish, mode.go). t.Verdict is Failed for a handler failure at
 // t.Failed (or Unattributed); err is a database or fencing error, or errWaited for an
 // Unavailable answer, after which untilDone runs it again.
 func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
@@ -321,7 +306,7 @@ func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t
 	for _, km := range msgs {
 		u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
 	}
-	return t, u.finishTx(ctx, tx, msgs, end, u.markAfter(end, true), false, &t, start)
+	return t, u.mode.finish(ctx, u, tx, finish{msgs: msgs, end: end, ahead: true, t: &t, start: start})
 }
 
 // verdict turns a try's verdict over msgs into the loop's next step: Again is an error
@@ -397,7 +382,7 @@ func (u *lane) runOne(km *kafka.Message) error {
 func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr, err error) {
 	ctx := u.workCtx
 	off := int64(km.TopicPartition.Offset)
-	if err := u.mark(off, off+1); err != nil {
+	if err := u.mode.mark(u, off, off+1); err != nil {
 		return nil, err
 	}
 	n := a.Attempts + 1
@@ -451,7 +436,7 @@ func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone 
 	}
 	u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
 	end := int64(km.TopicPartition.Offset) + 1
-	return nil, u.finishTx(ctx, tx, []*kafka.Message{km}, end, u.markAfter(end, false), true, &t, start)
+	return nil, u.mode.finish(ctx, u, tx, finish{msgs: []*kafka.Message{km}, end: end, clearAttempts: true, t: &t, start: start})
 }
 
 // recordFailure logs herr (at info, with what) and stores it as the failure of attempt a,
@@ -510,56 +495,7 @@ func (u *lane) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kafka.Me
 		return err
 	}
 	u.set.Signals.step("dead-letter", d.Offset)
-	return u.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, u.markAfter(d.Offset+1, false), true, nil, time.Time{})
-}
-
-// finishTx is the tail that every transaction moving the watermark over messages shares, in
-// this order: audit a gap that retention left below msgs' first offset, delete the attempt
-// rows of msgs when they had any (clearAttempts), advance the watermark from u.watermark to
-// end (compare-and-set; the in-flight marker to inflightEnd), commit, and record the commit
-// with what the body found (t; nil for a dead letter, which deadLetter records). start is when
-// the transaction began.
-func (u *lane) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, t *Tried, start time.Time) error {
-	from := int64(msgs[0].TopicPartition.Offset)
-	if !u.isSerial {
-		return u.finishUnitTx(ctx, tx, msgs, clearAttempts, t, start) // lanes.go
-	}
-	if err := u.auditGap(ctx, tx, from); err != nil {
-		return err
-	}
-	if clearAttempts {
-		if err := u.store.DeleteAttempts(ctx, tx, u.group, u.tp, from, end); err != nil {
-			return err
-		}
-	}
-	if u.doneRowsTo > 0 {
-		if err := u.store.DeleteDone(ctx, tx, u.group, u.tp, end); err != nil {
-			return err
-		}
-	}
-	xid, err := u.store.AdvanceXID(ctx, tx, u.group, u.tp, u.watermark.Load(), end, inflightEnd)
-	if err != nil {
-		return err
-	}
-	if err := u.commit(ctx, tx, end, xid); err != nil {
-		return err
-	}
-	if end >= u.doneRowsTo {
-		u.doneRowsTo = 0 // every done row the serial lane passed is deleted
-	}
-	for _, km := range msgs {
-		u.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
-	}
-	u.inflightEnd = inflightEnd
-	u.waits.available(true)
-	u.committed(end)
-	if t != nil && t.Verdict == Done {
-		u.breaker.succeeded() // handled messages committed: a spell of shared failures ends
-	}
-	if t != nil {
-		u.emit.BatchCommitted(u.tp, from, end, *t, time.Since(start))
-	}
-	return nil
+	return u.mode.finish(ctx, u, tx, finish{msgs: []*kafka.Message{km}, end: d.Offset + 1, clearAttempts: true})
 }
 
 // auditGap records in tx, as an unexplained skip, the offsets below first that the log no

@@ -100,7 +100,7 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 		done:        make(chan struct{}),
 	}
 	p.waits = &waits{p: p, stop: p.stopCh}
-	p.serial = &lane{worker: p, waits: p.waits, isSerial: true}
+	p.serial = &lane{worker: p, waits: p.waits, mode: serialMode{}}
 	p.setDoneAbove(done)
 	if w.InflightEnd > w.Next {
 		p.sus = newSuspect(w.Next, w.InflightEnd)
@@ -296,36 +296,13 @@ func (p *worker) dropAttempt(offset int64) {
 
 // lane runs messages of one partition in offset order, one unit (transaction) at a time:
 // the worker's serial lane (Concurrency 1), or one of Concurrency lanes (lanes.go), each
-// with its own waits, so a message in backoff holds only its lane.
+// with its own waits, so a message in backoff holds only its lane. Its mode (mode.go) is
+// what the two differ in.
 type lane struct {
 	*worker
-	call     handlerCall // the handler call in progress (stuck.go)
-	waits    *waits
-	isSerial bool
-	idx      int
-	q        laneQueue       // lanes.go; unused by the serial lane
-	comp     chan<- laneDone // completions to the worker's coordinator; nil for the serial lane
-}
-
-// held records how many messages the serial lane still holds, for Stats and the idle check.
-func (u *lane) held(n int) {
-	if u.isSerial {
-		u.busy.Store(int64(n))
-	}
-}
-
-// markAfter is the in-flight marker a serial transaction that moves the watermark to end
-// leaves: in a suspect range the end of end's piece (the next piece's marker, written with
-// this commit), else the marker reaching ahead (markAhead) when ahead, or the one in place.
-// Lanes leave it to the coordinator (0).
-func (u *lane) markAfter(end int64, ahead bool) int64 {
-	switch {
-	case !u.isSerial:
-		return 0
-	case u.sus.holds(end):
-		return u.sus.pieceEnd(end)
-	case ahead:
-		return u.markAhead(end)
-	}
-	return u.inflightEnd
+	call  handlerCall // the handler call in progress (stuck.go)
+	waits *waits
+	mode  mode
+	idx   int
+	q     laneQueue // lanes.go; unused by the serial lane
 }
