@@ -214,11 +214,52 @@ func (u *lane) process(batch []*kafka.Message) error {
 				return nil
 			},
 		}
-		if err := sp.Run(len(seg)); err != nil {
+		if err := u.runPiece(&sp, len(seg), u.sus.holds(first(seg)) && u.sus.narrowed(u.set.BatchSize)); err != nil {
 			return err
 		}
 		msgs = msgs[n:]
 	}
+	return nil
+}
+
+// runPiece runs sp over n messages, alone in the process when alone (a piece of a narrowed
+// suspect range, isolate.go): a crash during it is then this piece's, not another
+// partition's, and the next start narrows the right range.
+func (u *lane) runPiece(sp *Split, n int, alone bool) error {
+	if alone {
+		ok, err := u.gate.alone(u.waits.stop, u.set.StuckAfter)
+		if err != nil {
+			return err
+		}
+		if ok {
+			u.alone = true
+			defer func() {
+				if u.alone {
+					u.alone = false
+					u.gate.release()
+				}
+			}()
+		}
+	}
+	return sp.Run(n)
+}
+
+// backoffApart waits the backoff before a retry of a (beforeRetry) with the gate given back
+// when the lane holds it, so a backoff never holds the process's other partitions.
+func (u *lane) backoffApart(a offsetstore.Attempt) error {
+	if !u.alone {
+		return u.waits.beforeRetry(a)
+	}
+	u.alone = false
+	u.gate.release()
+	if err := u.waits.beforeRetry(a); err != nil {
+		return err
+	}
+	ok, err := u.gate.alone(u.waits.stop, u.set.StuckAfter)
+	if err != nil {
+		return err
+	}
+	u.alone = ok
 	return nil
 }
 
@@ -287,10 +328,12 @@ func (p *worker) markAhead(end int64) int64 {
 // t.Failed (or Unattributed); err is a database or fencing error, or errWaited for an
 // Unavailable answer, after which untilDone runs it again.
 func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
-	if err := u.gate.enter(u.waits.stop); err != nil {
-		return t, err
+	if !u.alone {
+		if err := u.gate.enter(u.waits.stop); err != nil {
+			return t, err
+		}
+		defer u.gate.leave()
 	}
-	defer u.gate.leave()
 	start := time.Now()
 	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.scope(), msgs, 1)
 	u.handlerEnded()
@@ -357,7 +400,7 @@ func (u *lane) runOne(km *kafka.Message) error {
 		}
 		if a.Attempts > 0 && a.ErrorClass != "" {
 			a.Offset = off
-			if err := u.waits.beforeRetry(a); err != nil {
+			if err := u.backoffApart(a); err != nil {
 				return err
 			}
 		}
@@ -386,13 +429,17 @@ func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr,
 		return nil, err
 	}
 	n := a.Attempts + 1
-	alone := false
-	if probe {
+	alone := u.alone // the piece holds the gate already
+	if probe && !alone {
 		if alone, err = u.gate.alone(u.waits.stop, u.set.StuckAfter); err != nil {
 			return nil, err
 		}
 		if alone {
 			defer u.gate.release()
+		}
+	}
+	if probe {
+		if alone {
 			// Durable before the handler runs: a crash during this try is the message's own.
 			if err := u.waits.untilDone(off, func() error { return u.store.BeginAttempt(ctx, u.pool, u.group, u.tp, off, n) }); err != nil {
 				return nil, err
@@ -416,7 +463,7 @@ func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr,
 // unless alone (a probe holding the gate). herr is the handler's failure; err a database or
 // fencing error, or errWaited for an Unavailable answer.
 func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone bool) (herr, err error) {
-	if !alone {
+	if !alone && !u.alone {
 		if err := u.gate.enter(u.waits.stop); err != nil {
 			return nil, err
 		}

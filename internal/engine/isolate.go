@@ -15,7 +15,9 @@ import (
 // leaves that piece as the next start's suspect range — a sixteenth of the one before — and a
 // range that committed whole cost 16 transactions. A range of one offset is a probe: its
 // message runs alone in the process (gate.alone: no other unit of any partition in flight),
-// with its attempt recorded durably before the handler runs (BeginAttempt). Only a probe's
+// with its attempt recorded durably before the handler runs (BeginAttempt); so do the pieces of
+// a range narrower than a batch (narrowed), so that pills in several partitions do not
+// mislead each other's searches. Only a probe's
 // crash is counted as the message's: a message that shared a range with a crasher is never
 // charged for it, and neither is one whose range a kill of another partition's work ended.
 // A pill costs 1 + log16(range) + MaxAttempts starts; the range is at most two batches.
@@ -37,6 +39,13 @@ func newSuspect(from, end int64) suspect {
 	}
 	return suspect{from: from, end: end, size: max(1, (end-from+pieces-1)/pieces)}
 }
+
+// narrowed reports whether the range is smaller than a batch of batchSize: the piece of an
+// earlier start's range, most likely (a batch's marker covers the batch and up to one more).
+// Its pieces run alone in the process, so that a crash during one is that piece's and not
+// another partition's, and the search narrows the right range; the first, wide level runs
+// with the other partitions, at the speed of the drain.
+func (s suspect) narrowed(batchSize int) bool { return s.end-s.from < int64(batchSize) }
 
 // holds reports whether offset o is in the range.
 func (s suspect) holds(o int64) bool { return o >= s.from && o < s.end }

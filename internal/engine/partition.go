@@ -301,6 +301,7 @@ func (p *worker) dropAttempt(offset int64) {
 type lane struct {
 	*worker
 	call  handlerCall // the handler call in progress (stuck.go)
+	alone bool        // the lane holds the process's gate (a piece of a narrowed suspect range, isolate.go)
 	waits *waits
 	mode  mode
 	idx   int
