@@ -189,16 +189,16 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 func (u *lane) process(batch []*kafka.Message) error {
 	msgs := batch[:0]
 	for _, m := range batch {
-		if int64(m.TopicPartition.Offset) < u.watermark.Load() {
-			u.emit.RedeliveryDropped(u.tp, 1)
+		if int64(m.TopicPartition.Offset) < u.p.watermark.Load() {
+			u.p.emit.RedeliveryDropped(u.p.tp, 1)
 			continue
 		}
 		msgs = append(msgs, m)
 	}
 	for len(msgs) > 0 {
 		n := len(msgs)
-		if o := first(msgs); u.sus.holds(o) {
-			end := u.sus.pieceEnd(o)
+		if o := first(msgs); u.p.sus.holds(o) {
+			end := u.p.sus.pieceEnd(o)
 			n = sort.Search(len(msgs), func(i int) bool { return int64(msgs[i].TopicPartition.Offset) >= end })
 		}
 		seg, rest := msgs[:n], len(msgs)-n
@@ -208,13 +208,13 @@ func (u *lane) process(batch []*kafka.Message) error {
 			One:   func(i int) error { return u.runOne(seg[i]) },
 			Before: func(i int) error {
 				u.mode.held(u, len(seg)-i+rest)
-				if u.stopping() {
+				if u.p.stopping() {
 					return errStopped // the current transaction finished; the rest is redelivered to the next owner
 				}
 				return nil
 			},
 		}
-		if err := u.runPiece(&sp, len(seg), u.sus.holds(first(seg)) && u.sus.narrowed(u.set.BatchSize)); err != nil {
+		if err := u.runPiece(&sp, len(seg), u.p.sus.holds(first(seg)) && u.p.sus.narrowed(u.p.set.BatchSize)); err != nil {
 			return err
 		}
 		msgs = msgs[n:]
@@ -227,7 +227,7 @@ func (u *lane) process(batch []*kafka.Message) error {
 // partition's, and the next start narrows the right range.
 func (u *lane) runPiece(sp *Split, n int, alone bool) error {
 	if alone {
-		ok, err := u.gate.alone(u.waits.stop, u.set.StuckAfter)
+		ok, err := u.p.gate.alone(u.waits.stop, u.p.set.StuckAfter)
 		if err != nil {
 			return err
 		}
@@ -236,7 +236,7 @@ func (u *lane) runPiece(sp *Split, n int, alone bool) error {
 			defer func() {
 				if u.alone {
 					u.alone = false
-					u.gate.release()
+					u.p.gate.release()
 				}
 			}()
 		}
@@ -251,11 +251,11 @@ func (u *lane) backoffApart(a offsetstore.Attempt) error {
 		return u.waits.beforeRetry(a)
 	}
 	u.alone = false
-	u.gate.release()
+	u.p.gate.release()
 	if err := u.waits.beforeRetry(a); err != nil {
 		return err
 	}
-	ok, err := u.gate.alone(u.waits.stop, u.set.StuckAfter)
+	ok, err := u.p.gate.alone(u.waits.stop, u.p.set.StuckAfter)
 	if err != nil {
 		return err
 	}
@@ -268,22 +268,22 @@ func (u *lane) backoffApart(a offsetstore.Attempt) error {
 // it is oversized.
 func (u *lane) needsCare(km *kafka.Message) bool {
 	offset := int64(km.TopicPartition.Offset)
-	if u.sus.single(offset) || u.oversized(km) {
+	if u.p.sus.single(offset) || u.oversized(km) {
 		return true
 	}
-	_, ok := u.attempt(offset)
+	_, ok := u.p.attempt(offset)
 	return ok
 }
 
 func (u *lane) oversized(km *kafka.Message) bool {
-	return u.set.MaxValueBytes > 0 && len(km.Value) > u.set.MaxValueBytes
+	return u.p.set.MaxValueBytes > 0 && len(km.Value) > u.p.set.MaxValueBytes
 }
 
 // runBatch runs msgs optimistically in one transaction. It returns the index of a message
 // whose handler failed (its attempt is recorded and the transaction rolled back),
 // Unattributed when the batch failed without naming one, or -1 when the batch committed.
 func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
-	ctx := u.workCtx
+	ctx := u.p.workCtx
 	first := int64(msgs[0].TopicPartition.Offset)
 	end := int64(msgs[len(msgs)-1].TopicPartition.Offset) + 1
 	if err := u.mode.mark(u, first, end); err != nil {
@@ -301,7 +301,7 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 		return -1, nil
 	case t.Failed == Unattributed:
 		u.waits.availableUnless(t.Cause)
-		u.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
+		u.p.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
 			zap.Int("messages", len(msgs)), zap.String("error", pg.SanitizeText(t.Cause.Error(), 512)))
 		return Unattributed, nil
 	default:
@@ -329,13 +329,13 @@ func (p *worker) markAhead(end int64) int64 {
 // Unavailable answer, after which untilDone runs it again.
 func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
 	if !u.alone {
-		if err := u.gate.enter(u.waits.stop); err != nil {
+		if err := u.p.gate.enter(u.waits.stop); err != nil {
 			return t, err
 		}
-		defer u.gate.leave()
+		defer u.p.gate.leave()
 	}
 	start := time.Now()
-	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.scope(), msgs, 1)
+	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.p.scope(), msgs, 1)
 	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
@@ -347,7 +347,7 @@ func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t
 		return t, err
 	}
 	for _, km := range msgs {
-		u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
+		u.p.set.Signals.step("handled", int64(km.TopicPartition.Offset))
 	}
 	return t, u.mode.finish(ctx, u, tx, finish{msgs: msgs, end: end, ahead: true, t: &t, start: start})
 }
@@ -374,7 +374,7 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 		}
 		// Counted only when the failing message is the first of its transaction: later in a
 		// batch, the messages before it have not committed, and may (a pill among them).
-		if u.breaker.failed(Position{TP: u.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
+		if u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
 			return &errHeld{cause: t.Cause}
 		}
 	}
@@ -389,13 +389,13 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 // during one is found by the marker, never charged to a message that did not run alone.
 func (u *lane) runOne(km *kafka.Message) error {
 	off := int64(km.TopicPartition.Offset)
-	a, _ := u.attempt(off)
+	a, _ := u.p.attempt(off)
 	if u.oversized(km) {
 		return u.deadLetter(km, offsetstore.Attempt{Offset: off, ErrorClass: ClassOversized,
-			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), u.set.MaxValueBytes)})
+			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), u.p.set.MaxValueBytes)})
 	}
 	for {
-		if GiveUp(a.ErrorClass, a.Attempts, u.set.MaxAttempts) {
+		if GiveUp(a.ErrorClass, a.Attempts, u.p.set.MaxAttempts) {
 			return u.deadLetter(km, a)
 		}
 		if a.Attempts > 0 && a.ErrorClass != "" {
@@ -404,26 +404,26 @@ func (u *lane) runOne(km *kafka.Message) error {
 				return err
 			}
 		}
-		herr, err := u.try(km, &a, u.sus.single(off) || (a.Attempts > 0 && a.ErrorClass == ""))
+		herr, err := u.try(km, &a, u.p.sus.single(off) || (a.Attempts > 0 && a.ErrorClass == ""))
 		if err != nil {
 			return err
 		}
 		if herr == nil {
-			u.dropAttempt(off)
+			u.p.dropAttempt(off)
 			return nil
 		}
 		u.waits.availableUnless(herr)
 		if err := u.recordFailure(a, herr, "handler failed"); err != nil {
 			return err
 		}
-		a, _ = u.attempt(off)
+		a, _ = u.p.attempt(off)
 	}
 }
 
 // try runs try a.Attempts+1 of km (a probe when probe, isolate.go) and sets a.Attempts to it;
 // herr is the handler's failure, err a database, fencing or stop error.
 func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr, err error) {
-	ctx := u.workCtx
+	ctx := u.p.workCtx
 	off := int64(km.TopicPartition.Offset)
 	if err := u.mode.mark(u, off, off+1); err != nil {
 		return nil, err
@@ -431,24 +431,24 @@ func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr,
 	n := a.Attempts + 1
 	alone := u.alone // the piece holds the gate already
 	if probe && !alone {
-		if alone, err = u.gate.alone(u.waits.stop, u.set.StuckAfter); err != nil {
+		if alone, err = u.p.gate.alone(u.waits.stop, u.p.set.StuckAfter); err != nil {
 			return nil, err
 		}
 		if alone {
-			defer u.gate.release()
+			defer u.p.gate.release()
 		}
 	}
 	if probe {
 		if alone {
 			// Durable before the handler runs: a crash during this try is the message's own.
-			if err := u.waits.untilDone(off, func() error { return u.store.BeginAttempt(ctx, u.pool, u.group, u.tp, off, n) }); err != nil {
+			if err := u.waits.untilDone(off, func() error { return u.p.store.BeginAttempt(ctx, u.p.pool, u.p.group, u.p.tp, off, n) }); err != nil {
 				return nil, err
 			}
 			a.Offset, a.Attempts, a.ErrorClass = off, n, "" // the class is unknown until this try ends; a crash leaves it empty
-			u.setAttempt(off, *a)
+			u.p.setAttempt(off, *a)
 		} else {
-			u.log.Warn("a crash suspect runs with other units: a handler call ran past the stuck bound; a crash now is not counted as the message's",
-				zap.Int64("offset", off), zap.Duration("bound", u.set.StuckAfter))
+			u.p.log.Warn("a crash suspect runs with other units: a handler call ran past the stuck bound; a crash now is not counted as the message's",
+				zap.Int64("offset", off), zap.Duration("bound", u.p.set.StuckAfter))
 		}
 	}
 	err = u.waits.untilDone(off, func() (err error) {
@@ -464,13 +464,13 @@ func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr,
 // fencing error, or errWaited for an Unavailable answer.
 func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone bool) (herr, err error) {
 	if !alone && !u.alone {
-		if err := u.gate.enter(u.waits.stop); err != nil {
+		if err := u.p.gate.enter(u.waits.stop); err != nil {
 			return nil, err
 		}
-		defer u.gate.leave()
+		defer u.p.gate.leave()
 	}
 	start := time.Now()
-	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.scope(), []*kafka.Message{km}, attempt)
+	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.p.scope(), []*kafka.Message{km}, attempt)
 	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
@@ -481,7 +481,7 @@ func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone 
 	if err := u.verdict(&t, []*kafka.Message{km}); err != nil || t.Verdict == Failed {
 		return t.Cause, err
 	}
-	u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
+	u.p.set.Signals.step("handled", int64(km.TopicPartition.Offset))
 	end := int64(km.TopicPartition.Offset) + 1
 	return nil, u.mode.finish(ctx, u, tx, finish{msgs: []*kafka.Message{km}, end: end, clearAttempts: true, t: &t, start: start})
 }
@@ -491,10 +491,10 @@ func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone 
 // crash too — knows its count, class and first failure time.
 func (u *lane) recordFailure(a offsetstore.Attempt, herr error, what string) error {
 	class, msg, stack := Describe(herr)
-	u.log.Info(what, zap.Int64("offset", a.Offset), zap.Int("attempt", a.Attempts),
+	u.p.log.Info(what, zap.Int64("offset", a.Offset), zap.Int("attempt", a.Attempts),
 		zap.String("error_class", class), zap.String("error", pg.SanitizeText(msg, 512)))
 	if err := u.waits.untilDone(a.Offset, func() error {
-		return u.store.RecordFailure(u.workCtx, u.pool, u.group, u.tp, a.Offset, a.Attempts, class, msg, stack)
+		return u.p.store.RecordFailure(u.p.workCtx, u.p.pool, u.p.group, u.p.tp, a.Offset, a.Attempts, class, msg, stack)
 	}); err != nil {
 		return err
 	}
@@ -503,7 +503,7 @@ func (u *lane) recordFailure(a offsetstore.Attempt, herr error, what string) err
 		a.FirstFailureAt = now
 	}
 	a.LastFailureAt, a.ErrorClass, a.ErrorMessage, a.Stack = now, class, msg, stack
-	u.setAttempt(a.Offset, a)
+	u.p.setAttempt(a.Offset, a)
 	return nil
 }
 
@@ -515,14 +515,14 @@ func (u *lane) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 	for _, h := range km.Headers {
 		hs = append(hs, dlq.Header{Key: h.Key, Value: h.Value})
 	}
-	d := NewDeadLetter(u.group, idempotency.Message{Topic: u.tp.Topic, Partition: u.tp.Partition, Offset: off, Key: km.Key, Value: km.Value},
-		km.Timestamp, hs, a, u.epoch)
-	if err := u.waits.untilDone(off, func() error { return u.deadLetterTx(u.workCtx, d, km) }); err != nil {
+	d := NewDeadLetter(u.p.group, idempotency.Message{Topic: u.p.tp.Topic, Partition: u.p.tp.Partition, Offset: off, Key: km.Key, Value: km.Value},
+		km.Timestamp, hs, a, u.p.epoch)
+	if err := u.waits.untilDone(off, func() error { return u.deadLetterTx(u.p.workCtx, d, km) }); err != nil {
 		return err
 	}
-	u.dropAttempt(off)
-	u.emit.DeadLettered(u.tp, off, d.Attempts, d.ErrorClass)
-	u.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
+	u.p.dropAttempt(off)
+	u.p.emit.DeadLettered(u.p.tp, off, d.Attempts, d.ErrorClass)
+	u.p.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
 		zap.String("error_class", d.ErrorClass), zap.String("error", pg.SanitizeText(d.ErrorMessage, 512)))
 	return nil
 }
@@ -533,15 +533,15 @@ func (u *lane) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 // again (untilDone), so the partition waits for the configuration to be fixed rather than the
 // process ending or the dead letter going unpublished.
 func (u *lane) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kafka.Message) error {
-	tx, err := u.begin(ctx)
+	tx, err := u.p.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := DeadLetterTx(ctx, tx, u.set.Schema, d, u.set.DeadLetterTopic); err != nil {
+	if err := DeadLetterTx(ctx, tx, u.p.set.Schema, d, u.p.set.DeadLetterTopic); err != nil {
 		return err
 	}
-	u.set.Signals.step("dead-letter", d.Offset)
+	u.p.set.Signals.step("dead-letter", d.Offset)
 	return u.mode.finish(ctx, u, tx, finish{msgs: []*kafka.Message{km}, end: d.Offset + 1, clearAttempts: true})
 }
 

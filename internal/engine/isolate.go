@@ -40,11 +40,14 @@ func newSuspect(from, end int64) suspect {
 	return suspect{from: from, end: end, size: max(1, (end-from+pieces-1)/pieces)}
 }
 
-// narrowed reports whether the range is smaller than a batch of batchSize: the piece of an
-// earlier start's range, most likely (a batch's marker covers the batch and up to one more).
+// narrowed reports whether the range is narrower than one batch of batchSize: what a kill
+// mid-drain leaves covers at least the batch that ran (and up to one more), so a narrower range
+// is most likely the piece of an earlier start's range (or a trickle's, which costs little).
 // Its pieces run alone in the process, so that a crash during one is that piece's and not
-// another partition's, and the search narrows the right range; the first, wide level runs
-// with the other partitions, at the speed of the drain.
+// another partition's, and the search narrows the right range; a wider range runs beside the
+// other partitions, at the speed of the drain. Measured with three pills at once in three
+// partitions (examples/orders' crash-pill test): 17 restarts with this rule, 27 when only
+// ranges of a sixteenth of two batches ran alone, more than 30 when none did.
 func (s suspect) narrowed(batchSize int) bool { return s.end-s.from < int64(batchSize) }
 
 // holds reports whether offset o is in the range.

@@ -38,6 +38,9 @@ func TestSuspectPieces(t *testing.T) {
 			t.Fatalf("%+v holds offsets outside it", s)
 		}
 	}
+	if !newSuspect(100, 599).narrowed(500) || newSuspect(100, 600).narrowed(500) || newSuspect(0, 10000).narrowed(5000) {
+		t.Fatal("narrowed: a range narrower than one batch")
+	}
 	if (suspect{}).holds(0) {
 		t.Fatal("the zero suspect holds offset 0")
 	}

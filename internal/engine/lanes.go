@@ -153,7 +153,7 @@ func (p *worker) laneRound(n int) error {
 	lanes := make([]*lane, n)
 	var wg sync.WaitGroup
 	for i := range lanes {
-		u := &lane{worker: p, waits: &waits{p: p, stop: stop}, idx: i, mode: laneMode{comp: comp}}
+		u := &lane{p: p, waits: &waits{p: p, stop: stop}, idx: i, mode: laneMode{comp: comp}}
 		u.q.wake = make(chan struct{}, 1)
 		lanes[i] = u
 	}
@@ -300,7 +300,7 @@ func (p *worker) advanceTo(next int64) error {
 // is reported on comp.
 func (u *lane) loop(stop <-chan struct{}, comp chan<- laneDone) {
 	for {
-		msgs := u.q.take(u.set.BatchSize, stop)
+		msgs := u.q.take(u.p.set.BatchSize, stop)
 		if msgs == nil {
 			return
 		}
@@ -315,7 +315,7 @@ func (u *lane) loop(stop <-chan struct{}, comp chan<- laneDone) {
 		for _, m := range msgs {
 			held += messageBytes(m)
 		}
-		u.bytes.Add(-held)
+		u.p.bytes.Add(-held)
 		if err != nil {
 			comp <- laneDone{err: err}
 			return
@@ -325,11 +325,11 @@ func (u *lane) loop(stop <-chan struct{}, comp chan<- laneDone) {
 
 // acquire takes one of the process-wide unit slots (Settings.MaxUnits).
 func (u *lane) acquire(stop <-chan struct{}) error {
-	if u.units == nil {
+	if u.p.units == nil {
 		return nil
 	}
 	select {
-	case u.units <- struct{}{}:
+	case u.p.units <- struct{}{}:
 		return nil
 	case <-stop:
 		return errStopped
@@ -337,8 +337,8 @@ func (u *lane) acquire(stop <-chan struct{}) error {
 }
 
 func (u *lane) release() {
-	if u.units != nil {
-		<-u.units
+	if u.p.units != nil {
+		<-u.p.units
 	}
 }
 

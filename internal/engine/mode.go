@@ -43,22 +43,22 @@ type serialMode struct{}
 // mark: in a suspect range exactly first's piece (isolate.go), else reaching ahead
 // (markAhead) when end is past the marker; usually the previous commit wrote it.
 func (serialMode) mark(u *lane, first, end int64) error {
-	want := u.inflightEnd
+	want := u.p.inflightEnd
 	switch {
-	case u.sus.holds(first):
-		want = u.sus.pieceEnd(first)
-	case end > u.inflightEnd:
-		want = u.markAhead(end)
+	case u.p.sus.holds(first):
+		want = u.p.sus.pieceEnd(first)
+	case end > u.p.inflightEnd:
+		want = u.p.markAhead(end)
 	}
-	if want == u.inflightEnd {
+	if want == u.p.inflightEnd {
 		return nil
 	}
 	if err := u.waits.untilDone(first, func() error {
-		return u.store.MarkInflight(u.workCtx, u.pool, u.group, u.tp, u.watermark.Load(), want)
+		return u.p.store.MarkInflight(u.p.workCtx, u.p.pool, u.p.group, u.p.tp, u.p.watermark.Load(), want)
 	}); err != nil {
 		return err
 	}
-	u.inflightEnd = want
+	u.p.inflightEnd = want
 	return nil
 }
 
@@ -67,12 +67,12 @@ func (serialMode) mark(u *lane, first, end int64) error {
 // else reaching ahead (markAhead) when ahead, or the one in place.
 func (serialMode) markAfter(u *lane, end int64, ahead bool) int64 {
 	switch {
-	case u.sus.holds(end):
-		return u.sus.pieceEnd(end)
+	case u.p.sus.holds(end):
+		return u.p.sus.pieceEnd(end)
 	case ahead:
-		return u.markAhead(end)
+		return u.p.markAhead(end)
 	}
-	return u.inflightEnd
+	return u.p.inflightEnd
 }
 
 // finish is the tail every serial transaction shares, in this order: audit a gap that
@@ -82,50 +82,50 @@ func (serialMode) markAfter(u *lane, end int64, ahead bool) int64 {
 // from txid_status), and record the commit.
 func (m serialMode) finish(ctx context.Context, u *lane, tx pgx.Tx, f finish) error {
 	from, end := int64(f.msgs[0].TopicPartition.Offset), f.end
-	if err := u.auditGap(ctx, tx, from); err != nil {
+	if err := u.p.auditGap(ctx, tx, from); err != nil {
 		return err
 	}
 	if f.clearAttempts {
-		if err := u.store.DeleteAttempts(ctx, tx, u.group, u.tp, from, end); err != nil {
+		if err := u.p.store.DeleteAttempts(ctx, tx, u.p.group, u.p.tp, from, end); err != nil {
 			return err
 		}
 	}
-	if u.doneRowsTo > 0 {
-		if err := u.store.DeleteDone(ctx, tx, u.group, u.tp, end); err != nil {
+	if u.p.doneRowsTo > 0 {
+		if err := u.p.store.DeleteDone(ctx, tx, u.p.group, u.p.tp, end); err != nil {
 			return err
 		}
 	}
 	inflightEnd := m.markAfter(u, end, f.ahead)
-	xid, err := u.store.AdvanceXID(ctx, tx, u.group, u.tp, u.watermark.Load(), end, inflightEnd)
+	xid, err := u.p.store.AdvanceXID(ctx, tx, u.p.group, u.p.tp, u.p.watermark.Load(), end, inflightEnd)
 	if err != nil {
 		return err
 	}
-	if err := u.commit(ctx, tx, end, xid); err != nil {
+	if err := u.p.commit(ctx, tx, end, xid); err != nil {
 		return err
 	}
-	if end >= u.doneRowsTo {
-		u.doneRowsTo = 0 // every done row the serial lane passed is deleted
+	if end >= u.p.doneRowsTo {
+		u.p.doneRowsTo = 0 // every done row the serial lane passed is deleted
 	}
 	for _, km := range f.msgs {
-		u.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
+		u.p.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
 	}
-	u.inflightEnd = inflightEnd
+	u.p.inflightEnd = inflightEnd
 	u.waits.available(true)
-	u.committed(end)
+	u.p.committed(end)
 	u.recordCommit(f, from, end)
 	return nil
 }
 
-func (serialMode) held(u *lane, n int) { u.busy.Store(int64(n)) }
+func (serialMode) held(u *lane, n int) { u.p.busy.Store(int64(n)) }
 
 // recordCommit ends a spell of shared failures (the breaker) when handled messages
 // committed, and reports the commit of [from, end) with what the body found.
 func (u *lane) recordCommit(f finish, from, end int64) {
 	if f.t != nil && f.t.Verdict == Done {
-		u.breaker.succeeded()
+		u.p.breaker.succeeded()
 	}
 	if f.t != nil {
-		u.emit.BatchCommitted(u.tp, from, end, *f.t, time.Since(f.start))
+		u.p.emit.BatchCommitted(u.p.tp, from, end, *f.t, time.Since(f.start))
 	}
 }
 
@@ -147,29 +147,29 @@ func (m laneMode) finish(ctx context.Context, u *lane, tx pgx.Tx, f finish) erro
 		offs[i] = int64(km.TopicPartition.Offset)
 	}
 	if f.clearAttempts {
-		if err := u.store.DeleteAttemptsAt(ctx, tx, u.group, u.tp, offs); err != nil {
+		if err := u.p.store.DeleteAttemptsAt(ctx, tx, u.p.group, u.p.tp, offs); err != nil {
 			return err
 		}
 	}
-	xid, err := u.store.MarkDoneXID(ctx, tx, u.group, u.tp, offs)
+	xid, err := u.p.store.MarkDoneXID(ctx, tx, u.p.group, u.p.tp, offs)
 	if err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		// A lost COMMIT answer is settled from the database's record (worker.settle); when
 		// the server no longer knows the transaction, the done rows tell.
-		if err := u.settle(ctx, err, xid, func() bool {
-			done, rerr := u.store.Done(context.WithoutCancel(ctx), u.pool, u.group, u.tp, offs[0])
+		if err := u.p.settle(ctx, err, xid, func() bool {
+			done, rerr := u.p.store.Done(context.WithoutCancel(ctx), u.p.pool, u.p.group, u.p.tp, offs[0])
 			return rerr == nil && containsAll(done, offs)
 		}); err != nil {
 			return err
 		}
 	}
 	for _, o := range offs {
-		u.set.Signals.step("db-committed", o)
+		u.p.set.Signals.step("db-committed", o)
 	}
 	u.waits.available(true)
-	u.lastCommit.Store(time.Now().UnixNano())
+	u.p.lastCommit.Store(time.Now().UnixNano())
 	u.recordCommit(f, offs[0], offs[len(offs)-1]+1)
 	m.comp <- laneDone{offsets: offs}
 	return nil

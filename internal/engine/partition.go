@@ -100,7 +100,7 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 		done:        make(chan struct{}),
 	}
 	p.waits = &waits{p: p, stop: p.stopCh}
-	p.serial = &lane{worker: p, waits: p.waits, mode: serialMode{}}
+	p.serial = &lane{p: p, waits: p.waits, mode: serialMode{}}
 	p.setDoneAbove(done)
 	if w.InflightEnd > w.Next {
 		p.sus = newSuspect(w.Next, w.InflightEnd)
@@ -299,7 +299,7 @@ func (p *worker) dropAttempt(offset int64) {
 // with its own waits, so a message in backoff holds only its lane. Its mode (mode.go) is
 // what the two differ in.
 type lane struct {
-	*worker
+	p     *worker     // the partition's worker: its offsets, attempts, collaborators
 	call  handlerCall // the handler call in progress (stuck.go)
 	alone bool        // the lane holds the process's gate (a piece of a narrowed suspect range, isolate.go)
 	waits *waits
