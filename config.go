@@ -311,7 +311,9 @@ type BatchConfig struct {
 // (25P03) — is retried with backoff and is not an attempt; a statement_timeout (57014) in the
 // handler is the handler's failure and counts as one. A handler that calls out (an HTTP API,
 // an orchestrator) keeps each call's own timeout well under IdleTimeout and does any long
-// wait outside the transaction. A negative value leaves the server's setting alone.
+// wait outside the transaction. One rule for every field: zero is the default, a negative
+// value is off — the server's setting is left alone, and the handler-stuck report
+// (Settings.StuckAfter), which is derived from IdleTimeout and StatementTimeout, is off too.
 type TransactionConfig struct {
 	// IdleTimeout is idle_in_transaction_session_timeout: a transaction idle for longer (its
 	// process frozen, stopped by SIGSTOP or cut off by a network partition) has its session
@@ -471,9 +473,13 @@ const (
 	DefaultUnavailableMaxWait = UnavailableMaxWaitDefault // Deprecated: use UnavailableMaxWaitDefault.
 )
 
-// withDefaults returns a copy of c (validated) with every zero field set to its default.
-// The user's Config and its Kafka map are not changed.
-func (c *Config) withDefaults() Config {
+// WithDefaults returns a copy of c with every zero field set to the default the consumer runs
+// with (the *Default constants above; Idempotency.Key idempotency.FromOutboxID, Retention
+// idempotency.DefaultRetention, DeadLetter.Topic the source topic + DeadLetterSuffixDefault),
+// the one place the loop's defaults are applied: NewConsumer runs with it and the test kit
+// kafkatxtest reads its rules from it (River's Config.WithDefaults). It validates nothing
+// (NewConsumer does); the user's Config and its Kafka map are not changed.
+func (c *Config) WithDefaults() Config {
 	out := *c
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
@@ -554,7 +560,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	d := c.withDefaults()
+	d := c.WithDefaults()
 	km := kafka.ConfigMap{}
 	for k, v := range c.Kafka {
 		km[k] = v
@@ -614,14 +620,11 @@ func (c *Config) settings() (*engine.Settings, error) {
 // once with its partition and offset, Readiness.Stuck, kafkatx_partition_stuck): the
 // transaction's statement_timeout plus its idle_in_transaction_session_timeout
 // (Config.Transaction; 70 s by default) — past both, the call cannot be doing useful work in
-// its transaction. A bound turned off (negative) leaves the default's part in its place.
+// its transaction. A negative field means "off" here as in beginSQL (TransactionConfig's one
+// rule): with either bound off the loop knows no bound of the call, and reports none stuck (0).
 func stuckAfter(t TransactionConfig) time.Duration {
-	st, idle := t.StatementTimeout, t.IdleTimeout
-	if st <= 0 {
-		st = StatementTimeoutDefault
+	if t.StatementTimeout < 0 || t.IdleTimeout < 0 {
+		return 0
 	}
-	if idle <= 0 {
-		idle = IdleTimeoutDefault
-	}
-	return st + idle
+	return t.StatementTimeout + t.IdleTimeout
 }

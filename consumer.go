@@ -51,7 +51,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
-	d := cfg.withDefaults()
+	d := cfg.WithDefaults()
 	prom, err := newPromHook(d.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatx: %w", err)

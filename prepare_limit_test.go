@@ -50,11 +50,11 @@ func TestPrepareLimitBoundsCallsOverEveryPartitionAndLane(t *testing.T) {
 // TestPrepareLimitDefaultsToAdaptive: with Prepare set and no PrepareLimit, the consumer bounds
 // Prepare by an adaptive limit with the package's defaults; without Prepare there is none.
 func TestPrepareLimitDefaultsToAdaptive(t *testing.T) {
-	cfg := (&Config{Prepare: func(context.Context, []*Message) error { return nil }}).withDefaults()
+	cfg := (&Config{Prepare: func(context.Context, []*Message) error { return nil }}).WithDefaults()
 	if cfg.PrepareLimit == nil || cfg.PrepareLimit.Limit() != limit.DefaultInitial || cfg.PrepareLimit.Config().Max != limit.DefaultMax {
 		t.Fatalf("default PrepareLimit %+v", cfg.PrepareLimit)
 	}
-	if (&Config{}).withDefaults().PrepareLimit != nil {
+	if (&Config{}).WithDefaults().PrepareLimit != nil {
 		t.Fatal("a PrepareLimit without Prepare")
 	}
 }

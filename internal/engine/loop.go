@@ -90,6 +90,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 	if set.MaxUnits > 0 {
 		l.units = make(chan struct{}, set.MaxUnits)
 	}
+	l.gate = newGate()
 	return l
 }
 

@@ -214,11 +214,13 @@ func (s *Store) Attempts(ctx context.Context, q pg.Querier, group string, tp TP,
 	return out, rows.Err()
 }
 
-// BeginAttempt durably records that try number n of offset is about to run.
+// BeginAttempt durably records that try number n of offset is about to run, its outcome
+// unknown (error_class NULL) until RecordFailure or the commit that deletes the row: a crash
+// during the try leaves it so.
 func (s *Store) BeginAttempt(ctx context.Context, q pg.Querier, group string, tp TP, offset int64, n int) error {
 	_, err := q.Exec(ctx, `INSERT INTO `+s.t.Attempts+` (group_id, topic, partition, "offset", attempts)
 		VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = excluded.attempts, updated_at = now()`,
+		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = excluded.attempts, error_class = NULL, updated_at = now()`,
 		group, tp.Topic, tp.Partition, offset, n)
 	if err != nil {
 		return fmt.Errorf("record attempt %d of %s@%d: %w", n, tp, offset, err)
