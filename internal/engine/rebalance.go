@@ -92,6 +92,11 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 	if err != nil {
 		return nil, err
 	}
+	marks := marksOf(committed)
+	db, err := l.readDatabase(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var starts []kafka.TopicPartition
 	var newParts []*worker
 	for _, tp := range tps {
@@ -102,8 +107,15 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		if err != nil {
 			return nil, fmt.Errorf("query log offsets of %s: %w", tp, err)
 		}
-		d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high},
+		mark, marked := marks[tp]
+		d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high,
+			KMarkedHere: marked && mark.Same(db)},
 			offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
+		if d.Compared == offsetstate.DatabaseRolledBack { // audited before Kafka goes back to W
+			if err := l.replayRollback(ctx, tp, d.W, k, mark, log.With(zap.String("state", string(d.State)))); err != nil {
+				return nil, err
+			}
+		}
 		w, err = l.applyStart(ctx, tp, w, k, low, high, d, log.With(zap.String("state", string(d.State))))
 		if err != nil {
 			return nil, err

@@ -19,6 +19,7 @@ const (
 	KindAlign           = "align"              // an operator aligned Kafka to the watermark
 	KindHalt            = "halt"               // the consumer refused to start on the partition (Kafka ahead under the halt policy, or the watermark past the log end); nothing processed
 	KindKafkaOutOfRange = "kafka_out_of_range" // Kafka's committed offset From was past the log end; ignored
+	KindRollbackReplay  = "rollback_replayed"  // the database lost [From, To) (a failover, a restore): re-processed from From
 )
 
 // Event is one offset audit row.
