@@ -31,7 +31,7 @@ type Loop struct {
 	lastMessage   atomic.Int64          // unix nanos of the last polled record
 	lastCommitN   atomic.Int64          // unix nanos of the last database commit
 	dbNow         atomic.Pointer[offsetstate.Database]
-	firstAssigned atomic.Int64          // unix nanos of the first assignment
+	firstAssigned atomic.Int64 // unix nanos of the first assignment
 
 	// Owned by Run.
 	kc      *kafka.Consumer
