@@ -98,7 +98,11 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 	if len(tps) == 0 {
 		return nil, nil
 	}
-	committed, err := o.kafka.Committed(ctx, group, tps)
+	committed, marks, err := o.kafka.CommittedMarks(ctx, group, tps)
+	if err != nil {
+		return nil, err
+	}
+	db, err := offsetstore.Database(ctx, o.pool)
 	if err != nil {
 		return nil, err
 	}
@@ -132,8 +136,9 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 		if hasK {
 			s.Committed = ptr(k)
 		}
-		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd},
-			offsetstate.Policy{}).State
+		mark, marked := marks[tp]
+		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd,
+			KMarkedHere: marked && mark.Same(db)}, offsetstate.Policy{}).State
 		switch {
 		case hasW && hasK:
 			s.Drift = ptr(k - w.Next)
