@@ -7,9 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
 )
@@ -241,6 +245,26 @@ func TestFailoverRestartReprocessesTheLostRange(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.failover(t)
+	// Before the consumer starts, offsets status tells the rollback from a skip.
+	standby, err := pgxpool.New(context.Background(), f.standby.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Close()
+	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	sts, err := offsets.NewOperator(standby, k, b.schema).Status(context.Background(), b.group, b.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sts {
+		if s.State != offsetstate.DatabaseRolledBack || !s.Drifted() {
+			t.Fatalf("offsets status of %s[%d] on the promoted standby: %s; want database_rolled_back (drift)", s.Topic, s.Partition, s.State)
+		}
+	}
 	r = b.start(t, effectWithEvent(b.schema), cfg)
 	failoverOutcome(t, f, b, before)
 	if s := r.c.Stats(); s.RolledBackOffsets != 200 || s.SkippedOffsets != 0 {
