@@ -10,7 +10,6 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
@@ -251,7 +250,7 @@ func TestFailoverRestartReprocessesTheLostRange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer standby.Close()
-	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers}, zap.NewNop())
+	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": b.brokers}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +264,11 @@ func TestFailoverRestartReprocessesTheLostRange(t *testing.T) {
 			t.Fatalf("offsets status of %s[%d] on the promoted standby: %s; want database_rolled_back (drift)", s.Topic, s.Partition, s.State)
 		}
 	}
+	// Restarted, as a process that died with the primary: a new pool on the same URL.
+	if b.pool, err = pgxpool.New(context.Background(), f.url); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.pool.Close)
 	r = b.start(t, effectWithEvent(b.schema), cfg)
 	failoverOutcome(t, f, b, before)
 	if s := r.c.Stats(); s.RolledBackOffsets != 200 || s.SkippedOffsets != 0 {

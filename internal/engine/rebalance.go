@@ -108,9 +108,15 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 			return nil, fmt.Errorf("query log offsets of %s: %w", tp, err)
 		}
 		mark, marked := marks[tp]
-		d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high,
-			KMarkedHere: marked && mark.Same(db)},
-			offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
+		o := offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high, KMarkedHere: marked && mark.Same(db)}
+		pol := offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead}
+		d := offsetstate.Classify(o, pol)
+		if d.Compared == offsetstate.DatabaseRolledBack {
+			if o.KMarkedHere, err = l.notRewoundByHand(ctx, tp, w.Next); err != nil {
+				return nil, err
+			}
+			d = offsetstate.Classify(o, pol)
+		}
 		if d.Compared == offsetstate.DatabaseRolledBack { // audited before Kafka goes back to W
 			if err := l.replayRollback(ctx, tp, d.W, k, mark, log.With(zap.String("state", string(d.State)))); err != nil {
 				return nil, err

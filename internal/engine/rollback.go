@@ -70,6 +70,13 @@ func (l *Loop) commitMark(epoch int) *string {
 	return &s
 }
 
+// notRewoundByHand reports whether tp's watermark w is not one set back by hand in this
+// database (offsetstore.RewoundByHand): only then is a marked K ahead of it a rollback.
+func (l *Loop) notRewoundByHand(ctx context.Context, tp offsetstore.TP, w int64) (bool, error) {
+	by, err := l.store.RewoundByHand(ctx, l.pool, l.group, tp, w)
+	return !by, err
+}
+
 // replayRollback audits, on assignment, that the database lost [w, k) of tp which the
 // consumer had committed as mark: the range is re-processed from w (the decision's Start).
 func (l *Loop) replayRollback(ctx context.Context, tp offsetstore.TP, w, k int64, mark offsetstate.CommitMark, log *zap.Logger) error {
@@ -145,10 +152,15 @@ func (p *worker) rolledBack(old, next int64) {
 	if d := p.db.Load(); d != nil {
 		now = *d
 	}
-	p.log.Warn("database rolled back under the running consumer (a failover or a restore): its watermark is below the one this worker committed; re-processing the lost range",
-		zap.Int64("from", next), zap.Int64("to", old), zap.Uint32("timeline", now.Timeline))
 	ctx, cancel := context.WithTimeout(p.workCtx, 10*time.Second)
 	defer cancel()
+	if by, err := p.store.RewoundByHand(ctx, p.pool, p.group, p.tp, next); err == nil && by {
+		p.log.Warn("watermark set back by hand under the running consumer (an unexplained_move row on record); re-processing from it",
+			zap.Int64("from", next), zap.Int64("to", old))
+		return
+	}
+	p.log.Warn("database rolled back under the running consumer (a failover or a restore): its watermark is below the one this worker committed; re-processing the lost range",
+		zap.Int64("from", next), zap.Int64("to", old), zap.Uint32("timeline", now.Timeline))
 	if _, err := p.store.InsertEvent(ctx, p.pool, offsetstore.Event{Group: p.group, Topic: p.tp.Topic, Partition: p.tp.Partition,
 		Kind: offsetstore.KindRollbackReplay, From: next, To: old, Actor: "kafkatx.consumer",
 		Reason: fmt.Sprintf("the database's watermark %d fell below %d, which this consumer had committed (timeline now %d): the database lost those transactions (a failover or a restore); re-processing [%d, %d)",

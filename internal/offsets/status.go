@@ -137,8 +137,16 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 			s.Committed = ptr(k)
 		}
 		mark, marked := marks[tp]
+		here := marked && mark.Same(db) && hasW && hasK && k > w.Next
+		if here { // as the consumer decides (engine, Loop.reconcile): not a watermark set back by hand
+			by, err := o.store.RewoundByHand(ctx, o.pool, group, tp, w.Next)
+			if err != nil {
+				return nil, err
+			}
+			here = !by
+		}
 		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd,
-			KMarkedHere: marked && mark.Same(db)}, offsetstate.Policy{}).State
+			KMarkedHere: here}, offsetstate.Policy{}).State
 		switch {
 		case hasW && hasK:
 			s.Drift = ptr(k - w.Next)

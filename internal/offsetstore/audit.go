@@ -91,3 +91,19 @@ func (s *Store) Events(ctx context.Context, q pg.Querier, group, topic string) (
 	}
 	return out, rows.Err()
 }
+
+// RewoundByHand reports whether the latest audit row of tp for group records a backward move
+// of the watermark to exactly w that no kafkatx writer made (kind unexplained_move, written by
+// the watermarks trigger of migration 004): a watermark set back by hand in this database,
+// which is not a rollback of the database — a failover or a restore leaves no such row, since
+// the database it comes back as never saw the newer watermark.
+func (s *Store) RewoundByHand(ctx context.Context, q pg.Querier, group string, tp TP, w int64) (bool, error) {
+	var by bool
+	err := q.QueryRow(ctx, `SELECT coalesce((SELECT kind = 'unexplained_move' AND to_offset = $4 AND from_offset > to_offset
+		FROM `+s.t.OffsetAudit+` WHERE group_id = $1 AND topic = $2 AND partition = $3 ORDER BY id DESC LIMIT 1), false)`,
+		group, tp.Topic, tp.Partition, w).Scan(&by)
+	if err != nil {
+		return false, fmt.Errorf("read the offset audit of %s: %w", tp, err)
+	}
+	return by, nil
+}
