@@ -299,10 +299,18 @@ func TestFailoverRestartReprocessesTheLostRange(t *testing.T) {
 // rollback_replayed. Today's consumer stalls until a new message arrives.
 func TestFailoverUnderARunningConsumerReseeks(t *testing.T) {
 	t.Parallel()
+	requireServices(t)
+	for _, n := range []int{1, 4} {
+		t.Run(fmt.Sprintf("Concurrency %d", n), func(t *testing.T) { failoverUnderRunningConsumer(t, n) })
+	}
+}
+
+func failoverUnderRunningConsumer(t *testing.T, concurrency int) {
 	f := stageFailoverPair(t, "")
 	b := failoverBundle(t, f, 2)
 	cfg := b.config(t)
 	cfg.Batch.Size = 20
+	cfg.Concurrency = concurrency
 	r := b.start(t, effectWithEvent(b.schema), cfg)
 	before := failoverDrain(t, f, b)
 	f.failover(t)
