@@ -9,7 +9,9 @@
 // Order: records with the same (topic, key) are published in the order their transactions
 // committed, and in write order inside one transaction. Records with a nil key have no
 // order. Every published record carries the header HeaderOutboxID, a UUID unique to the row,
-// which stays the same when a relay crash re-publishes the row.
+// which stays the same when a relay crash re-publishes the row; for a record written inside
+// kafkatx's consumer loop it is derived from the input message (Source), so it also stays the
+// same when the message is processed again after a database rollback.
 package outbox
 
 import (
@@ -74,6 +76,10 @@ func WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error)
 
 // WriteTx writes records into w.Schema's outbox in the caller's transaction, which it never
 // commits or rolls back.
+//
+// A record with a Source (its own, else the one ctx carries: WithSource) gets the outbox id
+// SourceID derives from it and the record's position among that Source's records, in both
+// modes; others get a random one (table mode) or the commit position's (WAL mode).
 //
 // In table mode (the default; see Mode) it inserts rows and returns the rows' ids in the
 // records' order. In WAL mode it emits transactional logical-decoding messages of up to about
