@@ -48,7 +48,10 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 				c.Close()
 				continue
 			}
-			s, err := net.Dial("tcp", target)
+			p.mu.Lock()
+			to := p.target
+			p.mu.Unlock()
+			s, err := net.Dial("tcp", to)
 			if err != nil {
 				c.Close()
 				continue
@@ -72,6 +75,13 @@ func newCutProxy(t *testing.T, target string) *cutProxy {
 		p.wg.Wait()
 	})
 	return p
+}
+
+// retarget sends the connections accepted from now on to target (a promoted standby).
+func (p *cutProxy) retarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
 }
 
 func (p *cutProxy) cut() {

@@ -76,20 +76,21 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 func (c *Consumer) Stats() Stats {
 	snap := c.loop.Snapshot()
 	return Stats{
-		Processed:       c.stats.processed.Load(),
-		Duplicates:      c.stats.duplicates.Load(),
-		Retries:         c.stats.retries.Load(),
-		DeadLettered:    c.stats.deadLettered.Load(),
-		SkippedOffsets:  c.stats.skipped.Load(),
-		Pauses:          c.stats.pauses.Load(),
-		NotChanges:      c.stats.notChanges.Load(),
-		Unavailable:     c.stats.unavailable.Load(),
-		FirstAssignedAt: snap.FirstAssigned,
-		LastMessageAt:   snap.LastMessage,
-		Assigned:        snap.Assigned,
-		InFlight:        snap.InFlight,
-		HeldBack:        snap.HeldBack,
-		Waiting:         len(snap.Waiting),
+		Processed:         c.stats.processed.Load(),
+		Duplicates:        c.stats.duplicates.Load(),
+		Retries:           c.stats.retries.Load(),
+		DeadLettered:      c.stats.deadLettered.Load(),
+		SkippedOffsets:    c.stats.skipped.Load(),
+		RolledBackOffsets: c.stats.rolledBack.Load(),
+		Pauses:            c.stats.pauses.Load(),
+		NotChanges:        c.stats.notChanges.Load(),
+		Unavailable:       c.stats.unavailable.Load(),
+		FirstAssignedAt:   snap.FirstAssigned,
+		LastMessageAt:     snap.LastMessage,
+		Assigned:          snap.Assigned,
+		InFlight:          snap.InFlight,
+		HeldBack:          snap.HeldBack,
+		Waiting:           len(snap.Waiting),
 	}
 }
 

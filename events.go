@@ -114,6 +114,15 @@ func (e *emitter) OffsetsSkipped(tp offsetstore.TP, kind string, from, to int64)
 	callHooks(e, e.hooks.skipped, func(h HookOffsetsSkipped) { h.OnOffsetsSkipped(ev) })
 }
 
+func (e *emitter) RollbackReplayed(tp offsetstore.TP, from, to int64) {
+	if to <= from {
+		return
+	}
+	e.stats.rolledBack.Add(to - from)
+	ev := RollbackReplayed{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, From: from, To: to}
+	callHooks(e, e.hooks.rolledBack, func(h HookRollbackReplayed) { h.OnRollbackReplayed(ev) })
+}
+
 func (e *emitter) DependencyUnavailable(tp offsetstore.TP, offset int64, since time.Time, backoff time.Duration) {
 	e.stats.unavailable.Add(1)
 	ev := DependencyUnavailable{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, Offset: offset, Since: since, Backoff: backoff}

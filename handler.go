@@ -8,6 +8,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/engine"
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // Handler processes one message inside the transaction that also advances the partition's
@@ -48,14 +49,17 @@ func perMessage(h Handler) BatchHandler {
 	}
 }
 
+// callOne calls h for m with ctx carrying m's outbox source: the records h writes through
+// outbox.WriteTx get ids derived from m (outbox.Source).
 func callOne(ctx context.Context, tx pgx.Tx, h Handler, m *Message) error {
+	ctx = outbox.WithSource(ctx, m.source)
 	return engine.Call(func() error { return h(ctx, tx, m) })
 }
 
 // newBody is the transaction body that the loop and the test kit run for handler h (with its
 // middleware and the group in its context), claiming business keys per idem in schema.
 func newBody(h BatchHandler, idem IdempotencyConfig, schema string) *engine.Body[*Message] {
-	b := &engine.Body[*Message]{Handler: h, Keyed: keyed, FromKafka: toMessage}
+	b := &engine.Body[*Message]{Handler: h, Keyed: keyed, FromKafka: toMessage, Scoped: sourced}
 	if !idem.Disabled {
 		b.Claims = &engine.Claims{Store: idempotency.Store{Schema: schema, Retention: idem.Retention}, Key: idem.Key}
 	}
@@ -65,6 +69,11 @@ func newBody(h BatchHandler, idem IdempotencyConfig, schema string) *engine.Body
 // keyed gives m to the idempotency key function.
 func keyed(m *Message) idempotency.Message {
 	return idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
+}
+
+// sourced gives m its outbox source in scope (the loop's "group/epoch").
+func sourced(m *Message, scope string) {
+	m.source = &outbox.Source{Scope: scope, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
 }
 
 func toMessage(km *kafka.Message, attempt int) *Message {

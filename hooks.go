@@ -181,6 +181,22 @@ type OffsetsSkipped struct {
 	Kind      string
 }
 
+// HookRollbackReplayed is called when the database lost a range of a partition that the
+// consumer had committed — a failover to a standby that lacked the last transactions, a
+// point-in-time restore — and the consumer re-processes it from the database's watermark
+// (audit kind "rollback_replayed", docs/offsets.md "Database rollbacks").
+type HookRollbackReplayed interface {
+	OnRollbackReplayed(RollbackReplayed)
+}
+
+// RollbackReplayed describes the range [From, To) re-processed after a database rollback.
+type RollbackReplayed struct {
+	Group     string
+	Topic     string
+	Partition int32
+	From, To  int64
+}
+
 // HookDependencyUnavailable is called for each handler answer of Unavailable that the
 // partition waits out (no attempt counted).
 type HookDependencyUnavailable interface {
@@ -255,6 +271,7 @@ type hookSet struct {
 	assigned       []HookPartitionsAssigned
 	revoked        []HookPartitionsRevoked
 	skipped        []HookOffsetsSkipped
+	rolledBack     []HookRollbackReplayed
 	unavailable    []HookDependencyUnavailable
 	available      []HookDependencyAvailable
 	lag            []HookPartitionLag
@@ -302,6 +319,10 @@ func newHookSet(own []Hook, user []Hook) (hookSet, error) {
 		}
 		if v, ok := h.(HookOffsetsSkipped); ok {
 			s.skipped = append(s.skipped, v)
+			n++
+		}
+		if v, ok := h.(HookRollbackReplayed); ok {
+			s.rolledBack = append(s.rolledBack, v)
 			n++
 		}
 		if v, ok := h.(HookDependencyUnavailable); ok {

@@ -3,6 +3,8 @@ package kafkatx
 import (
 	"context"
 	"time"
+
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // Message is one Kafka record handed to a Handler, with its position and attempt number.
@@ -25,18 +27,35 @@ type Message struct {
 
 	// ctx is the message's own context, set by middleware with SetContext.
 	ctx context.Context
+	// source names m for the outbox ids of the records written for it; nil outside the loop.
+	source *outbox.Source
 }
+
+// OutboxSource is m as the input of the outbox records written for it: set it as their
+// outbox.Record.Source and each gets an outbox id derived from m's group, topic, partition,
+// offset and replay epoch and its position among m's records (the same when m is processed
+// again after a database rollback; new after an operator's replay). A per-message Handler
+// needs nothing: the ctx it is called with carries m's. A batch handler that writes the
+// records of several messages in one WriteTx call names each record's message this way.
+// Nil for a message that did not come from the loop (then ids are random).
+func (m *Message) OutboxSource() *outbox.Source { return m.source }
 
 // Context returns the message's own context: the one a middleware attached with SetContext
 // (package kafkatxotel attaches the message's span, a child of the producer's trace context
 // in its headers), else context.Background(). Use it to label work done for one message of a
 // batch — for example the trace headers of the outbox record written for it; the handler's
 // ctx argument stays the one that carries cancellation. As in Watermill's Message.Context.
+// Inside the loop it also carries m's OutboxSource, so records written with
+// outbox.WriteTx(m.Context(), …) get ids derived from m.
 func (m *Message) Context() context.Context {
-	if m.ctx != nil {
-		return m.ctx
+	c := m.ctx
+	if c == nil {
+		c = context.Background()
 	}
-	return context.Background()
+	if m.source != nil && outbox.SourceFrom(c) != m.source {
+		c = outbox.WithSource(c, m.source)
+	}
+	return c
 }
 
 // SetContext attaches ctx to m for the handler and later middleware (see Context). Derive

@@ -19,6 +19,7 @@ type promHook struct {
 	retries      *prometheus.CounterVec
 	deadLetters  *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
+	rolledBack   *prometheus.CounterVec
 	notChanges   *prometheus.CounterVec
 	drift        *prometheus.GaugeVec
 	lag          *prometheus.GaugeVec
@@ -38,6 +39,7 @@ var (
 	_ HookDeadLettered          = (*promHook)(nil)
 	_ HookPartitionReconciled   = (*promHook)(nil)
 	_ HookOffsetsSkipped        = (*promHook)(nil)
+	_ HookRollbackReplayed      = (*promHook)(nil)
 	_ HookDependencyUnavailable = (*promHook)(nil)
 	_ HookDependencyAvailable   = (*promHook)(nil)
 	_ HookPartitionLag          = (*promHook)(nil)
@@ -52,6 +54,7 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 		retries:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_message_retries_total", Help: "Handler tries after the first."}, []string{"group", "topic"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_dead_letters_total", Help: "Messages dead-lettered."}, []string{"group", "topic", "error_class"}),
 		skipped:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_offsets_skipped_total", Help: "Offsets skipped by following Kafka's committed offset, by audit kind."}, []string{"group", "topic", "kind"}),
+		rolledBack:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_offsets_rollback_replayed_total", Help: "Offsets re-processed because the database lost them (a failover, a restore; audit kind rollback_replayed)."}, []string{"group", "topic"}),
 		notChanges:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_messages_not_a_change_total", Help: "Records the idempotency key function reported as not a change (tombstones, heartbeats, transaction metadata); the handler did not run."}, []string{"group", "topic"}),
 		drift:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_offset_drift", Help: "Kafka committed offset minus database watermark, found on assignment (0 when aligned)."}, []string{"group", "topic", "partition"}),
 		lag:         prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_lag", Help: "Log end offset minus database watermark, in messages."}, []string{"group", "topic", "partition"}),
@@ -74,6 +77,7 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 	promreg.Into(reg, &m.retries, &err)
 	promreg.Into(reg, &m.deadLetters, &err)
 	promreg.Into(reg, &m.skipped, &err)
+	promreg.Into(reg, &m.rolledBack, &err)
 	promreg.Into(reg, &m.drift, &err)
 	promreg.Into(reg, &m.lag, &err)
 	promreg.Into(reg, &m.batchSeconds, &err)
@@ -147,6 +151,10 @@ func (m *promHook) OnPartitionReconciled(e PartitionReconciled) {
 
 func (m *promHook) OnOffsetsSkipped(e OffsetsSkipped) {
 	m.skipped.WithLabelValues(e.Group, e.Topic, e.Kind).Add(float64(e.To - e.From))
+}
+
+func (m *promHook) OnRollbackReplayed(e RollbackReplayed) {
+	m.rolledBack.WithLabelValues(e.Group, e.Topic).Add(float64(e.To - e.From))
 }
 
 func (m *promHook) OnDependencyUnavailable(e DependencyUnavailable) {

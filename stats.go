@@ -22,6 +22,9 @@ type Stats struct {
 	DeadLettered int64
 	// SkippedOffsets counts offsets skipped by following Kafka (operator or unexplained).
 	SkippedOffsets int64
+	// RolledBackOffsets counts offsets re-processed because the database lost them (a
+	// failover, a restore: audit kind rollback_replayed), on assignment or while running.
+	RolledBackOffsets int64
 	// Pauses counts the times a partition stopped fetching because the messages held for it
 	// exceeded its share of Config.MaxBufferedBytes (it resumes at half its share).
 	Pauses int64
@@ -52,6 +55,7 @@ type Stats struct {
 // counters are the Stats counters the emitter moves.
 type counters struct {
 	processed, duplicates, retries, deadLettered, skipped, pauses, notChanges atomic.Int64
+	rolledBack                                                                atomic.Int64
 	unavailable                                                               atomic.Int64
 	breakerOpen                                                               atomic.Bool
 	breakerOpens                                                              atomic.Int64

@@ -79,7 +79,7 @@ func nextStep(r PartitionRow) string {
 		return fmt.Sprintf("processes nothing: the log behind the watermark changed (%s); an operator adopts the new log (offsets reset --mode adopt)", r.LogChange)
 	}
 	d := offsetstate.Classify(offsetstate.Offsets{W: r.Watermark, HasW: r.Watermark >= 0, K: r.Committed, HasK: r.Committed >= 0,
-		LogStart: r.LogStart, LogEnd: r.LogEnd}, offsetstate.Policy{})
+		LogStart: r.LogStart, LogEnd: r.LogEnd, KMarkedHere: r.State == string(offsetstate.DatabaseRolledBack)}, offsetstate.Policy{})
 	if d.State == offsetstate.WatermarkPastLogEnd {
 		return fmt.Sprintf("processes nothing: the watermark %d is past the log end %d (topic recreated or truncated); an operator decides (offsets reset)", r.Watermark, r.LogEnd)
 	}
@@ -99,6 +99,9 @@ func nextStep(r PartitionRow) string {
 		steps = append(steps, fmt.Sprintf("resumes at %d", d.Start))
 	case offsetstate.KafkaAhead:
 		steps = append(steps, fmt.Sprintf("follows Kafka: audits [%d, %d) as a skip and starts at %d (halts instead under OnKafkaAhead: halt)", d.W, d.Start, d.Start))
+	case offsetstate.DatabaseRolledBack:
+		steps = append(steps, fmt.Sprintf("re-processes [%d, %d): the database lost them (Kafka's offset %d was committed by kafkatx on this database); audits rollback_replayed and starts at the watermark %d%s",
+			d.W, r.Committed, r.Committed, d.Start, commit))
 	case offsetstate.KafkaBehind, offsetstate.KafkaMissing:
 		steps = append(steps, fmt.Sprintf("starts at the watermark %d%s", d.Start, commit))
 	case offsetstate.NoWatermark:

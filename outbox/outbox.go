@@ -9,7 +9,9 @@
 // Order: records with the same (topic, key) are published in the order their transactions
 // committed, and in write order inside one transaction. Records with a nil key have no
 // order. Every published record carries the header HeaderOutboxID, a UUID unique to the row,
-// which stays the same when a relay crash re-publishes the row.
+// which stays the same when a relay crash re-publishes the row; for a record written inside
+// kafkatx's consumer loop it is derived from the input message (Source), so it also stays the
+// same when the message is processed again after a database rollback.
 package outbox
 
 import (
@@ -23,6 +25,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
 )
@@ -51,6 +54,11 @@ type Record struct {
 	// Partition, when not nil, publishes to that partition instead of the partitioner's
 	// choice. It must be >= 0.
 	Partition *int32
+	// Source, when not nil, is the input message the record is written for (inside
+	// kafkatx's loop: kafkatx.Message.OutboxSource); the record's outbox id is then derived
+	// from it (see Source). Nil: the Source WriteTx's ctx carries, if any; else a random id.
+	// A batch handler writing the records of several messages in one call names each one's.
+	Source *Source
 }
 
 // Writer writes records into the outbox table of one schema.
@@ -68,6 +76,10 @@ func WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]int64, error)
 
 // WriteTx writes records into w.Schema's outbox in the caller's transaction, which it never
 // commits or rolls back.
+//
+// A record with a Source (its own, else the one ctx carries: WithSource) gets the outbox id
+// SourceID derives from it and the record's position among that Source's records, in both
+// modes; others get a random one (table mode) or the commit position's (WAL mode).
 //
 // In table mode (the default; see Mode) it inserts rows and returns the rows' ids in the
 // records' order. In WAL mode it emits transactional logical-decoding messages of up to about
@@ -103,7 +115,11 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 	if err != nil {
 		return nil, err
 	}
+	sids, sourced := sourceIDs(ctx, records)
 	if mode == ModeWAL {
+		if sourced {
+			records = withSourceHeaders(records, sids)
+		}
 		return w.writeWAL(ctx, tx, records)
 	}
 	schema := w.schema()
@@ -135,10 +151,10 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 		hTo[i] = int32(len(hKeys))
 	}
 	if hKeys == nil && !anyPartition(partitions) && n >= copyMinRecords {
-		return w.copyRecords(ctx, tx, topics, keys, values)
+		return w.copyRecords(ctx, tx, topics, keys, values, sids)
 	}
 	var rows pgx.Rows
-	if hKeys == nil && !anyPartition(partitions) {
+	if hKeys == nil && !anyPartition(partitions) && !sourced {
 		// No headers, no explicit partition: three arrays instead of eight, and no per-row
 		// array slicing on the server.
 		rows, err = tx.Query(ctx, `INSERT INTO `+tables.For(schema).Outbox+` (topic, key, value)
@@ -150,12 +166,16 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 		if hKeys == nil {
 			hKeys, hValues = [][]byte{}, [][]byte{}
 		}
-		rows, err = tx.Query(ctx, `INSERT INTO `+tables.For(schema).Outbox+` (topic, key, value, partition, header_keys, header_values)
-			SELECT r.topic, r.key, r.value, r.part, ($5::bytea[])[r.hfrom:r.hto], ($6::bytea[])[r.hfrom:r.hto]
-			  FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::integer[], $7::integer[], $8::integer[])
-			       WITH ORDINALITY AS r(topic, key, value, part, hfrom, hto, ord)
+		oids := make([]pgtype.UUID, n) // NULL: gen_random_uuid()
+		for i := range sids {
+			oids[i] = pgtype.UUID{Bytes: sids[i], Valid: sids[i] != uuid.Nil}
+		}
+		rows, err = tx.Query(ctx, `INSERT INTO `+tables.For(schema).Outbox+` (outbox_id, topic, key, value, partition, header_keys, header_values)
+			SELECT coalesce(r.oid, gen_random_uuid()), r.topic, r.key, r.value, r.part, ($5::bytea[])[r.hfrom:r.hto], ($6::bytea[])[r.hfrom:r.hto]
+			  FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::integer[], $7::integer[], $8::integer[], $9::uuid[])
+			       WITH ORDINALITY AS r(topic, key, value, part, hfrom, hto, oid, ord)
 			 ORDER BY r.ord
-			RETURNING id`, topics, keys, values, partitions, hKeys, hValues, hFrom, hTo)
+			RETURNING id`, topics, keys, values, partitions, hKeys, hValues, hFrom, hTo, oids)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: %w", n, err)
@@ -200,7 +220,7 @@ const copyMinRecords = 1000
 // version 4, as gen_random_uuid does) and copies the rows. The statement trigger runs for COPY
 // as for INSERT, so commit order is kept the same way. created_at is read a few milliseconds
 // before the rows are written.
-func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, keys, values [][]byte) ([]int64, error) {
+func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, keys, values [][]byte, sids []uuid.UUID) ([]int64, error) {
 	n := len(topics)
 	schema := w.schema()
 	// The sequence is looked up once (MATERIALIZED), not once per row.
@@ -238,6 +258,10 @@ func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, key
 	random := bufio.NewReaderSize(rand.Reader, 16*n)
 	uuids := make([]uuid.UUID, n)
 	for i := range uuids {
+		if sids != nil && sids[i] != uuid.Nil {
+			uuids[i] = sids[i] // derived from the record's Source
+			continue
+		}
 		if uuids[i], err = uuid.NewRandomFromReader(random); err != nil {
 			return nil, fmt.Errorf("outbox: insert %d records: outbox_id: %w", n, err)
 		}

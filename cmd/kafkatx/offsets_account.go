@@ -93,6 +93,9 @@ func offsetsPrintAccount(a offsets.Account) {
 	for _, s := range a.UnexplainedSkips {
 		fmt.Printf("    [%d, %d) %d offset(s), audit row %d: skipped with no kafkatx command on record (see `kafkatx offsets audit` for its reason)\n", s.From, s.To, s.Len(), s.EventID)
 	}
+	for _, s := range a.RollbackReplays {
+		fmt.Printf("    [%d, %d) %d offset(s) re-processed after a database rollback (a failover or a restore), audit row %d\n", s.From, s.To, s.Len(), s.EventID)
+	}
 	for _, s := range a.Segments {
 		if s.Kind == offsets.SegOperatorSkip {
 			fmt.Printf("    operator skip [%d, %d), audit row %d\n", s.From, s.To, s.EventID)

@@ -31,6 +31,9 @@ type Body[M any] struct {
 	Claims *Claims
 	// FromKafka converts a polled record for the handler (the loop's; nil in the kit).
 	FromKafka func(km *kafka.Message, attempt int) M
+	// Scoped, when set, gives each converted message its idempotency scope ("group/epoch"),
+	// from which the outbox ids of the records written for it are derived (outbox.Source).
+	Scoped func(m M, scope string)
 	// Prepare, when set (Config.Prepare), runs on the messages before their transaction
 	// begins, outside any transaction: a slow call to another service that must not hold a
 	// pooled connection. Its answer is sorted as the handler's is.
@@ -182,6 +185,9 @@ func (b *Body[M]) TryRecords(ctx context.Context, begin func(context.Context) (p
 	msgs := make([]M, len(kms))
 	for i, km := range kms {
 		msgs[i] = b.FromKafka(km, attempt)
+		if b.Scoped != nil {
+			b.Scoped(msgs[i], scope)
+		}
 	}
 	if t = b.Prepared(ctx, msgs); t.Verdict != Done {
 		return nil, t, nil

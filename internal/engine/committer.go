@@ -31,13 +31,17 @@ type committer struct {
 	commitMu sync.Mutex
 	// commitFn is kc.CommitOffsets (a test replaces it).
 	commitFn func([]kafka.TopicPartition) ([]kafka.TopicPartition, error)
+	// mark gives the metadata of a commit of a partition in replay epoch epoch (the
+	// consumer's offsetstate.CommitMark, rollback.go); nil or returning nil: none.
+	mark   func(epoch int) *string
+	epochs map[offsetstore.TP]int // guarded by mu
 }
 
 // retryInterval is how often refused commits are tried again.
 const retryInterval = time.Second
 
 func newCommitter(kc *kafka.Consumer, log *zap.Logger) *committer {
-	c := &committer{kc: kc, log: log, pending: map[offsetstore.TP]int64{}, wake: make(chan struct{}, 1), quit: make(chan struct{})}
+	c := &committer{kc: kc, log: log, pending: map[offsetstore.TP]int64{}, epochs: map[offsetstore.TP]int{}, wake: make(chan struct{}, 1), quit: make(chan struct{})}
 	if kc != nil {
 		c.commitFn = kc.CommitOffsets
 	}
@@ -57,6 +61,25 @@ func (c *committer) enqueue(tp offsetstore.TP, offset int64) {
 	}
 }
 
+// setEpoch records the replay epoch of tp for its commits' marks.
+func (c *committer) setEpoch(tp offsetstore.TP, epoch int) {
+	c.mu.Lock()
+	c.epochs[tp] = epoch
+	c.mu.Unlock()
+}
+
+// reset replaces the pending commit of tp by offset, lower or not: the database's watermark
+// went back (a rollback of the database, rollback.go) and Kafka follows it.
+func (c *committer) reset(tp offsetstore.TP, offset int64) {
+	c.mu.Lock()
+	c.pending[tp] = offset
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
 func (c *committer) take(only map[offsetstore.TP]bool) []kafka.TopicPartition {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -66,7 +89,11 @@ func (c *committer) take(only map[offsetstore.TP]bool) []kafka.TopicPartition {
 			continue
 		}
 		topic := tp.Topic
-		out = append(out, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(off)})
+		ktp := kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(off)}
+		if c.mark != nil {
+			ktp.Metadata = c.mark(c.epochs[tp])
+		}
+		out = append(out, ktp)
 		delete(c.pending, tp)
 	}
 	return out

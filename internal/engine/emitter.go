@@ -20,6 +20,9 @@ type Emitter interface {
 	PartitionsAssigned(starts []Position)
 	PartitionsRevoked(final []Position, lost bool)
 	OffsetsSkipped(tp offsetstore.TP, kind string, from, to int64)
+	// RollbackReplayed: the database lost [from, to) of tp (a failover, a restore) and the
+	// consumer re-processes it (rollback.go).
+	RollbackReplayed(tp offsetstore.TP, from, to int64)
 	DependencyUnavailable(tp offsetstore.TP, offset int64, since time.Time, backoff time.Duration)
 	DependencyAvailable(tp offsetstore.TP, since time.Time)
 	PartitionLag(tp offsetstore.TP, watermark, logEnd int64)

@@ -13,6 +13,7 @@ import (
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -600,7 +601,13 @@ func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
 // settle decides the outcome of a COMMIT of transaction xid that answered err (see commit):
 // nil when the database's record shows it committed, an error (run it again) when it shows
 // it aborted; while it reads as in progress, or the database cannot be asked, it waits.
-// recorded answers for a transaction the server no longer knows (txid_status NULL).
+// recorded answers for a transaction the server no longer knows (txid_status NULL), and
+// confirms a "committed": after a failover the server asked is a promoted standby, on which
+// an xid the old primary gave out after the standby's last replayed record is either in the
+// future (txid_status raises 22023: it did not commit there) or, once the new primary has
+// given out as many, another transaction's — so "committed" counts only when the offsets'
+// rows agree. Running a transaction again that did commit cannot apply it twice: its
+// compare-and-set is fenced.
 func (p *worker) settle(ctx context.Context, err error, xid int64, recorded func() bool) error {
 	rctx := context.WithoutCancel(ctx)
 	for try := 1; ; try++ {
@@ -608,9 +615,17 @@ func (p *worker) settle(ctx context.Context, err error, xid int64, recorded func
 		st, serr := offsetstore.TxStatus(sctx, p.pool, xid)
 		cancel()
 		switch {
+		case serr == nil && st == "committed" && !recorded():
+			p.log.Warn("COMMIT answer lost; txid_status shows the xid committed but the offsets' rows do not: the xid is another transaction's on this server (a failover to a standby that never received this one); running it again",
+				zap.Int64("xid", xid), zap.Error(err))
+			return fmt.Errorf("commit (the xid is another transaction's on this server): %w", err)
 		case serr == nil && st == "committed":
 			p.log.Warn("COMMIT answer lost; the database's record (txid_status) shows it committed", zap.Int64("xid", xid), zap.Error(err))
 			return nil
+		case serr != nil && pgerr.IsCode(serr, "22023"): // invalid_parameter_value: "transaction ID … is in the future"
+			p.log.Warn("COMMIT answer lost; the xid is in the database's future: it never reached this server (a failover to a standby that lacked it); running it again",
+				zap.Int64("xid", xid), zap.Error(err))
+			return fmt.Errorf("commit (the xid is in the server's future): %w", err)
 		case serr == nil && st == "aborted":
 			return fmt.Errorf("commit (the database's record shows it aborted): %w", err)
 		case serr == nil && st == "":

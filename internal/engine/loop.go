@@ -30,7 +30,8 @@ type Loop struct {
 	failed        atomic.Pointer[error] // first error of a worker that stops the consumer
 	lastMessage   atomic.Int64          // unix nanos of the last polled record
 	lastCommitN   atomic.Int64          // unix nanos of the last database commit
-	firstAssigned atomic.Int64          // unix nanos of the first assignment
+	dbNow         atomic.Pointer[offsetstate.Database]
+	firstAssigned atomic.Int64 // unix nanos of the first assignment
 
 	// Owned by Run.
 	kc      *kafka.Consumer
@@ -85,6 +86,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 			l.failed.CompareAndSwap(nil, &err)
 		},
 		lastCommit: &l.lastCommitN,
+		db:         &l.dbNow,
 	}
 	l.deps.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)
 	if set.MaxUnits > 0 {
@@ -124,6 +126,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	l.resyncC, l.resyncs = resyncs, resyncs
 	l.logEnds = func(tp offsetstore.TP) (int64, int64, error) { return kc.GetWatermarkOffsets(tp.Topic, tp.Partition) }
 	l.commits = newCommitter(kc, l.log)
+	l.commits.mark = l.commitMark
 	commitDone := make(chan struct{})
 	go func() { defer close(commitDone); l.commits.run() }()
 
@@ -148,6 +151,8 @@ func (l *Loop) Run(ctx context.Context) error {
 
 	lagTick := time.NewTicker(time.Second)
 	defer lagTick.Stop()
+	var rollbackCheck atomic.Bool // a check is running (rollback.go)
+	nextRollbackCheck := time.Now().Add(rollbackCheckEvery)
 	for ctx.Err() == nil && l.fatal == nil {
 		if errp := l.failed.Load(); errp != nil {
 			l.fatal = *errp
@@ -163,6 +168,10 @@ func (l *Loop) Run(ctx context.Context) error {
 			l.checkStuck()
 			l.checkJoined() // KIP-848: a member with no partitions gets no callback
 			l.passRecordless()
+			if time.Now().After(nextRollbackCheck) {
+				nextRollbackCheck = time.Now().Add(rollbackCheckEvery)
+				l.checkRollbacks(&rollbackCheck)
+			}
 		default:
 		}
 		switch e := kc.Poll(pollMs).(type) {

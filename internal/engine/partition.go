@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -39,6 +40,7 @@ type deps struct {
 	breaker    *Breaker                                          // shared failures across partitions (breaker.go)
 	units      chan struct{}                                     // process-wide unit slots (Settings.MaxUnits); nil: no cap
 	gate       *gate                                             // a probe's turn to run alone in the process (isolate.go)
+	db         *atomic.Pointer[offsetstate.Database]             // the database's identity as last read (rollback.go)
 }
 
 // worker runs one assigned partition's messages in offset order; each batch runs in one
@@ -109,6 +111,9 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 	}
 	p.dispatchedEnd.Store(w.Next)
 	p.watermark.Store(w.Next)
+	if d.commits != nil {
+		d.commits.setEpoch(tp, w.ReplayEpoch)
+	}
 	return p
 }
 
@@ -229,7 +234,15 @@ func (p *worker) refence() bool {
 	if err != nil {
 		return false
 	}
-	p.emit.Fenced(p.tp, p.watermark.Load(), w.Next)
+	old := p.watermark.Load()
+	p.emit.Fenced(p.tp, old, w.Next)
+	if w.Next < old {
+		// Nobody moves a watermark back under a running consumer (offsets reset refuses while
+		// the group has members): the database lost transactions (rollback.go).
+		p.rolledBack(old, w.Next)
+		p.commits.reset(p.tp, w.Next)
+	}
+	p.commits.setEpoch(p.tp, w.ReplayEpoch)
 	p.attMu.Lock()
 	p.attempts = atts
 	p.attMu.Unlock()

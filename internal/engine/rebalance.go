@@ -101,6 +101,11 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 	if l.knownTopics, err = l.store.Topics(ctx, l.pool, l.group); err != nil {
 		return nil, err
 	}
+	marks := marksOf(committed)
+	db, err := l.readDatabase(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var starts []kafka.TopicPartition
 	var newParts []*worker
 	for _, tp := range tps {
@@ -123,8 +128,21 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 			}
 			start = w.Next
 		} else {
-			d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high},
-				offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
+			mark, marked := marks[tp]
+			o := offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high, KMarkedHere: marked && mark.Same(db)}
+			pol := offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead}
+			d := offsetstate.Classify(o, pol)
+			if d.Compared == offsetstate.DatabaseRolledBack {
+				if o.KMarkedHere, err = l.notRewoundByHand(ctx, tp, w.Next); err != nil {
+					return nil, err
+				}
+				d = offsetstate.Classify(o, pol)
+			}
+			if d.Compared == offsetstate.DatabaseRolledBack { // audited before Kafka goes back to W (rollback.go)
+				if err := l.replayRollback(ctx, tp, d.W, k, mark, log.With(zap.String("state", string(d.State)))); err != nil {
+					return nil, err
+				}
+			}
 			w, err = l.applyStart(ctx, tp, w, k, low, high, d, log.With(zap.String("state", string(d.State))))
 			if err != nil {
 				return nil, err

@@ -34,7 +34,12 @@ import (
 
 // recordless asks a partition's worker to move its watermark from From to To: the offsets in
 // between were passed by the client without a record.
-type recordless struct{ from, to int64 }
+// With reread, the database's watermark was seen below from (rollback.go): the worker re-reads
+// it and seeks back (refence), unless its watermark moved since.
+type recordless struct {
+	from, to int64
+	reread   bool
+}
 
 // passRecordless runs on the poll loop's goroutine (the only one that calls Poll, dispatches
 // and seeks, so no record can be in between): for each idle partition whose client position
@@ -82,6 +87,12 @@ func (l *Loop) passRecordless() {
 // watermark meanwhile is audited as in any batch (auditGap). Errors are those of
 // untilDone: errStopped, offsetstore.ErrFenced, or the loop's unexpected errors.
 func (p *worker) passRecordless(s recordless) error {
+	if s.reread {
+		if p.watermark.Load() != s.from {
+			return nil
+		}
+		return offsetstore.ErrFenced
+	}
 	if p.watermark.Load() != s.from || s.to <= s.from {
 		return nil
 	}

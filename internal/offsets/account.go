@@ -64,6 +64,9 @@ type Account struct {
 	// partition's history starts there, at First, in the new log; what came before counted
 	// offsets of the old log.
 	Adopted *offsetstore.Event `json:"adopted,omitempty"`
+	// RollbackReplays lists the ranges the database lost (a failover, a restore: audit kind
+	// rollback_replayed) that the consumer processed again; they count as processed.
+	RollbackReplays []Segment `json:"rollback_replays"`
 	// Gaps lists every watermark move nothing explains: forward moves (offsets with no
 	// record), rewinds without a replay (offsets processed again), deleted rows, and audit
 	// rows that do not line up with the watermark's history. Empty when the partition is
@@ -167,6 +170,10 @@ func account(group string, w offsetstore.Watermark, events []offsetstore.Event) 
 			processedTo(e.From, e)
 			segs.paint(Segment{From: e.From, To: e.To, Kind: e.Kind, EventID: e.ID})
 			cur = e.To
+		case e.Kind == offsetstore.KindRollbackReplay:
+			// The watermark did not move (the database had lost the range already): the loop
+			// processes [From, To) again as any range.
+			a.RollbackReplays = append(a.RollbackReplays, Segment{From: e.From, To: e.To, Kind: e.Kind, EventID: e.ID})
 		case e.Kind == offsetstore.KindReplay && e.Status == StatusApplied:
 			processedTo(e.To, e)
 			cur = e.From // [From, To) runs again; later processing repaints it

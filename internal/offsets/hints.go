@@ -57,6 +57,11 @@ func Hints(group string, sts []PartitionStatus, quote func(string) string) []str
 				"kafkatx keeps no copy of the skipped messages. To process them instead, before starting it: `%s --to-database --reason '...' --execute` "+
 				"(Kafka goes back to the watermark); to skip them on record with a reason: `%s --to-offset %d --mode skip --reason '...' --execute`",
 				where, w, k, quote(group), whole, reset, k)
+		case offsetstate.DatabaseRolledBack:
+			h = fmt.Sprintf("database_rolled_back on %s: Kafka's committed offset %d was committed by kafkatx's consumer on this database, whose watermark is %d: the database lost those transactions (a failover to a standby that lacked them, or a restore). "+
+				"Starting the consumer RE-PROCESSES [%d, %d) from the watermark, records it as rollback_replayed in the offset audit and commits the watermark to Kafka; nothing to do. "+
+				"To skip the range instead, on record: `%s --to-offset %d --mode skip --reason '...' --execute`",
+				where, k, w, w, k, reset, k)
 		case offsetstate.KafkaBehind:
 			h = fmt.Sprintf("kafka_behind on %s: Kafka's committed offset is behind the watermark (a lost commit, or a rewind with Kafka's own tools). "+
 				"Starting the consumer IGNORES the rewind: it starts at the watermark %d and re-commits it; nothing runs again. "+

@@ -83,26 +83,40 @@ func (k *Kafka) Partitions(ctx context.Context, topic string) ([]int32, error) {
 // Committed returns the group's committed offsets of tps; a partition with no committed
 // offset is absent from the map. With no tps it returns every committed offset of the group.
 func (k *Kafka) Committed(ctx context.Context, group string, tps []offsetstore.TP) (map[offsetstore.TP]int64, error) {
+	out, _, err := k.CommittedMarks(ctx, group, tps)
+	return out, err
+}
+
+// CommittedMarks is Committed that also returns the consumer's commit mark of each committed
+// offset that carries one (offsetstate.CommitMark: the offset was committed by kafkatx's
+// consumer; Kafka's tools and `kafkatx offsets reset` write none).
+func (k *Kafka) CommittedMarks(ctx context.Context, group string, tps []offsetstore.TP) (map[offsetstore.TP]int64, map[offsetstore.TP]offsetstate.CommitMark, error) {
 	req := kafka.ConsumerGroupTopicPartitions{Group: group}
 	for _, tp := range tps {
 		req.Partitions = append(req.Partitions, ktp(tp, kafka.OffsetInvalid))
 	}
 	res, err := k.admin.ListConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{req})
 	if err != nil {
-		return nil, fmt.Errorf("committed offsets of group %s: %w", group, err)
+		return nil, nil, fmt.Errorf("committed offsets of group %s: %w", group, err)
 	}
-	out := map[offsetstore.TP]int64{}
+	out, marks := map[offsetstore.TP]int64{}, map[offsetstore.TP]offsetstate.CommitMark{}
 	for _, g := range res.ConsumerGroupsTopicPartitions {
 		for _, p := range g.Partitions {
 			if p.Error != nil {
-				return nil, fmt.Errorf("committed offset of group %s %s[%d]: %w", group, *p.Topic, p.Partition, p.Error)
+				return nil, nil, fmt.Errorf("committed offset of group %s %s[%d]: %w", group, *p.Topic, p.Partition, p.Error)
 			}
 			if p.Offset >= 0 {
-				out[offsetstore.TP{Topic: *p.Topic, Partition: p.Partition}] = int64(p.Offset)
+				tp := offsetstore.TP{Topic: *p.Topic, Partition: p.Partition}
+				out[tp] = int64(p.Offset)
+				if p.Metadata != nil {
+					if m, ok := offsetstate.ParseCommitMark(*p.Metadata); ok {
+						marks[tp] = m
+					}
+				}
 			}
 		}
 	}
-	return out, nil
+	return out, marks, nil
 }
 
 // LogRange is a partition's log start offset (the oldest offset still stored) and log end

@@ -146,12 +146,28 @@ func (b *testBundle) stuckAtPoison() {
 
 var errCrash = errors.New("simulated crash between the Kafka move and the database transaction")
 
+// marked reports whether the group's committed offset carries the consumer's commit mark.
+func (b *testBundle) marked() bool {
+	b.t.Helper()
+	_, marks, err := b.k.CommittedMarks(context.Background(), b.group, []offsetstore.TP{b.tp})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	_, ok := marks[b.tp]
+	return ok
+}
+
 // The command dies after moving Kafka's offset and before its database transaction: the
-// consumer must recognise the move as the pending operator skip, not an unexplained one.
+// consumer must recognise the move as the pending operator skip, not an unexplained one, and
+// never as a database rollback — the consumer's own commits carry its commit mark, the
+// command's move does not.
 func TestResetSkipCrashAfterKafkaMoveIsFollowedAsOperatorSkip(t *testing.T) {
 	b := setup(t)
 	b.stuckAtPoison()
 	ctx := context.Background()
+	if !b.marked() {
+		t.Fatal("the consumer's offset commit carries no commit mark")
+	}
 	plan, err := b.op.PlanReset(ctx, ResetRequest{Group: b.group, Topic: b.topic, Partition: 0, Target: Target{Kind: TargetOffset, Offset: 4}, Mode: ModeSkip, Reason: "poison"})
 	if err != nil {
 		t.Fatal(err)
@@ -165,6 +181,9 @@ func TestResetSkipCrashAfterKafkaMoveIsFollowedAsOperatorSkip(t *testing.T) {
 	if w, k := b.watermark(), b.committed(); w != 3 || k != 4 {
 		t.Fatalf("after the crash: watermark %d, committed %d; want 3, 4", w, k)
 	}
+	if b.marked() {
+		t.Fatal("offsets reset's Kafka move carries the consumer's commit mark: it would be taken for a database rollback")
+	}
 	sts, err := b.op.Status(ctx, b.group, b.topic)
 	if err != nil {
 		t.Fatal(err)
@@ -176,8 +195,8 @@ func TestResetSkipCrashAfterKafkaMoveIsFollowedAsOperatorSkip(t *testing.T) {
 	if n := b.q(`SELECT count(*) FROM %s.offset_audit WHERE kind = 'operator_skip' AND status = 'applied' AND from_offset = 3 AND to_offset = 4`); n != 1 {
 		t.Fatal("the consumer did not apply the pending operator skip")
 	}
-	if n := b.q(`SELECT count(*) FROM %s.offset_audit WHERE kind = 'unexplained_skip'`); n != 0 {
-		t.Fatal("the command's skip was audited as unexplained")
+	if n := b.q(`SELECT count(*) FROM %s.offset_audit WHERE kind IN ('unexplained_skip', 'rollback_replayed')`); n != 0 {
+		t.Fatal("the command's skip was audited as unexplained or as a database rollback")
 	}
 	if n := b.q(`SELECT count(*) FROM %s.effects WHERE "offset" = 3`); n != 0 {
 		t.Fatal("the skipped message was processed")

@@ -120,7 +120,11 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 	if len(tps) == 0 {
 		return nil, nil
 	}
-	committed, err := o.kafka.Committed(ctx, group, tps)
+	committed, marks, err := o.kafka.CommittedMarks(ctx, group, tps)
+	if err != nil {
+		return nil, err
+	}
+	db, err := offsetstore.Database(ctx, o.pool)
 	if err != nil {
 		return nil, err
 	}
@@ -158,8 +162,17 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 		if hasK {
 			s.Committed = ptr(k)
 		}
-		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd},
-			offsetstate.Policy{}).State
+		mark, marked := marks[tp]
+		here := marked && mark.Same(db) && hasW && hasK && k > w.Next
+		if here { // as the consumer decides (engine, Loop.reconcile): not a watermark set back by hand
+			by, err := o.store.RewoundByHand(ctx, o.pool, group, tp, w.Next)
+			if err != nil {
+				return nil, err
+			}
+			here = !by
+		}
+		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd,
+			KMarkedHere: here}, offsetstate.Policy{}).State
 		if hasW {
 			cur := ids[tp.Topic]
 			s.Log = &LogIdentity{RecordedTopicID: w.TopicID, TopicID: cur.Topic, RecordedClusterID: w.ClusterID, ClusterID: cur.Cluster}

@@ -38,6 +38,11 @@ const (
 	WatermarkBelowLogStart State = "watermark_below_log_start"
 	// KafkaPastLogEnd: K > the log end; the consumer ignores K and decides as if there were none.
 	KafkaPastLogEnd State = "kafka_past_log_end"
+	// DatabaseRolledBack: K > W, and K carries the consumer's own CommitMark naming this
+	// database: the consumer committed K after a database commit the database no longer has (a
+	// failover to a standby that lacked the last transactions, a point-in-time restore). The
+	// consumer re-processes [W, K) from W and commits W, under either OnKafkaAhead policy.
+	DatabaseRolledBack State = "database_rolled_back"
 )
 
 // Drift reports whether s is a disagreement the consumer repairs, audits or halts on.
@@ -57,6 +62,11 @@ type Offsets struct {
 	HasK bool  // false: no committed offset (never committed, expired or deleted)
 
 	LogStart, LogEnd int64 // the partition's first offset and the offset after its last record
+
+	// KMarkedHere: K carries the consumer's CommitMark and it names the database W was read
+	// from (CommitMark.Same): a K > W is then a rollback of the database, not an operator's
+	// move (rolledBack).
+	KMarkedHere bool
 }
 
 // Policy is the consumer's part of the decision: where a first run starts without K
@@ -73,7 +83,7 @@ type Decision struct {
 	// WatermarkBelowLogStart, KafkaPastLogEnd, else Compared.
 	State State
 	// Compared compares W (after following the log start) with K (unless ignored):
-	// Aligned, KafkaAhead, KafkaBehind, KafkaMissing, NoWatermark or Unused; "" when State
+	// Aligned, KafkaAhead, DatabaseRolledBack, KafkaBehind, KafkaMissing, NoWatermark or Unused; "" when State
 	// is WatermarkPastLogEnd (nothing is compared).
 	Compared State
 	// IgnoreK: K was past the log end; the consumer audits it (kafka_out_of_range) and
@@ -136,6 +146,8 @@ func Classify(o Offsets, p Policy) Decision {
 	case k < d.W:
 		d.Compared, d.Start, d.Commit = KafkaBehind, d.W, true
 		d.BehindAfterRetention = d.RetentionFrom >= 0 && k >= d.RetentionFrom
+	case rolledBack(o, k, hasK, d.W):
+		d.Compared, d.Start, d.Commit = DatabaseRolledBack, d.W, true
 	case p.HaltOnAhead:
 		d.Compared, d.Halt, d.Drift = KafkaAhead, true, k-d.W
 	default:
@@ -145,4 +157,13 @@ func Classify(o Offsets, p Policy) Decision {
 		d.State = d.Compared
 	}
 	return d
+}
+
+// rolledBack reports whether K > W is a rollback of the database: K was committed by the
+// consumer (its CommitMark) against this same database, so the database once had a watermark
+// at K and lost it. Re-processing [W, K) loses nothing and repeats no effect the database
+// still holds, so it is done under either OnKafkaAhead policy. A kafkatx command's move
+// (offsets reset) and a Kafka tool's write no mark and stay KafkaAhead.
+func rolledBack(o Offsets, k int64, hasK bool, w int64) bool {
+	return o.HasW && hasK && k > w && o.KMarkedHere
 }

@@ -32,6 +32,14 @@ func TestClassify(t *testing.T) {
 			Decision{State: KafkaAhead, Compared: KafkaAhead, RetentionFrom: -1, W: 20, Start: 50}},
 		{"table: K > W under AheadHalt: halt with the drift", with(func(o *Offsets) { o.W, o.HasW, o.K, o.HasK = 20, true, 50, true }), halt,
 			Decision{State: KafkaAhead, Compared: KafkaAhead, Halt: true, RetentionFrom: -1, W: 20, Drift: 30}},
+		{"table: K > W with the consumer's own mark of this database: a rollback of the database, re-process from W and commit it", with(func(o *Offsets) { o.W, o.HasW, o.K, o.HasK, o.KMarkedHere = 20, true, 50, true, true }), Policy{},
+			Decision{State: DatabaseRolledBack, Compared: DatabaseRolledBack, RetentionFrom: -1, W: 20, Start: 20, Commit: true}},
+		{"K > W with the consumer's own mark, under AheadHalt: re-process, no halt (nothing is lost)", with(func(o *Offsets) { o.W, o.HasW, o.K, o.HasK, o.KMarkedHere = 20, true, 50, true, true }), halt,
+			Decision{State: DatabaseRolledBack, Compared: DatabaseRolledBack, RetentionFrom: -1, W: 20, Start: 20, Commit: true}},
+		{"K < W with the consumer's own mark: kafka_behind as without", with(func(o *Offsets) { o.W, o.HasW, o.K, o.HasK, o.KMarkedHere = 50, true, 20, true, true }), Policy{},
+			Decision{State: KafkaBehind, Compared: KafkaBehind, RetentionFrom: -1, W: 50, Start: 50, Commit: true}},
+		{"W below the log start, marked K ahead of it: follow retention, then re-process from the log start", with(func(o *Offsets) { o.W, o.HasW, o.K, o.HasK, o.KMarkedHere = 4, true, 30, true, true }), Policy{},
+			Decision{State: WatermarkBelowLogStart, Compared: DatabaseRolledBack, RetentionFrom: 4, W: 10, Start: 10, Commit: true}},
 		{"table: K past the log end, no W: K ignored, first run at the log start", with(func(o *Offsets) { o.K, o.HasK = 500, true }), Policy{},
 			Decision{State: KafkaPastLogEnd, Compared: Unused, IgnoreK: true, RetentionFrom: -1, Start: 10, Commit: true}},
 		{"table: W below the log start, K = old W: follow retention, behind only because of it", with(func(o *Offsets) { o.W, o.HasW, o.K, o.HasK = 4, true, 4, true }), Policy{},
@@ -71,9 +79,35 @@ func TestClassify(t *testing.T) {
 // TestDrift: the states that need no repair are exactly aligned, no_watermark and unused.
 func TestDrift(t *testing.T) {
 	for s, want := range map[State]bool{Aligned: false, NoWatermark: false, Unused: false, KafkaAhead: true, KafkaBehind: true,
-		KafkaMissing: true, WatermarkPastLogEnd: true, WatermarkBelowLogStart: true, KafkaPastLogEnd: true} {
+		KafkaMissing: true, WatermarkPastLogEnd: true, WatermarkBelowLogStart: true, KafkaPastLogEnd: true, DatabaseRolledBack: true} {
 		if s.Drift() != want {
 			t.Errorf("%s.Drift() = %v, want %v", s, !want, want)
 		}
+	}
+}
+
+// TestCommitMark: the consumer's commit metadata reads back as written; anything else — Kafka's
+// tools' empty metadata, another tool's text, another version, a damaged mark — is no mark.
+func TestCommitMark(t *testing.T) {
+	m := CommitMark{Database: Database{System: "7715095071469280140", OID: 16385, Timeline: 3}, Epoch: 2}
+	s := m.String()
+	if s != "kafkatx/1 s=7715095071469280140 d=16385 t=3 e=2" {
+		t.Fatalf("String() = %q", s)
+	}
+	got, ok := ParseCommitMark(s)
+	if !ok || got != m {
+		t.Fatalf("ParseCommitMark(%q) = %+v, %v", s, got, ok)
+	}
+	for _, bad := range []string{"", "kafkatx/2 s=1 d=2 t=3 e=4", "kafkatx/1 s=1 d=2 t=3", "kafkatx/1 d=2 s=1 t=3 e=4",
+		"kafkatx/1 s=x d=2 t=3 e=4", "kafkatx/1 s=1 d=99999999999 t=3 e=4", "kafkatx/1 s=1 d=2 t=3 e=4 x=5", "some tool's note"} {
+		if _, ok := ParseCommitMark(bad); ok {
+			t.Errorf("ParseCommitMark(%q) reads a mark", bad)
+		}
+	}
+	if !m.Same(Database{System: m.System, OID: m.OID, Timeline: 9}) {
+		t.Error("a new timeline of the same database is not Same")
+	}
+	if m.Same(Database{System: m.System, OID: 1}) || m.Same(Database{System: "1", OID: m.OID}) || (Database{}).Same(Database{}) {
+		t.Error("another database, another cluster or nothing is Same")
 	}
 }

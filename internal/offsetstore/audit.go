@@ -19,6 +19,7 @@ const (
 	KindAlign           = "align"              // an operator aligned Kafka to the watermark
 	KindHalt            = "halt"               // the consumer refused to start on the partition (Kafka ahead under the halt policy, or the watermark past the log end); nothing processed
 	KindKafkaOutOfRange = "kafka_out_of_range" // Kafka's committed offset From was past the log end; ignored
+	KindRollbackReplay  = "rollback_replayed"  // the database lost [From, To) (a failover, a restore): re-processed from From
 )
 
 // Event is one offset audit row.
@@ -89,4 +90,20 @@ func (s *Store) Events(ctx context.Context, q pg.Querier, group, topic string) (
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// RewoundByHand reports whether the latest audit row of tp for group records a backward move
+// of the watermark to exactly w that no kafkatx writer made (kind unexplained_move, written by
+// the watermarks trigger of migration 004): a watermark set back by hand in this database,
+// which is not a rollback of the database — a failover or a restore leaves no such row, since
+// the database it comes back as never saw the newer watermark.
+func (s *Store) RewoundByHand(ctx context.Context, q pg.Querier, group string, tp TP, w int64) (bool, error) {
+	var by bool
+	err := q.QueryRow(ctx, `SELECT coalesce((SELECT kind = 'unexplained_move' AND to_offset = $4 AND from_offset > to_offset
+		FROM `+s.t.OffsetAudit+` WHERE group_id = $1 AND topic = $2 AND partition = $3 ORDER BY id DESC LIMIT 1), false)`,
+		group, tp.Topic, tp.Partition, w).Scan(&by)
+	if err != nil {
+		return false, fmt.Errorf("read the offset audit of %s: %w", tp, err)
+	}
+	return by, nil
 }

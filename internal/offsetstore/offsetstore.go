@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -324,4 +325,22 @@ func nullIfEmpty(s string) any {
 		return nil
 	}
 	return s
+}
+
+// Database reads which database q is connected to (offsetstate.Database): the cluster's
+// system identifier, the database's OID and the timeline of the WAL insert position (0 on a
+// server in recovery, which has none). Every role may run it (pg_control_system and
+// pg_walfile_name need no privilege).
+func Database(ctx context.Context, q pg.Querier) (offsetstate.Database, error) {
+	var d offsetstate.Database
+	var oid, tl int64
+	err := q.QueryRow(ctx, `SELECT (SELECT system_identifier::text FROM pg_control_system()),
+		(SELECT oid::bigint FROM pg_database WHERE datname = current_database()),
+		CASE WHEN pg_is_in_recovery() THEN 0
+		     ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END`).Scan(&d.System, &oid, &tl)
+	if err != nil {
+		return d, fmt.Errorf("read the database's identity: %w", err)
+	}
+	d.OID, d.Timeline = uint32(oid), uint32(tl)
+	return d, nil
 }

@@ -17,6 +17,7 @@ import (
 type OwnPostgres struct {
 	// URL connects to database postgres as superuser postgres.
 	URL       string
+	Port      int
 	dir, bin  string
 	log       string
 	asPostgre bool
@@ -31,6 +32,9 @@ func StartOwnPostgres(t testing.TB, conf string) *OwnPostgres {
 	bin := os.Getenv("PG_BIN")
 	if bin == "" {
 		if p, err := exec.LookPath("initdb"); err == nil {
+			if real, err := filepath.EvalSymlinks(p); err == nil {
+				p = real // the server's own bin directory, which has pg_basebackup too
+			}
 			bin = filepath.Dir(p)
 		} else if _, err := os.Stat("/usr/lib/postgresql/15/bin/initdb"); err == nil {
 			bin = "/usr/lib/postgresql/15/bin"
@@ -80,7 +84,7 @@ func StartOwnPostgres(t testing.TB, conf string) *OwnPostgres {
 		_, _ = o.run("pg_ctl", "-D", o.dir, "-m", "immediate", "-w", "stop")
 		_ = os.RemoveAll(base)
 	})
-	o.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
+	o.URL, o.Port = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port), port
 	if out, err := o.run("pg_ctl", "-D", o.dir, "-l", filepath.Join(base, "server.log"), "-w", "-t", "60", "start"); err != nil {
 		log, _ := os.ReadFile(filepath.Join(base, "server.log"))
 		t.Fatalf("pg_ctl start: %v\n%s\n%s", err, out, log)

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
+
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // HeaderPosition names a published record's source position: "<commit LSN>#<position>", the
@@ -21,6 +23,22 @@ func sourceHash(systemID, database, schema string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(systemID + "\x00" + database + "\x00" + schema))
 	return h.Sum32() & (1<<26 - 1)
+}
+
+// recordID is the kafkatx-outbox-id of record rec at position at: the id outbox.WriteTx derived
+// from the record's input message (outbox.Source) when it carries one in an
+// outbox.HeaderSourceID header — the same for every processing of that message, on any
+// timeline — else outboxID's.
+func recordID(src uint32, at position, rec *outbox.Record) uuid.UUID {
+	for i := len(rec.Headers) - 1; i >= 0; i-- {
+		if rec.Headers[i].Key == outbox.HeaderSourceID {
+			if id, err := uuid.ParseBytes(rec.Headers[i].Value); err == nil {
+				return id
+			}
+			break
+		}
+	}
+	return outboxID(src, at.commit, at.pos)
 }
 
 // outboxID is the kafkatx-outbox-id of the record at position pos of the transaction that

@@ -306,13 +306,13 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 	}
 	hs := s.headers[:0]
 	for _, h := range rec.Headers {
-		if h.Key != outbox.HeaderOutboxID && h.Key != HeaderPosition {
+		if h.Key != outbox.HeaderOutboxID && h.Key != HeaderPosition && h.Key != outbox.HeaderSourceID {
 			hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
 		}
 	}
 	// Produce copies headers, key and value into librdkafka before it returns, so without
 	// delivery reports (which keep the message) the buffers and the message are reused.
-	id := outboxID(s.src, at.commit, at.pos)
+	id := recordID(s.src, at, &rec)
 	s.idBuf = appendUUID(s.idBuf[:0], id)
 	s.posBuf = appendPosition(s.posBuf[:0], at)
 	hs = append(hs, kafka.Header{Key: outbox.HeaderOutboxID, Value: s.idBuf}, kafka.Header{Key: HeaderPosition, Value: s.posBuf})
@@ -487,10 +487,13 @@ func (s *stream) sendStatus(reply bool) error {
 // The key's later records are not held behind it: they are published, and a release
 // publishes it after them.
 func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reason string) error {
-	id := outboxID(s.src, at.commit, at.pos)
+	id := recordID(s.src, at, &rec)
 	var hk, hv [][]byte
 	hk, hv = [][]byte{}, [][]byte{}
 	for _, h := range rec.Headers {
+		if h.Key == outbox.HeaderSourceID {
+			continue // the row's outbox_id holds it
+		}
 		v := h.Value
 		if v == nil {
 			v = []byte{}

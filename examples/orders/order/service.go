@@ -136,7 +136,9 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 		c, cents := customers[i], totals[i]
 		if s.EventsTopic != "" {
 			ev, _ := json.Marshal(Applied{OrderID: id, Customer: c, TotalCents: cents})
-			events = append(events, outbox.Record{Topic: s.EventsTopic, Key: []byte(id), Value: ev})
+			// Source: the event's id is derived from its order's message, so an order
+			// processed again (after a database failover) publishes the same id.
+			events = append(events, outbox.Record{Topic: s.EventsTopic, Key: []byte(id), Value: ev, Source: msgs[i].OutboxSource()})
 			if s.Annotate != nil {
 				s.Annotate(msgs[i], &events[len(events)-1])
 			}
