@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/logging"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
+	"github.com/kafkatx/kafkatx/logging"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -203,7 +203,7 @@ func conditionHint(err error) string {
 }
 
 // logger builds the stderr logger of a subcommand: console lines on a terminal, JSON
-// otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead).
+// otherwise (package logging; KAFKATX_LOG_FORMAT decides instead).
 func (g *Globals) logger() *zap.Logger { return logging.Must(g.LogLevel) }
 
 // pool connects to --database-url (or the URL in --database-url-file).

@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/pg"

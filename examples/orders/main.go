@@ -26,7 +26,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/kafkalog"
+	"github.com/kafkatx/kafkatx/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )

@@ -14,8 +14,8 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/kafkaprops"
-	"github.com/kafkatx/kafkatx/internal/logging"
+	"github.com/kafkatx/kafkatx/kafkaprops"
+	"github.com/kafkatx/kafkatx/logging"
 )
 
 // Flags are the command-line options every consuming example takes (docs/examples.md, "Every
@@ -184,7 +184,7 @@ func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafk
 const EnvLogLevel = "KAFKATX_LOG_LEVEL"
 
 // Logger is the examples' logger, on stderr (stdout carries only summary lines): console
-// lines on a terminal, JSON otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead),
+// lines on a terminal, JSON otherwise (package logging; KAFKATX_LOG_FORMAT decides instead),
 // at $KAFKATX_LOG_LEVEL (default info).
 func Logger() *zap.Logger {
 	lv := os.Getenv(EnvLogLevel)
