@@ -18,11 +18,9 @@ package console
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -84,7 +82,7 @@ type Handler struct {
 	tokens   *tokenSource
 	sessions *sessionStore
 	mux      *http.ServeMux
-	secrets  *strings.Replacer
+	mask     *mask
 }
 
 // New checks cfg, reads the token file and connects the Kafka admin client.
@@ -127,7 +125,7 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, log: log, kafka: k, op: offsets.NewOperator(cfg.Pool, k, cfg.Schema), tokens: tokens,
 		sessions: newSessionStore()}
-	h.secrets = secretReplacer(cfg)
+	h.mask = newMask(secretList(cfg))
 	h.routes()
 	return h, nil
 }
@@ -135,8 +133,9 @@ func New(cfg Config) (*Handler, error) {
 // Close releases the Kafka admin client. The pool stays the caller's.
 func (h *Handler) Close() { h.kafka.Close() }
 
-// secretReplacer replaces every secret the console knows of with "***".
-func secretReplacer(cfg Config) *strings.Replacer {
+// secretList is every secret the console knows of: Config.Secrets, the pool's password and
+// the Kafka settings' passwords and secrets.
+func secretList(cfg Config) []string {
 	list := append([]string{}, cfg.Secrets...)
 	list = append(list, cfg.Pool.Config().ConnConfig.Password)
 	for k, v := range cfg.Kafka {
@@ -146,29 +145,14 @@ func secretReplacer(cfg Config) *strings.Replacer {
 			}
 		}
 	}
-	return secretPairs(list)
+	return list
 }
 
-// secretPairs blanks each secret of three characters or more (a shorter "secret" would blank
-// out ordinary text) as "***", in each form it travels in.
-func secretPairs(list []string) *strings.Replacer {
-	var pairs []string
-	for _, s := range list {
-		if len(s) < 3 {
-			continue
-		}
-		// As is, query- and path-escaped, escaped as a URL's password (userinfo:
-		// "p%40ss%20w%2Frd", the form a dead letter quoting a DSN holds) and base64 (a Basic
-		// Authorization header).
-		userinfo := strings.TrimPrefix(url.UserPassword("", s).String(), ":")
-		pairs = append(pairs, s, "***", url.QueryEscape(s), "***", url.PathEscape(s), "***",
-			userinfo, "***", base64.StdEncoding.EncodeToString([]byte(s)), "***")
-	}
-	return strings.NewReplacer(pairs...)
-}
+// secretPairs is the text masker of list (tests use it alone).
+func secretPairs(list []string) *strings.Replacer { return newMask(list).text }
 
 // redact removes every known secret from s.
-func (h *Handler) redact(s string) string { return h.secrets.Replace(s) }
+func (h *Handler) redact(s string) string { return h.mask.String(s) }
 
 // ServeHTTP answers one request: security headers, bounded body and time, authentication,
 // CSRF protection for sessions, the read-only refusal of actions, then the route.
