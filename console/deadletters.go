@@ -642,6 +642,7 @@ type resultView struct {
 	IDs     []int64 // what to act on when the operator confirms a dry run
 	Confirm bool    // a dry run that would do something: offer to execute it
 	Back    string
+	Rate    int // dead letters: the executed action's items a second (ActionParams.RatePerSecond)
 }
 
 // deadLettersActionForm handles the forms of the dead-letter pages (POST /dead-letters/action):
@@ -674,20 +675,28 @@ func (h *Handler) deadLettersActionForm(w http.ResponseWriter, r *http.Request) 
 			}
 		}
 	}
+	p := ActionParams{Reason: r.PostFormValue("reason"), DryRun: r.PostFormValue("dry_run") != ""}
+	if s := r.PostFormValue("rate_per_second"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("rate_per_second %q: want a number of items a second", s))
+			return
+		}
+		p.RatePerSecond = n
+	}
 	ids, err := h.selectIDs(r, ids, filter)
 	if err == nil {
-		err = checkParams(ActionParams{Reason: r.PostFormValue("reason")}, ids)
+		err = checkParams(p, ids)
 	}
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	p := ActionParams{Reason: r.PostFormValue("reason"), DryRun: r.PostFormValue("dry_run") != ""}
 	res := h.deadLetterAction(r.Context(), action, ids, p, h.actor(r))
 	back := h.cfg.BasePath + "/dead-letters"
 	if len(ids) == 1 {
 		back = fmt.Sprintf("%s/dead-letters/%d", h.cfg.BasePath, ids[0])
 	}
 	h.render(w, r, http.StatusOK, "result", h.page(r, "dead-letters", "Dead letters: "+action,
-		resultView{On: "dead-letters", Result: res, IDs: ids, Confirm: res.DryRun && res.Done > 0, Back: back}))
+		resultView{On: "dead-letters", Result: res, IDs: ids, Confirm: res.DryRun && res.Done > 0, Back: back, Rate: p.rateOf()}))
 }

@@ -48,6 +48,9 @@ type Found struct {
 	KeySHA256, ValueSHA256 []byte
 }
 
+// likeEscaper escapes LIKE's special characters (backslash is the default escape).
+var likeEscaper = strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`)
+
 // Search returns the dead letters matching q, lowest id first, at most q.Limit (100 when
 // q.Limit <= 0).
 func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found, error) {
@@ -83,8 +86,10 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 		where = append(where, "d.last_failure_at < "+arg(q.Until))
 	}
 	if q.Text != "" {
-		p := arg(q.Text)
-		where = append(where, "(strpos(lower(d.error_message), lower("+p+")) > 0 OR strpos(lower(coalesce(d.stack, '')), lower("+p+")) > 0)")
+		// ILIKE with the pattern's own % _ \ escaped: the trigram indexes of migration 009
+		// answer it when pg_trgm is installed.
+		p := arg("%" + likeEscaper.Replace(q.Text) + "%")
+		where = append(where, "(d.error_message ILIKE "+p+" OR d.stack ILIKE "+p+")")
 	}
 	key, value := "d.key", "d.value"
 	if q.Prefix > 0 {
