@@ -54,6 +54,27 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`)
 // Search returns the dead letters matching q, lowest id first, at most q.Limit (100 when
 // q.Limit <= 0).
 func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found, error) {
+	sql, args := searchSQL(schema, q)
+	rows, err := qr.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Found, error) {
+		var f Found
+		var replays int64
+		d, err := scanDeadLetterExtra(row, &replays, &f.RefailedAs, &f.KeySize, &f.ValueSize, &f.KeySHA256, &f.ValueSHA256)
+		f.DeadLetter, f.Replays = d, int(replays)
+		return f, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// searchSQL is Search's statement and arguments: keyset paging by id (id > AfterID ORDER
+// BY id LIMIT n), each filter a condition an index of migration 009 answers.
+func searchSQL(schema string, q Query) (string, []any) {
 	schema = pg.SchemaOr(schema)
 	if q.Limit <= 0 {
 		q.Limit = 100
@@ -100,29 +121,15 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 			d.error_class, d.error_message, coalesce(d.stack, ''), d.attempts, d.first_failure_at, d.last_failure_at, d.status, d.created_at,
 			d.resolved_at, d.replay_epoch,
 			(SELECT count(*) FROM ` + audit + ` a WHERE a.dead_letter_id = d.id AND a.action = 'replay'),
-			coalesce((SELECT min(n.id) FROM ` + t.DeadLetters + ` n
+			CASE WHEN r.at IS NULL THEN 0 ELSE coalesce((SELECT min(n.id) FROM ` + t.DeadLetters + ` n
 				WHERE n.id > d.id AND n.group_id = d.group_id AND n.topic = coalesce(r.to_topic, d.topic)
-					AND n.key IS NOT DISTINCT FROM d.key AND n.value IS NOT DISTINCT FROM d.value AND n.created_at >= r.at), 0),
+					AND n.key IS NOT DISTINCT FROM d.key AND n.value IS NOT DISTINCT FROM d.value AND n.created_at >= r.at), 0) END,
 			coalesce(octet_length(d.key), 0), coalesce(octet_length(d.value), 0), sha256(d.key), sha256(d.value)
 		FROM ` + t.DeadLetters + ` d
 		LEFT JOIN LATERAL (SELECT to_topic, at FROM ` + audit + ` a WHERE a.dead_letter_id = d.id AND a.action = 'replay'
 			ORDER BY a.id DESC LIMIT 1) r ON true
 		WHERE ` + strings.Join(where, " AND ") + ` ORDER BY d.id LIMIT ` + arg(q.Limit)
-	rows, err := qr.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Found, error) {
-		var f Found
-		var replays int64
-		d, err := scanDeadLetterExtra(row, &replays, &f.RefailedAs, &f.KeySize, &f.ValueSize, &f.KeySHA256, &f.ValueSHA256)
-		f.DeadLetter, f.Replays = d, int(replays)
-		return f, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
-	}
-	return out, nil
+	return sql, args
 }
 
 // scanDeadLetterExtra scans the columns of scanDeadLetter followed by extra.
