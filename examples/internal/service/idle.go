@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/catchup"
 )
 
 // "Idle" for --exit-when-idle means caught up, not "nothing arrived": a broker outage also
@@ -27,16 +27,16 @@ import (
 // held by other members).
 
 // idleCheck asks the broker and the database whether the group has caught up on the topic
-// (kafkatx.CatchUp).
+// (catchup.Checker).
 type idleCheck struct {
-	catchUp *kafkatx.CatchUp
+	catchUp *catchup.Checker
 	pool    *pgxpool.Pool
 	group   string
 	topic   string
 }
 
 func newIdleCheck(o Options, kcfg kafka.ConfigMap) (*idleCheck, error) {
-	c, err := kafkatx.NewCatchUp(kcfg, o.Logger, o.Schema)
+	c, err := catchup.New(kcfg, o.Logger, o.Schema)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package kafkatx
+package catchup
 
 import (
 	"strings"

@@ -1,4 +1,8 @@
-package kafkatx
+// Package catchup asks the broker and the database whether a consumer group has caught up
+// on a topic: every partition's watermark in PostgreSQL (kafkatx's tables) at or past its
+// log end. The example binaries' --exit-when-idle uses it; a service may use it for the same
+// "drained" test.
+package catchup
 
 import (
 	"context"
@@ -13,19 +17,16 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 )
 
-// CatchUp asks the broker and the database whether a consumer group has caught up on a
-// topic: every partition's watermark in PostgreSQL at or past its log end (ListOffsets,
-// read_committed: the last stable offset). The example binaries' --exit-when-idle uses it;
-// a service may use it for the same "drained" test. Safe for concurrent use; Close releases
-// its Kafka admin client.
-type CatchUp struct {
+// Checker compares each partition's watermark with its log end (ListOffsets, read_committed:
+// the last stable offset). Safe for concurrent use; Close releases its Kafka admin client.
+type Checker struct {
 	kafka *offsets.Kafka
 	store *offsetstore.Store
 }
 
-// NewCatchUp connects an admin client with kafkaCfg (bootstrap.servers and any security
+// New connects an admin client with kafkaCfg (bootstrap.servers and any security
 // settings; never logged) for kafkatx's tables in schema ("" means pg.DefaultSchema).
-func NewCatchUp(kafkaCfg kafka.ConfigMap, log *zap.Logger, schema string) (*CatchUp, error) {
+func New(kafkaCfg kafka.ConfigMap, log *zap.Logger, schema string) (*Checker, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -33,17 +34,17 @@ func NewCatchUp(kafkaCfg kafka.ConfigMap, log *zap.Logger, schema string) (*Catc
 	if err != nil {
 		return nil, err
 	}
-	return &CatchUp{kafka: k, store: offsetstore.New(pg.SchemaOr(schema))}, nil
+	return &Checker{kafka: k, store: offsetstore.New(pg.SchemaOr(schema))}, nil
 }
 
 // Close releases the admin client.
-func (c *CatchUp) Close() { c.kafka.Close() }
+func (c *Checker) Close() { c.kafka.Close() }
 
 // Behind returns the partitions of topic whose log end is ahead of group's watermark, in
 // partition order, as "topic[p] watermark W, log end E" (or "topic[p] no watermark, log S..E"
 // for a partition with records and no watermark row; one with an empty log is caught up).
 // Empty means caught up. An error says what could not be asked (the broker, the database).
-func (c *CatchUp) Behind(ctx context.Context, q pg.Querier, group, topic string) ([]string, error) {
+func (c *Checker) Behind(ctx context.Context, q pg.Querier, group, topic string) ([]string, error) {
 	ps, err := c.kafka.Partitions(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("cannot ask the broker for the topic's partitions: %w", err)
