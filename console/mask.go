@@ -21,6 +21,24 @@ type mask struct {
 	text    *strings.Replacer // each secret in every form it travels in, as "***"
 }
 
+// htmlContexts are the places the pages put data, as html/template escapes each: text, a
+// quoted attribute, a URL's query in an attribute.
+var htmlContexts = template.Must(template.New("").Parse(`<p>{{.}}</p>` + "\x00" + `<i title="{{.}}">` + "\x00" + `<a href="/x?q={{.}}">`))
+
+// htmlForms is s as html/template writes it in each of htmlContexts.
+func htmlForms(s string) []string {
+	var b strings.Builder
+	if err := htmlContexts.Execute(&b, s); err != nil {
+		return nil
+	}
+	var out []string
+	for i, part := range strings.Split(b.String(), "\x00") {
+		pre, post := []string{"<p>", `<i title="`, `<a href="/x?q=`}[i], []string{"</p>", `">`, `">`}[i]
+		out = append(out, strings.TrimSuffix(strings.TrimPrefix(part, pre), post))
+	}
+	return out
+}
+
 // minSecret is the shortest secret masked: a shorter one would blank ordinary text.
 const minSecret = 3
 
@@ -50,6 +68,7 @@ func newMask(list []string) *mask {
 		// inside a longer base64 text (a Basic Authorization header, a token blob).
 		userinfo := strings.TrimPrefix(url.UserPassword("", s).String(), ":")
 		js, _ := json.Marshal(s)
+		add(htmlForms(s)...)
 		add(s, url.QueryEscape(s), url.PathEscape(s), userinfo, hex.EncodeToString([]byte(s)), strings.ToUpper(hex.EncodeToString([]byte(s))),
 			template.HTMLEscapeString(s), strings.Trim(string(js), `"`), strings.ReplaceAll(s, `"`, `""`))
 		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding, base64.RawStdEncoding, base64.RawURLEncoding} {

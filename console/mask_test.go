@@ -66,6 +66,15 @@ func TestMaskHoldsInEveryRendering(t *testing.T) {
 			t.Errorf("a prefix cut after %d bytes of the secret shows them: %q", cut, got)
 		}
 	}
+	// In an attribute value, html/template also escapes + = and `.
+	attr := newMask([]string{"pa+ss=wd"})
+	var b strings.Builder
+	if err := template.Must(template.New("").Parse(`<input value="{{.}}">`)).Execute(&b, "pa+ss=wd"); err != nil {
+		t.Fatal(err)
+	}
+	if got := attr.String(b.String()); strings.Contains(got, "pa") || !strings.Contains(got, "***") {
+		t.Errorf("attribute rendering %q masked as %q", b.String(), got)
+	}
 	for _, f := range canaryForms(secret) {
 		if got := m.String("x " + f + " y"); got != "x *** y" {
 			t.Errorf("%q: got %q", f, got)
