@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 
@@ -24,7 +25,9 @@ type Query struct {
 	// Until (zero: unbounded).
 	Since, Until time.Time
 	// Text keeps dead letters whose error message or stack contains it, case-insensitively
-	// (a plain substring: % and _ have no special meaning).
+	// (a plain substring: % and _ have no special meaning) and holds each of its words as a
+	// word or the start of one: "decod" finds "cannot decode", "ecode" does not (the words go
+	// through a full-text index, migration 009).
 	Text string
 	// Prefix, when > 0, reads only the first Prefix bytes of each key and value (a list
 	// bounded in memory whatever the payloads weigh); Found's sizes and SHA-256 sums
@@ -46,6 +49,15 @@ type Found struct {
 	// and ValueSHA256 their SHA-256 (nil for a nil key or value), whatever Query.Prefix read.
 	KeySize, ValueSize     int
 	KeySHA256, ValueSHA256 []byte
+}
+
+// textIndexExpr is the expression of the full-text index dead_letters_text_idx (migration
+// 009); a query must write it exactly so for the index to answer.
+const textIndexExpr = `to_tsvector('simple'::regconfig, d.error_message || ' ' || coalesce(d.stack, ''))`
+
+// hasWord reports whether text holds a letter or a digit (a word the full-text index knows).
+func hasWord(text string) bool {
+	return strings.IndexFunc(text, func(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }) >= 0
 }
 
 // likeEscaper escapes LIKE's special characters (backslash is the default escape).
@@ -107,8 +119,15 @@ func searchSQL(schema string, q Query) (string, []any) {
 		where = append(where, "d.last_failure_at < "+arg(q.Until))
 	}
 	if q.Text != "" {
-		// ILIKE with the pattern's own % _ \ escaped: the trigram indexes of migration 009
-		// answer it when pg_trgm is installed.
+		// The words of the text, each a word or the start of one, through the full-text index
+		// of migration 009 (textIndexExpr); then the text as typed, any case (ILIKE with its
+		// own % _ \ escaped).
+		if hasWord(q.Text) {
+			// The text's own lexemes (PostgreSQL's parser, as the index was built: "needle-12"
+			// is needle and -12), each as a prefix: 'needle':* & '-12':*.
+			where = append(where, textIndexExpr+` @@ (SELECT to_tsquery('simple'::regconfig, string_agg(quote_literal(lexeme) || ':*', ' & '))
+				FROM unnest(to_tsvector('simple'::regconfig, `+arg(q.Text)+`)))`)
+		}
 		p := arg("%" + likeEscaper.Replace(q.Text) + "%")
 		where = append(where, "(d.error_message ILIKE "+p+" OR d.stack ILIKE "+p+")")
 	}

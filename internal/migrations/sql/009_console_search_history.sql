@@ -8,26 +8,12 @@ CREATE INDEX IF NOT EXISTS dead_letters_topic_id_idx ON {{schema}}.dead_letters 
 CREATE INDEX IF NOT EXISTS dead_letters_error_class_id_idx ON {{schema}}.dead_letters (error_class, id);
 CREATE INDEX IF NOT EXISTS dead_letters_last_failure_idx ON {{schema}}.dead_letters (last_failure_at, id);
 
--- The text search (q: a substring of the error message or the stack, any case) uses
--- trigram indexes when PostgreSQL's pg_trgm extension can be had: it is a trusted extension
--- (PostgreSQL 13+), so a role with CREATE on the database may install it. Without it the
--- search still works, by a scan; the migration says so and goes on.
-DO $$
-DECLARE
-    ext_schema name;
-BEGIN
-    BEGIN
-        CREATE EXTENSION IF NOT EXISTS pg_trgm;
-    EXCEPTION WHEN insufficient_privilege OR undefined_file OR feature_not_supported THEN
-        RAISE NOTICE 'kafkatx: pg_trgm is not available (%): the dead-letter text search scans', SQLERRM;
-    END;
-    SELECT n.nspname INTO ext_schema FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pg_trgm';
-    IF ext_schema IS NOT NULL THEN
-        EXECUTE format('CREATE INDEX IF NOT EXISTS dead_letters_message_trgm_idx ON {{schema}}.dead_letters USING gin (error_message %I.gin_trgm_ops)', ext_schema);
-        EXECUTE format('CREATE INDEX IF NOT EXISTS dead_letters_stack_trgm_idx ON {{schema}}.dead_letters USING gin (stack %I.gin_trgm_ops)', ext_schema);
-    END IF;
-END
-$$;
+-- The text search (q) first narrows by words through a full-text index (PostgreSQL's own,
+-- the 'simple' configuration: no stemming, no stop words, no extension to install, so a
+-- schema-only dump restores anywhere), then keeps the rows whose message or stack holds the
+-- text as typed (ILIKE). The expression must be the one dlq.Search writes.
+CREATE INDEX IF NOT EXISTS dead_letters_text_idx ON {{schema}}.dead_letters
+    USING gin (to_tsvector('simple'::regconfig, error_message || ' ' || coalesce(stack, '')));
 
 -- Samples of each partition's position over time, taken by the console (every
 -- console.Config.SampleEvery, default 1 minute, while it runs) and kept for
