@@ -68,7 +68,6 @@ func (e *exitError) Error() string {
 	return e.err.Error()
 }
 
-
 // Validate checks the flags every subcommand shares (kong calls it after parsing).
 func (c *CLI) Validate() error {
 	if err := flagcheck.Duration("kafka-timeout", c.KafkaTimeout, time.Second, 5*time.Minute); err != nil {
