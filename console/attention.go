@@ -19,6 +19,7 @@ var needsAttention = []struct{ Kind, Status, Why string }{
 	{Kind: "unexplained_move", Why: "the watermark was moved outside kafkatx"},
 	{Kind: "watermark_deleted", Why: "a watermark row was deleted outside kafkatx"},
 	{Kind: offsetstore.KindHalt, Why: "the consumer refused to start on the partition"},
+	{Kind: offsetstore.KindLogAdopted, Why: "the watermark moved onto another log (the topic recreated, or another cluster)"},
 	{Status: "abandoned", Why: "an operator command was recorded and never applied"},
 }
 

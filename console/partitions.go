@@ -43,6 +43,9 @@ type PartitionRow struct {
 	ReplayEpoch int                 `json:"replay_epoch"`
 	LastEvent   *offsetstore.Event  `json:"last_event"`
 	Pending     []offsetstore.Event `json:"pending,omitempty"`
+	// LogChange says what changed when State is log_changed (the old and new topic or
+	// cluster ids); empty otherwise.
+	LogChange string `json:"log_change,omitempty"`
 	// Attention lists the audit rows of the last 7 days (AttentionWindow) an operator must
 	// not miss (an unexplained skip, a watermark moved outside kafkatx, ...), by kind.
 	Attention []Attention `json:"attention,omitempty"`
@@ -66,6 +69,9 @@ func rowOf(s offsets.PartitionStatus) PartitionRow {
 	if s.Committed != nil {
 		r.Committed = *s.Committed
 	}
+	if s.State == offsetstate.LogChanged {
+		r.LogChange = s.Log.Change().What()
+	}
 	r.Next = nextStep(r)
 	return r
 }
@@ -77,6 +83,9 @@ func rowOf(s offsets.PartitionStatus) PartitionRow {
 func nextStep(r PartitionRow) string {
 	if r.State == "error" {
 		return ""
+	}
+	if r.State == string(offsetstate.LogChanged) {
+		return fmt.Sprintf("processes nothing: the log behind the watermark changed (%s); an operator adopts the new log (offsets reset --mode adopt)", r.LogChange)
 	}
 	d := offsetstate.Classify(offsetstate.Offsets{W: r.Watermark, HasW: r.Watermark >= 0, K: r.Committed, HasK: r.Committed >= 0,
 		LogStart: r.LogStart, LogEnd: r.LogEnd}, offsetstate.Policy{})
@@ -145,7 +154,7 @@ func (h *Handler) partitions(ctx context.Context, group string) ([]PartitionRow,
 		for i := range out {
 			r := &out[i]
 			r.Attention = att[tpKey{r.Group, r.Topic, r.Partition}]
-			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != ""
+			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != "" || r.State == string(offsetstate.LogChanged)
 		}
 	}()
 	for _, g := range groups {

@@ -35,6 +35,11 @@ type Watermark struct {
 	InflightEnd int64
 	ReplayEpoch int
 	UpdatedAt   time.Time
+	// TopicID and ClusterID name the log the offsets count in: the topic's id (KIP-516, Kafka's
+	// base64 form) and its cluster's id, as the consumer read them when it met the partition
+	// (migration 009); "" when not recorded yet (a row older than the migration, or a broker
+	// that gives no topic id).
+	TopicID, ClusterID string
 }
 
 // Store runs the SQL for one schema.
@@ -51,7 +56,8 @@ func (s *Store) Tables() tables.Names { return s.t }
 // Watermarks returns the rows of group for the given partitions (all partitions of all
 // topics when tps is empty).
 func (s *Store) Watermarks(ctx context.Context, q pg.Querier, group string, tps []TP) (map[TP]Watermark, error) {
-	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at
+	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at,
+		coalesce(topic_id, ''), coalesce(cluster_id, '')
 		FROM `+s.t.Watermarks+` WHERE group_id = $1 ORDER BY topic, partition`, group)
 	if err != nil {
 		return nil, fmt.Errorf("read watermarks: %w", err)
@@ -63,7 +69,7 @@ func (s *Store) Watermarks(ctx context.Context, q pg.Querier, group string, tps 
 	out := map[TP]Watermark{}
 	for rows.Next() {
 		var w Watermark
-		if err := rows.Scan(&w.Topic, &w.Partition, &w.Next, &w.First, &w.InflightEnd, &w.ReplayEpoch, &w.UpdatedAt); err != nil {
+		if err := rows.Scan(&w.Topic, &w.Partition, &w.Next, &w.First, &w.InflightEnd, &w.ReplayEpoch, &w.UpdatedAt, &w.TopicID, &w.ClusterID); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read watermarks: %w", err)
 		}
