@@ -27,7 +27,7 @@ type Query struct {
 	// Text keeps dead letters whose error message or stack contains it, case-insensitively
 	// (a plain substring: % and _ have no special meaning) and holds each of its words as a
 	// word or the start of one: "decod" finds "cannot decode", "ecode" does not (the words go
-	// through a full-text index, migration 009).
+	// through a full-text index, migration console_search_history).
 	Text string
 	// Prefix, when > 0, reads only the first Prefix bytes of each key and value (a list
 	// bounded in memory whatever the payloads weigh); Found's sizes and SHA-256 sums
@@ -52,7 +52,7 @@ type Found struct {
 }
 
 // textIndexExpr is the expression of the full-text index dead_letters_text_idx (migration
-// 009); a query must write it exactly so for the index to answer.
+// console_search_history); a query must write it exactly so for the index to answer.
 const textIndexExpr = `to_tsvector('simple'::regconfig, d.error_message || ' ' || coalesce(d.stack, ''))`
 
 // hasWord reports whether text holds a letter or a digit (a word the full-text index knows).
@@ -85,7 +85,7 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 }
 
 // searchSQL is Search's statement and arguments: keyset paging by id (id > AfterID ORDER
-// BY id LIMIT n), each filter a condition an index of migration 009 answers.
+// BY id LIMIT n), each filter a condition an index of the console_search_history migration answers.
 func searchSQL(schema string, q Query) (string, []any) {
 	schema = pg.SchemaOr(schema)
 	if q.Limit <= 0 {
@@ -120,7 +120,7 @@ func searchSQL(schema string, q Query) (string, []any) {
 	}
 	if q.Text != "" {
 		// The words of the text, each a word or the start of one, through the full-text index
-		// of migration 009 (textIndexExpr); then the text as typed, any case (ILIKE with its
+		// of the console_search_history migration (textIndexExpr); then the text as typed, any case (ILIKE with its
 		// own % _ \ escaped).
 		if hasWord(q.Text) {
 			// The text's own lexemes (PostgreSQL's parser, as the index was built: "needle-12"
