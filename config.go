@@ -397,6 +397,9 @@ func (c *Config) validate() error {
 	if len(c.Topics) == 0 {
 		return errors.New("kafkatx: Config.Topics is empty")
 	}
+	if err := c.validateBounds(); err != nil {
+		return err
+	}
 	for _, k := range []string{"bootstrap.servers", "group.id"} {
 		if v, ok := c.Kafka[k]; !ok || fmt.Sprint(v) == "" {
 			return fmt.Errorf("kafkatx: Config.Kafka needs %q", k)

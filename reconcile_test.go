@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"testing"
 	"time"
 
@@ -85,7 +88,20 @@ func TestKafkaBehindOrMissingResumesFromTheWatermark(t *testing.T) {
 			b.runUntilWatermark(t, b.handler(), b.config(t), 10)
 			tc.move(b, t)
 			produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint(i) }))
-			b.runUntilWatermark(t, b.handler(), b.config(t), 15)
+			cfg := b.config(t)
+			core, logs := observer.New(zap.WarnLevel)
+			cfg.Logger = zap.New(core)
+			b.runUntilWatermark(t, b.handler(), cfg, 15)
+			if tc.kind == "kafka_behind" { // issue 36: the consumer's own line quotes the replay command
+				want := fmt.Sprintf("kafkatx offsets reset --group %s --topic %s --partition 0 --to-offset 2 --mode replay", b.group, b.topic)
+				found := false
+				for _, e := range logs.FilterMessageSnippet("behind the database watermark").All() {
+					found = found || strings.Contains(fmt.Sprint(e.ContextMap()["replay_command"]), want)
+				}
+				if !found {
+					t.Fatalf("no warning quoting %q; warnings: %v", want, logs.All())
+				}
+			}
 			if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); n != 0 {
 				t.Fatalf("%d messages re-run after Kafka's offset was %s", n, tc.name)
 			}

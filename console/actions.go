@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -42,6 +43,25 @@ type ActionParams struct {
 	ToTopic string `json:"to_topic,omitempty"`
 	// Again (replay only) replays a dead letter already replayed (the CLI's --again).
 	Again bool `json:"again,omitempty"`
+	// RatePerSecond bounds an executed action on several dead letters to this many items a
+	// second (a bulk redrive does not flood the topic and its consumer). Defaults to
+	// RedriveRateDefault (50); 1 to 1,000; refused when the selection would take longer than
+	// the request may (RequestTimeout). Dry runs are not slowed.
+	RatePerSecond int `json:"rate_per_second,omitempty"`
+}
+
+// RedriveRateDefault is ActionParams.RatePerSecond's default, in items a second.
+const RedriveRateDefault = 50
+
+// maxRedriveRate bounds ActionParams.RatePerSecond.
+const maxRedriveRate = 1000
+
+// rateOf is p's rate, defaulted.
+func (p ActionParams) rateOf() int {
+	if p.RatePerSecond == 0 {
+		return RedriveRateDefault
+	}
+	return p.RatePerSecond
 }
 
 // ItemResult is what an action did, or would do, to one dead letter or outbox row.
@@ -83,6 +103,11 @@ func checkParams(p ActionParams, ids []int64) error {
 		return errors.New("nothing selected: give at least one id")
 	case len(ids) > maxActionItems:
 		return fmt.Errorf("%d items selected: at most %d in one action", len(ids), maxActionItems)
+	case p.RatePerSecond < 0 || p.RatePerSecond > maxRedriveRate:
+		return fmt.Errorf("rate_per_second %d: want 1 to %d (default %d)", p.RatePerSecond, maxRedriveRate, RedriveRateDefault)
+	case !p.DryRun && time.Duration(len(ids)-1)*time.Second/time.Duration(p.rateOf()) > RequestTimeout-5*time.Second:
+		return fmt.Errorf("%d items at %d a second take %v, past the request's %v: raise rate_per_second or select fewer", len(ids), p.rateOf(),
+			time.Duration(len(ids)-1)*time.Second/time.Duration(p.rateOf()), RequestTimeout)
 	}
 	return nil
 }
@@ -115,7 +140,16 @@ func (h *Handler) oneItemAction(w http.ResponseWriter, r *http.Request, what str
 // deadLetterAction replays or discards each dead letter of ids.
 func (h *Handler) deadLetterAction(ctx context.Context, action string, ids []int64, p ActionParams, actor string) ActionResult {
 	res := ActionResult{Action: action, DryRun: p.DryRun, Reason: p.Reason, Actor: actor, Items: []ItemResult{}}
-	for _, id := range ids {
+	start, every := time.Now(), time.Second/time.Duration(p.rateOf())
+	for i, id := range ids {
+		if !p.DryRun && i > 0 { // the rate limit: item i starts no sooner than i/rate after the first
+			if wait := time.Until(start.Add(time.Duration(i) * every)); wait > 0 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
+			}
+		}
 		it := ItemResult{ID: id}
 		err := h.inTx(ctx, p.DryRun, func(tx pgx.Tx) error {
 			switch action {

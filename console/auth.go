@@ -258,16 +258,20 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, why strin
 // (the X-CSRF-Token header or the csrf form field) and, when the browser sends an Origin
 // header, comes from this host.
 func (h *Handler) checkCSRF(r *http.Request, sess *session) bool {
-	if o := r.Header.Get("Origin"); o != "" && o != "null" {
-		if !strings.HasSuffix(o, "://"+r.Host) {
-			return false
-		}
+	if !sameOrigin(r, r.Header.Get("Origin")) {
+		return false
 	}
 	got := r.Header.Get("X-CSRF-Token")
 	if got == "" {
 		got = r.PostFormValue("csrf")
 	}
 	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(sess.csrf)) == 1
+}
+
+// sameOrigin reports whether origin (the request's Origin header) is the console's own host;
+// a request without one (or "null") passes: the CSRF token decides.
+func sameOrigin(r *http.Request, origin string) bool {
+	return origin == "" || origin == "null" || strings.HasSuffix(origin, "://"+r.Host)
 }
 
 // failMu serializes the answers to wrong tokens, each held failDelay: guessing gets at most

@@ -2,10 +2,14 @@ package console
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -43,10 +47,28 @@ func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	exe := chromium(t)
 	f := newFixture(t)
-	srv := f.server(nil)
+	// A canary secret, which no page and no export may show in any encoding, and samples
+	// taken often enough for the charts to draw from this test's own run.
+	const canary = `canary<S3cr3t"p@ss/w0rd>`
+	srv := f.server(func(c *Config) { c.Secrets = []string{canary}; c.SampleEvery = 300 * time.Millisecond })
 	id := f.firstDeadLetter()
+	canaryID := f.count(`INSERT INTO %s.dead_letters (group_id, topic, partition, "offset", key, value, header_keys, header_values,
+			error_class, error_message, stack, attempts, first_failure_at, last_failure_at)
+		VALUES ($1, $2, 9, 1, $3, $4, ARRAY['auth'::bytea, '\x6bff6579'::bytea], ARRAY[$5::bytea, 'v'::bytea], 'permanent', $6, $7, 1, now(), now()) RETURNING id`,
+		f.group, f.topic, []byte("key "+canary), []byte("0123456789abc"+canary+" and the value goes on past the line"),
+		[]byte(canary), "login refused for Basic "+base64.StdEncoding.EncodeToString([]byte("ops:"+canary)), "dsn postgres://ops:"+url.QueryEscape(canary)+"@db/x")
+	seen := 0
+	noCanary := func(where, body string) {
+		t.Helper()
+		seen++
+		for _, form := range append(canaryForms(canary), hexDumpPairs(canary[:10]), canary[:10], base64.StdEncoding.EncodeToString([]byte("ops:" + canary))[4:20]) {
+			if strings.Contains(body, form) {
+				t.Errorf("%s shows the canary secret as %q", where, form)
+			}
+		}
+	}
 
-	shots := t.TempDir()
+	shots := t.ArtifactDir() // go test -artifacts -outputdir DIR keeps them for a person to look at
 	if os.Getenv("KAFKATX_CONSOLE_SCREENSHOTS") == "1" {
 		root, err := testenv.RepoRoot()
 		if err != nil {
@@ -106,7 +128,13 @@ func TestConsoleInABrowser(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644); err != nil {
 			t.Fatal(err)
 		}
+		html, err := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS("html")))
+		if err != nil {
+			t.Fatalf("page of %s: %v", name, err)
+		}
+		noCanary("the page of "+name, html)
 	}
+	defer func() { t.Logf("screenshots of %d pages in %s", seen, shots) }()
 	// waitText polls until the element sel reads want (a click's navigation takes a moment).
 	waitText := func(sel, want string) {
 		t.Helper()
@@ -223,6 +251,65 @@ func TestConsoleInABrowser(t *testing.T) {
 	waitText("#result-title", "Done")
 	if st := f.str(`SELECT state FROM %s.outbox WHERE id = $1`, parked); st != "pending" {
 		t.Fatalf("the released row is %s", st)
+	}
+
+	// The canary dead letter: its hex dump, headers (one key not UTF-8, shown as its bytes)
+	// and error, with the secret masked everywhere.
+	do("canary dead letter", chromedp.Navigate(fmt.Sprintf("%s/dead-letters/%d", srv.URL, canaryID)), visible("#dl-reason"))
+	shot("dead-letter-canary")
+	if page, _ := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("main"))); !strings.Contains(page, `k\xffey`) || !strings.Contains(page, "***") {
+		t.Errorf("the canary dead letter's page shows no masked value or no escaped header key:\n%s", page)
+	}
+	for _, format := range []string{"json", "csv"} {
+		code, body := call(t, http.DefaultClient, "GET", srv.URL+"/api/dead-letters/export?format="+format+"&topic="+f.topic, f.token, "")
+		if code != 200 || !strings.Contains(body, strconv.FormatInt(canaryID, 10)) {
+			t.Fatalf("export %s: %d %.300s", format, code, body)
+		}
+		noCanary("the "+format+" export", body)
+	}
+	for _, api := range []string{"/api/dead-letters?topic=" + f.topic, fmt.Sprintf("/api/dead-letters/%d", canaryID), "/api/dead-letters/groups?topic=" + f.topic, "/api/partitions"} {
+		_, body := call(t, http.DefaultClient, "GET", srv.URL+api, f.token, "")
+		noCanary(api, body)
+	}
+
+	// An unexplained skip: Kafka's committed offset moved past the watermark with Kafka's own
+	// tool, and the consumer, following it, audits the skipped range. The partitions page
+	// highlights the row and counts it at the top; its chart draws from the samples.
+	f.moveGroupOffset(13)
+	f.runConsumer(func() bool {
+		return f.count(`SELECT count(*) FROM %s.offset_audit WHERE kind = 'unexplained_skip' AND group_id = $1`, f.group) > 0
+	})
+	time.Sleep(time.Second) // a few more samples, the consumer's progress among them
+	do("partitions after the skip", chromedp.Navigate(srv.URL+"/"), visible("#partitions"))
+	class, err = chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(row), "class"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	note, count := text(row+" .attention-note"), text("#attention-count")
+	points, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(row+" svg.chart polyline.lag"), "points"))
+	if err != nil {
+		t.Fatalf("no lag chart on the row: %v", err)
+	}
+	shot("partitions-unexplained-skip")
+	if !strings.Contains(class.Value, "attention") || !strings.Contains(note, "unexplained_skip") || count == "0" {
+		t.Fatalf("after an unexplained skip: row class %q, note %q, count %q: want it highlighted and counted", class.Value, note, count)
+	}
+	if n := len(strings.Fields(points.Value)); n < 2 {
+		t.Fatalf("the lag chart has %d points (%q), want a line from the samples", n, points.Value)
+	}
+	do("offsets page with the charts", chromedp.Navigate(srv.URL+"/offsets?group="+f.group), visible("#offset-audit"))
+	shot("offsets-charts")
+
+	// Search over 100,000 dead letters: one rare text among them, found by the page.
+	seedDeadLetters(t, f.pool, f.schema, 100_000)
+	start := time.Now()
+	do("search 100,000 dead letters", chromedp.Navigate(srv.URL+"/dead-letters?q=needle-50000"), visible("#dead-letters"))
+	took := time.Since(start)
+	found := text("#dead-letters tbody")
+	shot("dead-letters-search")
+	t.Logf("the dead-letter page searched 100,000 dead letters for a rare text in %v", took)
+	if !strings.Contains(found, "needle-50000") {
+		t.Fatalf("search for needle-50000: %q", found)
 	}
 
 	mu.Lock()

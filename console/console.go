@@ -18,12 +18,11 @@ package console
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -70,6 +69,14 @@ type Config struct {
 	// password of Pool's connection and the Kafka settings' sasl.password and ssl.*password
 	// are added by New.
 	Secrets []string
+	// SampleEvery is how often the console samples every partition's watermark and log end
+	// into the partition_samples table, for the lag and throughput charts. Defaults to
+	// SampleEveryDefault (1 minute); negative: no sampling (the charts show what others
+	// sampled).
+	SampleEvery time.Duration
+	// SampleRetention is how long samples are kept; older ones are deleted at each sampling.
+	// Defaults to SampleRetentionDefault (7 days).
+	SampleRetention time.Duration
 	// Actor names the console process in audit rows, after the operator's name and address.
 	// Defaults to the OS user at the host name (as the kafkatx command records).
 	Actor string
@@ -77,14 +84,17 @@ type Config struct {
 
 // Handler is the console. It is safe for concurrent use; Close releases its Kafka client.
 type Handler struct {
-	cfg      Config
-	log      *zap.Logger
-	op       *offsets.Operator
-	kafka    *offsets.Kafka
-	tokens   *tokenSource
-	sessions *sessionStore
-	mux      *http.ServeMux
-	secrets  *strings.Replacer
+	cfg       Config
+	log       *zap.Logger
+	op        *offsets.Operator
+	kafka     *offsets.Kafka
+	tokens    *tokenSource
+	sessions  *sessionStore
+	mux       *http.ServeMux
+	mask      *mask
+	stop      chan struct{} // ends the sampling loop
+	stopped   chan struct{}
+	closeOnce sync.Once
 }
 
 // New checks cfg, reads the token file and connects the Kafka admin client.
@@ -103,6 +113,12 @@ func New(cfg Config) (*Handler, error) {
 		return nil, fmt.Errorf("console: BasePath %q must start with /", cfg.BasePath)
 	}
 	cfg.Schema = pg.SchemaOr(cfg.Schema)
+	if cfg.SampleEvery == 0 {
+		cfg.SampleEvery = SampleEveryDefault
+	}
+	if cfg.SampleRetention <= 0 {
+		cfg.SampleRetention = SampleRetentionDefault
+	}
 	if cfg.Actor == "" {
 		cfg.Actor = offsets.Actor()
 	}
@@ -127,16 +143,29 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, log: log, kafka: k, op: offsets.NewOperator(cfg.Pool, k, cfg.Schema), tokens: tokens,
 		sessions: newSessionStore()}
-	h.secrets = secretReplacer(cfg)
+	h.mask = newMask(secretList(cfg))
 	h.routes()
+	h.stop, h.stopped = make(chan struct{}), make(chan struct{})
+	if cfg.SampleEvery > 0 {
+		go h.sampleLoop(h.stop, h.stopped)
+	} else {
+		close(h.stopped)
+	}
 	return h, nil
 }
 
-// Close releases the Kafka admin client. The pool stays the caller's.
-func (h *Handler) Close() { h.kafka.Close() }
+// Close stops the sampling and releases the Kafka admin client. The pool stays the caller's.
+func (h *Handler) Close() {
+	h.closeOnce.Do(func() {
+		close(h.stop)
+		<-h.stopped
+		h.kafka.Close()
+	})
+}
 
-// secretReplacer replaces every secret the console knows of with "***".
-func secretReplacer(cfg Config) *strings.Replacer {
+// secretList is every secret the console knows of: Config.Secrets, the pool's password and
+// the Kafka settings' passwords and secrets.
+func secretList(cfg Config) []string {
 	list := append([]string{}, cfg.Secrets...)
 	list = append(list, cfg.Pool.Config().ConnConfig.Password)
 	for k, v := range cfg.Kafka {
@@ -146,29 +175,14 @@ func secretReplacer(cfg Config) *strings.Replacer {
 			}
 		}
 	}
-	return secretPairs(list)
+	return list
 }
 
-// secretPairs blanks each secret of three characters or more (a shorter "secret" would blank
-// out ordinary text) as "***", in each form it travels in.
-func secretPairs(list []string) *strings.Replacer {
-	var pairs []string
-	for _, s := range list {
-		if len(s) < 3 {
-			continue
-		}
-		// As is, query- and path-escaped, escaped as a URL's password (userinfo:
-		// "p%40ss%20w%2Frd", the form a dead letter quoting a DSN holds) and base64 (a Basic
-		// Authorization header).
-		userinfo := strings.TrimPrefix(url.UserPassword("", s).String(), ":")
-		pairs = append(pairs, s, "***", url.QueryEscape(s), "***", url.PathEscape(s), "***",
-			userinfo, "***", base64.StdEncoding.EncodeToString([]byte(s)), "***")
-	}
-	return strings.NewReplacer(pairs...)
-}
+// secretPairs is the text masker of list (tests use it alone).
+func secretPairs(list []string) *strings.Replacer { return newMask(list).text }
 
 // redact removes every known secret from s.
-func (h *Handler) redact(s string) string { return h.secrets.Replace(s) }
+func (h *Handler) redact(s string) string { return h.mask.String(s) }
 
 // ServeHTTP answers one request: security headers, bounded body and time, authentication,
 // CSRF protection for sessions, the read-only refusal of actions, then the route.
@@ -194,9 +208,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		if who.session != nil && !h.checkCSRF(r, who.session) {
-			h.fail(w, r, http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
-			return
+		if who.session != nil {
+			if o := r.Header.Get("Origin"); !sameOrigin(r, o) {
+				h.fail(w, r, http.StatusForbidden, "refused: the request comes from another site (Origin "+pg.SanitizeText(o, 200)+"), not this console's pages; a reverse proxy must pass the Host header through")
+				return
+			}
+			if !h.checkCSRF(r, who.session) {
+				h.fail(w, r, http.StatusForbidden, "missing or wrong CSRF token: reload the page and try again")
+				return
+			}
 		}
 		if h.cfg.ReadOnly && r.URL.Path != "/signout" {
 			h.fail(w, r, http.StatusForbidden, "this console is read-only (--read-only): actions are refused")
@@ -230,10 +250,12 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /outbox/action", h.outboxActionForm)
 
 	m.HandleFunc("GET /api/partitions", h.apiPartitions)
+	m.HandleFunc("GET /api/partitions/history", h.apiHistory)
 	m.HandleFunc("GET /api/offsets/audit", h.apiOffsetAudit)
 	m.HandleFunc("POST /api/offsets/reset", h.apiOffsetsReset)
 	m.HandleFunc("GET /api/dead-letters", h.apiDeadLetters)
 	m.HandleFunc("GET /api/dead-letters/groups", h.apiDeadLetterGroups)
+	m.HandleFunc("GET /api/dead-letters/export", h.apiDeadLettersExport)
 	m.HandleFunc("GET /api/dead-letters/{id}", h.apiDeadLetter)
 	m.HandleFunc("POST /api/dead-letters/{id}/{action}", h.apiDeadLetterAction)
 	m.HandleFunc("POST /api/dead-letters/{action}", h.apiDeadLettersAction)

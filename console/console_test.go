@@ -105,9 +105,11 @@ func TestAuthTokenSessionAndCSRF(t *testing.T) {
 			t.Fatalf("session replay with CSRF token %q: %d, want 403", tok, code)
 		}
 	}
-	// From another origin, even with the token: refused.
-	if code, _ := call(t, c, "POST", replay, "", `{"reason":"csrf check"}`, "X-CSRF-Token", csrf, "Origin", "https://evil.example"); code != http.StatusForbidden {
-		t.Fatalf("session replay from another origin: %d, want 403", code)
+	// From another origin, even with the token: refused, saying so (issue 36: not "missing
+	// or wrong CSRF token", which sends the operator after the wrong cause).
+	if code, body := call(t, c, "POST", replay, "", `{"reason":"csrf check"}`, "X-CSRF-Token", csrf, "Origin", "https://evil.example"); code != http.StatusForbidden ||
+		!strings.Contains(body, "another site (Origin https://evil.example)") || strings.Contains(body, "CSRF token") {
+		t.Fatalf("session replay from another origin: %d %s, want 403 naming the origin", code, body)
 	}
 	if n := f.count(`SELECT count(*) FROM %s.dlq_audit`); n != 0 {
 		t.Fatalf("%d audit rows after refused requests", n)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/pg"
@@ -58,8 +59,11 @@ type Payload struct {
 
 // HeaderItem is one original record header.
 type HeaderItem struct {
-	Key   string  `json:"key"`
-	Value Payload `json:"value"`
+	Key string `json:"key"`
+	// KeyInvalidUTF8 is true when the key's bytes are not UTF-8: Key is then their Go-escaped
+	// form (\xff for a byte that is no character).
+	KeyInvalidUTF8 bool    `json:"key_invalid_utf8,omitempty"`
+	Value          Payload `json:"value"`
 }
 
 // DeadLetterDetail is GET /api/dead-letters/{id}: the list item, the full payload, headers,
@@ -135,6 +139,28 @@ func summaryOf(prefix []byte, size int, sum []byte) string {
 		sum = sum[:4]
 	}
 	return fmt.Sprintf("%d B sha256:%x %s%s", size, sum, strconv.Quote(string(prefix)), cut)
+}
+
+// maskedPayload formats b (masked already) for display, masking a secret's beginning
+// where the 64 KiB shown cut it.
+func (h *Handler) maskedPayload(b []byte) Payload {
+	if len(b) <= maxPayloadShown {
+		return payloadOf(b)
+	}
+	size := len(b)
+	p := payloadOf(h.mask.Bytes(b[:maxPayloadShown], true))
+	p.Size, p.Truncated = size, true
+	return p
+}
+
+// headerItem is one header for display: a key that is not valid UTF-8 is shown as its
+// bytes, Go-escaped ("k\xffey"), with KeyInvalidUTF8 set, not as replacement characters.
+func headerItem(key string, v Payload) HeaderItem {
+	if utf8.ValidString(key) {
+		return HeaderItem{Key: key, Value: v}
+	}
+	q := strconv.Quote(key)
+	return HeaderItem{Key: q[1 : len(q)-1], KeyInvalidUTF8: true, Value: v}
 }
 
 // payloadOf formats b for display.
@@ -260,6 +286,7 @@ func (h *Handler) search(r *http.Request, f dlFilter) ([]DeadLetterItem, error) 
 	}
 	out := []DeadLetterItem{}
 	for _, d := range found {
+		h.mask.DeadLetter(&d.DeadLetter, d.KeySize, d.ValueSize)
 		it := itemOf(d)
 		if f.Fingerprint == "" || it.Fingerprint == f.Fingerprint {
 			out = append(out, it)
@@ -281,6 +308,7 @@ func (h *Handler) groupsOf(r *http.Request, f dlFilter) (groups []FingerprintGro
 			return nil, false, err
 		}
 		for _, d := range found {
+			h.mask.DeadLetter(&d.DeadLetter, d.KeySize, d.ValueSize)
 			it := itemOf(d)
 			if f.Fingerprint != "" && it.Fingerprint != f.Fingerprint {
 				continue
@@ -342,10 +370,11 @@ func (h *Handler) detail(r *http.Request, id int64) (*DeadLetterDetail, error) {
 		return nil, fmt.Errorf("dead letter %d: %w", id, dlq.ErrNotFound)
 	}
 	d := found[0]
+	h.mask.DeadLetter(&d.DeadLetter, len(d.Key), len(d.Value))
 	det := &DeadLetterDetail{DeadLetterItem: itemOf(d), FullError: d.ErrorMessage, Stack: d.Stack,
-		KeyFull: payloadOf(d.Key), ValueFull: payloadOf(d.Value), Headers: []HeaderItem{}}
+		KeyFull: h.maskedPayload(d.Key), ValueFull: h.maskedPayload(d.Value), Headers: []HeaderItem{}}
 	for _, hd := range d.Headers {
-		det.Headers = append(det.Headers, HeaderItem{Key: hd.Key, Value: payloadOf(hd.Value)})
+		det.Headers = append(det.Headers, headerItem(hd.Key, h.maskedPayload(hd.Value)))
 	}
 	if det.Audit, err = dlq.Audit(r.Context(), h.cfg.Pool, h.cfg.Schema, id); err != nil {
 		return nil, err
@@ -580,6 +609,7 @@ type resultView struct {
 	IDs     []int64 // what to act on when the operator confirms a dry run
 	Confirm bool    // a dry run that would do something: offer to execute it
 	Back    string
+	Rate    int // dead letters: the executed action's items a second (ActionParams.RatePerSecond)
 }
 
 // deadLettersActionForm handles the forms of the dead-letter pages (POST /dead-letters/action):
@@ -612,20 +642,28 @@ func (h *Handler) deadLettersActionForm(w http.ResponseWriter, r *http.Request) 
 			}
 		}
 	}
+	p := ActionParams{Reason: r.PostFormValue("reason"), DryRun: r.PostFormValue("dry_run") != ""}
+	if s := r.PostFormValue("rate_per_second"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("rate_per_second %q: want a number of items a second", s))
+			return
+		}
+		p.RatePerSecond = n
+	}
 	ids, err := h.selectIDs(r, ids, filter)
 	if err == nil {
-		err = checkParams(ActionParams{Reason: r.PostFormValue("reason")}, ids)
+		err = checkParams(p, ids)
 	}
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	p := ActionParams{Reason: r.PostFormValue("reason"), DryRun: r.PostFormValue("dry_run") != ""}
 	res := h.deadLetterAction(r.Context(), action, ids, p, h.actor(r))
 	back := h.cfg.BasePath + "/dead-letters"
 	if len(ids) == 1 {
 		back = fmt.Sprintf("%s/dead-letters/%d", h.cfg.BasePath, ids[0])
 	}
 	h.render(w, r, http.StatusOK, "result", h.page(r, "dead-letters", "Dead letters: "+action,
-		resultView{On: "dead-letters", Result: res, IDs: ids, Confirm: res.DryRun && res.Done > 0, Back: back}))
+		resultView{On: "dead-letters", Result: res, IDs: ids, Confirm: res.DryRun && res.Done > 0, Back: back, Rate: p.rateOf()}))
 }

@@ -317,3 +317,22 @@ func newSchemaFixture(t *testing.T) *fixture {
 	f.writeToken(f.token)
 	return f
 }
+
+// seedDeadLetters inserts n dead letters of group "scale" (topics scale.t0..scale.t9) with
+// generate_series; every 10,000th error message is "needle-N" (a rare text to search for).
+func seedDeadLetters(t testing.TB, pool *pgxpool.Pool, schema string, n int) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `INSERT INTO `+pgx.Identifier{schema, "dead_letters"}.Sanitize()+`
+		(group_id, topic, partition, "offset", key, value, error_class, error_message, stack, attempts, first_failure_at, last_failure_at)
+		SELECT 'scale', 'scale.t' || (i % 10), 0, i, ('k' || i)::bytea, ('{"order":' || i || '}')::bytea,
+			(ARRAY['permanent', 'max_attempts', 'panic'])[1 + i % 3],
+			CASE WHEN i % 10000 = 0 THEN 'needle-' || i ELSE 'cannot decode order ' || i END, 'goroutine 1 [running]', 5,
+			now() - make_interval(mins => $1 - i), now() - make_interval(mins => $1 - i)
+		FROM generate_series(1, $1) AS i`, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(context.Background(), `ANALYZE `+pgx.Identifier{schema, "dead_letters"}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -236,6 +236,7 @@ func (h *Handler) renderOffsets(w http.ResponseWriter, r *http.Request, g, topic
 	for i, j := 0, len(v.Events)-1; i < j; i, j = i+1, j-1 {
 		v.Events[i], v.Events[j] = v.Events[j], v.Events[i]
 	}
+	h.addCharts(r.Context(), g, v.Rows, 420, 110, true)
 	p.Data = v
 	h.render(w, r, http.StatusOK, "offsets", p)
 }

@@ -111,7 +111,8 @@ func (h *Handler) outboxView(ctx context.Context) (*OutboxView, error) {
 		var keySize, valueSize int
 		err := r.Scan(&p.ID, &p.OutboxID, &p.Topic, &p.Partition, &key, &keySize, &keySum, &value, &valueSize, &valueSum,
 			&p.Attempts, &p.Error, &p.CreatedAt, &p.ParkedAt, &p.Waiting)
-		p.Key, p.Value = summaryOf(key, keySize, keySum), summaryOf(value, valueSize, valueSum)
+		p.Key, p.Value = summaryOf(h.mask.Bytes(key, len(key) < keySize), keySize, keySum), summaryOf(h.mask.Bytes(value, len(value) < valueSize), valueSize, valueSum)
+		p.Error = h.mask.String(p.Error)
 		return p, err
 	}); err != nil {
 		return nil, fmt.Errorf("parked outbox rows: %w", err)

@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"fmt"
+	"html/template"
 	"net/http"
 	"strings"
 
@@ -45,6 +46,14 @@ type PartitionRow struct {
 	// LogChange says what changed when State is log_changed (the old and new topic or
 	// cluster ids); empty otherwise.
 	LogChange string `json:"log_change,omitempty"`
+	// Attention lists the audit rows of the last 7 days (AttentionWindow) an operator must
+	// not miss (an unexplained skip, a watermark moved outside kafkatx, ...), by kind.
+	Attention []Attention `json:"attention,omitempty"`
+	// NeedsAttention is true when Attention is not empty or the partition drifted.
+	NeedsAttention bool `json:"needs_attention"`
+	// Chart is the lag and throughput of the last hour, for the pages (not in the API:
+	// GET /api/partitions/history has the samples).
+	Chart template.HTML `json:"-"`
 	// Error is set, with Topic and Partition empty, when the group could not be compared
 	// (for example a topic it has a watermark on was deleted).
 	Error string `json:"error,omitempty"`
@@ -136,6 +145,21 @@ func (h *Handler) partitions(ctx context.Context, group string) ([]PartitionRow,
 		}
 	}
 	out := []PartitionRow{}
+	defer func() {
+		if len(out) == 0 {
+			return
+		}
+		att, err := h.attentionOf(ctx, groups)
+		if err != nil {
+			h.log.Warn("console: " + err.Error())
+			return
+		}
+		for i := range out {
+			r := &out[i]
+			r.Attention = att[tpKey{r.Group, r.Topic, r.Partition}]
+			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != "" || r.State == string(offsetstate.LogChanged)
+		}
+	}()
 	for _, g := range groups {
 		sts, err := h.op.Status(ctx, g, "")
 		if err != nil {
@@ -181,10 +205,33 @@ func (h *Handler) apiOffsetAudit(w http.ResponseWriter, r *http.Request) {
 	h.writeJSON(w, http.StatusOK, ev)
 }
 
+// addCharts draws each row's lag chart from the samples of the last hour.
+func (h *Handler) addCharts(ctx context.Context, group string, rows []PartitionRow, w, hgt int, labels bool) {
+	hist, err := h.history(ctx, group, chartWindow)
+	if err != nil {
+		h.log.Warn("console: " + h.redact(err.Error()))
+		return
+	}
+	for i := range rows {
+		if rows[i].Error == "" {
+			rows[i].Chart = chartSVG(hist[tpKey{rows[i].Group, rows[i].Topic, rows[i].Partition}], w, hgt, labels)
+		}
+	}
+}
+
 // partitionsView is the data of the partitions page.
 type partitionsView struct {
 	Rows    []PartitionRow
 	Drifted int
+	// Attention counts the partitions that need attention, and Kinds the audit rows behind
+	// it by kind (unexplained_skip: 2, ...).
+	Attention int
+	Kinds     []kindCount
+}
+
+type kindCount struct {
+	Kind  string
+	Count int
 }
 
 // partitionsPage renders GET /: every group's partitions, drift highlighted.
@@ -194,11 +241,29 @@ func (h *Handler) partitionsPage(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		p.Error = err.Error()
 	}
+	h.addCharts(r.Context(), "", rows, 160, 34, false)
 	v := partitionsView{Rows: rows}
+	byKind := map[string]int{}
 	for _, row := range rows {
 		if row.Drifted {
 			v.Drifted++
 		}
+		if row.NeedsAttention {
+			v.Attention++
+		}
+		for _, a := range row.Attention {
+			k := a.Kind
+			if a.Status == "abandoned" {
+				k += " (abandoned)"
+			}
+			if byKind[k] == 0 {
+				v.Kinds = append(v.Kinds, kindCount{Kind: k})
+			}
+			byKind[k] += a.Count
+		}
+	}
+	for i := range v.Kinds {
+		v.Kinds[i].Count = byKind[v.Kinds[i].Kind]
 	}
 	p.Data = v
 	h.render(w, r, http.StatusOK, "partitions", p)

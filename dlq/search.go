@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 
@@ -24,7 +25,9 @@ type Query struct {
 	// Until (zero: unbounded).
 	Since, Until time.Time
 	// Text keeps dead letters whose error message or stack contains it, case-insensitively
-	// (a plain substring: % and _ have no special meaning).
+	// (a plain substring: % and _ have no special meaning) and holds each of its words as a
+	// word or the start of one: "decod" finds "cannot decode", "ecode" does not (the words go
+	// through a full-text index, migration console_search_history).
 	Text string
 	// Prefix, when > 0, reads only the first Prefix bytes of each key and value (a list
 	// bounded in memory whatever the payloads weigh); Found's sizes and SHA-256 sums
@@ -48,9 +51,42 @@ type Found struct {
 	KeySHA256, ValueSHA256 []byte
 }
 
+// textIndexExpr is the expression of the full-text index dead_letters_text_idx (migration
+// console_search_history); a query must write it exactly so for the index to answer.
+const textIndexExpr = `to_tsvector('simple'::regconfig, d.error_message || ' ' || coalesce(d.stack, ''))`
+
+// hasWord reports whether text holds a letter or a digit (a word the full-text index knows).
+func hasWord(text string) bool {
+	return strings.IndexFunc(text, func(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }) >= 0
+}
+
+// likeEscaper escapes LIKE's special characters (backslash is the default escape).
+var likeEscaper = strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`)
+
 // Search returns the dead letters matching q, lowest id first, at most q.Limit (100 when
 // q.Limit <= 0).
 func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found, error) {
+	sql, args := searchSQL(schema, q)
+	rows, err := qr.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Found, error) {
+		var f Found
+		var replays int64
+		d, err := scanDeadLetterExtra(row, &replays, &f.RefailedAs, &f.KeySize, &f.ValueSize, &f.KeySHA256, &f.ValueSHA256)
+		f.DeadLetter, f.Replays = d, int(replays)
+		return f, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
+	}
+	return out, nil
+}
+
+// searchSQL is Search's statement and arguments: keyset paging by id (id > AfterID ORDER
+// BY id LIMIT n), each filter a condition an index of the console_search_history migration answers.
+func searchSQL(schema string, q Query) (string, []any) {
 	schema = pg.SchemaOr(schema)
 	if q.Limit <= 0 {
 		q.Limit = 100
@@ -83,8 +119,17 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 		where = append(where, "d.last_failure_at < "+arg(q.Until))
 	}
 	if q.Text != "" {
-		p := arg(q.Text)
-		where = append(where, "(strpos(lower(d.error_message), lower("+p+")) > 0 OR strpos(lower(coalesce(d.stack, '')), lower("+p+")) > 0)")
+		// The words of the text, each a word or the start of one, through the full-text index
+		// of the console_search_history migration (textIndexExpr); then the text as typed, any case (ILIKE with its
+		// own % _ \ escaped).
+		if hasWord(q.Text) {
+			// The text's own lexemes (PostgreSQL's parser, as the index was built: "needle-12"
+			// is needle and -12), each as a prefix: 'needle':* & '-12':*.
+			where = append(where, textIndexExpr+` @@ (SELECT to_tsquery('simple'::regconfig, string_agg(quote_literal(lexeme) || ':*', ' & '))
+				FROM unnest(to_tsvector('simple'::regconfig, `+arg(q.Text)+`)))`)
+		}
+		p := arg("%" + likeEscaper.Replace(q.Text) + "%")
+		where = append(where, "(d.error_message ILIKE "+p+" OR d.stack ILIKE "+p+")")
 	}
 	key, value := "d.key", "d.value"
 	if q.Prefix > 0 {
@@ -95,29 +140,15 @@ func Search(ctx context.Context, qr pg.Querier, schema string, q Query) ([]Found
 			d.error_class, d.error_message, coalesce(d.stack, ''), d.attempts, d.first_failure_at, d.last_failure_at, d.status, d.created_at,
 			d.resolved_at, d.replay_epoch,
 			(SELECT count(*) FROM ` + audit + ` a WHERE a.dead_letter_id = d.id AND a.action = 'replay'),
-			coalesce((SELECT min(n.id) FROM ` + t.DeadLetters + ` n
+			CASE WHEN r.at IS NULL THEN 0 ELSE coalesce((SELECT min(n.id) FROM ` + t.DeadLetters + ` n
 				WHERE n.id > d.id AND n.group_id = d.group_id AND n.topic = coalesce(r.to_topic, d.topic)
-					AND n.key IS NOT DISTINCT FROM d.key AND n.value IS NOT DISTINCT FROM d.value AND n.created_at >= r.at), 0),
+					AND n.key IS NOT DISTINCT FROM d.key AND n.value IS NOT DISTINCT FROM d.value AND n.created_at >= r.at), 0) END,
 			coalesce(octet_length(d.key), 0), coalesce(octet_length(d.value), 0), sha256(d.key), sha256(d.value)
 		FROM ` + t.DeadLetters + ` d
 		LEFT JOIN LATERAL (SELECT to_topic, at FROM ` + audit + ` a WHERE a.dead_letter_id = d.id AND a.action = 'replay'
 			ORDER BY a.id DESC LIMIT 1) r ON true
 		WHERE ` + strings.Join(where, " AND ") + ` ORDER BY d.id LIMIT ` + arg(q.Limit)
-	rows, err := qr.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Found, error) {
-		var f Found
-		var replays int64
-		d, err := scanDeadLetterExtra(row, &replays, &f.RefailedAs, &f.KeySize, &f.ValueSize, &f.KeySHA256, &f.ValueSHA256)
-		f.DeadLetter, f.Replays = d, int(replays)
-		return f, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dlq: search dead letters: %w", err)
-	}
-	return out, nil
+	return sql, args
 }
 
 // scanDeadLetterExtra scans the columns of scanDeadLetter followed by extra.

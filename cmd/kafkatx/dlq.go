@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/dlq"
-	"github.com/kafkatx/kafkatx/internal/flagcheck"
+	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/offsets"
 )
 
@@ -26,13 +27,14 @@ type DLQCmd struct {
 
 // DLQListCmd lists dead letters.
 type DLQListCmd struct {
-	Status    string `default:"new" enum:"new,replayed,discarded,all" help:"new, replayed, discarded or all."`
-	Group     string `help:"Only this consumer group."`
-	Topic     string `help:"Only this original topic."`
-	After     int64  `help:"Only ids above this (paging)."`
-	Limit     int    `default:"100" help:"Most rows listed."`
-	ShowValue bool   `name:"show-value" help:"Print keys and values in full (they may hold personal data)."`
-	Output    string `default:"text" enum:"text,json" help:"text or json (one object per line)."`
+	Status     string `default:"new" enum:"new,replayed,discarded,all" help:"new, replayed, discarded or all."`
+	Group      string `help:"Only this consumer group."`
+	Topic      string `help:"Only this original topic."`
+	ErrorClass string `name:"error-class" help:"Only this error class (permanent, max_attempts, panic, oversized, ...), as dlq replay|discard --all take it."`
+	After      int64  `help:"Only ids above this (paging)."`
+	Limit      int    `default:"100" help:"Most rows listed (1 to 100,000); when more match, a line on stderr says so and gives the --after of the next page."`
+	ShowValue  bool   `name:"show-value" help:"Print keys and values in full (they may hold personal data)."`
+	Output     string `default:"text" enum:"text,json" help:"text or json (one object per line)."`
 }
 
 // dlqJSON is a dead letter as list and show print it: dlq.View (the shape the console shares)
@@ -80,9 +82,22 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 	if status == "all" {
 		status = ""
 	}
-	ds, err := dlq.List(ctx, pool, g.Schema, dlq.Filter{Status: status, Group: c.Group, Topic: c.Topic, AfterID: c.After, Limit: c.Limit})
+	// One row more than --limit tells whether another page follows.
+	found, err := dlq.Search(ctx, pool, g.Schema, dlq.Query{Filter: dlq.Filter{Status: status, Group: c.Group, Topic: c.Topic, AfterID: c.After, Limit: c.Limit + 1}, ErrorClass: c.ErrorClass})
 	if err != nil {
 		return err
+	}
+	more := len(found) > c.Limit
+	if more {
+		found = found[:c.Limit]
+	}
+	ds := make([]dlq.DeadLetter, len(found))
+	for i := range found {
+		ds[i] = found[i].DeadLetter
+	}
+	if more {
+		defer fmt.Fprintf(os.Stderr, "kafkatx: dlq list: the first %d dead letters shown (--limit %d); more match: the next page is --after %d (or raise --limit)\n",
+			c.Limit, c.Limit, ds[len(ds)-1].ID)
 	}
 	for i := range ds {
 		j := toDLQJSON(&ds[i], c.ShowValue, false)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/kafkatx/kafkatx/internal/kafkaprops"
+	"github.com/kafkatx/kafkatx/kafkaprops"
 )
 
 // kafkaConfig builds the librdkafka settings every subcommand uses: bootstrap servers and

@@ -12,15 +12,14 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/internal/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/logging"
+	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
+	"github.com/kafkatx/kafkatx/logging"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -69,41 +68,58 @@ func (e *exitError) Error() string {
 	return e.err.Error()
 }
 
-// maxIdentifierBytes is PostgreSQL's longest identifier (NAMEDATALEN - 1); a longer name is
-// silently truncated by the server.
-const maxIdentifierBytes = 63
-
 // Validate checks the flags every subcommand shares (kong calls it after parsing).
 func (c *CLI) Validate() error {
 	if err := flagcheck.Duration("kafka-timeout", c.KafkaTimeout, time.Second, 5*time.Minute); err != nil {
 		return err
 	}
-	switch s := c.Schema; {
-	case s == "":
-		return errors.New("--schema is empty: give the schema of kafkatx's tables (default kafkatx)")
-	case len(s) > maxIdentifierBytes:
-		return fmt.Errorf("--schema %s is %d bytes: PostgreSQL identifiers are at most %d", shellQuote(s), len(s), maxIdentifierBytes)
-	case strings.ContainsRune(s, 0) || !utf8.ValidString(s):
-		return fmt.Errorf("--schema %s: not a valid PostgreSQL identifier (NUL or invalid UTF-8)", shellQuote(s))
+	for _, kv := range c.KafkaConfig {
+		if err := flagcheck.KeyValue("kafka-config (-X)", kv); err != nil {
+			return err
+		}
+	}
+	return flagcheck.Schema("schema", c.Schema)
+}
+
+// nameRules are the rules of the flags that name something, whichever subcommand has them:
+// a value given on the command line is checked before anything connects.
+var nameRules = map[string]func(name, v string) error{
+	"group":       flagcheck.Group,
+	"topic":       flagcheck.Topic,
+	"to-topic":    flagcheck.Topic,
+	"health-addr": flagcheck.Addr,
+	"addr":        flagcheck.Addr,
+	"error-class": func(name, v string) error {
+		return flagcheck.NonEmpty(name, v, "an error class (permanent, max_attempts, panic, ...)")
+	},
+}
+
+// checkGiven applies nameRules to the string flags given on the command line and refuses a
+// negative duration given to any flag (each flag's own range is its command's Validate).
+func checkGiven(kctx *kong.Context) error {
+	for _, p := range kctx.Path {
+		f := p.Flag
+		if f == nil {
+			continue
+		}
+		switch v := kctx.FlagValue(f).(type) {
+		case string:
+			if rule := nameRules[f.Name]; rule != nil {
+				if err := rule(f.Name, v); err != nil {
+					return err
+				}
+			}
+		case time.Duration:
+			if v < 0 {
+				return fmt.Errorf("--%s %v: a duration must not be negative", f.Name, v)
+			}
+		}
 	}
 	return nil
 }
 
-// shellQuote returns s as one shell word: as is when it is plain ([A-Za-z0-9_.,:/@%+=-]),
-// else in single quotes, for commands suggested in hints.
-func shellQuote(s string) string {
-	plain := s != ""
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_.,:/@%+=-", r)) {
-			plain = false
-			break
-		}
-	}
-	if plain {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
+// shellQuote returns s as one shell word (flagcheck.Quote), for commands suggested in hints.
+func shellQuote(s string) string { return flagcheck.Quote(s) }
 
 func main() {
 	var cli CLI
@@ -115,22 +131,27 @@ func main() {
 	if err != nil {
 		panic(err) // the CLI struct itself is wrong: a programming error
 	}
-	kctx, err := parser.Parse(os.Args[1:])
+	kctx, err := parser.Parse(flagcheck.JoinNegative(os.Args[1:]))
+	if err == nil {
+		err = checkGiven(kctx)
+	}
 	if err != nil {
 		// One line and where to read more, not the whole help.
-		help := "kafkatx --help"
+		cmd := ""
 		var pe *kong.ParseError
-		if errors.As(err, &pe) && pe.Context != nil {
-			if cmd := pe.Context.Command(); cmd != "" {
-				var words []string // the command path without its arguments (<id>, [<id>])
-				for _, w := range strings.Fields(cmd) {
-					if !strings.HasPrefix(w, "<") && !strings.HasPrefix(w, "[") {
-						words = append(words, w)
-					}
-				}
-				help = "kafkatx " + strings.Join(words, " ") + " --help"
+		switch {
+		case errors.As(err, &pe) && pe.Context != nil:
+			cmd = pe.Context.Command()
+		case kctx != nil:
+			cmd = kctx.Command()
+		}
+		var words []string // the command path without its arguments (<id>, [<id>])
+		for _, w := range strings.Fields(cmd) {
+			if !strings.HasPrefix(w, "<") && !strings.HasPrefix(w, "[") {
+				words = append(words, w)
 			}
 		}
+		help := strings.Join(append([]string{"kafkatx"}, append(words, "--help")...), " ")
 		fmt.Fprintf(os.Stderr, "kafkatx: %v (see %s)\n", err, help)
 		os.Exit(exitUsage)
 	}
@@ -165,7 +186,7 @@ func conditionHint(err error) string {
 }
 
 // logger builds the stderr logger of a subcommand: console lines on a terminal, JSON
-// otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead).
+// otherwise (package logging; KAFKATX_LOG_FORMAT decides instead).
 func (g *Globals) logger() *zap.Logger { return logging.Must(g.LogLevel) }
 
 // pool connects to --database-url (or the URL in --database-url-file).

@@ -9,11 +9,11 @@ import (
 	"github.com/kafkatx/kafkatx/internal/offsets"
 )
 
-// OffsetsAccountCmd prints the offset accounting report of a group's topic.
+// OffsetsAccountCmd prints the offset accounting report of a group (or of one of its topics).
 type OffsetsAccountCmd struct {
 	Group     string `required:"" help:"Consumer group id."`
-	Topic     string `required:"" help:"Topic."`
-	Partition *int32 `help:"Only this partition (default: every partition with a watermark)."`
+	Topic     string `help:"Only this topic (default: every topic the group has a watermark on, as the other offsets commands)."`
+	Partition *int32 `help:"Only this partition, with --topic (default: every partition with a watermark)."`
 	Output    string `default:"text" enum:"text,json" help:"text or json (one object per partition per line)."`
 }
 
@@ -33,6 +33,9 @@ Exit status: 0 when every partition is accounted for, 4 when any has a gap, 1 on
 func (c *OffsetsAccountCmd) Validate() error {
 	if c.Partition != nil && *c.Partition < 0 {
 		return fmt.Errorf("--partition %d: partitions are numbered from 0", *c.Partition)
+	}
+	if c.Partition != nil && c.Topic == "" {
+		return fmt.Errorf("--partition %d needs --topic: a partition number names a partition of one topic", *c.Partition)
 	}
 	return nil
 }
@@ -55,6 +58,9 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	if len(accts) == 0 {
+		if c.Topic == "" {
+			return fmt.Errorf("group %q has no watermark: nothing to account for", c.Group)
+		}
 		return fmt.Errorf("group %q has no watermark on topic %s: nothing to account for", c.Group, c.Topic)
 	}
 	gaps := 0

@@ -339,6 +339,11 @@ func (b *offsetsBundle) checkSkippedPoison(skipKind string) {
 	if code != 0 || a.Processed != 9 || skipped != 1 || a.Offsets != 10 || len(a.Gaps) != 0 {
 		b.t.Fatalf("account: exit %d, %+v; want exit 0, 9 processed, 1 %s, no gap", code, a, skipKind)
 	}
+	// Issue 36: per group without --topic, as every other offsets command: the same report
+	// (the group has a watermark on this topic only).
+	if all, allCode := b.kafkatx("offsets", "account", "--group", b.group, "--output", "json"); allCode != code || all != out {
+		b.t.Fatalf("offsets account without --topic: exit %d %q, want exit %d %q", allCode, all, code, out)
+	}
 }
 
 func TestOffsetsOutOfBandSkipIsFollowedAndAudited(t *testing.T) {

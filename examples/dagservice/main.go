@@ -29,9 +29,9 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/internal/service"
+	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/httpmw"
-	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -48,6 +48,8 @@ func main() {
 	if err := flagcheck.First(
 		flagcheck.Duration("retention", *retention, time.Minute, 365*24*time.Hour),
 		flagcheck.Duration("task-delay", *taskDelay, 0, time.Hour),
+		flagcheck.Addr("addr", *addr),
+		flagcheck.Schema("schema", *schema),
 	); err != nil {
 		fmt.Fprintln(os.Stderr, "dagservice:", err)
 		os.Exit(2)

@@ -35,8 +35,8 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
+	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
-	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/limit"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -79,21 +79,20 @@ func run() int {
 		return code
 	}
 	o.FromEnv()
-	if err := o.LoadKafkaConfigFile(); err != nil {
-		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
-		return 2
-	}
-	if err := o.Check(); err != nil {
-		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
-		return 2
-	}
 	if err := flagcheck.First(
 		flagcheck.Duration("airflow-wait-max", o.waitMax, time.Second, 30*24*time.Hour),
 		flagcheck.Duration("airflow-timeout", o.airflowTimeout, 100*time.Millisecond, 10*time.Minute),
 		flagcheck.Duration("key-retention", o.keyRetention, time.Minute, 365*24*time.Hour),
 		flagcheck.Int("airflow-min-calls", o.minCalls, 1, 4096),
 		flagcheck.Int("airflow-max-calls", o.maxCalls, max(1, o.minCalls), 4096),
+		o.Check(),
+		flagcheck.NonEmpty("airflow-url", o.airflowURL, "the Airflow API server's base URL, http://host:8080"),
+		flagcheck.NonEmpty("dag-id", o.dagID, "the DAG to start one run of per event"),
 	); err != nil {
+		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
+		return 2
+	}
+	if err := o.LoadKafkaConfigFile(); err != nil {
 		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
 		return 2
 	}

@@ -25,8 +25,8 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
-	"github.com/kafkatx/kafkatx/internal/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/kafkalog"
+	"github.com/kafkatx/kafkatx/flagcheck"
+	"github.com/kafkatx/kafkatx/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -65,11 +65,11 @@ func run() int {
 		return code
 	}
 	o.FromEnv()
-	if err := o.LoadKafkaConfigFile(); err != nil {
+	if err := flagcheck.First(o.Check(), o.checkEventsTopic()); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		return 2
 	}
-	if err := o.Check(); err != nil {
+	if err := o.LoadKafkaConfigFile(); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		return 2
 	}
@@ -108,6 +108,14 @@ func run() int {
 		return 1
 	}
 	return 0
+}
+
+// checkEventsTopic refuses an --events-topic Kafka would refuse (empty: no events).
+func (o options) checkEventsTopic() error {
+	if o.eventsTopic == "" {
+		return nil
+	}
+	return flagcheck.Topic("events-topic", o.eventsTopic)
 }
 
 func serve(ctx context.Context, o options, log *zap.Logger) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kafkatx/kafkatx/flagcheck"
 	"sync"
 	"time"
 
@@ -257,8 +258,12 @@ func (l *Loop) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.
 		}
 	case d.Compared == offsetstate.Aligned, d.BehindAfterRetention:
 	case d.Compared == offsetstate.KafkaBehind:
-		log.Warn("Kafka committed offset behind the database watermark; starting at the watermark and re-committing it",
-			zap.Int64("committed", k), zap.Int64("watermark", w.Next))
+		// A rewind with Kafka's own tools is undone here; the way to run [k, watermark) again
+		// is kafkatx's replay, quoted in the line (docs/offsets.md).
+		log.Warn("Kafka committed offset behind the database watermark (a lost commit, or a rewind with Kafka's own tools); starting at the watermark and re-committing it: nothing runs again. To run the range again, use the replay command",
+			zap.Int64("committed", k), zap.Int64("watermark", w.Next),
+			zap.String("replay_command", fmt.Sprintf("kafkatx offsets reset --group %s --topic %s --partition %d --to-offset %d --mode replay --reason '...' --execute",
+				flagcheck.Quote(l.group), flagcheck.Quote(tp.Topic), tp.Partition, k)))
 		if err := audit(offsetstore.KindKafkaBehind, k, w.Next, "Kafka commit lost or rewound; database leads"); err != nil {
 			return w, err
 		}

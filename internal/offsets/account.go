@@ -111,11 +111,16 @@ func (o *Operator) Account(ctx context.Context, group, topic string, p int32) ([
 		}
 		var tps []offsetstore.TP
 		for tp := range ws {
-			if tp.Topic == topic && (p < 0 || tp.Partition == p) {
+			if (topic == "" || tp.Topic == topic) && (p < 0 || tp.Partition == p) {
 				tps = append(tps, tp)
 			}
 		}
-		sort.Slice(tps, func(i, j int) bool { return tps[i].Partition < tps[j].Partition })
+		sort.Slice(tps, func(i, j int) bool {
+			if tps[i].Topic != tps[j].Topic {
+				return tps[i].Topic < tps[j].Topic
+			}
+			return tps[i].Partition < tps[j].Partition
+		})
 		for _, tp := range tps {
 			w := ws[tp]
 			a := account(group, w, byTP[tp])

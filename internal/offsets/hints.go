@@ -52,6 +52,13 @@ func Hints(group string, sts []PartitionStatus, quote func(string) string) []str
 		var h string
 		switch st {
 		case offsetstate.KafkaAhead:
+			if e := first.LastEvent; e != nil && e.Kind == offsetstore.KindOperatorSkip && e.Status == StatusAbandoned && e.From == w && e.To == k {
+				h = fmt.Sprintf("kafka_ahead on %s: a half-applied `kafkatx offsets reset --mode skip` (audit row %d, abandoned): it moved Kafka's committed offset to %d, "+
+					"then the database refused the watermark's update; not Kafka's own tools. Starting the consumer SKIPS [%d, %d) and records it as unexplained_skip. "+
+					"To finish the skip on record, run the same reset again: `%s --to-offset %d --mode skip --reason '...' --execute`; to undo it: `%s --to-database --reason '...' --execute`",
+					where, e.ID, k, w, k, reset, k, whole)
+				break
+			}
 			h = fmt.Sprintf("kafka_ahead on %s: Kafka's committed offset was moved past the watermark (Kafka's own tools, or a database restored from an older backup). "+
 				"Starting the consumer (OnKafkaAhead's default, follow) SKIPS [%d, %d) FOR GOOD: it follows Kafka and records the range as unexplained_skip in the offset audit (`kafkatx offsets audit --group %s`); "+
 				"kafkatx keeps no copy of the skipped messages. To process them instead, before starting it: `%s --to-database --reason '...' --execute` "+

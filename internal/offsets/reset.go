@@ -404,7 +404,13 @@ func (o *Operator) ExecuteReset(ctx context.Context, p *Plan) error {
 	// 3. Database.
 	for _, s := range steps {
 		if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error { return o.applyStep(ctx, tx, req.Group, s) }); err != nil {
-			return fmt.Errorf("reset: %s: %w", s.TP, err)
+			// The database refused the watermark's move while the process runs: the command
+			// will not complete this step, so its row is abandoned (not left pending for the
+			// consumer to finish as if the command had died), and offsets status describes the
+			// half-applied reset as such (Hints).
+			o.abandon(context.WithoutCancel(ctx), []*Step{s})
+			return fmt.Errorf("reset: %s: Kafka's committed offset is at %d but the watermark update was refused: %w "+
+				"(audit row %d marked abandoned; run the same reset again to finish it, or reset --to-database to put Kafka back)", s.TP, s.Target, err, s.AuditID)
 		}
 	}
 	return nil

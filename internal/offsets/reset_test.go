@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -264,5 +265,50 @@ func TestResetReplayCrashAfterKafkaMoveIsHarmlessAndCanBeRerun(t *testing.T) {
 	}
 	if n := b.q(`SELECT replay_epoch FROM %s.watermarks WHERE group_id = $1`, b.group); n != 1 {
 		t.Fatalf("replay epoch %d, want 1", n)
+	}
+}
+
+// Issue 36: a skip whose watermark update the database refuses (here a trigger; in life a
+// revoked privilege, a moved watermark) is half applied: Kafka moved, the database did not.
+// The command says so, its audit row is abandoned (not left pending for the consumer to
+// finish as if the command had died), and offsets status describes it as a half-applied
+// reset, not as a move with Kafka's own tools.
+func TestResetSkipRefusedByTheDatabaseIsAbandonedAndDescribed(t *testing.T) {
+	b := setup(t)
+	b.stuckAtPoison()
+	ctx := context.Background()
+	plan, err := b.op.PlanReset(ctx, ResetRequest{Group: b.group, Topic: b.topic, Partition: 0, Target: Target{Kind: TargetOffset, Offset: 4}, Mode: ModeSkip, Reason: "poison"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wm := pgx.Identifier{b.schema, "watermarks"}.Sanitize()
+	fn := pgx.Identifier{b.schema, "refuse_watermark_update"}.Sanitize()
+	afterKafkaCommit = func() error {
+		_, err := b.pool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'watermark updates are refused'; END $$;
+			CREATE TRIGGER refuse BEFORE UPDATE ON `+wm+` FOR EACH ROW EXECUTE FUNCTION `+fn+`()`)
+		return err
+	}
+	err = b.op.ExecuteReset(ctx, plan)
+	afterKafkaCommit = nil
+	if _, dropErr := b.pool.Exec(ctx, `DROP TRIGGER refuse ON `+wm); dropErr != nil {
+		t.Fatal(dropErr)
+	}
+	if err == nil || !strings.Contains(err.Error(), "the watermark update was refused") || !strings.Contains(err.Error(), "marked abandoned") {
+		t.Fatalf("ExecuteReset: %v, want the refusal named and the row abandoned", err)
+	}
+	if n := b.q(`SELECT count(*) FROM %s.offset_audit WHERE kind = 'operator_skip' AND status = 'abandoned' AND from_offset = 3 AND to_offset = 4`); n != 1 {
+		t.Fatalf("%d abandoned operator_skip rows, want 1", n)
+	}
+	if w, k := b.watermark(), b.committed(); w != 3 || k != 4 {
+		t.Fatalf("after the refusal: watermark %d, committed %d; want 3, 4", w, k)
+	}
+	sts, err := b.op.Status(ctx, b.group, b.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hints := strings.Join(Hints(b.group, sts, func(s string) string { return s }), "\n")
+	if sts[0].State != offsetstate.KafkaAhead || len(sts[0].Pending) != 0 || !strings.Contains(hints, "half-applied `kafkatx offsets reset --mode skip`") ||
+		strings.Contains(hints, "Kafka's own tools, or") {
+		t.Fatalf("status: %+v\nhints: %s\nwant kafka_ahead, nothing pending, described as a half-applied reset", sts[0], hints)
 	}
 }

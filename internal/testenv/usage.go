@@ -41,3 +41,14 @@ func RequireUsageError(t testing.TB, bin string, args, env []string, want string
 		t.Errorf("%s %q: want one line with %q, got stdout %q stderr %q", name, args, want, out.String(), errOut.String())
 	}
 }
+
+// BuildPackage builds the command of the package at import path pkg (such as
+// "github.com/kafkatx/kafkatx/cmd/kafkatx") into the test's temporary directory.
+func BuildPackage(t testing.TB, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/kafkatx/kafkatx/pg"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
-	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -172,8 +172,8 @@ func ceilingVariant(ctx context.Context, s spec, kind string, batch int) (cell, 
 	return c, nil
 }
 
-// retryable reports a lost race (internal/pgerr's Conflict class: a deadlock, a
-// serialization failure, ...), which the ceiling simply runs again.
-func retryable(err error) bool { return pgerr.Classify(err) == pgerr.Conflict }
+// retryable reports a lost race (pg.LostRace: a deadlock, a serialization failure, ...),
+// which the ceiling simply runs again.
+func retryable(err error) bool { return pg.LostRace(err) }
 
 func sortDurations(d []time.Duration) { slices.Sort(d) }

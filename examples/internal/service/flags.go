@@ -13,9 +13,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
-	"github.com/kafkatx/kafkatx/internal/flagcheck"
-	"github.com/kafkatx/kafkatx/internal/kafkaprops"
-	"github.com/kafkatx/kafkatx/internal/logging"
+	"github.com/kafkatx/kafkatx/flagcheck"
+	"github.com/kafkatx/kafkatx/kafkaprops"
+	"github.com/kafkatx/kafkatx/logging"
 )
 
 // Flags are the command-line options every consuming example takes (docs/examples.md, "Every
@@ -74,13 +74,10 @@ func (f *Flags) FromEnv() {
 	}
 }
 
-// Ranges of the numeric flags (Check refuses a value outside them, naming the range).
+// Ranges of the flags that set no kafkatx.Config field (--concurrency, --max-attempts and
+// --batch-size read kafkatx's Bound table).
 const (
-	MaxPartitions  = 10_000
-	MaxMaxAttempts = 1_000
-	MaxBatchSize   = 100_000
-	// MaxConcurrency bounds --concurrency (units of one partition in flight).
-	MaxConcurrency = 1_024
+	MaxPartitions = 10_000
 	// MaxExitWhenIdle and MaxSessionTimeout bound the durations (librdkafka's
 	// session.timeout.ms allows at most an hour).
 	MaxExitWhenIdle   = 24 * time.Hour
@@ -88,20 +85,26 @@ const (
 )
 
 // Check refuses flag values that cannot work, before anything starts, with one line naming
-// the flag and its allowed range (the binaries exit 2): --partitions 1 to 10,000,
-// --max-attempts 1 to 1,000, --batch-size 1 to 100,000, --concurrency 1 to 1,024, --exit-when-idle 0 to 24h,
-// --session-timeout 0 (librdkafka's default) to 1h; a --group-protocol other than classic or
-// consumer, an --on-log-change other than halt, adopt-earliest or adopt-latest, and
-// --session-timeout with --group-protocol consumer (librdkafka refuses
-// session.timeout.ms under KIP-848's protocol).
+// the flag and its rule (the binaries exit 2): --partitions 1 to 10,000, --max-attempts,
+// --batch-size and --concurrency in their kafkatx.Config Bound (1 to 1,000, 1 to 100,000,
+// 1 to 1,024), --exit-when-idle 0 to 24h, --session-timeout 0 (librdkafka's default) to 1h;
+// an empty or over-long --schema (PostgreSQL truncates past 63 bytes), a --topic Kafka
+// refuses, an empty --group, a --metrics-addr that is not HOST:PORT; a --group-protocol
+// other than classic or consumer, an --on-log-change other than halt, adopt-earliest or
+// adopt-latest, and --session-timeout with --group-protocol consumer
+// (librdkafka refuses session.timeout.ms under KIP-848's protocol).
 func (f *Flags) Check() error {
 	if err := flagcheck.First(
 		flagcheck.Int("partitions", f.Partitions, 1, MaxPartitions),
-		flagcheck.Int("max-attempts", f.MaxAttempts, 1, MaxMaxAttempts),
-		flagcheck.Int("batch-size", f.BatchSize, 1, MaxBatchSize),
-		flagcheck.Int("concurrency", f.Concurrency, 1, MaxConcurrency),
+		kafkatx.MaxAttemptsBound.Check("--max-attempts", f.MaxAttempts),
+		kafkatx.BatchSizeBound.Check("--batch-size", f.BatchSize),
+		kafkatx.ConcurrencyBound.Check("--concurrency", f.Concurrency),
 		flagcheck.Duration("exit-when-idle", f.ExitWhenIdle, 0, MaxExitWhenIdle),
 		flagcheck.Duration("session-timeout", f.SessionTimeout, 0, MaxSessionTimeout),
+		flagcheck.Schema("schema", f.Schema),
+		flagcheck.Topic("topic", f.Topic),
+		flagcheck.Group("group", f.Group),
+		f.checkMetricsAddr(),
 	); err != nil {
 		return err
 	}
@@ -118,6 +121,14 @@ func (f *Flags) Check() error {
 		return fmt.Errorf("--group-protocol %q: want classic or consumer", f.GroupProtocol)
 	}
 	return nil
+}
+
+// checkMetricsAddr refuses a --metrics-addr that is given but not HOST:PORT.
+func (f *Flags) checkMetricsAddr() error {
+	if f.MetricsAddr == "" {
+		return nil
+	}
+	return flagcheck.Addr("metrics-addr", f.MetricsAddr)
 }
 
 // LoadKafkaConfigFile reads --kafka-config-file (once; later calls reuse it). Errors name
@@ -183,7 +194,7 @@ func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafk
 const EnvLogLevel = "KAFKATX_LOG_LEVEL"
 
 // Logger is the examples' logger, on stderr (stdout carries only summary lines): console
-// lines on a terminal, JSON otherwise (internal/logging; KAFKATX_LOG_FORMAT decides instead),
+// lines on a terminal, JSON otherwise (package logging; KAFKATX_LOG_FORMAT decides instead),
 // at $KAFKATX_LOG_LEVEL (default info).
 func Logger() *zap.Logger {
 	lv := os.Getenv(EnvLogLevel)

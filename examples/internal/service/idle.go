@@ -3,15 +3,13 @@ package service
 import (
 	"context"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/internal/offsets"
-	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/catchup"
 )
 
 // "Idle" for --exit-when-idle means caught up, not "nothing arrived": a broker outage also
@@ -28,47 +26,35 @@ import (
 // (exit non-zero) if the consumer cannot reach Kafka, and nil otherwise (every partition is
 // held by other members).
 
-// idleCheck asks the broker and the database whether the group has caught up on the topic.
+// idleCheck asks the broker and the database whether the group has caught up on the topic
+// (catchup.Checker).
 type idleCheck struct {
-	kafka *offsets.Kafka
-	pool  *pgxpool.Pool
-	store *offsetstore.Store
-	group string
-	topic string
+	catchUp *catchup.Checker
+	pool    *pgxpool.Pool
+	group   string
+	topic   string
 }
 
 func newIdleCheck(o Options, kcfg kafka.ConfigMap) (*idleCheck, error) {
-	k, err := offsets.NewKafka(kcfg, o.Logger)
+	c, err := catchup.New(kcfg, o.Logger, o.Schema)
 	if err != nil {
 		return nil, err
 	}
-	return &idleCheck{kafka: k, pool: o.Pool, store: offsetstore.New(o.Schema), group: o.Group, topic: o.Topic}, nil
+	return &idleCheck{catchUp: c, pool: o.Pool, group: o.Group, topic: o.Topic}, nil
 }
 
-func (c *idleCheck) close() { c.kafka.Close() }
+func (c *idleCheck) close() { c.catchUp.Close() }
 
 // caughtUp reports whether every partition of the topic has its watermark at or past its log
 // end; why says which is behind, or what could not be asked.
 func (c *idleCheck) caughtUp(ctx context.Context) (ok bool, why string) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	ps, err := c.kafka.Partitions(ctx, c.topic)
+	behind, err := c.catchUp.Behind(ctx, c.pool, c.group, c.topic)
 	if err != nil {
-		return false, "cannot ask the broker for the topic's partitions: " + err.Error()
+		return false, err.Error()
 	}
-	tps := make([]offsetstore.TP, len(ps))
-	for i, p := range ps {
-		tps[i] = offsetstore.TP{Topic: c.topic, Partition: p}
-	}
-	ranges, err := c.kafka.LogOffsets(ctx, tps)
-	if err != nil {
-		return false, "cannot ask the broker for the log ends: " + err.Error()
-	}
-	wms, err := c.store.Watermarks(ctx, c.pool, c.group, tps)
-	if err != nil {
-		return false, "cannot read the watermarks: " + err.Error()
-	}
-	if behind := behindLogEnd(ranges, wms); len(behind) > 0 {
+	if len(behind) > 0 {
 		return false, fmt.Sprintf("not caught up: %s", behind[0]) + more(len(behind)-1)
 	}
 	return true, ""
@@ -79,34 +65,6 @@ func more(n int) string {
 		return ""
 	}
 	return fmt.Sprintf(" (and %d more partitions)", n)
-}
-
-// behindLogEnd lists the partitions of ranges whose log end is ahead of their watermark in
-// wms — a partition without a watermark is behind unless its log is empty (end ≤ start) — as
-// "topic[p] watermark W, log end E", in partition order.
-func behindLogEnd(ranges map[offsetstore.TP]offsets.LogRange, wms map[offsetstore.TP]offsetstore.Watermark) []string {
-	var tps []offsetstore.TP
-	for tp := range ranges {
-		tps = append(tps, tp)
-	}
-	sort.Slice(tps, func(i, j int) bool {
-		if tps[i].Topic != tps[j].Topic {
-			return tps[i].Topic < tps[j].Topic
-		}
-		return tps[i].Partition < tps[j].Partition
-	})
-	var out []string
-	for _, tp := range tps {
-		r := ranges[tp]
-		w, ok := wms[tp]
-		switch {
-		case !ok && r.End > r.Start:
-			out = append(out, fmt.Sprintf("%s no watermark, log %d..%d", tp, r.Start, r.End))
-		case ok && w.Next < r.End:
-			out = append(out, fmt.Sprintf("%s watermark %d, log end %d", tp, w.Next, r.End))
-		}
-	}
-	return out
 }
 
 // NoAssignmentError is Run's error when no partition was assigned within

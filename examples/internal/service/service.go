@@ -22,7 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
-	"github.com/kafkatx/kafkatx/internal/kafkalog"
+	"github.com/kafkatx/kafkatx/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relays"
 )

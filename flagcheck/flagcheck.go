@@ -1,7 +1,11 @@
-// Package flagcheck refuses out-of-range command-line values of kafkatx's binaries (the
-// operator command and the examples) with one line naming the flag, the value and the
-// allowed range, instead of silently replacing them with a default. The binaries exit 2 (the
-// usage status) on its errors.
+// Package flagcheck refuses bad command-line values of kafkatx's binaries (the operator
+// command and the examples) with one line naming the flag, the value and the rule, instead of
+// silently replacing them with a default or letting PostgreSQL or Kafka refuse (or truncate)
+// them later: numbers and durations out of range (the ranges of kafkatx.Config's fields come
+// from kafkatx's Bound table), empty names, schema names PostgreSQL would truncate, topic
+// names Kafka refuses, unparsable addresses, key=value pairs without "=". The binaries exit 2
+// (the usage status) on its errors, before anything connects. It is public so that a copy of
+// an example builds outside this repository.
 package flagcheck
 
 import (
