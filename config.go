@@ -127,6 +127,15 @@ type Config struct {
 	// failures (attempts). Defaults to UnavailableMaxWaitDefault (30 minutes).
 	UnavailableMaxWait time.Duration
 
+	// StallAfter is the watchdog's bound: a partition this member holds, with lag (its log
+	// end past its watermark), whose watermark has not moved for StallAfter is reported
+	// whatever the cause — logged at error level once, kafkatx_partition_stalled 1,
+	// Readiness.Stalled and not ready — until it moves; its fetch is also resumed in the Kafka
+	// client unless the loop holds it (docs/consumer.md, "Liveness"). A partition waiting out
+	// a long backoff, an Unavailable dependency or a Backpressure hold is reported too, since
+	// it makes no progress either. Defaults to StallAfterDefault (2 minutes); negative: off.
+	StallAfter time.Duration
+
 	// Breaker stops a storm of dead letters when failures are shared — a revoked privilege,
 	// a column a deploy renamed, a dependency that fails for everyone — rather than one
 	// message's (docs/failures.md, "The breaker").
@@ -363,6 +372,7 @@ const (
 	UnavailableMaxWaitDefault = 30 * time.Minute       // Config.UnavailableMaxWait
 	ShutdownTimeoutDefault    = 30 * time.Second       // Config.ShutdownTimeout
 	CloseTimeoutDefault       = 10 * time.Second       // Config.CloseTimeout
+	StallAfterDefault         = 2 * time.Minute        // Config.StallAfter
 	IdleTimeoutDefault        = 10 * time.Second       // TransactionConfig.IdleTimeout
 	LockTimeoutDefault        = 10 * time.Second       // TransactionConfig.LockTimeout
 	StatementTimeoutDefault   = 60 * time.Second       // TransactionConfig.StatementTimeout
@@ -454,6 +464,9 @@ func (c *Config) withDefaults() Config {
 	if out.CloseTimeout <= 0 {
 		out.CloseTimeout = CloseTimeoutDefault
 	}
+	if out.StallAfter == 0 {
+		out.StallAfter = StallAfterDefault
+	}
 	for _, d := range []struct {
 		v   *time.Duration
 		def time.Duration
@@ -532,7 +545,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait, Concurrency: d.Concurrency, MaxUnits: d.MaxUnits,
 		MaxAttempts: d.Retry.MaxAttempts, Backoff: d.Retry.Backoff, UnavailableBackoff: unavail.Backoff,
 		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe,
-		StuckAfter: stuckAfter(d.Transaction), ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
+		StuckAfter: stuckAfter(d.Transaction), StallAfter: d.StallAfter, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
 		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
 		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
 	}, nil

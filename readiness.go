@@ -39,6 +39,15 @@ type Readiness struct {
 	DatabaseError string `json:"database_error,omitempty"`
 	// Fatal is the error that stopped (or is stopping) Run.
 	Fatal string `json:"fatal,omitempty"`
+	// Rejoining is set while a static member the broker fenced (it forgot the member after an
+	// outage or a pause longer than session.timeout.ms) rejoins with a new Kafka client: the
+	// fence's error, since RejoiningSince. Not ready meanwhile. A fence that repeats within
+	// engine.FenceRepeatWindow (2 minutes) of a rejoin, with the brokers reachable, means
+	// another live process holds the id: Fatal says so and Run ends (docs/consumer.md).
+	Rejoining      string    `json:"rejoining,omitempty"`
+	RejoiningSince time.Time `json:"rejoining_since,omitzero"`
+	// Rejoins counts the new Kafka clients Run made after fences since it started.
+	Rejoins int `json:"rejoins,omitempty"`
 	// Waiting lists the partitions waiting for a dependency their handler reported
 	// Unavailable (see UnavailableError), or waiting out the database's own condition
 	// (WaitingPartition.Condition). For a dependency the consumer is still ready — it does its
@@ -54,6 +63,20 @@ type Readiness struct {
 	// statement_timeout plus idle_in_transaction_session_timeout, 70 s by default): the
 	// partition makes no progress. Not ready meanwhile.
 	Stuck []StuckPartition `json:"stuck,omitempty"`
+	// Stalled lists the partitions with lag (the log end past the watermark) whose watermark
+	// has not moved for Config.StallAfter (2 minutes by default), whatever the cause. Not
+	// ready meanwhile.
+	Stalled []StalledPartition `json:"stalled,omitempty"`
+}
+
+// StalledPartition is a partition whose watermark has stayed at Watermark since Since while
+// its log reached LogEnd (when reported).
+type StalledPartition struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Watermark int64     `json:"watermark"`
+	LogEnd    int64     `json:"log_end"`
+	Since     time.Time `json:"since"`
 }
 
 // StuckPartition is a partition whose handler call, on the transaction starting at Offset,
@@ -124,6 +147,12 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	if r.Fatal != "" {
 		r.Reasons = append(r.Reasons, "fatal error: "+r.Fatal)
 	}
+	r.Rejoining, r.RejoiningSince, r.Rejoins = h.Rejoining, h.RejoiningSince, h.Rejoins
+	if r.Rejoining != "" {
+		r.Reasons = append(r.Reasons, fmt.Sprintf("rejoining the group with a new Kafka client since %s: the broker fenced this static member "+
+			"(it forgot the member after an outage or a pause longer than session.timeout.ms; not another live process so far): %s",
+			r.RejoiningSince.UTC().Format(time.RFC3339), r.Rejoining))
+	}
 	if reason := conditionReason(r.Waiting); reason != "" {
 		r.Reasons = append(r.Reasons, reason)
 	}
@@ -132,6 +161,15 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 		r.Reasons = append(r.Reasons, fmt.Sprintf("the handler on %s offset %d has run since %s, past its bound: the partition makes no progress",
 			s.TP, s.Offset, s.Since.UTC().Format(time.RFC3339)))
 	}
+	for _, s := range snap.Stalled {
+		r.Stalled = append(r.Stalled, StalledPartition{Topic: s.TP.Topic, Partition: s.TP.Partition, Watermark: s.Watermark, LogEnd: s.LogEnd, Since: s.Since})
+		r.Reasons = append(r.Reasons, fmt.Sprintf("%s has lag (watermark %d, log end %d) and has made no progress since %s (Config.StallAfter)",
+			s.TP, s.Watermark, s.LogEnd, s.Since.UTC().Format(time.RFC3339)))
+	}
+	sort.Slice(r.Stalled, func(i, j int) bool {
+		a, b := r.Stalled[i], r.Stalled[j]
+		return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
+	})
 	if b := snap.Breaker; b != nil {
 		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages}
 		for _, tp := range b.Held {

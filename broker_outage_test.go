@@ -1,0 +1,59 @@
+package kafkatx
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+// Issue "outages a service must ride out" 1: a broker outage longer than the session timeout
+// made the broker forget the only static member; its commit was refused (Unknown member), then
+// librdkafka fenced it ("Static consumer fenced by other consumer with same
+// group.instance.id", fatal) and Run ended. Now Run builds a new Kafka client and rejoins with
+// the same id: ten SIGKILLs of the broker, each down longer than the session timeout, and the
+// consumer never stops; every message is applied exactly once.
+func TestStaticMemberRidesOutBrokerRestarts(t *testing.T) {
+	testenv.NeedBrokerKills(t)
+	b := setup(t, 3)
+	const perRound = 1500
+	rounds := 10
+	produce(t, b.brokers, b.topic, values(perRound, -1, func(i int) string { return fmt.Sprint(i) }))
+	cfg := b.config(t)
+	cfg.Kafka["group.instance.id"] = "outage-" + b.topic
+	cfg.Kafka["session.timeout.ms"] = 6000
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		time.Sleep(2 * time.Millisecond) // a drain that lasts across the outage
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	r := b.start(t, h, cfg)
+	applied := func() int64 { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) }
+	for round := 1; round <= rounds; round++ {
+		want := applied() + 200
+		waitFor(t, 120*time.Second, fmt.Sprintf("round %d: progress before the outage", round), func() bool { return applied() >= want })
+		testenv.KillBroker(t, b.brokers, 8*time.Second) // session.timeout.ms is 6 s
+		select {
+		case err := <-r.done:
+			t.Fatalf("round %d: Run returned after the broker restart: %v", round, err)
+		default:
+		}
+		produce(t, b.brokers, b.topic, values(perRound, -1, func(i int) string { return fmt.Sprintf("r%d-%d", round, i) }))
+		t.Logf("round %d: %d applied, readiness %+v", round, applied(), r.c.Readiness(context.Background()).Reasons)
+	}
+	total := int64(perRound * (rounds + 1))
+	waitFor(t, 300*time.Second, "every message applied", func() bool { return applied() >= total })
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run returned: %v", err)
+	default:
+	}
+	if n, dup := applied(), b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != total || dup != 0 {
+		t.Fatalf("%d messages applied, %d more than once; want %d, 0", n, dup, total)
+	}
+	waitFor(t, 60*time.Second, "ready after the last restart", func() bool { return r.c.Ready(context.Background()) == nil })
+	t.Logf("rejoins with a new Kafka client: %d", r.c.Readiness(context.Background()).Rejoins)
+}
