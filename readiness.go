@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -67,6 +68,51 @@ type Readiness struct {
 	// has not moved for Config.StallAfter (2 minutes by default), whatever the cause. Not
 	// ready meanwhile.
 	Stalled []StalledPartition `json:"stalled,omitempty"`
+	// BackpressureFailing lists the partitions whose Config.Backpressure check fails: their
+	// batches wait and the check runs again, for at most Config.UnavailableMaxWait. Not ready
+	// meanwhile.
+	BackpressureFailing []BackpressureFailure `json:"backpressure_failing,omitempty"`
+	// Checks holds the failing checks of what else the process runs (AddReadinessCheck): an
+	// in-process outbox relay that cannot publish, say. Not ready while any fails.
+	Checks []CheckFailure `json:"checks,omitempty"`
+}
+
+// CheckFailure is a readiness check added with AddReadinessCheck that failed: its name and
+// error.
+type CheckFailure struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
+}
+
+// readinessChecks are the checks AddReadinessCheck added.
+type readinessChecks struct {
+	mu   sync.Mutex
+	list []namedCheck
+}
+
+type namedCheck struct {
+	name  string
+	check func(ctx context.Context) error
+}
+
+// AddReadinessCheck makes Ready and Readiness also ask check, named name, about something
+// else the process runs that the consumer's readiness must cover — an in-process outbox relay
+// (relay.Relay.Ready, walrelay.Relay.Ready): a non-nil error makes the consumer not ready,
+// with the reason "name: error" (Readiness.Checks). check must answer quickly (a probe calls
+// it); it is called with Readiness's context. Safe from any goroutine, before or during Run.
+func (c *Consumer) AddReadinessCheck(name string, check func(ctx context.Context) error) {
+	c.checks.mu.Lock()
+	defer c.checks.mu.Unlock()
+	c.checks.list = append(c.checks.list, namedCheck{name: name, check: check})
+}
+
+// BackpressureFailure is a partition whose Config.Backpressure check has failed since Since;
+// Error is its last error (sanitized, at most 512 bytes).
+type BackpressureFailure struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Since     time.Time `json:"since"`
+	Error     string    `json:"error"`
 }
 
 // StalledPartition is a partition whose watermark has stayed at Watermark since Since while
@@ -170,6 +216,15 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 		a, b := r.Stalled[i], r.Stalled[j]
 		return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
 	})
+	for _, f := range snap.BackpressureFailing {
+		r.BackpressureFailing = append(r.BackpressureFailing, BackpressureFailure{Topic: f.TP.Topic, Partition: f.TP.Partition, Since: f.Since, Error: f.Error})
+	}
+	if n := len(r.BackpressureFailing); n > 0 {
+		sort.Slice(r.BackpressureFailing, func(i, j int) bool { return r.BackpressureFailing[i].Since.Before(r.BackpressureFailing[j].Since) })
+		f := r.BackpressureFailing[0]
+		r.Reasons = append(r.Reasons, fmt.Sprintf("Config.Backpressure cannot answer since %s on %d partition(s): %s; their batches wait (at most Config.UnavailableMaxWait)",
+			f.Since.UTC().Format(time.RFC3339), n, f.Error))
+	}
 	if b := snap.Breaker; b != nil {
 		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages}
 		for _, tp := range b.Held {
@@ -193,6 +248,15 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	if len(r.MissingTopics) > 0 {
 		r.Reasons = append(r.Reasons, fmt.Sprintf("subscribed topics that do not exist or are not authorized: %s", strings.Join(r.MissingTopics, ", ")))
+	}
+	c.checks.mu.Lock()
+	checks := append([]namedCheck(nil), c.checks.list...)
+	c.checks.mu.Unlock()
+	for _, ch := range checks {
+		if err := ch.check(ctx); err != nil {
+			r.Checks = append(r.Checks, CheckFailure{Name: ch.name, Error: err.Error()})
+			r.Reasons = append(r.Reasons, ch.name+": "+err.Error())
+		}
 	}
 	if time.Since(snap.LastCommit) > 5*time.Second {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -279,6 +279,7 @@ type Snapshot struct {
 	Breaker                      *BreakerState // nil unless the breaker is open
 	Stuck                        []Stuck       // handler calls running past Settings.StuckAfter
 	Stalled                      []Stalled     // partitions with lag and no progress for Settings.StallAfter
+	BackpressureFailing          []BackpressureFailure
 	LastMessage, LastCommit      time.Time
 	FirstAssigned                time.Time
 }
@@ -300,9 +301,12 @@ func (l *Loop) Snapshot() Snapshot {
 				ws = append(ws, u.waits)
 			}
 		}
-		held, waiting := false, (*Waiting)(nil)
+		held, waiting, bpFail := false, (*Waiting)(nil), (*BackpressureFailure)(nil)
 		for _, w := range ws {
 			held = held || w.heldBack.Load()
+			if x := w.backpressFail.Load(); x != nil && (bpFail == nil || x.Since.Before(bpFail.Since)) {
+				bpFail = x
+			}
 			if x := w.waiting.Load(); x != nil && (waiting == nil || x.Offset < waiting.Offset) {
 				waiting = x
 			}
@@ -312,6 +316,9 @@ func (l *Loop) Snapshot() Snapshot {
 		}
 		if waiting != nil {
 			s.Waiting = append(s.Waiting, *waiting)
+		}
+		if bpFail != nil {
+			s.BackpressureFailing = append(s.BackpressureFailing, *bpFail)
 		}
 	}
 	return s

@@ -114,6 +114,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		rl = t
 	}
+	o.Consumer.AddReadinessCheck("outbox relay", rl.Ready)
 	if o.MetricsAddr != "" {
 		srv := &http.Server{Addr: o.MetricsAddr, Handler: withOutboxSlot(Handler(o.Consumer, o.Registry), rl), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", o.MetricsAddr)
@@ -184,6 +185,7 @@ func Run(ctx context.Context, o Options) error {
 type inProcessRelay interface {
 	Run(ctx context.Context) error
 	Pending(ctx context.Context) (bool, error)
+	Ready(ctx context.Context) error // nil unless it cannot publish (relay.NotReadyAfter)
 }
 
 // Handler serves /metrics (reg, when set), /healthz (200: the process runs) and /readyz
