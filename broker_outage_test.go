@@ -3,6 +3,7 @@ package kafkatx
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,4 +57,56 @@ func TestStaticMemberRidesOutBrokerRestarts(t *testing.T) {
 	}
 	waitFor(t, 60*time.Second, "ready after the last restart", func() bool { return r.c.Ready(context.Background()) == nil })
 	t.Logf("rejoins with a new Kafka client: %d", r.c.Readiness(context.Background()).Rejoins)
+}
+
+// Issue "outages a service must ride out" 2: the broker killed while Config.Backpressure held
+// every partition (their fetch paused, their buffers full) left a consumer alive and silent
+// after the partitions came back: nothing applied, no log line, ready. Ten times: hold every
+// partition, kill the broker for longer than the session timeout, let go; every message of
+// the round is applied within a bound, exactly once, and the watchdog reports nothing stalled
+// at the end.
+func TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind(t *testing.T) {
+	testenv.NeedBrokerKills(t)
+	b := setup(t, 3)
+	cfg := b.config(t)
+	cfg.Kafka["group.instance.id"] = "hold-" + b.topic
+	cfg.MaxBufferedBytes = 3 * 16 << 10 // a share of 16 KiB: a held partition stops fetching
+	cfg.StallAfter = 20 * time.Second
+	var hold atomic.Bool
+	cfg.Backpressure = func(ctx context.Context) error {
+		for hold.Load() {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		return nil
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }
+	r := b.start(t, h, cfg)
+	applied := func() int64 { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) }
+	const perRound = 900
+	for round := 1; round <= 10; round++ {
+		hold.Store(true)
+		produce(t, b.brokers, b.topic, values(perRound, -1, func(i int) string { return fmt.Sprintf("r%d-%d", round, i) }))
+		waitFor(t, 120*time.Second, fmt.Sprintf("round %d: every partition held back", round), func() bool { return r.c.Stats().HeldBack == 3 })
+		time.Sleep(time.Second) // the fetch fills the buffers and pauses
+		testenv.KillBroker(t, b.brokers, 8*time.Second)
+		hold.Store(false)
+		want := int64(perRound * round)
+		waitFor(t, 120*time.Second, fmt.Sprintf("round %d: all %d messages applied after the outage", round, want), func() bool { return applied() >= want })
+		select {
+		case err := <-r.done:
+			t.Fatalf("round %d: Run returned: %v", round, err)
+		default:
+		}
+		t.Logf("round %d: %d applied, %d pauses, readiness %v", round, applied(), r.c.Stats().Pauses, r.c.Readiness(context.Background()).Reasons)
+	}
+	if n, dup := applied(), b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != perRound*10 || dup != 0 {
+		t.Fatalf("%d applied, %d more than once; want %d, 0", n, dup, perRound*10)
+	}
+	if st := r.c.Readiness(context.Background()).Stalled; len(st) != 0 {
+		t.Fatalf("stalled partitions after the last round: %+v", st)
+	}
 }
