@@ -174,9 +174,12 @@ type Config struct {
 	// a consumer does not outrun its relay without bound. ctx ends when the partition stops
 	// (revoked, or the consumer shuts down), and it should return then; one that ignores ctx
 	// is left behind (its goroutine goes on) once the partition's work is aborted, after
-	// ShutdownTimeout or when the partition is lost. An error or a panic is logged (at most
-	// once a minute per partition, a panic with its stack) and the batch runs: a broken
-	// throttle must not stop the loop. While it blocks, the partition's messages stay buffered
+	// ShutdownTimeout or when the partition is lost. An error or a panic (logged with its
+	// stack) means the check cannot answer: the batch waits and the check runs again after
+	// the Unavailable backoff (capped at UnavailableMaxBackoff, 10 s), Readiness reports it
+	// (BackpressureFailing, not ready), for at most UnavailableMaxWait since its first
+	// failure; then the batch runs, and each later one after one call, until it answers: a
+	// broken throttle is bounded and never stalls the loop. While it blocks, the partition's messages stay buffered
 	// and count as in flight, Stats.HeldBack counts the partition, a hold over 10 s is logged
 	// at info level, and past its MaxBufferedBytes share the partition stops fetching.
 	// Defaults to nil: no wait.
