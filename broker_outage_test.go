@@ -70,6 +70,7 @@ func TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind(t *testing.T
 	b := setup(t, 3)
 	cfg := b.config(t)
 	cfg.Kafka["group.instance.id"] = "hold-" + b.topic
+	cfg.Batch.Size = 50                 // a worker queues 100 messages: the rest wait in the poll loop
 	cfg.MaxBufferedBytes = 3 * 16 << 10 // a share of 16 KiB: a held partition stops fetching
 	cfg.StallAfter = 20 * time.Second
 	var hold atomic.Bool
@@ -102,6 +103,9 @@ func TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind(t *testing.T
 		default:
 		}
 		t.Logf("round %d: %d applied, %d pauses, readiness %v", round, applied(), r.c.Stats().Pauses, r.c.Readiness(context.Background()).Reasons)
+	}
+	if p := r.c.Stats().Pauses; p < 10 {
+		t.Fatalf("%d pauses in ten rounds: the holds did not fill the partitions' buffers", p)
 	}
 	if n, dup := applied(), b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != perRound*10 || dup != 0 {
 		t.Fatalf("%d applied, %d more than once; want %d, 0", n, dup, perRound*10)
