@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestReadyReportsARelayThatCannotRead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	topic := "ready-" + strings.ReplaceAll(b.schema, "_", "-")
+	topic := testenv.Topic(t, b.brokers, 1)
 	r, _ := b.start(t, b.config(t))
 	b.write(t, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")})
 	waitFor(t, 30*time.Second, "the first record published", func() bool { return r.Stats().Published >= 1 })
