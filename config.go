@@ -31,6 +31,57 @@ const (
 	AheadHalt
 )
 
+// LogChangePolicy says what the consumer does when the log behind a watermark is another one
+// on assignment: the topic's id (KIP-516) or the cluster's id differs from the one recorded
+// with the watermark — the topic was deleted and created again under the same name, or the
+// brokers are another cluster (docs/offsets.md, "Which log a watermark is in").
+type LogChangePolicy int
+
+const (
+	// LogChangeHalt stops the consumer with a *LogChangedError naming both ids before it
+	// applies anything from the new log; an operator adopts it with `kafkatx offsets reset
+	// --mode adopt`. The default.
+	LogChangeHalt LogChangePolicy = iota
+	// LogChangeAdoptEarliest adopts the new log from its log start: every record it holds is
+	// processed. Audited as log_adopted with both ids; logged at warn level.
+	LogChangeAdoptEarliest
+	// LogChangeAdoptLatest adopts the new log from its log end: the records it holds now are
+	// skipped, on record (log_adopted).
+	LogChangeAdoptLatest
+)
+
+func (p LogChangePolicy) String() string {
+	switch p {
+	case LogChangeAdoptEarliest:
+		return "adopt-earliest"
+	case LogChangeAdoptLatest:
+		return "adopt-latest"
+	}
+	return "halt"
+}
+
+// ParseLogChangePolicy reads "halt", "adopt-earliest" or "adopt-latest" (the examples'
+// --on-log-change).
+func ParseLogChangePolicy(s string) (LogChangePolicy, error) {
+	for _, p := range []LogChangePolicy{LogChangeHalt, LogChangeAdoptEarliest, LogChangeAdoptLatest} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return LogChangeHalt, fmt.Errorf("%q: want halt, adopt-earliest or adopt-latest", s)
+}
+
+// adoptNewLog is p as engine.Settings.AdoptNewLog.
+func (p LogChangePolicy) adoptNewLog() string {
+	switch p {
+	case LogChangeAdoptEarliest:
+		return "earliest"
+	case LogChangeAdoptLatest:
+		return "latest"
+	}
+	return ""
+}
+
 func (p AheadPolicy) String() string {
 	if p == AheadHalt {
 		return "halt"
@@ -101,6 +152,10 @@ type Config struct {
 	// OnKafkaAhead is the policy when Kafka's committed offset is ahead of the database
 	// watermark on assignment. Defaults to AheadFollow.
 	OnKafkaAhead AheadPolicy
+
+	// OnLogChange is the policy when the log behind a watermark is another one on assignment
+	// (the topic recreated, another cluster). Defaults to LogChangeHalt.
+	OnLogChange LogChangePolicy
 
 	// DeadLetter configures the publication of dead letters to a dead-letter topic
 	// through the outbox (in the same transaction as the dead-letter row).
@@ -551,6 +606,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 		StuckAfter: stuckAfter(d.Transaction), StallAfter: d.StallAfter, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
 		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
 		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
+		AdoptNewLog: d.OnLogChange.adoptNewLog(),
 	}, nil
 }
 

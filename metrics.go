@@ -29,6 +29,7 @@ type promHook struct {
 	breakerOpens *prometheus.CounterVec
 	stuck        *prometheus.GaugeVec
 	stalled      *prometheus.GaugeVec
+	logChanges   *prometheus.CounterVec
 }
 
 var (
@@ -64,7 +65,9 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 	}
 	m.stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
 	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stalled", Help: "1 while the partition has lag and its watermark has not moved for Config.StallAfter, whatever the cause."}, []string{"group", "topic", "partition"})
+	m.logChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_log_changes_total", Help: "Assignments that found the log behind a watermark changed (topic recreated, another cluster), by action: halt or adopt (Config.OnLogChange)."}, []string{"group", "topic", "action"})
 	var err error
+	promreg.Into(reg, &m.logChanges, &err)
 	promreg.Into(reg, &m.stuck, &err)
 	promreg.Into(reg, &m.stalled, &err)
 	promreg.Into(reg, &m.breakerOpen, &err)
@@ -104,6 +107,15 @@ func (m *promHook) partitionStalled(group string, tp offsetstore.TP, stalled boo
 		v = 1
 	}
 	m.stalled.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
+}
+
+// logChanged counts a changed log found on assignment, halted on or adopted.
+func (m *promHook) logChanged(group string, tp offsetstore.TP, adopted bool) {
+	action := "halt"
+	if adopted {
+		action = "adopt"
+	}
+	m.logChanges.WithLabelValues(group, tp.Topic, action).Inc()
 }
 
 // breakerChanged sets kafkatx_breaker_open and counts an opening.

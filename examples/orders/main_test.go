@@ -28,6 +28,7 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--in-process-broker", "--session-timeout", "-2s"}, want: "--session-timeout"},
 		{args: []string{"--in-process-broker", "--partitions", "0"}, want: "--partitions 0"},
 		{args: []string{"--in-process-broker", "--batch-size", "lots"}, want: "batch-size"},
+		{args: []string{"--in-process-broker", "--on-log-change", "follow"}, want: "--on-log-change \"follow\": want halt, adopt-earliest or adopt-latest"},
 	} {
 		testenv.RequireUsageError(t, bin, tc.args, []string{"KAFKA_BOOTSTRAP_SERVERS=", tc.env}, tc.want)
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -31,6 +32,9 @@ type Emitter interface {
 	// PartitionStalled: the partition, with lag (logEnd past watermark), has not moved its
 	// watermark for Settings.StallAfter (stalled), or moved it again (!stalled).
 	PartitionStalled(tp offsetstore.TP, watermark, logEnd int64, stalled bool)
+	// LogChanged: the log behind tp's watermark is another one (identity.go); adopted says
+	// the consumer adopted it (Settings.AdoptNewLog), else it halted.
+	LogChanged(tp offsetstore.TP, c offsetstate.LogChange, adopted bool)
 }
 
 // Position is a partition and an offset: a start offset on assignment, a final watermark on

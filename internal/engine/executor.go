@@ -46,6 +46,10 @@ func (l *Loop) dispatch(m *kafka.Message) {
 	off := int64(m.TopicPartition.Offset)
 	l.set.Signals.step("polled", off)
 	l.lastMessage.Store(time.Now().UnixNano())
+	if off < p.watermark.Load() && off < p.dispatchedEnd.Load() {
+		l.logRewound(p, off) // the client went back below the watermark on its own (identity.go)
+		return
+	}
 	if off < p.dispatchedEnd.Load() {
 		l.emit.RedeliveryDropped(tp, 1)
 		return

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -39,6 +40,13 @@ type Loop struct {
 	resyncC chan resyncRequest
 	fatal   error
 	eager   bool
+
+	// knownTopics: the topics the group had a watermark on when the current assignment's
+	// reconciliation began (rebalance.go); the poll goroutine's only.
+	knownTopics map[string]bool
+	// recordedLog is the log each assigned partition's watermark is in, as reconciled at its
+	// assignment (identity.go); guarded by mu (watchLogs reads it).
+	recordedLog map[offsetstore.TP]offsetstate.LogID
 
 	health    health        // what Readiness reports
 	probeWake chan struct{} // wakes the topic probe
@@ -68,6 +76,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		parts:     map[offsetstore.TP]*fetch{},
 		probeWake: make(chan struct{}, 1),
 	}
+	l.recordedLog = map[offsetstore.TP]offsetstate.LogID{}
 	l.deps = deps{
 		group: set.Group, set: set, pool: pool, store: offsetstore.New(set.Schema), body: body, emit: emit,
 		begin: func(ctx context.Context) (pgx.Tx, error) {
@@ -116,6 +125,9 @@ func (l *Loop) Run(ctx context.Context) error {
 		return err
 	}
 	l.health.set(func(h *health) { h.running = true })
+	watchQuit := make(chan struct{})
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); l.watchLogs(watchQuit) }()
 	l.log.Info("consumer started", zap.Strings("topics", l.set.Topics),
 		zap.Int("batch_size", l.set.BatchSize), zap.Int("max_attempts", l.set.MaxAttempts))
 
@@ -161,6 +173,8 @@ func (l *Loop) Run(ctx context.Context) error {
 	// Stop every worker (in-flight transactions finish within the shutdown timeout), then
 	// commit their final watermarks to Kafka before leaving the group.
 	l.revokeAll(false)
+	close(watchQuit)
+	<-watchDone
 	if cl != nil {
 		cl.close(l, l.set.CloseTimeout)
 	}
@@ -342,6 +356,8 @@ type Halt struct {
 	Watermark        int64
 	Committed        int64
 	LogStart, LogEnd int64
+	// LogChange is set when State is offsetstate.LogChanged: the recorded and current ids.
+	LogChange offsetstate.LogChange
 }
 
 // halted marks the error of a Halt, which ends Run instead of being retried.

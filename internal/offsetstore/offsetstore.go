@@ -35,6 +35,11 @@ type Watermark struct {
 	InflightEnd int64
 	ReplayEpoch int
 	UpdatedAt   time.Time
+	// TopicID and ClusterID name the log the offsets count in: the topic's id (KIP-516, Kafka's
+	// base64 form) and its cluster's id, as the consumer read them when it met the partition
+	// (migration 009); "" when not recorded yet (a row older than the migration, or a broker
+	// that gives no topic id).
+	TopicID, ClusterID string
 }
 
 // Store runs the SQL for one schema.
@@ -51,7 +56,8 @@ func (s *Store) Tables() tables.Names { return s.t }
 // Watermarks returns the rows of group for the given partitions (all partitions of all
 // topics when tps is empty).
 func (s *Store) Watermarks(ctx context.Context, q pg.Querier, group string, tps []TP) (map[TP]Watermark, error) {
-	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at
+	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at,
+		coalesce(topic_id, ''), coalesce(cluster_id, '')
 		FROM `+s.t.Watermarks+` WHERE group_id = $1 ORDER BY topic, partition`, group)
 	if err != nil {
 		return nil, fmt.Errorf("read watermarks: %w", err)
@@ -63,7 +69,7 @@ func (s *Store) Watermarks(ctx context.Context, q pg.Querier, group string, tps 
 	out := map[TP]Watermark{}
 	for rows.Next() {
 		var w Watermark
-		if err := rows.Scan(&w.Topic, &w.Partition, &w.Next, &w.First, &w.InflightEnd, &w.ReplayEpoch, &w.UpdatedAt); err != nil {
+		if err := rows.Scan(&w.Topic, &w.Partition, &w.Next, &w.First, &w.InflightEnd, &w.ReplayEpoch, &w.UpdatedAt, &w.TopicID, &w.ClusterID); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read watermarks: %w", err)
 		}
@@ -255,31 +261,12 @@ func (s *Store) DeleteAttemptsAt(ctx context.Context, q pg.Querier, group string
 	return nil
 }
 
-// MarkDone records in q's transaction that offsets (above the watermark, applied by this
-// transaction) are done. It is fenced: the watermark row is read FOR SHARE and must not have
-// passed the lowest of offsets, and an offset another owner already recorded is not recorded
-// again; either way it returns ErrFenced, and the caller rolls back.
-func (s *Store) MarkDone(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) error {
-	low := offsets[0]
-	for _, o := range offsets {
-		low = min(low, o)
-	}
-	tag, err := q.Exec(ctx, `INSERT INTO `+s.t.DoneOffsets+` (group_id, topic, partition, "offset")
-		SELECT $1, $2, $3, o FROM unnest($4::bigint[]) AS o
-		WHERE EXISTS (SELECT 1 FROM `+s.t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset <= $5 FOR SHARE)
-		ON CONFLICT DO NOTHING`,
-		group, tp.Topic, tp.Partition, offsets, low)
-	if err != nil {
-		return fmt.Errorf("mark done %s %v: %w", tp, offsets, err)
-	}
-	if tag.RowsAffected() != int64(len(offsets)) {
-		return ErrFenced
-	}
-	return nil
-}
-
-// MarkDoneXID is MarkDone that also returns the id of q's transaction (txid_current()), in
-// the same round trip, so that a COMMIT whose answer is lost is settled by TxStatus.
+// MarkDoneXID records in q's transaction that offsets (above the watermark, applied by this
+// transaction) are done, and returns the id of q's transaction (txid_current()) in the same
+// round trip, so that a COMMIT whose answer is lost is settled by TxStatus. It is fenced: the
+// watermark row is read FOR SHARE and must not have passed the lowest of offsets, and an
+// offset another owner already recorded is not recorded again; either way it returns
+// ErrFenced, and the caller rolls back.
 func (s *Store) MarkDoneXID(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) (xid int64, err error) {
 	low := offsets[0]
 	for _, o := range offsets {
@@ -301,7 +288,7 @@ func (s *Store) MarkDoneXID(ctx context.Context, q pg.Querier, group string, tp 
 	return xid, nil
 }
 
-// Done returns the offsets at or above from recorded done (MarkDone), in order.
+// Done returns the offsets at or above from recorded done (MarkDoneXID), in order.
 func (s *Store) Done(ctx context.Context, q pg.Querier, group string, tp TP, from int64) ([]int64, error) {
 	rows, err := q.Query(ctx, `SELECT "offset" FROM `+s.t.DoneOffsets+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 ORDER BY 1`,
 		group, tp.Topic, tp.Partition, from)
