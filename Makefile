@@ -10,7 +10,7 @@ PKGS ?= ./...
 # Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
 DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
-.PHONY: test test-kafka2 services-up services-down services-status demo lint browser
+.PHONY: test test-kafka2 test-outages services-up services-down services-status demo lint browser
 
 # Extra dev services the tests need (scripts/dev-services.d/NAME.sh), started by `make test`:
 # connect — Kafka Connect 4.3.1 with the Debezium 3.6.1.Final PostgreSQL connector for the CDC
@@ -31,12 +31,23 @@ test: services-up browser
 	export CI="$${CI:-true}"; \
 	$(GO) test $(GOTESTFLAGS) $(PKGS)
 	$(MAKE) --no-print-directory test-kafka2
+	$(MAKE) --no-print-directory test-outages
 
 # The subset run against the second Kafka line: the loop, poison pills, rebalances (classic and
 # KIP-848, members joining, leaving, fenced, SIGKILLed), the reconciliation of database and Kafka
 # offsets, and the relay (order, failover, murmur2, parking). About 2 minutes.
 KAFKA2_TESTS ?= ^(TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase|TestFailingMessageIsRetriedThenDeadLetteredAloneInOrder|TestSecondConsumerJoiningMidStreamAddsNoDuplicateEffect|TestZombieCannotCommitPastAFencedWatermark|TestSIGKILLAtEachStepLeavesAnExactEndState|TestFencedStaticMemberEndsRun|TestKIP848.*|TestKafkaBehindOrMissingResumesFromTheWatermark|TestKafkaAheadIsFollowedAndAuditedAsAnUnexplainedSkip|TestRecordsRemovedBeforeProcessingAreAuditedNotCountedAsProcessed|TestWatermarkPastTheLogEndHaltsWithBothOffsets|TestTopicRecreatedUnderTheSameNameRefusesToStart|TestPartitionAddedStartsWhereConfigSaysAndIsAudited|TestCommittedOffsetPastTheLogEndIsIgnored|TestSameKeyRecordsArePublishedInCommitOrderWithTwoRelays|TestKilledBetweenProduceAndMarkRepublishesWithSameIDs|TestStandbyTakesOverWhenTheLeaderIsKilled|TestKeyedRecordsArePartitionedWithMurmur2|TestTooLargeRecordParksWithoutBlockingOtherKeys|TestDeadLetterReplayRoundTrip)$$
 KAFKA2_PKGS ?= . ./outbox/relay/
+
+# The tests that SIGKILL the development broker (ten times each), alone: every other test of a
+# parallel run would meet the outage too. About 25 minutes (the broker's restart dominates).
+OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind)$$
+
+## test-outages: run $(OUTAGE_TESTS) (KAFKATX_BROKER_KILL_TESTS=1), which kill and restart the broker
+test-outages: services-up
+	eval "$$(scripts/dev-services env)"; \
+	export CI="$${CI:-true}" KAFKATX_BROKER_KILL_TESTS=1; \
+	$(GO) test $(GOTESTFLAGS) -timeout 60m -run '$(OUTAGE_TESTS)' .
 
 ## test-kafka2: run $(KAFKA2_TESTS) against a second broker of another Kafka line
 ## (scripts/dev-services up kafka2: Apache Kafka $$KAFKA2_VERSION, default 4.1.2), then stop it

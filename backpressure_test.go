@@ -2,6 +2,8 @@ package kafkatx
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +13,8 @@ import (
 
 // Config.Backpressure holds every partition back before its transaction: while it blocks
 // nothing is applied and the messages count as in flight; once it lets go they are applied,
-// each once. A throttle that panics or fails is logged and the batches run.
+// each once. A throttle that panics or fails holds the batches (not ready, naming it) until it
+// answers, for Config.UnavailableMaxWait at most (issue "outages" 3).
 func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
@@ -47,10 +50,16 @@ func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A throttle that panics, then one that fails: logged, the batches run.
+	// A throttle that panics, then fails (it cannot answer): the batches wait, nothing is
+	// applied, and the consumer is not ready, naming it; once it answers they run.
 	var mode atomic.Int64
+	var broken atomic.Bool
+	broken.Store(true)
 	cfg2 := b.config(t)
 	cfg2.Backpressure = func(context.Context) error {
+		if !broken.Load() {
+			return nil
+		}
 		if mode.Add(1)%2 == 1 {
 			panic("throttle bug")
 		}
@@ -58,11 +67,30 @@ func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
 	}
 	r2 := b.start(t, h, cfg2)
 	produce(t, b.brokers, b.topic, values(20, -1, func(i int) string { return "w" }))
-	waitFor(t, 30*time.Second, "all 60 applied past a broken throttle", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 60 })
-	if mode.Load() < 2 {
-		t.Fatalf("Backpressure called %d times, want at least 2", mode.Load())
+	waitFor(t, 30*time.Second, "not ready, naming the failing Backpressure check", func() bool {
+		rd := r2.c.Readiness(context.Background())
+		return len(rd.BackpressureFailing) > 0 && !rd.Ready && strings.Contains(strings.Join(rd.Reasons, "; "), "Config.Backpressure cannot answer")
+	})
+	time.Sleep(time.Second)
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects`); n != 40 || mode.Load() < 3 {
+		t.Fatalf("%d effects after a second of a failing check (%d calls); want 40 (held) and the check called again", n, mode.Load())
 	}
+	broken.Store(false)
+	waitFor(t, 30*time.Second, "all 60 applied once the throttle answers", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 60 })
+	waitFor(t, 10*time.Second, "no failing check reported", func() bool { return len(r2.c.Readiness(context.Background()).BackpressureFailing) == 0 })
 	if err := r2.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	// A throttle that never answers holds the batches for Config.UnavailableMaxWait at most:
+	// then they run — bounded, never a stall.
+	cfg2b := b.config(t)
+	cfg2b.UnavailableMaxWait = 2 * time.Second
+	cfg2b.Backpressure = func(context.Context) error { return errors.New("throttle cannot read") }
+	r2b := b.start(t, h, cfg2b)
+	produce(t, b.brokers, b.topic, values(10, -1, func(i int) string { return "v2" }))
+	waitFor(t, 30*time.Second, "all 70 applied past a check that never answers", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 70 })
+	if err := r2b.stop(t); err != nil {
 		t.Fatal(err)
 	}
 
@@ -82,7 +110,7 @@ func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
 		t.Fatal(err)
 	}
 	r4 := b.start(t, h, b.config(t))
-	waitFor(t, 30*time.Second, "the 10 held messages applied by the next run", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 70 })
+	waitFor(t, 30*time.Second, "the 10 held messages applied by the next run", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 80 })
 	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != 0 {
 		t.Fatalf("%d effects applied more than once", n)
 	}

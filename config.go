@@ -183,6 +183,15 @@ type Config struct {
 	// failures (attempts). Defaults to UnavailableMaxWaitDefault (30 minutes).
 	UnavailableMaxWait time.Duration
 
+	// StallAfter is the watchdog's bound: a partition this member holds, with lag (its log
+	// end past its watermark), whose watermark has not moved for StallAfter is reported
+	// whatever the cause — logged at error level once, kafkatx_partition_stalled 1,
+	// Readiness.Stalled and not ready — until it moves; its fetch is also resumed in the Kafka
+	// client unless the loop holds it (docs/consumer.md, "Liveness"). A partition waiting out
+	// a long backoff, an Unavailable dependency or a Backpressure hold is reported too, since
+	// it makes no progress either. Defaults to StallAfterDefault (2 minutes); negative: off.
+	StallAfter time.Duration
+
 	// Breaker stops a storm of dead letters when failures are shared — a revoked privilege,
 	// a column a deploy renamed, a dependency that fails for everyone — rather than one
 	// message's (docs/failures.md, "The breaker").
@@ -233,9 +242,12 @@ type Config struct {
 	// a consumer does not outrun its relay without bound. ctx ends when the partition stops
 	// (revoked, or the consumer shuts down), and it should return then; one that ignores ctx
 	// is left behind (its goroutine goes on) once the partition's work is aborted, after
-	// ShutdownTimeout or when the partition is lost. An error or a panic is logged (at most
-	// once a minute per partition, a panic with its stack) and the batch runs: a broken
-	// throttle must not stop the loop. While it blocks, the partition's messages stay buffered
+	// ShutdownTimeout or when the partition is lost. An error or a panic (logged with its
+	// stack) means the check cannot answer: the batch waits and the check runs again after
+	// the Unavailable backoff (capped at UnavailableMaxBackoff, 10 s), Readiness reports it
+	// (BackpressureFailing, not ready), for at most UnavailableMaxWait since its first
+	// failure; then the batch runs, and each later one after one call, until it answers: a
+	// broken throttle is bounded and never stalls the loop. While it blocks, the partition's messages stay buffered
 	// and count as in flight, Stats.HeldBack counts the partition, a hold over 10 s is logged
 	// at info level, and past its MaxBufferedBytes share the partition stops fetching.
 	// Defaults to nil: no wait.
@@ -436,6 +448,7 @@ const (
 	UnavailableMaxWaitDefault = 30 * time.Minute       // Config.UnavailableMaxWait
 	ShutdownTimeoutDefault    = 30 * time.Second       // Config.ShutdownTimeout
 	CloseTimeoutDefault       = 10 * time.Second       // Config.CloseTimeout
+	StallAfterDefault         = 2 * time.Minute        // Config.StallAfter
 	IdleTimeoutDefault        = 10 * time.Second       // TransactionConfig.IdleTimeout
 	LockTimeoutDefault        = 10 * time.Second       // TransactionConfig.LockTimeout
 	StatementTimeoutDefault   = 60 * time.Second       // TransactionConfig.StatementTimeout
@@ -534,6 +547,9 @@ func (c *Config) WithDefaults() Config {
 	if out.CloseTimeout <= 0 {
 		out.CloseTimeout = CloseTimeoutDefault
 	}
+	if out.StallAfter == 0 {
+		out.StallAfter = StallAfterDefault
+	}
 	for _, d := range []struct {
 		v   *time.Duration
 		def time.Duration
@@ -612,7 +628,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait, Concurrency: d.Concurrency, MaxUnits: d.MaxUnits,
 		MaxAttempts: d.Retry.MaxAttempts, Backoff: d.Retry.Backoff, UnavailableBackoff: unavail.Backoff,
 		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe,
-		StuckAfter: stuckAfter(d.Transaction), ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
+		StuckAfter: stuckAfter(d.Transaction), StallAfter: d.StallAfter, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
 		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
 		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
 		AdoptNewLog: d.OnLogChange.adoptNewLog(),

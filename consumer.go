@@ -24,6 +24,7 @@ type Consumer struct {
 	metrics *promHook // also in the hooks; kept for tests that read a metric
 	stats   counters
 	running atomic.Bool
+	checks  readinessChecks // AddReadinessCheck
 }
 
 // NewConsumer validates cfg and returns a Consumer that runs handler once per message.

@@ -155,6 +155,12 @@ func (e *emitter) HandlerStuck(tp offsetstore.TP, offset int64, since time.Time,
 	}
 }
 
+func (e *emitter) PartitionStalled(tp offsetstore.TP, watermark, logEnd int64, stalled bool) {
+	if e.metrics != nil {
+		e.metrics.partitionStalled(e.group, tp, stalled)
+	}
+}
+
 func (e *emitter) PartitionPaused(tp offsetstore.TP, bytes int64) {
 	e.stats.pauses.Add(1)
 	ev := PartitionPaused{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, Bytes: bytes}

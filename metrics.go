@@ -29,6 +29,7 @@ type promHook struct {
 	breakerOpen  *prometheus.GaugeVec
 	breakerOpens *prometheus.CounterVec
 	stuck        *prometheus.GaugeVec
+	stalled      *prometheus.GaugeVec
 	logChanges   *prometheus.CounterVec
 }
 
@@ -66,10 +67,12 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_breaker_opened_total", Help: "Times the breaker opened (Config.Breaker)."}, []string{"group"}),
 	}
 	m.stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
+	m.stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stalled", Help: "1 while the partition has lag and its watermark has not moved for Config.StallAfter, whatever the cause."}, []string{"group", "topic", "partition"})
 	m.logChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_log_changes_total", Help: "Assignments that found the log behind a watermark changed (topic recreated, another cluster), by action: halt or adopt (Config.OnLogChange)."}, []string{"group", "topic", "action"})
 	var err error
 	promreg.Into(reg, &m.logChanges, &err)
 	promreg.Into(reg, &m.stuck, &err)
+	promreg.Into(reg, &m.stalled, &err)
 	promreg.Into(reg, &m.breakerOpen, &err)
 	promreg.Into(reg, &m.breakerOpens, &err)
 	promreg.Into(reg, &m.processed, &err)
@@ -99,6 +102,15 @@ func (m *promHook) handlerStuck(group string, tp offsetstore.TP, stuck bool) {
 		v = 1
 	}
 	m.stuck.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
+}
+
+// partitionStalled sets kafkatx_partition_stalled for tp.
+func (m *promHook) partitionStalled(group string, tp offsetstore.TP, stalled bool) {
+	v := 0.0
+	if stalled {
+		v = 1
+	}
+	m.stalled.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
 }
 
 // logChanged counts a changed log found on assignment, halted on or adopted.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -39,6 +40,15 @@ type Readiness struct {
 	DatabaseError string `json:"database_error,omitempty"`
 	// Fatal is the error that stopped (or is stopping) Run.
 	Fatal string `json:"fatal,omitempty"`
+	// Rejoining is set while a static member the broker fenced (it forgot the member after an
+	// outage or a pause longer than session.timeout.ms) rejoins with a new Kafka client: the
+	// fence's error, since RejoiningSince. Not ready meanwhile. A fence that repeats within
+	// engine.FenceRepeatWindow (2 minutes) of a rejoin, with the brokers reachable, means
+	// another live process holds the id: Fatal says so and Run ends (docs/consumer.md).
+	Rejoining      string    `json:"rejoining,omitempty"`
+	RejoiningSince time.Time `json:"rejoining_since,omitzero"`
+	// Rejoins counts the new Kafka clients Run made after fences since it started.
+	Rejoins int `json:"rejoins,omitempty"`
 	// Waiting lists the partitions waiting for a dependency their handler reported
 	// Unavailable (see UnavailableError), or waiting out the database's own condition
 	// (WaitingPartition.Condition). For a dependency the consumer is still ready — it does its
@@ -54,6 +64,65 @@ type Readiness struct {
 	// statement_timeout plus idle_in_transaction_session_timeout, 70 s by default): the
 	// partition makes no progress. Not ready meanwhile.
 	Stuck []StuckPartition `json:"stuck,omitempty"`
+	// Stalled lists the partitions with lag (the log end past the watermark) whose watermark
+	// has not moved for Config.StallAfter (2 minutes by default), whatever the cause. Not
+	// ready meanwhile.
+	Stalled []StalledPartition `json:"stalled,omitempty"`
+	// BackpressureFailing lists the partitions whose Config.Backpressure check fails: their
+	// batches wait and the check runs again, for at most Config.UnavailableMaxWait. Not ready
+	// meanwhile.
+	BackpressureFailing []BackpressureFailure `json:"backpressure_failing,omitempty"`
+	// Checks holds the failing checks of what else the process runs (AddReadinessCheck): an
+	// in-process outbox relay that cannot publish, say. Not ready while any fails.
+	Checks []CheckFailure `json:"checks,omitempty"`
+}
+
+// CheckFailure is a readiness check added with AddReadinessCheck that failed: its name and
+// error.
+type CheckFailure struct {
+	Name  string `json:"name"`
+	Error string `json:"error"`
+}
+
+// readinessChecks are the checks AddReadinessCheck added.
+type readinessChecks struct {
+	mu   sync.Mutex
+	list []namedCheck
+}
+
+type namedCheck struct {
+	name  string
+	check func(ctx context.Context) error
+}
+
+// AddReadinessCheck makes Ready and Readiness also ask check, named name, about something
+// else the process runs that the consumer's readiness must cover — an in-process outbox relay
+// (relay.Relay.Ready, walrelay.Relay.Ready): a non-nil error makes the consumer not ready,
+// with the reason "name: error" (Readiness.Checks). check must answer quickly (a probe calls
+// it); it is called with Readiness's context. Safe from any goroutine, before or during Run.
+func (c *Consumer) AddReadinessCheck(name string, check func(ctx context.Context) error) {
+	c.checks.mu.Lock()
+	defer c.checks.mu.Unlock()
+	c.checks.list = append(c.checks.list, namedCheck{name: name, check: check})
+}
+
+// BackpressureFailure is a partition whose Config.Backpressure check has failed since Since;
+// Error is its last error (sanitized, at most 512 bytes).
+type BackpressureFailure struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Since     time.Time `json:"since"`
+	Error     string    `json:"error"`
+}
+
+// StalledPartition is a partition whose watermark has stayed at Watermark since Since while
+// its log reached LogEnd (when reported).
+type StalledPartition struct {
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Watermark int64     `json:"watermark"`
+	LogEnd    int64     `json:"log_end"`
+	Since     time.Time `json:"since"`
 }
 
 // StuckPartition is a partition whose handler call, on the transaction starting at Offset,
@@ -124,6 +193,12 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	if r.Fatal != "" {
 		r.Reasons = append(r.Reasons, "fatal error: "+r.Fatal)
 	}
+	r.Rejoining, r.RejoiningSince, r.Rejoins = h.Rejoining, h.RejoiningSince, h.Rejoins
+	if r.Rejoining != "" {
+		r.Reasons = append(r.Reasons, fmt.Sprintf("rejoining the group with a new Kafka client since %s: the broker fenced this static member "+
+			"(it forgot the member after an outage or a pause longer than session.timeout.ms; not another live process so far): %s",
+			r.RejoiningSince.UTC().Format(time.RFC3339), r.Rejoining))
+	}
 	if reason := conditionReason(r.Waiting); reason != "" {
 		r.Reasons = append(r.Reasons, reason)
 	}
@@ -131,6 +206,24 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 		r.Stuck = append(r.Stuck, StuckPartition{Topic: s.TP.Topic, Partition: s.TP.Partition, Offset: s.Offset, Since: s.Since})
 		r.Reasons = append(r.Reasons, fmt.Sprintf("the handler on %s offset %d has run since %s, past its bound: the partition makes no progress",
 			s.TP, s.Offset, s.Since.UTC().Format(time.RFC3339)))
+	}
+	for _, s := range snap.Stalled {
+		r.Stalled = append(r.Stalled, StalledPartition{Topic: s.TP.Topic, Partition: s.TP.Partition, Watermark: s.Watermark, LogEnd: s.LogEnd, Since: s.Since})
+		r.Reasons = append(r.Reasons, fmt.Sprintf("%s has lag (watermark %d, log end %d) and has made no progress since %s (Config.StallAfter)",
+			s.TP, s.Watermark, s.LogEnd, s.Since.UTC().Format(time.RFC3339)))
+	}
+	sort.Slice(r.Stalled, func(i, j int) bool {
+		a, b := r.Stalled[i], r.Stalled[j]
+		return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
+	})
+	for _, f := range snap.BackpressureFailing {
+		r.BackpressureFailing = append(r.BackpressureFailing, BackpressureFailure{Topic: f.TP.Topic, Partition: f.TP.Partition, Since: f.Since, Error: f.Error})
+	}
+	if n := len(r.BackpressureFailing); n > 0 {
+		sort.Slice(r.BackpressureFailing, func(i, j int) bool { return r.BackpressureFailing[i].Since.Before(r.BackpressureFailing[j].Since) })
+		f := r.BackpressureFailing[0]
+		r.Reasons = append(r.Reasons, fmt.Sprintf("Config.Backpressure cannot answer since %s on %d partition(s): %s; their batches wait (at most Config.UnavailableMaxWait)",
+			f.Since.UTC().Format(time.RFC3339), n, f.Error))
 	}
 	if b := snap.Breaker; b != nil {
 		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages}
@@ -155,6 +248,15 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	if len(r.MissingTopics) > 0 {
 		r.Reasons = append(r.Reasons, fmt.Sprintf("subscribed topics that do not exist or are not authorized: %s", strings.Join(r.MissingTopics, ", ")))
+	}
+	c.checks.mu.Lock()
+	checks := append([]namedCheck(nil), c.checks.list...)
+	c.checks.mu.Unlock()
+	for _, ch := range checks {
+		if err := ch.check(ctx); err != nil {
+			r.Checks = append(r.Checks, CheckFailure{Name: ch.name, Error: err.Error()})
+			r.Reasons = append(r.Reasons, ch.name+": "+err.Error())
+		}
 	}
 	if time.Since(snap.LastCommit) > 5*time.Second {
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)

@@ -20,6 +20,7 @@ var needsAttention = []struct{ Kind, Status, Why string }{
 	{Kind: "watermark_deleted", Why: "a watermark row was deleted outside kafkatx"},
 	{Kind: offsetstore.KindHalt, Why: "the consumer refused to start on the partition"},
 	{Kind: offsetstore.KindLogAdopted, Why: "the watermark moved onto another log (the topic recreated, or another cluster)"},
+	{Kind: offsetstore.KindRollbackReplay, Why: "the database lost committed work (a failover to a standby that lagged, a restore) and the consumer re-processed the range"},
 	{Status: "abandoned", Why: "an operator command was recorded and never applied"},
 }
 

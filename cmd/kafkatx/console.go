@@ -66,9 +66,9 @@ func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
 		mux.Handle(bp+"/", http.StripPrefix(bp, h))
 		handler = mux
 	}
-	ln, err := net.Listen("tcp", c.Addr)
+	ln, err := listen("addr", c.Addr)
 	if err != nil {
-		return fmt.Errorf("console: %w", err)
+		return err
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: console.RequestTimeout + 15*time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -244,9 +243,9 @@ func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) er
 // serveHealth serves /healthz (the relay is running), readyz as /readyz (the relay's own
 // notion of ready) and /metrics.
 func (c *RelayCmd) serveHealth(readyz http.HandlerFunc, reg *prometheus.Registry, done <-chan struct{}, log *zap.Logger) (*http.Server, error) {
-	ln, err := net.Listen("tcp", c.HealthAddr)
+	ln, err := listen("health-addr", c.HealthAddr)
 	if err != nil {
-		return nil, fmt.Errorf("health endpoint: %w", err)
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

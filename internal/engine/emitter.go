@@ -32,6 +32,9 @@ type Emitter interface {
 	// HandlerStuck: the handler call on offset's transaction, started at since, ran past
 	// Settings.StuckAfter (stuck), or returned after that (!stuck).
 	HandlerStuck(tp offsetstore.TP, offset int64, since time.Time, stuck bool)
+	// PartitionStalled: the partition, with lag (logEnd past watermark), has not moved its
+	// watermark for Settings.StallAfter (stalled), or moved it again (!stalled).
+	PartitionStalled(tp offsetstore.TP, watermark, logEnd int64, stalled bool)
 	// LogChanged: the log behind tp's watermark is another one (identity.go); adopted says
 	// the consumer adopted it (Settings.AdoptNewLog), else it halted.
 	LogChanged(tp offsetstore.TP, c offsetstate.LogChange, adopted bool)

@@ -27,7 +27,15 @@ type health struct {
 	authSince  time.Time
 	missing    []string
 	fatal      error
-	logged     map[kafka.ErrorCode]time.Time // last log line per error code, to rate-limit repeats
+	// The static member's rejoins after a fence (rejoin.go): the fence being ridden out now
+	// (empty once the new client is assigned), when the last new client was made, and whether
+	// Kafka was unreachable since.
+	rejoining         string
+	rejoiningSince    time.Time
+	rejoinedAt        time.Time
+	outageSinceRejoin bool
+	rejoins           int
+	logged            map[kafka.ErrorCode]time.Time // last log line per error code, to rate-limit repeats
 }
 
 // authentication failures clear once a metadata request succeeds; authorization failures of
@@ -78,19 +86,13 @@ func (l *Loop) onKafkaError(e kafka.Error) error {
 	lvl := zapcore.WarnLevel
 	msg := "Kafka client error"
 	switch {
+	case e.IsFatal() && code == kafka.ErrFencedInstanceID:
+		// Fenced static member (KIP-345): the broker forgot this member (an outage or a pause
+		// longer than session.timeout.ms) or gave its group.instance.id to another process.
+		// librdkafka cannot rejoin after this error; Run builds a new client (rejoin.go).
+		return &fencedMember{err: e}
 	case e.IsFatal():
 		err := fmt.Errorf("kafkatx: fatal Kafka error: %w", e)
-		if code == kafka.ErrFencedInstanceID {
-			// Fenced static member (KIP-345): the broker gave this group.instance.id to
-			// another member. Either another process runs with the same id, or this one was
-			// frozen (SIGSTOP, a VM or GC pause) past session.timeout.ms and its own return
-			// raced the broker's removal of its old member. librdkafka cannot rejoin after
-			// this error, so Run ends (docs/consumer.md, "Static membership").
-			err = fmt.Errorf("kafkatx: fatal Kafka error: %w: the broker gave this member's group.instance.id to another member — "+
-				"another process runs with the same id, or this process was frozen past session.timeout.ms and came back; "+
-				"the Kafka client cannot rejoin after this, so the consumer stops: restart the process (a supervisor, systemd "+
-				"Restart=on-failure, a Kubernetes pod restart) and it gets its partitions back, and give every process its own id", e)
-		}
 		h.set(func(h *health) { h.fatal = err })
 		return err // Run returns it (and logs "consumer stopping" with it as the cause)
 	case hasCode(authenticationCodes, code) || hasCode(authorizationCodes, code):
@@ -104,6 +106,7 @@ func (l *Loop) onKafkaError(e kafka.Error) error {
 		l.probeNow() // and every 2 s until it clears
 	case code == kafka.ErrAllBrokersDown:
 		h.set(func(h *health) {
+			h.outageSinceRejoin = true
 			if h.kafkaErr == "" {
 				h.kafkaSince = time.Now()
 			}
@@ -136,7 +139,7 @@ func (l *Loop) probeNow() {
 // otherwise; it logs a subscribed topic that is missing (does not exist or is not
 // authorized) at error level, by name, and one that appears at info level, and keeps
 // Readiness's Kafka and topic conditions.
-func (l *Loop) probeTopics(quit <-chan struct{}) {
+func (l *Loop) probeTopics(kc *kafka.Consumer, quit <-chan struct{}) {
 	var literal []string
 	for _, t := range l.set.Topics {
 		if !strings.HasPrefix(t, "^") { // a regular expression subscription names no topic
@@ -152,7 +155,7 @@ func (l *Loop) probeTopics(quit <-chan struct{}) {
 		case <-t.C:
 		case <-l.probeWake:
 		}
-		bad := l.probeOnce(literal)
+		bad := l.probeOnce(kc, literal)
 		next := 30 * time.Second
 		if bad {
 			next = 2 * time.Second
@@ -168,11 +171,12 @@ func (l *Loop) probeTopics(quit <-chan struct{}) {
 }
 
 // probeOnce runs one probe and reports whether something is wrong.
-func (l *Loop) probeOnce(topics []string) (bad bool) {
-	md, err := l.kc.GetMetadata(nil, true, 5000)
+func (l *Loop) probeOnce(kc *kafka.Consumer, topics []string) (bad bool) {
+	md, err := kc.GetMetadata(nil, true, 5000)
 	h := &l.health
 	if err != nil {
 		h.set(func(h *health) {
+			h.outageSinceRejoin = true
 			if h.kafkaErr == "" {
 				h.kafkaSince = time.Now()
 			}
@@ -283,6 +287,12 @@ type Health struct {
 	KafkaError, AuthError           string
 	KafkaErrorSince, AuthErrorSince time.Time
 	Fatal                           error
+	// Rejoining is the fence the static member is rejoining after (rejoin.go), since
+	// RejoiningSince; empty once the new client is assigned. Rejoins counts the new clients
+	// made.
+	Rejoining      string
+	RejoiningSince time.Time
+	Rejoins        int
 }
 
 // Health returns the loop's current health. Safe from any goroutine.
@@ -291,5 +301,6 @@ func (l *Loop) Health() Health {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return Health{Running: h.running, Joined: h.joined, MissingTopics: append([]string(nil), h.missing...),
-		KafkaError: h.kafkaErr, KafkaErrorSince: h.kafkaSince, AuthError: h.authErr, AuthErrorSince: h.authSince, Fatal: h.fatal}
+		KafkaError: h.kafkaErr, KafkaErrorSince: h.kafkaSince, AuthError: h.authErr, AuthErrorSince: h.authSince, Fatal: h.fatal,
+		Rejoining: h.rejoining, RejoiningSince: h.rejoiningSince, Rejoins: h.rejoins}
 }

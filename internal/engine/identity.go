@@ -24,11 +24,13 @@ import (
 // recreated while the consumer runs comes back as a new assignment, which a cached id would
 // miss.
 
-// logIDs returns the log identity of the topics of tps. The admin client is derived from the
-// consumer handle the loop holds now (kafka.NewAdminClientFromConsumer: no new connection),
-// per call, so a rebuilt client is the one asked.
-func (l *Loop) logIDs(ctx context.Context, tps []offsetstore.TP) (map[string]offsetstate.LogID, error) {
-	admin, err := kafka.NewAdminClientFromConsumer(l.kc)
+// logIDs returns the log identity of the topics of tps, asked through kc. The admin client is
+// derived from the consumer handle (kafka.NewAdminClientFromConsumer: no new connection), per
+// call: the poll loop passes the client it holds now, the running check the client it was
+// started with (a rebuilt client's check is its own, stopped before that client is closed:
+// rejoin.go).
+func (l *Loop) logIDs(ctx context.Context, kc *kafka.Consumer, tps []offsetstore.TP) (map[string]offsetstate.LogID, error) {
+	admin, err := kafka.NewAdminClientFromConsumer(kc)
 	if err != nil {
 		return nil, fmt.Errorf("admin client for the topic and cluster ids: %w", err)
 	}
@@ -122,7 +124,7 @@ func (l *Loop) logRewound(p *worker, off int64) {
 	l.mu.Lock()
 	recorded := l.recordedLog[tp]
 	l.mu.Unlock()
-	if ids, err := l.logIDs(ctx, []offsetstore.TP{tp}); err == nil {
+	if ids, err := l.logIDs(ctx, l.kc, []offsetstore.TP{tp}); err == nil {
 		if c := offsetstate.CompareLog(recorded, ids[tp.Topic]); c.Changed() {
 			_, err := l.onLogChange(ctx, tp, offsetstore.Watermark{TP: tp, Next: w}, low, high, c, log.With(zap.Int64("rewound_to", off)))
 			var h *halted
@@ -158,7 +160,7 @@ const logCheckEvery = 5 * time.Second
 // new log's records are applied for at most logCheckEvery, plus the client's metadata
 // refresh, before the consumer stops — a window, not a guarantee, which the next start's
 // assignment then refuses.
-func (l *Loop) watchLogs(quit <-chan struct{}) {
+func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 	t := time.NewTicker(logCheckEvery)
 	defer t.Stop()
 	for {
@@ -180,7 +182,7 @@ func (l *Loop) watchLogs(quit <-chan struct{}) {
 		for tp := range rec {
 			tps = append(tps, tp)
 		}
-		ids, err := l.logIDs(context.Background(), tps)
+		ids, err := l.logIDs(context.Background(), kc, tps)
 		if err != nil {
 			continue // a broker outage or a topic being deleted: the next tick, or the assignment, decides
 		}

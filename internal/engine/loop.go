@@ -8,6 +8,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,7 @@ type fetch struct {
 	pending    []*kafka.Message
 	paused     bool
 	pendingLen atomic.Int64
+	stall      stall // the stall watchdog's view (stall.go)
 }
 
 // inFlight counts the partition's messages not yet committed: queued, kept, or held by the
@@ -110,42 +112,22 @@ func (l *Loop) Run(ctx context.Context) error {
 		logs = make(chan kafka.LogEvent, 1000)
 		km["go.logs.channel.enable"], km["go.logs.channel"] = true, logs
 	}
-	kc, err := kafka.NewConsumer(&km)
-	if err != nil {
-		return fmt.Errorf("kafkatx: create Kafka consumer: %w", err)
-	}
-	quitAux := make(chan struct{}) // stops the log router and the topic probe
+	quitAux := make(chan struct{}) // stops the log router
 	var aux sync.WaitGroup
 	if logs != nil {
 		aux.Add(1)
 		go func() { defer aux.Done(); l.routeLogs(logs, quitAux) }()
 	}
 	stopAux := func() { close(quitAux); aux.Wait() }
-	l.kc = kc
 	resyncs := make(chan resyncRequest, 16)
 	l.resyncC, l.resyncs = resyncs, resyncs
-	l.logEnds = func(tp offsetstore.TP) (int64, int64, error) { return kc.GetWatermarkOffsets(tp.Topic, tp.Partition) }
-	l.commits = newCommitter(kc, l.log)
-	l.commits.mark = l.commitMark
-	commitDone := make(chan struct{})
-	go func() { defer close(commitDone); l.commits.run() }()
-
-	err = kc.SubscribeTopics(l.set.Topics, func(_ *kafka.Consumer, ev kafka.Event) error {
-		return l.rebalance(ctx, ev)
-	})
+	l.logEnds = func(tp offsetstore.TP) (int64, int64, error) { return l.kc.GetWatermarkOffsets(tp.Topic, tp.Partition) }
+	cl, err := l.openClient(ctx, km)
 	if err != nil {
-		l.commits.stop()
-		<-commitDone
-		_ = closeWithin(kc, l.set.CloseTimeout)
 		stopAux()
-		return fmt.Errorf("kafkatx: subscribe %v: %w", l.set.Topics, err)
+		return err
 	}
 	l.health.set(func(h *health) { h.running = true })
-	probeQuit := make(chan struct{})
-	probeDone := make(chan struct{})
-	go func() { defer close(probeDone); l.probeTopics(probeQuit) }()
-	watchDone := make(chan struct{})
-	go func() { defer close(watchDone); l.watchLogs(probeQuit) }()
 	l.log.Info("consumer started", zap.Strings("topics", l.set.Topics),
 		zap.Int("batch_size", l.set.BatchSize), zap.Int("max_attempts", l.set.MaxAttempts))
 
@@ -174,11 +156,14 @@ func (l *Loop) Run(ctx context.Context) error {
 			}
 		default:
 		}
-		switch e := kc.Poll(pollMs).(type) {
+		switch e := l.kc.Poll(pollMs).(type) {
 		case *kafka.Message:
 			l.dispatch(e)
 		case kafka.Error:
 			if err := l.onKafkaError(e); err != nil {
+				if f := (*fencedMember)(nil); errors.As(err, &f) {
+					cl, err = l.rejoin(ctx, km, cl, f)
+				}
 				l.fatal = err
 			}
 		}
@@ -194,13 +179,8 @@ func (l *Loop) Run(ctx context.Context) error {
 	// Stop every worker (in-flight transactions finish within the shutdown timeout), then
 	// commit their final watermarks to Kafka before leaving the group.
 	l.revokeAll(false)
-	l.commits.stop()
-	<-commitDone
-	close(probeQuit)
-	<-probeDone
-	<-watchDone
-	if err := closeWithin(kc, l.set.CloseTimeout); err != nil {
-		l.log.Warn("close Kafka consumer", zap.Error(err))
+	if cl != nil {
+		cl.close(l, l.set.CloseTimeout)
 	}
 	stopAux()
 	l.health.set(func(h *health) { h.running, h.joined = false, false })
@@ -302,9 +282,11 @@ func (l *Loop) updateLag() {
 	for tp, f := range l.parts {
 		_, high, err := l.kc.GetWatermarkOffsets(tp.Topic, tp.Partition)
 		if err != nil || high < 0 {
+			l.checkStalled(tp, f, -1)
 			continue
 		}
 		l.emit.PartitionLag(tp, f.w.watermark.Load(), high)
+		l.checkStalled(tp, f, high)
 	}
 }
 
@@ -314,6 +296,8 @@ type Snapshot struct {
 	Waiting                      []Waiting
 	Breaker                      *BreakerState // nil unless the breaker is open
 	Stuck                        []Stuck       // handler calls running past Settings.StuckAfter
+	Stalled                      []Stalled     // partitions with lag and no progress for Settings.StallAfter
+	BackpressureFailing          []BackpressureFailure
 	LastMessage, LastCommit      time.Time
 	FirstAssigned                time.Time
 }
@@ -326,6 +310,7 @@ func (l *Loop) Snapshot() Snapshot {
 	defer l.mu.Unlock()
 	s.Assigned = len(l.parts)
 	s.Stuck = l.stuckNow()
+	s.Stalled = l.stalledNow()
 	for _, f := range l.parts {
 		s.InFlight += f.inFlight()
 		ws := []*waits{f.w.waits}
@@ -334,9 +319,12 @@ func (l *Loop) Snapshot() Snapshot {
 				ws = append(ws, u.waits)
 			}
 		}
-		held, waiting := false, (*Waiting)(nil)
+		held, waiting, bpFail := false, (*Waiting)(nil), (*BackpressureFailure)(nil)
 		for _, w := range ws {
 			held = held || w.heldBack.Load()
+			if x := w.backpressFail.Load(); x != nil && (bpFail == nil || x.Since.Before(bpFail.Since)) {
+				bpFail = x
+			}
 			if x := w.waiting.Load(); x != nil && (waiting == nil || x.Offset < waiting.Offset) {
 				waiting = x
 			}
@@ -346,6 +334,9 @@ func (l *Loop) Snapshot() Snapshot {
 		}
 		if waiting != nil {
 			s.Waiting = append(s.Waiting, *waiting)
+		}
+		if bpFail != nil {
+			s.BackpressureFailing = append(s.BackpressureFailing, *bpFail)
 		}
 	}
 	return s

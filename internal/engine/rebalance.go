@@ -69,6 +69,7 @@ func (l *Loop) onAssigned(ctx context.Context, assigned []kafka.TopicPartition) 
 		added[i] = Position{TP: offsetstore.TP{Topic: *s.Topic, Partition: s.Partition}, Offset: int64(s.Offset)}
 	}
 	l.emit.PartitionsAssigned(added)
+	defer l.resumeAssigned(starts) // stall.go
 	if l.eager {
 		// Eager protocols hand over the whole assignment each time.
 		return l.kc.Assign(starts)
@@ -93,7 +94,7 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 	if err != nil {
 		return nil, err
 	}
-	ids, err := l.logIDs(ctx, tps)
+	ids, err := l.logIDs(ctx, l.kc, tps)
 	if err != nil {
 		return nil, err
 	}
@@ -415,6 +416,7 @@ func (l *Loop) onRevoked(revoked []kafka.TopicPartition, lost bool) error {
 func (l *Loop) joined() {
 	l.health.set(func(h *health) {
 		h.joined = true
+		h.rejoining, h.rejoiningSince = "", time.Time{}
 		if h.authErr != "" && hasCode(authorizationCodes, h.authCode) {
 			h.authErr, h.authSince = "", time.Time{}
 		}

@@ -53,7 +53,10 @@ type Settings struct {
 
 	// StuckAfter is how long a handler call may run before it is reported stuck (stuck.go);
 	// ≤ 0: never.
-	StuckAfter       time.Duration
+	StuckAfter time.Duration
+	// StallAfter is how long a partition with lag may hold its watermark still before the
+	// watchdog reports it (stall.go); ≤ 0: never.
+	StallAfter       time.Duration
 	ShutdownTimeout  time.Duration
 	CloseTimeout     time.Duration
 	MaxValueBytes    int // 0: no limit

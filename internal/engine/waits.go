@@ -32,8 +32,9 @@ type waits struct {
 	waiting        atomic.Pointer[Waiting] // set while waiting, for Stats and Readiness
 
 	// Config.Backpressure's hold.
-	heldBack      atomic.Bool // in Config.Backpressure now, for Stats
-	backpressWarn time.Time   // its last failure logged (at most one a minute)
+	heldBack      atomic.Bool                         // in Config.Backpressure now, for Stats
+	backpressWarn time.Time                           // its last failure logged
+	backpressFail atomic.Pointer[BackpressureFailure] // set while the check fails, for Readiness
 }
 
 // Waiting is a partition waiting for a dependency its handler reported Unavailable.
@@ -230,17 +231,81 @@ func (w *waits) availableUnless(herr error) {
 const backpressureNote = 10 * time.Second
 
 // holdBack calls Config.Backpressure, if set, before a batch: it returns errStopped when the
-// worker was asked to stop while it waited, else nil. The throttle's own error or panic (with
-// its stack) is logged, at most once a minute per partition, and the batch runs. A hold longer
-// than backpressureNote is logged when it starts to show and when it ends. A throttle that
-// ignores its context is left behind once the partition's work is aborted (the shutdown
-// timeout, a lost partition): the worker returns, the throttle's goroutine goes on.
+// worker was asked to stop while it waited, else nil. A hold longer than backpressureNote is
+// logged when it starts to show and when it ends. A throttle that ignores its context is left
+// behind once the partition's work is aborted (the shutdown timeout, a lost partition): the
+// worker returns, the throttle's goroutine goes on, and the partition's next owner (this
+// member again, after a new assignment) calls it afresh.
+//
+// A check that fails (an error or a panic, with its stack) cannot answer whether the batch
+// may run, so the batch is held as an Unavailable dependency's message is: the check is
+// called again after Settings.UnavailableBackoff (capped at 10 s), logged at warn level when
+// it starts failing and every eighth try, and Readiness names it (Snapshot.BackpressureFailing)
+// — for at most Settings.UnavailableMaxWait since its first failure; past that the batch runs
+// (and each later batch after one call) until the check answers again: bounded, never a
+// stall, and never a bound that stops holding the moment its check fails.
 func (w *waits) holdBack() error {
 	p := w.p
 	bp := p.set.Backpressure
 	if bp == nil {
 		return nil
 	}
+	for n := 1; ; n++ {
+		err := w.callBackpressure(bp)
+		if errors.Is(err, errStopped) {
+			return err
+		}
+		if err == nil {
+			if f := w.backpressFail.Swap(nil); f != nil {
+				p.log.Info("Config.Backpressure answers again; the partition goes on", zap.Duration("failed_for", time.Since(f.Since)))
+			}
+			return nil
+		}
+		f := w.backpressFail.Load()
+		if f == nil {
+			f = &BackpressureFailure{TP: p.tp, Since: time.Now()}
+		} else {
+			f = &BackpressureFailure{TP: p.tp, Since: f.Since}
+		}
+		f.Error = pg.SanitizeText(err.Error(), 512)
+		w.backpressFail.Store(f)
+		expired := time.Since(f.Since) >= p.set.UnavailableMaxWait
+		d := p.set.UnavailableBackoff(min(n, 16))
+		if n == 1 || n%8 == 0 || expired && time.Since(w.backpressWarn) >= time.Minute {
+			w.backpressWarn = time.Now()
+			fields := []zap.Field{zap.Error(err), zap.Duration("failing_for", time.Since(f.Since)), zap.Duration("bound", p.set.UnavailableMaxWait)}
+			var pe *Panic
+			if errors.As(err, &pe) {
+				fields = append(fields, zap.ByteString("stack", pe.Stack))
+			}
+			if expired {
+				p.log.Warn("Config.Backpressure still fails past its bound (Config.UnavailableMaxWait); the batch runs", fields...)
+			} else {
+				p.log.Warn("Config.Backpressure failed; the batch waits and the check runs again (bounded by Config.UnavailableMaxWait)",
+					append(fields, zap.Duration("backoff", d))...)
+			}
+		}
+		if expired {
+			return nil
+		}
+		if err := w.sleep(d); err != nil {
+			return err
+		}
+	}
+}
+
+// BackpressureFailure is a partition whose Config.Backpressure check fails: since when, and
+// its last error (sanitized, at most 512 bytes).
+type BackpressureFailure struct {
+	TP    offsetstore.TP
+	Since time.Time
+	Error string
+}
+
+// callBackpressure makes one call of bp for the worker: its error (a panic as *Panic), or
+// errStopped when the worker was asked to stop meanwhile.
+func (w *waits) callBackpressure(bp func(context.Context) error) error {
+	p := w.p
 	ctx, cancel := context.WithCancel(p.workCtx)
 	defer cancel()
 	go func() {
@@ -277,7 +342,11 @@ wait:
 			noted = true
 			p.log.Info("partition held back by Config.Backpressure", zap.Duration("for", time.Since(start)))
 		case <-p.workCtx.Done():
-			p.log.Warn("Config.Backpressure did not return after the partition's work was aborted; left behind")
+			select {
+			case <-done:
+			case <-time.After(time.Second):
+				p.log.Warn("Config.Backpressure did not return after the partition's work was aborted; left behind")
+			}
 			return errStopped
 		}
 	}
@@ -287,14 +356,5 @@ wait:
 	if p.stopping() {
 		return errStopped
 	}
-	if err != nil && time.Since(w.backpressWarn) >= time.Minute {
-		w.backpressWarn = time.Now()
-		fields := []zap.Field{zap.Error(err)}
-		var pe *Panic
-		if errors.As(err, &pe) {
-			fields = append(fields, zap.ByteString("stack", pe.Stack))
-		}
-		p.log.Warn("Config.Backpressure failed; the batch runs (logged at most once a minute)", fields...)
-	}
-	return nil
+	return err
 }

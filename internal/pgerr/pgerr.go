@@ -127,6 +127,9 @@ func Describe(err error) Condition {
 	// *net.OpError, not net.Error: a syscall.Errno satisfies net.Error, so a file's
 	// EISDIR would read as a lost connection.
 	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "listen" {
+		return Condition{} // a listener that cannot bind is its caller's, never a connection's
+	}
 	if errors.As(err, &opErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) {
 		return Condition{Class: Server, Name: "connection_lost"}

@@ -63,6 +63,10 @@ type Relay struct {
 	c       counters
 	running atomic.Bool
 	contact atomic.Int64 // unix nanoseconds of the last successful database round trip
+	// failSince is when the rounds started failing (unix nanoseconds; 0: the last one
+	// succeeded), failErr the last failure: Ready.
+	failSince atomic.Int64
+	failErr   atomic.Pointer[string]
 	// fullRoundAt: unix nanoseconds when the leader's last round read a full batch; 0 when
 	// the last round did not (Pending).
 	fullRoundAt atomic.Int64
@@ -143,7 +147,40 @@ func (r *Relay) Stats() Stats {
 	}
 }
 
-func (r *Relay) touch() { r.contact.Store(time.Now().UnixNano()) }
+// touch records a successful database round trip (a round, a standby's lock check): the
+// relay is not failing.
+func (r *Relay) touch() {
+	r.contact.Store(time.Now().UnixNano())
+	r.failSince.Store(0)
+}
+
+// failing records a failed round or session: the relay cannot publish since the first
+// failure after its last success.
+func (r *Relay) failing(err error) {
+	r.failSince.CompareAndSwap(0, time.Now().UnixNano())
+	s := pg.SanitizeText(err.Error(), 512)
+	r.failErr.Store(&s)
+}
+
+// NotReadyAfter is how long the relay's rounds (or its database session) may fail in a row,
+// with no success between, before Ready reports it.
+const NotReadyAfter = 10 * time.Second
+
+// Ready returns nil unless the relay has failed every round (or its database session) for
+// NotReadyAfter or longer with no success between — it cannot read or publish the outbox —
+// and then an error naming since when and the last failure. For a readiness probe of the
+// process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from any goroutine.
+func (r *Relay) Ready(context.Context) error {
+	n := r.failSince.Load()
+	if n == 0 || time.Since(time.Unix(0, n)) < NotReadyAfter {
+		return nil
+	}
+	msg := ""
+	if p := r.failErr.Load(); p != nil {
+		msg = *p
+	}
+	return fmt.Errorf("the outbox relay cannot publish: every round has failed since %s: %s", time.Unix(0, n).UTC().Format(time.RFC3339), msg)
+}
 
 // Run campaigns for the outbox's leadership and, while it holds it, publishes; it returns
 // nil once ctx is cancelled and every record already produced was confirmed and marked (or
@@ -161,6 +198,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			break
 		}
 		if err != nil {
+			r.failing(err)
 			r.log.Warn("relay database session ended; reconnecting", zap.Error(err), zap.Duration("backoff", wait))
 		}
 		if !sleep(ctx, wait) {
@@ -281,6 +319,9 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 			r.fullRoundAt.Store(time.Now().UnixNano())
 		} else {
 			r.fullRoundAt.Store(0)
+		}
+		if err != nil && ctx.Err() == nil {
+			r.failing(err)
 		}
 		switch {
 		case err != nil && ctx.Err() != nil:

@@ -39,6 +39,10 @@ type Relay interface {
 	// "parked", and "retried" in table mode or "transactions" in WAL mode): the one-line
 	// JSON kafkatx relay prints on exit.
 	Totals() map[string]int64
+	// Ready is nil unless the relay has failed to read or publish for its NotReadyAfter
+	// (relay.NotReadyAfter, walrelay.NotReadyAfter: 10 s), then an error saying why: for the
+	// readiness of the process that runs it (kafkatx.Consumer.AddReadinessCheck).
+	Ready(ctx context.Context) error
 }
 
 // Options configures New.

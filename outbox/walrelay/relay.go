@@ -38,6 +38,10 @@ type Relay struct {
 	m    *metrics
 
 	streaming atomic.Bool
+	// failSince is when the relay last stopped streaming on an error with no stream since
+	// (unix nanoseconds; 0: streaming, or not failed), failErr that error: Ready.
+	failSince atomic.Int64
+	failErr   atomic.Pointer[string]
 	caughtUp  atomic.Uint64 // everything committed before this LSN is published (or not ours)
 	wantReply atomic.Bool   // Pending asks the server for its position
 	diagnose  atomic.Bool   // the next stream asks for delivery reports
@@ -127,6 +131,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if err != nil {
+			r.failSince.CompareAndSwap(0, time.Now().UnixNano())
+			msg := err.Error()
+			r.failErr.Store(&msg)
+		}
 		var fe *FatalError
 		if errors.As(err, &fe) {
 			r.log.Error("WAL relay stopped", zap.Error(err))
@@ -144,6 +153,26 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-time.After(r.cfg.RetryInterval):
 		}
 	}
+}
+
+// NotReadyAfter is how long the relay may be kept from streaming by errors, with no stream
+// between, before Ready reports it.
+const NotReadyAfter = 10 * time.Second
+
+// Ready returns nil unless the relay has not streamed for NotReadyAfter or longer because
+// every try failed, and then an error naming since when and the last failure. For a readiness
+// probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from any
+// goroutine.
+func (r *Relay) Ready(context.Context) error {
+	n := r.failSince.Load()
+	if n == 0 || r.streaming.Load() || time.Since(time.Unix(0, n)) < NotReadyAfter {
+		return nil
+	}
+	msg := ""
+	if p := r.failErr.Load(); p != nil {
+		msg = *p
+	}
+	return fmt.Errorf("the outbox's WAL relay cannot publish: it has not streamed since %s: %s", time.Unix(0, n).UTC().Format(time.RFC3339), msg)
 }
 
 // Pending reports whether something written before the call may not be published yet: it
@@ -236,6 +265,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	st := &stream{r: r, conn: conn, k: k, prefix: outbox.WALPrefix(schema), ckpt: ckpt, slot: s.Slot,
 		src: sourceHash(sys.SystemID, sys.DBName, schema)}
 	r.streaming.Store(true)
+	r.failSince.Store(0)
 	if !r.logged.Swap(true) {
 		r.log.Info("streaming", zap.String("slot", s.Slot), zap.String("publication", s.Publication),
 			zap.Stringer("checkpoint_commit_lsn", ckpt), zap.Stringer("server_wal", sys.XLogPos))

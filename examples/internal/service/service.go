@@ -98,6 +98,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	o.Consumer.AddReadinessCheck("outbox relay", rl.Ready)
 	if o.MetricsAddr != "" {
 		srv := &http.Server{Addr: o.MetricsAddr, Handler: withOutboxSlot(Handler(o.Consumer, o.Registry), rl), ReadHeaderTimeout: 5 * time.Second}
 		ln, err := net.Listen("tcp", o.MetricsAddr)

@@ -1,0 +1,73 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// EnvBrokerKillTests turns on the tests that SIGKILL this worktree's development broker
+// (KillBroker). They are off by default because every other test of a parallel `go test`
+// run meets the outage too; `make test-outages` runs them alone.
+const EnvBrokerKillTests = "KAFKATX_BROKER_KILL_TESTS"
+
+// NeedBrokerKills skips a test that kills the broker unless EnvBrokerKillTests is set, saying
+// so.
+func NeedBrokerKills(t testing.TB) {
+	t.Helper()
+	if os.Getenv(EnvBrokerKillTests) == "" {
+		t.Skipf("%s is not set: this test SIGKILLs the shared development broker; `make test-outages` runs it alone", EnvBrokerKillTests)
+	}
+}
+
+// KillBroker SIGKILLs the broker listening on brokers' first address (the JVM of
+// scripts/dev-services), waits down, and starts it again with `scripts/dev-services up`,
+// returning once it listens. The broker's data survive (the same storage directory).
+func KillBroker(t testing.TB, brokers string, down time.Duration) {
+	t.Helper()
+	first := strings.Split(brokers, ",")[0]
+	port := first[strings.LastIndexByte(first, ':')+1:]
+	pid := listenerPID(port)
+	if pid == 0 {
+		t.Fatalf("no process listens on the broker's port %s", port)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("SIGKILL the broker (pid %d): %v", pid, err)
+	}
+	for i := 0; i < 100 && listenerPID(port) != 0; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(down)
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(root+"/scripts/dev-services", "up")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("scripts/dev-services up after killing the broker: %v\n%s", err, out)
+	}
+	if listenerPID(port) == 0 {
+		t.Fatalf("the broker does not listen on %s after scripts/dev-services up", port)
+	}
+}
+
+// listenerPID finds the process listening on TCP port (with ss), or 0.
+func listenerPID(port string) int {
+	out, err := exec.Command("ss", "-ltnpH", fmt.Sprintf("sport = :%s", port)).Output()
+	if err != nil {
+		return 0
+	}
+	m := regexp.MustCompile(`pid=(\d+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(m[1])
+	return pid
+}

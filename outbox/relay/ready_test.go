@@ -1,0 +1,46 @@
+package relay
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox"
+)
+
+// Issue "outages" 3: a relay that failed every round (statement_timeout, a missing table) was
+// invisible to the readiness of the process that ran it. Ready reports it once the rounds have
+// failed for NotReadyAfter with no success between, naming the failure, and clears at the
+// next successful round.
+func TestReadyReportsARelayThatCannotRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	r, _ := b.start(t, b.config(t))
+	b.write(t, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")})
+	waitFor(t, 30*time.Second, "the first record published", func() bool { return r.Stats().Published >= 1 })
+	if err := r.Ready(context.Background()); err != nil {
+		t.Fatalf("Ready while publishing: %v", err)
+	}
+	ctx := context.Background()
+	outboxT := pgx.Identifier{b.schema, "outbox"}.Sanitize()
+	if _, err := b.pool.Exec(ctx, `ALTER TABLE `+outboxT+` RENAME TO outbox_away`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitFor(t, 60*time.Second, "Ready reporting the failing rounds", func() bool { return r.Ready(ctx) != nil })
+	if waited := time.Since(start); waited < NotReadyAfter-time.Second {
+		t.Fatalf("not ready after %s of failures; want about NotReadyAfter (%s)", waited, NotReadyAfter)
+	}
+	if err := r.Ready(ctx); !strings.Contains(err.Error(), "cannot publish") || !strings.Contains(err.Error(), "outbox") {
+		t.Fatalf("Ready: %v; want it to say the relay cannot publish and why", err)
+	}
+	if _, err := b.pool.Exec(ctx, `ALTER TABLE `+pgx.Identifier{b.schema, "outbox_away"}.Sanitize()+` RENAME TO outbox`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "ready again after a successful round", func() bool { return r.Ready(ctx) == nil })
+}
