@@ -157,7 +157,7 @@ func (h *Handler) partitions(ctx context.Context, group string) ([]PartitionRow,
 		for i := range out {
 			r := &out[i]
 			r.Attention = att[tpKey{r.Group, r.Topic, r.Partition}]
-			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != "" || r.State == string(offsetstate.LogChanged)
+			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != "" || r.State == string(offsetstate.LogChanged) || r.State == string(offsetstate.DatabaseRolledBack)
 		}
 	}()
 	for _, g := range groups {
