@@ -130,6 +130,7 @@ func nodeURL(t *testing.T, base string, i int) string {
 	u.Host = strings.Split(u.Host, ",")[i]
 	q := u.Query()
 	q.Del("target_session_attrs")
+	q.Del("pool_max_conns")
 	q.Set("connect_timeout", "2")
 	u.RawQuery = q.Encode()
 	return u.String()
