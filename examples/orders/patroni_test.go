@@ -17,7 +17,9 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
 )
@@ -156,11 +158,13 @@ func queryInt(ctx context.Context, dsn, sql string) (int64, error) {
 // primary, the dead letters exactly the pills, no skip row in the offset audit, every
 // order's event present under one kafkatx-outbox-id that no other order carries.
 //
-// Mid-drain the replica's WAL receiver is stopped (SIGSTOP) for 2 s, then the leader's
-// Patroni and postmaster are SIGKILLed and the receiver continued: asynchronously the leader
+// Mid-drain the leader's walsender to the replica is stopped (SIGSTOP) for 2 s, then the
+// leader's Patroni, postmaster and that walsender are SIGKILLed: asynchronously the leader
 // committed what the replica never got (lost commits, re-processed by the consumer from the
 // new primary's watermark); synchronously the leader's commits waited for the standby, so the
-// promoted node has every commit that was visible. Figures are logged (docs/deployment.md).
+// promoted node has every commit that was visible. (Stopping the replica's WAL receiver
+// instead loses nothing: the WAL waits in its socket's buffer.) Figures are logged
+// (docs/deployment.md).
 //
 // The consumer side (a Kafka offset ahead of the watermark that kafkatx committed is a
 // rollback, the re-seek when the watermark falls below the position, lost COMMIT answers
@@ -195,11 +199,6 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	admin.Close(ctx)
 	dsn := dbURL(t, p.url, db) + "&pool_max_conns=12"
 	slot := outbox.SlotName(db, "kafkatx")
-	if ob == outbox.ModeWAL {
-		// A Patroni permanent slot: created on the leader, copied to the replica and advanced
-		// there, so the WAL relay finds it on the promoted node.
-		p.ctlEdit(t, "slots."+slot+".type=logical", "slots."+slot+".database="+db, "slots."+slot+".plugin=pgoutput")
-	}
 	t.Cleanup(func() {
 		if ob == outbox.ModeWAL {
 			p.ctlEdit(t, "slots."+slot+"=null")
@@ -218,6 +217,23 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 		}
 	})
 	if ob == outbox.ModeWAL {
+		// kafkatx migrate up --outbox-mode wal (the publication, then the slot), then the slot
+		// made a Patroni permanent slot: copied to the replica and advanced there, so the WAL
+		// relay finds it on the promoted node. (Declared before the publication existed, the
+		// slot would fail on the changes in between: pgoutput looks the publication up as of
+		// each change.)
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := migrations.Apply(ctx, pool, "kafkatx"); err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.SetMode(ctx, pool, "kafkatx", outbox.ModeWAL); err != nil {
+			t.Fatal(err)
+		}
+		pool.Close()
+		p.ctlEdit(t, "slots."+slot+".type=logical", "slots."+slot+".database="+db, "slots."+slot+".plugin=pgoutput")
 		// Wait until both nodes hold the slot (the replica restarts its PostgreSQL once to copy it).
 		deadline := time.Now().Add(90 * time.Second)
 		for i := 0; i < 2; i++ {
@@ -239,14 +255,41 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	events := testenv.Topic(t, brokers, 3)
 	testenv.NamedTopic(t, brokers, topic+".dlq", 3, nil)
 	args := []string{"--brokers", brokers, "--database-url", dsn, "--topic", topic, "--group", testenv.Group(t), "--events-topic", events}
-	const before, after, poisonEvery = 24000, 3000, 3000
-	produce := func(n int) {
-		r := runOrders(t, bin, 120*time.Second, append(args, "--generate", strconv.Itoa(n), "--poison-every", strconv.Itoa(poisonEvery), "--produce-only")...)
+	// Orders arrive in chunks of 3,000 (one poison pill each): two before the service starts,
+	// then one a second until 5 s after the promotion, then one more.
+	const chunk = 3000
+	chunks := 0
+	produce := func() {
+		r := runOrders(t, bin, 120*time.Second, append(args, "--generate", strconv.Itoa(chunk), "--poison-every", strconv.Itoa(chunk), "--produce-only")...)
 		if r.code != 0 {
-			t.Fatalf("produce: exit %d: %s", r.code, tail(r.stderr))
+			t.Errorf("produce: exit %d: %s", r.code, tail(r.stderr))
+			return
+		}
+		chunks++
+	}
+	produce()
+	produce()
+	stopProducing, producing := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(producing)
+		for {
+			select {
+			case <-stopProducing:
+				return
+			case <-time.After(time.Second):
+			}
+			produce()
+		}
+	}()
+	producerStopped := false
+	stopProducer := func() {
+		if !producerStopped {
+			producerStopped = true
+			close(stopProducing)
+			<-producing
 		}
 	}
-	produce(before)
+	defer stopProducer()
 
 	// The service under a supervisor: restarted 1 s after a non-zero exit; done at exit 0.
 	var logs strings.Builder
@@ -302,30 +345,30 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	}
 	for deadline := time.Now().Add(120 * time.Second); ; {
 		n, _ := applied(leader)
-		if n >= before/3 {
+		if n >= chunk {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the drain did not reach %d orders on the leader within 120 s (%d)\n%s", before/3, n, tail(logs.String()))
+			t.Fatalf("the drain did not reach %d orders on the leader within 120 s (%d)\n%s", chunk, n, tail(logs.String()))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	// The partition: the replica's WAL receiver stops for 2 s while the leader commits.
-	_, rpm := p.pids(t, replica)
-	out, _ := exec.Command("pgrep", "-P", strconv.Itoa(rpm), "-f", "walreceiver").Output()
-	walrcv, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
-	if walrcv <= 0 {
-		t.Fatalf("no walreceiver under the replica's postmaster %d", rpm)
+	// The partition: the leader's walsender to the replica stops for 2 s while the leader
+	// commits (what it has not sent is lost with the leader), then the leader dies.
+	lp, lpm := p.pids(t, leader)
+	out, _ := exec.Command("pgrep", "-P", strconv.Itoa(lpm), "-f", "walsender replicator").Output()
+	walsnd, _ := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]))
+	if walsnd <= 0 {
+		t.Fatalf("no walsender for the replica under the leader's postmaster %d", lpm)
 	}
-	_ = syscall.Kill(walrcv, syscall.SIGSTOP)
+	_ = syscall.Kill(walsnd, syscall.SIGSTOP)
 	time.Sleep(2 * time.Second)
 	lastOnLeader, _ := applied(leader)
-	lp, lpm := p.pids(t, leader)
 	_ = syscall.Kill(lp, syscall.SIGKILL)
 	_ = syscall.Kill(lpm, syscall.SIGKILL)
+	_ = syscall.Kill(walsnd, syscall.SIGKILL) // stopped, it would not notice its postmaster's death
 	killed := time.Now()
-	_ = syscall.Kill(walrcv, syscall.SIGCONT)
 
 	// Promotion: the replica answers GET /primary.
 	for !restOK(p.rest[replica] + "/primary") {
@@ -345,13 +388,20 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 			firstApplied = time.Since(promoted)
 			break
 		}
+		select {
+		case <-done:
+			t.Fatalf("the service exited 0 (idle) without applying anything on the promoted node\n%s", tail(logs.String()))
+		default:
+		}
 		if time.Since(promoted) > 120*time.Second {
 			t.Fatalf("nothing applied on the promoted node within 120 s\n%s", tail(logs.String()))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	produce(after) // new traffic after the failover
-	p.up(t, mode)  // the old leader rejoins as a replica (pg_rewind)
+	time.Sleep(5*time.Second - time.Since(promoted))
+	stopProducer()
+	produce()     // new traffic after the failover
+	p.up(t, mode) // the old leader rejoins as a replica (pg_rewind)
 
 	select {
 	case <-done:
@@ -360,9 +410,8 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	}
 
 	// The counts, on the new primary.
-	total := before + after
-	pills := before/poisonEvery + after/poisonEvery
-	valid := int64(total - pills)
+	pills := chunks
+	valid := int64(chunks * (chunk - 1))
 	newPrimary := nodeURL(t, dsn, replica)
 	orders, err := queryInt(ctx, newPrimary, "SELECT count(*) FROM order_totals")
 	if err != nil {
@@ -411,7 +460,7 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 		}
 	}
 	lost := lastOnLeader - atPromotion
-	t.Logf("%s replication, %s outbox: commits lost by the failover (orders on the leader 2 s into the partition - on the promoted node) %d; "+
+	t.Logf("%s replication, %s outbox: commits lost by the failover (orders on the leader at the kill - on the promoted node) %d; "+
 		"promotion %.1f s after the kill; first applied order %.2f s after promotion; service restarts %d; "+
 		"copies of an event id %d; ghost events %d; orders whose events carry more than one id %d",
 		mode, ob, lost, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), restarts, copies, ghosts, split)

@@ -17,8 +17,10 @@
 #         replaced after about 10 s), maximum_lag_on_failover 64 MiB (a lagging asynchronous
 #         replica is still promoted: the commits it lacks are lost, which the tests want to see),
 #         use_slots, use_pg_rewind, wal_level logical, and a permanent logical slot (Patroni's
-#         `slots`) for the dev database's WAL outbox (kafkatx_kafkatx_dev_kafkatx, pgoutput):
-#         Patroni copies it to the replica and advances it there, so it survives a failover.
+#         `slots`) for the dev database's WAL outbox (kafkatx_kafkatx_dev_kafkatx, pgoutput),
+#         declared once the database and the outbox's empty publication exist: Patroni creates
+#         it on the leader, copies it to the replica and advances it there, so it survives a
+#         failover.
 #         fsync is off: the tests kill processes, never the machine.
 #         Replication mode: asynchronous; PATRONI_SYNCHRONOUS_MODE=true at `up` sets Patroni's
 #         synchronous_mode (the replica becomes the synchronous standby; a running cluster is
@@ -113,7 +115,8 @@ patroni_ready() {
 
 patroni_started() { [[ -n $(state_get patroni.etcd.pid) ]]; }
 
-patroni_running() { patroni_etcd_running && patroni_ready; }
+# Running: etcd answers and a node leads (a replica may be restarting).
+patroni_running() { patroni_etcd_running && patroni_leader >/dev/null; }
 
 patroni_url() {
   local hosts="" n
@@ -143,11 +146,6 @@ bootstrap:
     retry_timeout: 4
     maximum_lag_on_failover: 67108864
     synchronous_mode: ${PATRONI_SYNCHRONOUS_MODE:-false}
-    slots:
-      kafkatx_${PG_DB}_kafkatx:
-        type: logical
-        database: $PG_DB
-        plugin: pgoutput
     postgresql:
       use_pg_rewind: true
       use_slots: true
@@ -218,6 +216,7 @@ patroni_start_node() {
     chown -R postgres:postgres "$base/$n"
   fi
   chmod 700 "$base/$n"
+  rm -f "$base/$n/patroni.pid" # the new process writes its own: never mistake the old one for it
   # A killed postmaster leaves its pid file; Patroni checks the pid is not alive and starts it.
   # shellcheck disable=SC2016 # $$ and $0 expand in the inner shell
   setsid "$(is_root && echo runuser || echo env)" $(is_root && echo "-u postgres --") \
@@ -254,11 +253,13 @@ patroni_up() {
       die "Patroni: no leader and streaming replica within 120 s (logs $base/node*/patroni.log)"
     fi
     for n in "${started[@]}"; do
-      launched_alive "$(patroni_node_pid "$n")" || { tail -n 20 "$base/$n/patroni.log" >&2; die "Patroni $n exited (log $base/$n/patroni.log)"; }
+      local pid; pid=$(patroni_node_pid "$n")
+      [[ -z $pid ]] || launched_alive "$pid" || { tail -n 20 "$base/$n/patroni.log" >&2; die "Patroni $n exited (log $base/$n/patroni.log)"; }
     done
     sleep 0.3
   done
   patroni_bootstrap_role
+  patroni_wait_slot_copies
   patroni_sync_mode
   local leader; leader=$(patroni_leader)
   log "Patroni $(patroni --version 2>/dev/null | awk '{print $2}') cluster up (leader $leader${started[*]:+; started ${started[*]}}): $(patroni_url)"
@@ -274,6 +275,36 @@ patroni_bootstrap_role() {
   if [[ $(patroni_psql "$leader" -c "SELECT count(*) FROM pg_database WHERE datname = '$PG_DB'") != 1 ]]; then
     patroni_psql "$leader" -c "CREATE DATABASE $PG_DB OWNER $PG_USER" >/dev/null || die "Patroni: cannot create database $PG_DB on $leader"
   fi
+  # The WAL outbox's permanent slot, declared only once its (empty) publication exists: pgoutput
+  # looks the publication up as of each change it decodes, so a slot older than the
+  # publication fails on the changes in between ("publication ... does not exist").
+  local slot="kafkatx_${PG_DB}_kafkatx" pub=kafkatx_outbox_kafkatx
+  if [[ $(patroni_psql "$leader" -d "$PG_DB" -c "SELECT count(*) FROM pg_publication WHERE pubname = '$pub'") != 1 ]]; then
+    patroni_psql "$leader" -d "$PG_DB" -c "CREATE PUBLICATION $pub" >/dev/null || die "Patroni: cannot create publication $pub"
+  fi
+  if ! patronictl -c "$(patroni_base)/node1/patroni.yml" show-config 2>/dev/null | grep -q "$slot:"; then
+    patronictl -c "$(patroni_base)/node1/patroni.yml" edit-config --force -s "slots.$slot.type=logical" \
+      -s "slots.$slot.database=$PG_DB" -s "slots.$slot.plugin=pgoutput" >/dev/null 2>&1 \
+      || die "Patroni: patronictl edit-config (permanent slot $slot) failed"
+  fi
+}
+
+# Wait until every replica holds the leader's permanent logical slots (Patroni restarts a
+# replica's PostgreSQL once to copy them) and streams again.
+patroni_wait_slot_copies() {
+  local leader n want d=$((SECONDS + 120))
+  while ((SECONDS < d)); do
+    leader=$(patroni_leader) || { sleep 0.5; continue; }
+    want=$(patroni_psql "$leader" -c "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'")
+    local ok=1
+    for n in "${PATRONI_NODES[@]}"; do
+      [[ $n == "$leader" ]] && continue
+      [[ $(patroni_psql "$n" -c "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'") == "$want" ]] || ok=0
+    done
+    ((ok)) && patroni_ready && return 0
+    sleep 0.5
+  done
+  die "Patroni: the replica did not copy the leader's logical slots and stream again within 120 s"
 }
 
 # PATRONI_SYNCHRONOUS_MODE=true|false switches a running cluster's synchronous_mode.
