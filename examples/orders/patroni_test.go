@@ -198,6 +198,17 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	}
 	admin.Close(ctx)
 	dsn := dbURL(t, p.url, db) + "&pool_max_conns=12"
+	// Until the replica has replayed CREATE DATABASE, pgx stops at it: a server's "database
+	// does not exist" (3D000) ends the multi-host attempt instead of trying the next host.
+	for i, deadline := 0, time.Now().Add(60*time.Second); i < 2; {
+		if _, err := queryInt(ctx, nodeURL(t, dsn, i), "SELECT 1"); err == nil {
+			i++
+		} else if time.Now().After(deadline) {
+			t.Fatalf("database %s not on node%d within 60 s: %v", db, i+1, err)
+		} else {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 	slot := outbox.SlotName(db, "kafkatx")
 	t.Cleanup(func() {
 		if ob == outbox.ModeWAL {
@@ -255,9 +266,9 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	events := testenv.Topic(t, brokers, 3)
 	testenv.NamedTopic(t, brokers, topic+".dlq", 3, nil)
 	args := []string{"--brokers", brokers, "--database-url", dsn, "--topic", topic, "--group", testenv.Group(t), "--events-topic", events}
-	// Orders arrive in chunks of 3,000 (one poison pill each): two before the service starts,
-	// then one a second until 5 s after the promotion, then one more.
-	const chunk = 3000
+	// Orders arrive in chunks of 2,000 (one poison pill each): two before the service starts,
+	// then one a second until 3 s after the promotion, then one more.
+	const chunk = 2000
 	chunks := 0
 	produce := func() {
 		r := runOrders(t, bin, 120*time.Second, append(args, "--generate", strconv.Itoa(chunk), "--poison-every", strconv.Itoa(chunk), "--produce-only")...)
@@ -299,7 +310,7 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	go func() {
 		defer close(done)
 		for {
-			cmd := exec.Command(bin, append(args, "--outbox-mode", string(ob), "--batch-size", "200", "--exit-when-idle", "15s")...)
+			cmd := exec.Command(bin, append(args, "--outbox-mode", string(ob), "--batch-size", "200", "--exit-when-idle", "10s")...)
 			var errOut strings.Builder
 			cmd.Stderr = &errOut
 			err := cmd.Start()
@@ -398,7 +409,7 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	time.Sleep(5*time.Second - time.Since(promoted))
+	time.Sleep(3*time.Second - time.Since(promoted))
 	stopProducer()
 	produce()     // new traffic after the failover
 	p.up(t, mode) // the old leader rejoins as a replica (pg_rewind)
