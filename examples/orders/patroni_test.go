@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -303,7 +304,7 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	defer stopProducer()
 
 	// The service under a supervisor: restarted 1 s after a non-zero exit; done at exit 0.
-	var logs strings.Builder
+	var logs lockedLog
 	done := make(chan struct{})
 	stop := make(chan struct{})
 	restarts := 0
@@ -325,7 +326,7 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 					return
 				}
 			}
-			logs.WriteString(errOut.String())
+			logs.add(errOut.String())
 			if err == nil {
 				return
 			}
@@ -471,10 +472,13 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 		}
 	}
 	lost := lastOnLeader - atPromotion
+	// The WAL relay's line when its checkpoint was past the old timeline's end (outbox/walrelay).
+	pastEnd := strings.Count(logs.String(), "failover: the checkpoint covers transactions of an older timeline")
 	t.Logf("%s replication, %s outbox: commits lost by the failover (orders on the leader at the kill - on the promoted node) %d; "+
 		"promotion %.1f s after the kill; first applied order %.2f s after promotion; service restarts %d; "+
-		"copies of an event id %d; ghost events %d; orders whose events carry more than one id %d",
-		mode, ob, lost, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), restarts, copies, ghosts, split)
+		"copies of an event id %d; ghosts (orders with an event of a lost transaction besides their own: more than one id) %d; "+
+		"events of orders the database lacks %d; WAL relay checkpoints past the old timeline's end %d",
+		mode, ob, lost, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), restarts, copies, split, ghosts, pastEnd)
 	if mode == "sync" && lost > 0 {
 		t.Errorf("synchronous_mode: the promoted node lacks %d orders that were visible on the leader", lost)
 	}
@@ -495,6 +499,17 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 		t.Logf("service log:\n%s", tail(logs.String()))
 	}
 }
+
+// lockedLog collects the service's stderr across restarts (written by the supervisor,
+// read by the test).
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) add(s string) { l.mu.Lock(); l.b.WriteString(s); l.mu.Unlock() }
+
+func (l *lockedLog) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 // readEventIDs reads topic to its end (read_committed) and returns, per order id, how many
 // times each kafkatx-outbox-id was seen.
