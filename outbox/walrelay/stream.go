@@ -386,6 +386,10 @@ func (s *stream) commit(ctx context.Context) error {
 	if s.k.reports {
 		s.k.produced.Add(1)
 	}
+	// Nothing is published that a synchronous standby does not have (awaitStandbys).
+	if err := s.r.awaitStandbys(ctx); err != nil {
+		return s.abortOpen(err)
+	}
 	hook("before-kafka-commit")
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	tc := time.Now()
