@@ -211,7 +211,7 @@ func TestLanesMembersJoiningAndLeavingMidStreamApplyEachRecordOnce(t *testing.T)
 
 // TestLanesZombieIsFencedPerUnit: Concurrency 4; every unit holding an offset below 8 is
 // frozen inside its transaction while another owner moves the watermark to 8. Released, each
-// of those units is refused (its offsets are below the watermark: MarkDone fences it) and
+// of those units is refused (its offsets are below the watermark: MarkDoneXID fences it) and
 // rolls back; the worker re-reads the watermark and goes on from 8: no effect below 8, every
 // offset from 8 applied once.
 func TestLanesZombieIsFencedPerUnit(t *testing.T) {

@@ -29,25 +29,13 @@ const (
 	maxPayloadShown = 64 << 10
 )
 
-// DeadLetterItem is a dead letter in GET /api/dead-letters (oldest first).
+// DeadLetterItem is a dead letter in GET /api/dead-letters (oldest first): dlq.View (the
+// shape kafkatx dlq list --output json shares; its error_message is dlq.ErrorLine's) with the
+// key and value as summaries.
 type DeadLetterItem struct {
-	ID           int64      `json:"id"`
-	Status       string     `json:"status"`
-	Group        string     `json:"group"`
-	Topic        string     `json:"topic"`
-	Partition    int32      `json:"partition"`
-	Offset       int64      `json:"offset"`
-	Timestamp    *time.Time `json:"timestamp,omitempty"`
-	Key          string     `json:"key"`   // summary: size, SHA-256 prefix, escaped prefix
-	Value        string     `json:"value"` // summary, as Key
-	ErrorClass   string     `json:"error_class"`
-	ErrorMessage string     `json:"error_message"` // its first line, at most 160 bytes
-	Attempts     int        `json:"attempts"`
-	FirstFailure time.Time  `json:"first_failure"`
-	LastFailure  time.Time  `json:"last_failure"`
-	ReplayEpoch  int        `json:"replay_epoch"`
-	CreatedAt    time.Time  `json:"created_at"`
-	ResolvedAt   *time.Time `json:"resolved_at,omitempty"`
+	dlq.View
+	Key   string `json:"key"`   // summary: size, SHA-256 prefix, escaped prefix
+	Value string `json:"value"` // summary, as Key
 	// Fingerprint groups failures alike: group, topic, error class and the error message's
 	// first line with numbers and hex runs blanked (12 hex digits of a SHA-256).
 	Fingerprint string `json:"fingerprint"`
@@ -175,31 +163,10 @@ func indentJSON(b []byte) ([]byte, error) {
 
 func itemOf(f dlq.Found) DeadLetterItem {
 	d := f.DeadLetter
-	it := DeadLetterItem{ID: d.ID, Status: d.Status, Group: d.Group, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset,
-		Key: summaryOf(d.Key, f.KeySize, f.KeySHA256), Value: summaryOf(d.Value, f.ValueSize, f.ValueSHA256), ErrorClass: d.ErrorClass, ErrorMessage: firstLine(d.ErrorMessage),
-		Attempts: d.Attempts, FirstFailure: d.FirstFailureAt, LastFailure: d.LastFailureAt, ReplayEpoch: d.ReplayEpoch,
-		CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt, Fingerprint: fingerprint(d.Group, d.Topic, d.ErrorClass, d.ErrorMessage),
-		Replays: f.Replays, RefailedAs: f.RefailedAs}
+	it := DeadLetterItem{View: dlq.ViewOf(&d, false), Key: summaryOf(d.Key, f.KeySize, f.KeySHA256), Value: summaryOf(d.Value, f.ValueSize, f.ValueSHA256),
+		Fingerprint: fingerprint(d.Group, d.Topic, d.ErrorClass, d.ErrorMessage), Replays: f.Replays, RefailedAs: f.RefailedAs}
 	it.Refailed = f.RefailedAs != 0 || (d.Status == dlq.StatusNew && f.Replays > 0)
-	if !d.Timestamp.IsZero() {
-		ts := d.Timestamp
-		it.Timestamp = &ts
-	}
 	return it
-}
-
-func firstLine(s string) string {
-	cut := false
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s, cut = s[:i], true
-	}
-	if len(s) > 160 {
-		s, cut = pg.SanitizeText(s, 160), true
-	}
-	if cut {
-		s += " …"
-	}
-	return s
 }
 
 // dlFilter is a dead-letter selection as the query string gives it.

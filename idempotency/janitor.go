@@ -11,6 +11,7 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 
 	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/retention"
 )
 
 // JanitorConfig configures a Janitor. A nil *JanitorConfig means all defaults.
@@ -29,7 +30,9 @@ type JanitorConfig struct {
 }
 
 // Janitor deletes expired rows of the idempotency_keys and idempotency_responses tables in
-// small batches. Create one with NewJanitor and run it with Run; it starts no goroutine.
+// small batches. It runs the same DELETE as package retention, which both relays already run
+// in either outbox mode: a Janitor is for a service that runs no relay. Create one with
+// NewJanitor and run it with Run; it starts no goroutine.
 type Janitor struct {
 	pool   *pgxpool.Pool
 	cfg    JanitorConfig
@@ -86,10 +89,9 @@ func (j *Janitor) Run(ctx context.Context) error {
 func (j *Janitor) Sweep(ctx context.Context) (int64, error) {
 	var total int64
 	for _, t := range j.tables {
-		q := fmt.Sprintf(`DELETE FROM %[1]s WHERE (scope, key) IN (
-SELECT scope, key FROM %[1]s WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED)`, t)
+		q := retention.IdempotencySQL(t) // one DELETE of expired keys, shared with the relays' retention
 		for {
-			tag, err := j.pool.Exec(ctx, q, j.cfg.BatchSize)
+			tag, err := j.pool.Exec(ctx, q, 0, j.cfg.BatchSize)
 			if err != nil {
 				return total, fmt.Errorf("delete expired rows of %s: %w", t, err)
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -28,13 +29,25 @@ const (
 	ModeWAL Mode = "wal"
 )
 
-// ParseMode parses "table" or "wal"; "" is "" (no choice: the stored mode).
+// Modes are the outbox modes, in the order flags list them: the one list of the binaries'
+// --outbox-mode values (ModeNames) and of ParseMode.
+var Modes = []Mode{ModeWAL, ModeTable}
+
+// ModeNames is Modes joined by sep ("wal,table" with ",").
+func ModeNames(sep string) string {
+	names := make([]string, len(Modes))
+	for i, m := range Modes {
+		names[i] = string(m)
+	}
+	return strings.Join(names, sep)
+}
+
+// ParseMode parses one of Modes; "" is "" (no choice: the stored mode).
 func ParseMode(s string) (Mode, error) {
-	switch Mode(s) {
-	case "", ModeTable, ModeWAL:
+	if s == "" || slices.Contains(Modes, Mode(s)) {
 		return Mode(s), nil
 	}
-	return "", fmt.Errorf("outbox mode %q: want wal or table", s)
+	return "", fmt.Errorf("outbox mode %q: want %s", s, ModeNames(" or "))
 }
 
 // Settings is the schema's outbox_settings row (migration 008).

@@ -13,7 +13,6 @@ import (
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/offsets"
-	"github.com/kafkatx/kafkatx/pg"
 )
 
 // DLQCmd groups the dead-letter commands. list and show never print a key, value or header
@@ -36,28 +35,15 @@ type DLQListCmd struct {
 	Output    string `default:"text" enum:"text,json" help:"text or json (one object per line)."`
 }
 
-// dlqJSON is a dead letter as list and show print it.
+// dlqJSON is a dead letter as list and show print it: dlq.View (the shape the console shares)
+// with the key, value and headers as bytesView.
 type dlqJSON struct {
-	ID           int64            `json:"id"`
-	Status       string           `json:"status"`
-	Group        string           `json:"group"`
-	Topic        string           `json:"topic"`
-	Partition    int32            `json:"partition"`
-	Offset       int64            `json:"offset"`
-	Timestamp    *time.Time       `json:"timestamp,omitempty"`
-	Key          bytesView        `json:"key"`
-	Value        bytesView        `json:"value"`
-	Headers      []headerJSON     `json:"headers,omitempty"`
-	ErrorClass   string           `json:"error_class"`
-	ErrorMessage string           `json:"error_message"`
-	Stack        string           `json:"stack,omitempty"`
-	Attempts     int              `json:"attempts"`
-	FirstFailure time.Time        `json:"first_failure"`
-	LastFailure  time.Time        `json:"last_failure"`
-	ReplayEpoch  int              `json:"replay_epoch"`
-	CreatedAt    time.Time        `json:"created_at"`
-	ResolvedAt   *time.Time       `json:"resolved_at,omitempty"`
-	Audit        []dlq.AuditEntry `json:"audit,omitempty"`
+	dlq.View
+	Key     bytesView        `json:"key"`
+	Value   bytesView        `json:"value"`
+	Headers []headerJSON     `json:"headers,omitempty"`
+	Stack   string           `json:"stack,omitempty"`
+	Audit   []dlq.AuditEntry `json:"audit,omitempty"`
 }
 
 type headerJSON struct {
@@ -66,30 +52,14 @@ type headerJSON struct {
 }
 
 func toDLQJSON(d *dlq.DeadLetter, full, details bool) dlqJSON {
-	j := dlqJSON{ID: d.ID, Status: d.Status, Group: d.Group, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset,
-		Key: viewBytes(d.Key, full, 64), Value: viewBytes(d.Value, full, valuePrefixBytes),
-		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Attempts: d.Attempts,
-		FirstFailure: d.FirstFailureAt, LastFailure: d.LastFailureAt, ReplayEpoch: d.ReplayEpoch, CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt}
-	if !d.Timestamp.IsZero() {
-		ts := d.Timestamp
-		j.Timestamp = &ts
-	}
+	j := dlqJSON{View: dlq.ViewOf(d, details), Key: viewBytes(d.Key, full, 64), Value: viewBytes(d.Value, full, valuePrefixBytes)}
 	if details {
 		j.Stack = d.Stack
 		for _, h := range d.Headers {
 			j.Headers = append(j.Headers, headerJSON{Key: h.Key, Value: viewBytes(h.Value, full, valuePrefixBytes)})
 		}
-	} else {
-		j.ErrorMessage = pg.SanitizeText(firstLine(d.ErrorMessage), 160)
 	}
 	return j
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " …"
-	}
-	return s
 }
 
 // Validate refuses a --limit outside 1 to 100,000 and a negative --after.

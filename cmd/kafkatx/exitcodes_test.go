@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -13,27 +14,11 @@ import (
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
-// codeTable reads "N  meaning" (help) or "| N | meaning |" (README) lines into a map.
-func codeTable(t *testing.T, re *regexp.Regexp, text string) map[int]string {
-	t.Helper()
-	out := map[int]string{}
-	for _, m := range re.FindAllStringSubmatch(text, -1) {
-		n, _ := strconv.Atoi(m[1])
-		if _, dup := out[n]; dup {
-			t.Fatalf("exit status %d listed twice", n)
-		}
-		out[n] = strings.TrimSpace(m[2])
-	}
-	return out
-}
-
-// Issue "a user's first week" 5 and 6: `kafkatx --help`, the README's exit-status table and
-// the code's exit statuses list the same statuses, with the same command for each.
+// Issue "a user's first week" 5 and 6, issue 31: exit statuses live in one list
+// (exitstatus.go). The README's table is exitStatusTable() exactly (KAFKATX_UPDATE_README=1
+// rewrites it), `kafkatx --help` prints every status of the list, and every exit status a
+// code path returns (exitError{code: ...}) is in the list.
 func TestHelpReadmeAndCodeAgreeOnExitStatuses(t *testing.T) {
-	t.Parallel()
-	code := map[int]string{0: "success", exitFailed: "error", exitUsage: "usage error", offsetsExitDrift: "offsets status",
-		offsetsExitGap: "offsets account", offsetsExitActive: "offsets reset", exitNotActionable: "outbox release", offsetsExitUnknown: "offsets status", offsetsExitStalled: "offsets status"}
-	help := codeTable(t, regexp.MustCompile(`(?m)^  (\d+)  (.+)$`), exitCodes)
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -43,30 +28,57 @@ func TestHelpReadmeAndCodeAgreeOnExitStatuses(t *testing.T) {
 	if i < 0 {
 		t.Fatal("README.md has no exit-status table (| Status | Meaning |)")
 	}
-	sec = sec[i:]
-	if j := strings.Index(sec, "\n\n"); j >= 0 {
-		sec = sec[:j]
+	j := strings.Index(sec[i:], "\n\n")
+	if j < 0 {
+		j = len(sec) - i
 	}
-	doc := codeTable(t, regexp.MustCompile(`(?m)^\| (\d+) \| (.+) \|$`), sec)
-	for n, word := range code {
-		h, inHelp := help[n]
-		r, inReadme := doc[n]
-		if !inHelp || !inReadme {
-			t.Errorf("exit status %d (%s): in --help %v, in the README %v", n, word, inHelp, inReadme)
+	if got, want := sec[i:i+j], exitStatusTable(); got != want {
+		if os.Getenv("KAFKATX_UPDATE_README") != "" {
+			if err := os.WriteFile("../../README.md", []byte(sec[:i]+want+sec[i+j:]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			t.Errorf("README.md's exit-status table is not exitStatusTable() (run with KAFKATX_UPDATE_README=1):\n%s\nwant\n%s", got, want)
+		}
+	}
+	help, _, code := runCLI(t, buildCLI(t), "--help")
+	if code != 0 {
+		t.Fatalf("kafkatx --help exited %d", code)
+	}
+	listed := map[int]bool{}
+	for _, s := range exitStatuses {
+		if listed[s.code] {
+			t.Errorf("exit status %d listed twice", s.code)
+		}
+		listed[s.code] = true
+		if !regexp.MustCompile(`(?m)^\s+` + strconv.Itoa(s.code) + `\s+` + regexp.QuoteMeta(strings.Fields(s.help)[0])).MatchString(help) {
+			t.Errorf("kafkatx --help does not list exit status %d (%s)", s.code, s.help)
+		}
+	}
+	// Every status a code path returns is in the list.
+	names := map[string]int{"exitOK": exitOK, "exitFailed": exitFailed, "exitUsage": exitUsage, "offsetsExitDrift": offsetsExitDrift,
+		"offsetsExitGap": offsetsExitGap, "offsetsExitActive": offsetsExitActive, "exitNotActionable": exitNotActionable,
+		"offsetsExitUnknown": offsetsExitUnknown, "offsetsExitStalled": offsetsExitStalled}
+	files, _ := filepath.Glob("*.go")
+	used := regexp.MustCompile(`(?:code:\s*|os\.Exit\()(\w+)`)
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
 			continue
 		}
-		if !strings.Contains(h, word) || !strings.Contains(strings.ReplaceAll(r, "`", ""), word) {
-			t.Errorf("exit status %d: --help says %q, README %q; both should name %q", n, h, r, word)
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	for n := range help {
-		if _, ok := code[n]; !ok {
-			t.Errorf("--help lists exit status %d, which no code path returns", n)
-		}
-	}
-	for n := range doc {
-		if _, ok := code[n]; !ok {
-			t.Errorf("the README lists exit status %d, which no code path returns", n)
+		for _, m := range used.FindAllStringSubmatch(string(src), -1) {
+			n, ok := names[m[1]]
+			if !ok {
+				if v, err := strconv.Atoi(m[1]); err == nil {
+					n, ok = v, true
+				}
+			}
+			if ok && !listed[n] {
+				t.Errorf("%s returns exit status %s, which exitStatuses does not list", f, m[1])
+			}
 		}
 	}
 	// docs/offsets.md once said usage errors exit 80.

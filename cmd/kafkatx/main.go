@@ -21,6 +21,7 @@ import (
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/logging"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -68,24 +69,6 @@ func (e *exitError) Error() string {
 	return e.err.Error()
 }
 
-// Exit statuses of every subcommand (also in --help and the README).
-const (
-	exitFailed = 1 // the command failed (database or Kafka unreachable, a missing table, ...)
-	exitUsage  = 2 // the command line is wrong: one line on stderr says what, --help says more
-)
-
-// exitCodes is the table printed by --help.
-const exitCodes = `Exit status:
-  0  success
-  1  error (the message on stderr says which)
-  2  usage error (unknown command or flag, bad value, invalid --schema)
-  3  offsets status: drift (Kafka's committed offset and the database watermark disagree)
-  4  offsets account: offsets nothing accounts for
-  5  offsets reset: the group has active members (stop the consumers first)
-  6  outbox release|discard, dlq show|replay|discard: no such row, or not in a state the command acts on
-  7  offsets status: the group has no watermark and no committed offset
-  8  offsets status: a partition with lag whose watermark has not moved for --stalled-after`
-
 // maxIdentifierBytes is PostgreSQL's longest identifier (NAMEDATALEN - 1); a longer name is
 // silently truncated by the server.
 const maxIdentifierBytes = 63
@@ -126,8 +109,8 @@ func main() {
 	var cli CLI
 	parser, err := kong.New(&cli,
 		kong.Name("kafkatx"),
-		kong.Description("Operate kafkatx: migrations, the outbox relay sidecar, dead letters and offsets.\n\n"+exitCodes),
-		kong.Vars{"default_schema": pg.DefaultSchema},
+		kong.Description("Operate kafkatx: migrations, the outbox relay sidecar, dead letters and offsets.\n\n"+exitStatusHelp()),
+		kong.Vars{"default_schema": pg.DefaultSchema, "outbox_modes": outbox.ModeNames(",")},
 	)
 	if err != nil {
 		panic(err) // the CLI struct itself is wrong: a programming error

@@ -16,7 +16,7 @@ type MigrateCmd struct {
 
 // MigrateUpCmd applies pending migrations and, with --outbox-mode, sets the outbox's mode.
 type MigrateUpCmd struct {
-	OutboxMode string `name:"outbox-mode" enum:"wal,table," default:"" help:"Set the outbox's mode, stored with the schema: wal (transactional logical-decoding messages relayed from a replication slot, created here with its publication) or table (rows). Switching to wal refuses while the table holds pending rows; switching to table keeps the slot (kafkatx outbox drop-slot drops it). Empty: unchanged (table for a new schema)."`
+	OutboxMode string `name:"outbox-mode" enum:"${outbox_modes}," default:"" help:"Set the outbox's mode, stored with the schema: wal (transactional logical-decoding messages relayed from a replication slot, created here with its publication) or table (rows). Switching to wal refuses while the table holds pending rows; switching to table keeps the slot (kafkatx outbox drop-slot drops it). Empty: unchanged (table for a new schema)."`
 }
 
 func (c MigrateUpCmd) Run(ctx context.Context, g *Globals) error {

@@ -10,15 +10,6 @@ import (
 	"github.com/kafkatx/kafkatx/internal/offsets"
 )
 
-// Exit statuses of the offsets commands (besides 0 and 1 for errors).
-const (
-	offsetsExitDrift   = 3 // offsets status: Kafka and the database disagree
-	offsetsExitGap     = 4 // offsets account: a watermark move nothing explains
-	offsetsExitActive  = 5 // offsets reset: the group has active members
-	offsetsExitUnknown = 7 // offsets status: the group has no watermark and no committed offset
-	offsetsExitStalled = 8 // offsets status: lag with a watermark that has not moved for --stalled-after
-)
-
 // OffsetsCmd groups the offset commands: the database leads, Kafka follows (docs/offsets.md).
 type OffsetsCmd struct {
 	Status  OffsetsStatusCmd  `cmd:"" help:"Per partition: watermark, committed offset, log start/end, lag, drift, last audit event. Exit 0 aligned, 3 drift."`

@@ -16,10 +16,6 @@ import (
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
-// Exit status of outbox release|discard and dlq replay|discard when the row is not in a
-// state the command acts on (not parked, not found, already resolved).
-const exitNotActionable = 6
-
 // OutboxCmd groups the operator commands for parked outbox rows.
 type OutboxCmd struct {
 	Parked   OutboxParkedCmd   `cmd:"" help:"List rows the broker refused for good (too large, unknown topic, not authorized), with the rows waiting behind each."`

@@ -33,6 +33,26 @@ func TestOutboxModeFlagsConflictsAndDropSlot(t *testing.T) {
 	if code != 2 || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "conflicts") || !strings.Contains(stderr, "wal") {
 		t.Fatalf("relay --outbox-mode table on a WAL schema: exit %d, stderr %q; want 2 and one line naming the stored mode", code, stderr)
 	}
+	// Issue 31: a table-mode flag means nothing in WAL mode: refused (2, one line naming it)
+	// once the schema's mode is read, never accepted and ignored; retention flags apply.
+	for _, flag := range tableOnlyFlags {
+		val := "1s"
+		if flag == "batch-size" {
+			val = "10"
+		}
+		args := []string{"--database-url", dsn, "--brokers", brokers, "relay", "--" + flag + "=" + val, "--exit-when-idle", "1s"}
+		if flag == "keep-published" {
+			args = append(args[:len(args)-2], "--keep-published=0s", "--exit-when-idle", "1s") // even its default, given
+		}
+		out, stderr, code := runCLI(t, bin, args...)
+		if code != 2 || out != "" || strings.Count(strings.TrimSpace(stderr), "\n") != 0 || !strings.Contains(stderr, "--"+flag) {
+			t.Errorf("relay --%s in WAL mode: exit %d, stdout %q, stderr %q; want 2 and one line naming it", flag, code, out, stderr)
+		}
+	}
+	out, stderr, code = runCLI(t, bin, "--database-url", dsn, "--brokers", brokers, "relay", "--attempts-retention", "2h", "--dead-letter-retention", "2h", "--exit-when-idle", "1s")
+	if code != 0 || !strings.Contains(out, `"transactions"`) {
+		t.Fatalf("relay with retention flags in WAL mode: exit %d, %q %q; want 0", code, out, tailString(stderr, 300))
+	}
 	_, stderr, code = runCLI(t, bin, "--database-url", dsn, "outbox", "drop-slot")
 	if code == 0 || !strings.Contains(stderr, "--force") {
 		t.Fatalf("drop-slot in WAL mode without --force: exit %d, %q", code, stderr)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -21,12 +22,15 @@ import (
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
+	"github.com/kafkatx/kafkatx/outbox/relays"
+	"github.com/kafkatx/kafkatx/outbox/walrelay"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/retention"
 )
 
 // RelayCmd runs the outbox relay as a standalone sidecar process.
 type RelayCmd struct {
-	OutboxMode      string        `name:"outbox-mode" enum:"wal,table," default:"" help:"wal: publish the WAL outbox from its replication slot (exactly once, Kafka transactions); table: publish the outbox table's rows. Must match the mode stored with the schema (else exit 2); empty follows it (table for a new schema)."`
+	OutboxMode      string        `name:"outbox-mode" enum:"${outbox_modes}," default:"" help:"wal: publish the WAL outbox from its replication slot (exactly once, Kafka transactions); table: publish the outbox table's rows. Must match the mode stored with the schema (else exit 2); empty follows it (table for a new schema)."`
 	HealthAddr      string        `name:"health-addr" env:"KAFKATX_HEALTH_ADDR" help:"Serve /healthz, /readyz and /metrics (Prometheus) on this host:port. Off when empty."`
 	ExitWhenIdle    time.Duration `name:"exit-when-idle" help:"Exit 0 once the outbox has had no row waiting for this long (0: run until SIGTERM)."`
 	Migrate         bool          `name:"migrate" help:"Apply kafkatx's migrations before starting (otherwise they must have been applied)."`
@@ -38,6 +42,46 @@ type RelayCmd struct {
 	KeepPublished   time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
 	AttemptsRet     time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
 	DeadLetterRet   time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
+
+	set map[string]bool // the flags given on the command line (AfterApply)
+}
+
+// tableOnlyFlags mean something in table mode only: WAL mode has no outbox rows to read in
+// batches, poll or keep, and no leader election to stand by for (the slot fences). Given with
+// a schema in WAL mode they are refused with exit status 2 once the mode is read, before
+// anything is published, never accepted and ignored. Retention flags (--no-janitor,
+// --attempts-retention, --dead-letter-retention) apply in both modes.
+var tableOnlyFlags = []string{"batch-size", "poll-interval", "standby-interval", "keep-published", "shutdown-timeout"}
+
+// AfterApply records which flags the command line gave (kong calls it after parsing), so a
+// flag that means nothing in the schema's mode can be refused rather than ignored.
+func (c *RelayCmd) AfterApply(kctx *kong.Context) error {
+	c.set = map[string]bool{}
+	for _, p := range kctx.Path {
+		if p.Flag != nil {
+			c.set[p.Flag.Name] = true
+		}
+	}
+	return nil
+}
+
+// refuseFlagsOf returns a usage error (exit 2) naming the first flag given that means
+// nothing in mode, or nil.
+func (c *RelayCmd) refuseFlagsOf(mode outbox.Mode) error {
+	if mode != outbox.ModeWAL {
+		return nil
+	}
+	for _, f := range tableOnlyFlags {
+		if c.set[f] {
+			return &exitError{code: exitUsage, err: fmt.Errorf("--%s means nothing in WAL mode (the schema's outbox mode): it applies to the table relay only; drop it", f)}
+		}
+	}
+	return nil
+}
+
+// retention is the retention both modes run, from the retention flags.
+func (c *RelayCmd) retention() retention.Config {
+	return retention.Config{Disabled: c.NoJanitor, AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
 }
 
 // Validate refuses out-of-range values (exit 2, one line naming the flag and the range)
@@ -104,48 +148,33 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	if err := c.refuseFlagsOf(mode); err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if mode == outbox.ModeWAL {
-		return c.runWAL(ctx, g, pool, sp, kcfg, reg, log)
-	}
-	janitor := relay.JanitorConfig{Disabled: c.NoJanitor, AttemptsRetention: c.AttemptsRet, DeadLetterRetention: c.DeadLetterRet}
-	rl, err := relay.New(pool, &relay.Config{Kafka: kcfg, Schema: g.Schema, Logger: log, BatchSize: c.BatchSize,
-		PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval, ShutdownTimeout: c.ShutdownTimeout,
-		KeepPublished: c.KeepPublished, Janitor: janitor, Registerer: reg, Session: sp.Config().ConnConfig})
+	rl, err := relays.New(pool, relays.Options{Mode: mode, Kafka: kcfg, Schema: g.Schema, Logger: log, Registerer: reg,
+		Session: sp.Config().ConnConfig, Retention: c.retention(),
+		Table: relay.Config{BatchSize: c.BatchSize, PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval,
+			ShutdownTimeout: c.ShutdownTimeout, KeepPublished: c.KeepPublished}})
 	if err != nil {
 		return err
 	}
-
-	stale := max(5*time.Second, 3*c.PollInterval, 3*c.StandbyInterval)
-	readyz := func(w http.ResponseWriter, _ *http.Request) {
-		s := rl.Stats()
-		age := time.Since(s.LastContact)
-		body, _ := json.Marshal(map[string]any{"leader": s.Leader, "published": s.Published, "parked": s.Parked,
-			"last_database_contact_seconds": age.Seconds()})
-		w.Header().Set("Content-Type", "application/json")
-		if age > stale {
-			w.WriteHeader(http.StatusServiceUnavailable)
+	return c.runRelay(ctx, rl, reg, c.readyz(rl), log, func() {
+		if w, ok := rl.(*walrelay.Relay); ok {
+			s := w.Stats()
+			log.Debug("where the stream's time went", zap.Duration("receive", s.Steps.Receive), zap.Duration("handle", s.Steps.Handle),
+				zap.Duration("queue_full", s.Steps.QueueFull), zap.Duration("commit", s.Steps.Commit))
 		}
-		w.Write(append(body, '\n')) //nolint:errcheck
-	}
-	return c.runRelay(ctx, rl, reg, readyz, log, func() {
-		s := rl.Stats()
-		out, _ := json.Marshal(map[string]int64{"published": s.Published, "parked": s.Parked, "retried": s.Retried})
+		out, _ := json.Marshal(rl.Totals())
 		fmt.Println(string(out))
 	})
-}
-
-// runningRelay is what runRelay needs of either relay (outbox/relay, outbox/walrelay).
-type runningRelay interface {
-	Run(ctx context.Context) error
-	Pending(ctx context.Context) (bool, error)
 }
 
 // runRelay runs rl until ctx ends, it fails, or (--exit-when-idle) its backlog stays empty;
 // with --health-addr it serves /healthz, readyz as /readyz and /metrics meanwhile. summary
 // prints the one-line JSON totals on stdout after rl has stopped.
-func (c *RelayCmd) runRelay(ctx context.Context, rl runningRelay, reg *prometheus.Registry, readyz http.HandlerFunc, log *zap.Logger, summary func()) error {
+func (c *RelayCmd) runRelay(ctx context.Context, rl relays.Relay, reg *prometheus.Registry, readyz http.HandlerFunc, log *zap.Logger, summary func()) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup

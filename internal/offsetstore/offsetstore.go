@@ -258,31 +258,12 @@ func (s *Store) DeleteAttemptsAt(ctx context.Context, q pg.Querier, group string
 	return nil
 }
 
-// MarkDone records in q's transaction that offsets (above the watermark, applied by this
-// transaction) are done. It is fenced: the watermark row is read FOR SHARE and must not have
-// passed the lowest of offsets, and an offset another owner already recorded is not recorded
-// again; either way it returns ErrFenced, and the caller rolls back.
-func (s *Store) MarkDone(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) error {
-	low := offsets[0]
-	for _, o := range offsets {
-		low = min(low, o)
-	}
-	tag, err := q.Exec(ctx, `INSERT INTO `+s.t.DoneOffsets+` (group_id, topic, partition, "offset")
-		SELECT $1, $2, $3, o FROM unnest($4::bigint[]) AS o
-		WHERE EXISTS (SELECT 1 FROM `+s.t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset <= $5 FOR SHARE)
-		ON CONFLICT DO NOTHING`,
-		group, tp.Topic, tp.Partition, offsets, low)
-	if err != nil {
-		return fmt.Errorf("mark done %s %v: %w", tp, offsets, err)
-	}
-	if tag.RowsAffected() != int64(len(offsets)) {
-		return ErrFenced
-	}
-	return nil
-}
-
-// MarkDoneXID is MarkDone that also returns the id of q's transaction (txid_current()), in
-// the same round trip, so that a COMMIT whose answer is lost is settled by TxStatus.
+// MarkDoneXID records in q's transaction that offsets (above the watermark, applied by this
+// transaction) are done, and returns the id of q's transaction (txid_current()) in the same
+// round trip, so that a COMMIT whose answer is lost is settled by TxStatus. It is fenced: the
+// watermark row is read FOR SHARE and must not have passed the lowest of offsets, and an
+// offset another owner already recorded is not recorded again; either way it returns
+// ErrFenced, and the caller rolls back.
 func (s *Store) MarkDoneXID(ctx context.Context, q pg.Querier, group string, tp TP, offsets []int64) (xid int64, err error) {
 	low := offsets[0]
 	for _, o := range offsets {
@@ -304,7 +285,7 @@ func (s *Store) MarkDoneXID(ctx context.Context, q pg.Querier, group string, tp 
 	return xid, nil
 }
 
-// Done returns the offsets at or above from recorded done (MarkDone), in order.
+// Done returns the offsets at or above from recorded done (MarkDoneXID), in order.
 func (s *Store) Done(ctx context.Context, q pg.Querier, group string, tp TP, from int64) ([]int64, error) {
 	rows, err := q.Query(ctx, `SELECT "offset" FROM `+s.t.DoneOffsets+` WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 ORDER BY 1`,
 		group, tp.Topic, tp.Partition, from)

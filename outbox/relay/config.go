@@ -11,7 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/retention"
 )
 
 // Config configures a Relay. A nil *Config is not accepted: Kafka's bootstrap.servers is
@@ -93,27 +95,12 @@ type Config struct {
 	Hooks []Hook
 }
 
-// JanitorConfig configures the retention janitor: it deletes, in batches, published rows kept
-// longer than Config.KeepPublished and discarded outbox rows, attempt rows of messages no
-// longer retried, and resolved (replayed or discarded) dead letters once they are older than
-// their retention (a negative retention keeps those rows forever). It also removes the
-// bookkeeping rows of finished transactions (outbox_commits) and adopts outbox rows written
-// with the table's triggers disabled.
-type JanitorConfig struct {
-	// Disabled turns the janitor off.
-	Disabled bool
-	// Interval between janitor runs. Defaults to 1m.
-	Interval time.Duration
-	// BatchSize is the most rows one DELETE removes. Defaults to 1000.
-	BatchSize int
-	// AttemptsRetention keeps kafkatx.attempts rows this long after their last update. A
-	// message retried again after its row was deleted starts counting attempts from zero,
-	// so keep it longer than any partition stays paused. Defaults to 7 days.
-	AttemptsRetention time.Duration
-	// DeadLetterRetention keeps replayed and discarded dead letters this long after they were
-	// resolved; new dead letters are never deleted. Defaults to 30 days.
-	DeadLetterRetention time.Duration
-}
+// JanitorConfig configures the retention the leader runs (package retention: attempt rows,
+// resolved dead letters, expired idempotency keys; with Config.KeepPublished, published and
+// discarded outbox rows). The table relay's own bookkeeping rides along: it removes the
+// outbox_commits rows of finished transactions and adopts outbox rows written with the
+// table's triggers disabled. The WAL relay runs the same retention (walrelay.Config.Retention).
+type JanitorConfig = retention.Config
 
 func (c *Config) withDefaults() (*Config, error) {
 	if c == nil {
@@ -153,13 +140,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	if _, ok := out.Kafka["request.required.acks"]; !ok {
 		setDefault("acks", "all")
 	}
-	setDefault("partitioner", "murmur2_random")
-	setDefault("linger.ms", 5)
+	publish.ProducerDefaults(out.Kafka) // partitioner=murmur2_random, linger.ms=5, go.delivery.report.fields=none
 	setDefault("message.timeout.ms", 60000)
 	setDefault("go.logs.channel.enable", false)
-	// A delivery report needs only the error and the Opaque row index: copying each record's
-	// key and value back into Go (confluent-kafka-go's default, "key,value") is wasted work.
-	setDefault("go.delivery.report.fields", "none")
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
 		out.Logger = zap.NewNop()
@@ -189,18 +172,6 @@ func (c *Config) withDefaults() (*Config, error) {
 	if out.MetricsInterval <= 0 {
 		out.MetricsInterval = 5 * time.Second
 	}
-	j := &out.Janitor
-	if j.Interval <= 0 {
-		j.Interval = time.Minute
-	}
-	if j.BatchSize <= 0 {
-		j.BatchSize = 1000
-	}
-	if j.AttemptsRetention == 0 {
-		j.AttemptsRetention = 7 * 24 * time.Hour
-	}
-	if j.DeadLetterRetention == 0 {
-		j.DeadLetterRetention = 30 * 24 * time.Hour
-	}
+	out.Janitor = out.Janitor.WithDefaults()
 	return &out, nil
 }

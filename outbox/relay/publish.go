@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -229,9 +230,9 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 			}
 			continue
 		}
-		if w.key == nil && r.limits[w.topic].compacted {
+		if err := (publish.Limits{Compacted: r.limits[w.topic].compacted}).RefusesNilKey(w.key); err != nil {
 			// The broker would refuse it (INVALID_RECORD) and the whole batch with it.
-			results[i] = result{outcome: outcomePark, err: errNilKeyOnCompactedTopic}
+			results[i] = result{outcome: outcomePark, err: err}
 			continue
 		}
 		msg := r.message(w, i)

@@ -343,3 +343,9 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 }
+
+// Totals are Stats' published, parked and retried counts by name (relays.Relay).
+func (r *Relay) Totals() map[string]int64 {
+	s := r.Stats()
+	return map[string]int64{"published": s.Published, "parked": s.Parked, "retried": s.Retried}
+}

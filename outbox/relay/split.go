@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 )
 
 // limitTTL is how often a topic's max.message.bytes is asked again, so that a changed
@@ -110,7 +110,9 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 		if r.testHookMaxMessageBytes != nil {
 			mmb, err = r.testHookMaxMessageBytes(topic)
 		} else {
-			mmb, s.compacted, err = topicLimits(ctx, p.p, topic)
+			var l publish.Limits
+			l, err = publish.ReadLimits(ctx, p.p, topic)
+			mmb, s.compacted = l.MaxMessageBytes, l.Compacted
 		}
 		parts := 0
 		if err == nil && (s.bytes > 0 || mmb-limitMargin < r.batchBytes) {
@@ -189,37 +191,6 @@ func (r *Relay) tighten(p *producer, topic string, refused int, now time.Time) {
 	r.limits[topic] = s
 	r.log.Info("relay: the broker refused a batch as too large for the topic; producing its records in smaller chunks",
 		zap.String("topic", topic), zap.Int("chunk_bytes", s.bytes))
-}
-
-// topicLimits asks the broker for topic's max.message.bytes and whether its cleanup.policy
-// includes compact (their effective values: the topic's own or the broker's defaults), within
-// 5 s.
-func topicLimits(ctx context.Context, p *kafka.Producer, topic string) (maxMessageBytes int, compacted bool, err error) {
-	a, err := kafka.NewAdminClientFromProducer(p)
-	if err != nil {
-		return 0, false, err
-	}
-	defer a.Close()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	res, err := a.DescribeConfigs(ctx, []kafka.ConfigResource{{Type: kafka.ResourceTopic, Name: topic}})
-	if err != nil {
-		return 0, false, err
-	}
-	if len(res) != 1 {
-		return 0, false, fmt.Errorf("describe topic configuration: %d results", len(res))
-	}
-	if res[0].Error.Code() != kafka.ErrNoError {
-		return 0, false, res[0].Error
-	}
-	e, ok := res[0].Config["max.message.bytes"]
-	if !ok {
-		return 0, false, errors.New("describe topic configuration: no max.message.bytes")
-	}
-	if maxMessageBytes, err = strconv.Atoi(e.Value); err != nil {
-		return 0, false, fmt.Errorf("describe topic configuration: max.message.bytes: %w", err)
-	}
-	return maxMessageBytes, strings.Contains(res[0].Config["cleanup.policy"].Value, "compact"), nil
 }
 
 // produceChunked produces rows in order in chunks that keep the estimated bytes of each

@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/retention"
 )
 
 // Config configures a WAL relay.
@@ -49,7 +51,11 @@ type Config struct {
 	// WarnRetainedFraction: the relay warns when the slot's retained WAL passes this
 	// fraction of max_slot_wal_keep_size (when set). Defaults to 0.5.
 	WarnRetainedFraction float64
-	Logger               *zap.Logger
+	// Retention configures the retention the relay runs while it holds the slot (package
+	// retention: attempt rows, resolved dead letters, expired idempotency keys), as the table
+	// relay's leader does. Defaults: retention.Config's.
+	Retention retention.Config
+	Logger    *zap.Logger
 	// Registerer, when set, receives the relay's metrics (kafkatx_walrelay_*).
 	Registerer prometheus.Registerer
 }
@@ -82,6 +88,7 @@ func (c Config) withDefaults() Config {
 	if c.WarnRetainedFraction <= 0 {
 		c.WarnRetainedFraction = 0.5
 	}
+	c.Retention = c.Retention.WithDefaults()
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
 	}

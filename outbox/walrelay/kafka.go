@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +12,8 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 )
 
 // kafkaSide is one stream's transactional producer and the checkpoint it writes.
@@ -25,8 +26,8 @@ type kafkaSide struct {
 	wg      sync.WaitGroup
 	topics  map[string]int // partition count; -1 when the topic does not exist
 	checked map[string]time.Time
-	limits  map[string]int // max.message.bytes; 0 when it could not be read
-	batch   int            // librdkafka batch.size of this producer
+	limits  map[string]publish.Limits // zero when they could not be read
+	batch   int                       // librdkafka batch.size of this producer
 
 	produced, reported atomic.Int64
 	acked              atomic.Int64
@@ -73,17 +74,16 @@ func newKafka(ctx context.Context, cfg Config, slot, key string, reports bool, b
 	} else {
 		batch = defaultBatchSize
 	}
-	for k, v := range map[string]any{"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 200000} {
-		if _, ok := kc[k]; !ok {
-			kc[k] = v
-		}
+	publish.ProducerDefaults(kc) // partitioner=murmur2_random, linger.ms=5 (as the table relay)
+	if _, ok := kc["queue.buffering.max.messages"]; !ok {
+		kc["queue.buffering.max.messages"] = 200000
 	}
 	p, err := kafka.NewProducer(&kc)
 	if err != nil {
 		return nil, fmt.Errorf("walrelay: create producer: %w", err)
 	}
 	k := &kafkaSide{cfg: cfg, p: p, key: []byte(key), reports: reports, log: log, topics: map[string]int{}, checked: map[string]time.Time{},
-		limits: map[string]int{}, batch: batch}
+		limits: map[string]publish.Limits{}, batch: batch}
 	k.wg.Add(1)
 	go k.drain()
 	ictx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -272,42 +272,27 @@ func (k *kafkaSide) takeFailure() *deliveryFailure {
 	return f
 }
 
-// refused reports whether the broker refused a record for good (publishing it again cannot
-// succeed until an operator acts): too large, invalid, no such topic or partition, not
-// authorized, a policy's refusal.
+// refused reports whether the broker refused a record for good or with its batch (publish
+// classifies: Park or Isolate), not for a reason a retry of the stream can clear.
 func refused(code kafka.ErrorCode) bool {
-	switch code {
-	case kafka.ErrMsgSizeTooLarge, kafka.ErrInvalidMsg, kafka.ErrInvalidRecord, kafka.ErrInvalidMsgSize,
-		kafka.ErrUnknownTopicOrPart, kafka.ErrUnknownTopic, kafka.ErrUnknownPartition, kafka.ErrTopicAuthorizationFailed,
-		kafka.ErrPolicyViolation, kafka.ErrRecordListTooLarge, kafka.ErrTopicException, kafka.ErrInvalidRequiredAcks:
-		return true
-	}
-	return false
+	c, _ := publish.ClassifyCode(code, false)
+	return c != publish.Retry
 }
 
 // defaultBatchSize is librdkafka's batch.size default: the most one batch (a partition's
 // records in one request) may hold, framing included.
 const defaultBatchSize = 1000000
 
-// maxMessageBytes returns topic's max.message.bytes (DescribeConfigs, once per stream), 0
-// when it cannot be read (then only a refusal tells). The broker applies it to a whole batch.
-func (k *kafkaSide) maxMessageBytes(ctx context.Context, topic string) int {
+// limits returns topic's limits (publish.ReadLimits, once per stream); zero when they cannot
+// be read (then only a refusal tells). The broker applies max.message.bytes to a whole batch.
+func (k *kafkaSide) topicLimits(ctx context.Context, topic string) publish.Limits {
 	if v, ok := k.limits[topic]; ok {
 		return v
 	}
-	v := 0
-	a, err := kafka.NewAdminClientFromProducer(k.p)
-	if err == nil {
-		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		res, derr := a.DescribeConfigs(dctx, []kafka.ConfigResource{{Type: kafka.ResourceTopic, Name: topic}})
-		cancel()
-		a.Close()
-		if derr == nil && len(res) == 1 && res[0].Error.Code() == kafka.ErrNoError {
-			if e, ok := res[0].Config["max.message.bytes"]; ok {
-				v, _ = strconv.Atoi(e.Value)
-			}
-		}
+	l, err := publish.ReadLimits(ctx, k.p, topic)
+	if err != nil {
+		l = publish.Limits{}
 	}
-	k.limits[topic] = v
-	return v
+	k.limits[topic] = l
+	return l
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/retention"
 )
 
 // Relay is a WAL relay. Create it with New and run it with Run.
@@ -274,6 +275,13 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
+	// Retention runs while this relay holds the slot: one process per database deletes.
+	retained := make(chan struct{})
+	defer func() { stopWatch(); <-retained }()
+	go func() {
+		defer close(retained)
+		retention.New(r.pool, schema, r.cfg.Retention, r.log).Run(watchCtx)
+	}()
 	watchErr := make(chan error, 1)
 	go func() { watchErr <- r.watchSlot(watchCtx, s.Slot) }()
 	streamCtx, stopStream := context.WithCancel(ctx)
@@ -311,4 +319,10 @@ func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 		return &FatalError{fmt.Errorf("walrelay: publication %s does not exist in this database: run kafkatx migrate up --outbox-mode wal (it creates it, empty)", s.Publication)}
 	}
 	return nil
+}
+
+// Totals are Stats' published, parked and transactions counts by name (relays.Relay).
+func (r *Relay) Totals() map[string]int64 {
+	s := r.Stats()
+	return map[string]int64{"published": s.Published, "parked": s.Parked, "transactions": s.Transactions}
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 )
 
 // stream is one replication session: decoded transactions in, Kafka transactions out.
@@ -281,7 +282,12 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 	case rec.Partition != nil && n > 0 && int(*rec.Partition) >= n:
 		return s.park(ctx, at, rec, fmt.Sprintf("topic %s has %d partitions, the record names partition %d", rec.Topic, n, *rec.Partition))
 	}
-	if limit := s.k.maxMessageBytes(ctx, rec.Topic); limit > 0 {
+	lim := s.k.topicLimits(ctx, rec.Topic)
+	if err := lim.RefusesNilKey(rec.Key); err != nil {
+		// The broker would refuse it (INVALID_RECORD) and abort the Kafka transaction.
+		return s.park(ctx, at, rec, err.Error())
+	}
+	if limit := lim.MaxMessageBytes; limit > 0 {
 		if size := recordSize(&rec); size > limit {
 			return s.park(ctx, at, rec, fmt.Sprintf("record of about %d bytes over topic %s's max.message.bytes %d", size, rec.Topic, limit))
 		}
@@ -429,7 +435,8 @@ func (s *stream) abortOpen(err error) error {
 		s.r.log.Warn("abort Kafka transaction", zap.Error(aerr))
 	}
 	if f := s.k.takeFailure(); f != nil && refused(f.err.Code()) && f.at.commit != 0 {
-		if len(f.all) > 1 {
+		class, _ := publish.ClassifyCode(f.err.Code(), len(f.all) <= 1)
+		if class == publish.Isolate {
 			// The broker refused a batch: which of its records is at fault is unknown. The
 			// next stream produces each of them alone, waiting for its delivery.
 			s.r.mu.Lock()
@@ -441,6 +448,14 @@ func (s *stream) abortOpen(err error) error {
 			s.r.log.Warn("the broker refused a batch: publishing its records one at a time to find the one it refuses",
 				zap.Int("records", len(f.all)), zap.Error(f.err))
 			return errRestart
+		}
+		if len(f.all) > 1 {
+			// A refusal of the topic or partition (publish: Park): each record of it is refused.
+			s.r.mu.Lock()
+			for _, at := range f.all {
+				s.r.refuse[at] = f.err.Error()
+			}
+			s.r.mu.Unlock()
 		}
 		s.r.mu.Lock()
 		s.r.refuse[f.at] = f.err.Error()

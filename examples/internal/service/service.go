@@ -24,8 +24,7 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
-	"github.com/kafkatx/kafkatx/outbox/relay"
-	"github.com/kafkatx/kafkatx/outbox/walrelay"
+	"github.com/kafkatx/kafkatx/outbox/relays"
 )
 
 // Options configures Run.
@@ -41,9 +40,9 @@ type Options struct {
 	// Session, when set, is the relay's leadership connection (relay.Config.Session), for a
 	// Pool that goes through a transaction pooler.
 	Session *pgx.ConnConfig
-	// OutboxMode selects the in-process relay: outbox.ModeWAL runs a WAL relay (package
-	// outbox/walrelay) streaming from the schema's slot over Session (or Pool's
-	// configuration); anything else the table relay.
+	// OutboxMode selects the in-process relay (relays.New): outbox.ModeWAL runs a WAL relay
+	// (package outbox/walrelay) streaming from the schema's slot over Session (or Pool's
+	// configuration); "" or outbox.ModeTable the table relay.
 	OutboxMode outbox.Mode
 	// ExitWhenIdle, when > 0, stops the consumer once, for this long, no message arrived,
 	// nothing is in flight or in backoff and the outbox holds nothing to publish, and the
@@ -88,31 +87,16 @@ func Run(ctx context.Context, o Options) error {
 			kcfg[k] = v
 		}
 	}
-	var rl inProcessRelay
-	if o.OutboxMode == outbox.ModeWAL {
-		repl := o.Session
-		if repl == nil {
-			repl = o.Pool.Config().ConnConfig
-		}
-		wcfg := walrelay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Replication: repl}
-		if o.Registry != nil {
-			wcfg.Registerer = o.Registry
-		}
-		w, err := walrelay.New(o.Pool, wcfg)
-		if err != nil {
-			return err
-		}
-		rl = w
-	} else {
-		rcfg := &relay.Config{Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Session: o.Session}
-		if o.Registry != nil {
-			rcfg.Registerer = o.Registry
-		}
-		t, err := relay.New(o.Pool, rcfg)
-		if err != nil {
-			return err
-		}
-		rl = t
+	ro := relays.Options{Mode: o.OutboxMode, Kafka: kafkalog.Route(o.Logger, kcfg), Schema: o.Schema, Logger: o.Logger, Session: o.Session}
+	if ro.Mode == "" {
+		ro.Mode = outbox.ModeTable
+	}
+	if o.Registry != nil {
+		ro.Registerer = o.Registry
+	}
+	rl, err := relays.New(o.Pool, ro)
+	if err != nil {
+		return err
 	}
 	if o.MetricsAddr != "" {
 		srv := &http.Server{Addr: o.MetricsAddr, Handler: withOutboxSlot(Handler(o.Consumer, o.Registry), rl), ReadHeaderTimeout: 5 * time.Second}
@@ -162,7 +146,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.AuthFailureExit > 0 {
 		go func() { authErr <- watchAuth(runCtx, cancel, o) }()
 	}
-	err := <-done
+	err = <-done
 	cancel()
 	if o.ExitWhenIdle > 0 {
 		if ierr := <-idleErr; ierr != nil && err == nil {
@@ -181,10 +165,7 @@ func Run(ctx context.Context, o Options) error {
 }
 
 // inProcessRelay is the table relay or the WAL relay.
-type inProcessRelay interface {
-	Run(ctx context.Context) error
-	Pending(ctx context.Context) (bool, error)
-}
+type inProcessRelay = relays.Relay
 
 // Handler serves /metrics (reg, when set), /healthz (200: the process runs) and /readyz
 // (c's Readiness as JSON: 200 when ready, 503 otherwise).

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Exit statuses of every subcommand. This file is their one list: `kafkatx --help` prints
+// exitStatusHelp (generated from exitStatuses), and TestHelpReadmeAndCodeAgreeOnExitStatuses
+// checks the README's table against exitStatusTable.
+const (
+	exitOK             = 0
+	exitFailed         = 1 // the command failed (database or Kafka unreachable, a missing table, ...)
+	exitUsage          = 2 // the command line is wrong: one line on stderr says what, --help says more
+	offsetsExitDrift   = 3 // offsets status: Kafka and the database disagree
+	offsetsExitGap     = 4 // offsets account: a watermark move nothing explains
+	offsetsExitActive  = 5 // offsets reset: the group has active members
+	exitNotActionable  = 6 // outbox release|discard, dlq show|replay|discard: not in a state the command acts on
+	offsetsExitUnknown = 7 // offsets status: the group has no watermark and no committed offset
+	offsetsExitStalled = 8 // offsets status: lag with a watermark that has not moved for --stalled-after
+)
+
+// exitStatus is one exit status: what --help says (plain) and what the README's table says
+// (Markdown, more detail).
+type exitStatus struct {
+	code         int
+	help, readme string
+}
+
+// exitStatuses lists every exit status, in order.
+var exitStatuses = []exitStatus{
+	{exitOK, "success", "success"},
+	{exitFailed, "error (the message on stderr says which)", "error (the message on stderr says which)"},
+	{exitUsage, "usage error (unknown command or flag, bad value, invalid --schema, a relay flag that means nothing in the schema's outbox mode)",
+		"usage error: unknown command or flag, bad value (out of its range, a negative duration, `--output yaml`: one line names the flag and what it accepts), empty or over-long `--schema` (PostgreSQL identifiers are at most 63 bytes), a `relay` flag that means nothing in the schema's outbox mode (`--poll-interval` in WAL mode)"},
+	{offsetsExitDrift, "offsets status: drift (Kafka's committed offset and the database watermark disagree)",
+		"`offsets status`: drift (Kafka's committed offset and the database watermark disagree)"},
+	{offsetsExitGap, "offsets account: offsets nothing accounts for", "`offsets account`: offsets nothing accounts for"},
+	{offsetsExitActive, "offsets reset: the group has active members (stop the consumers first)", "`offsets reset`: the group has active members"},
+	{exitNotActionable, "outbox release|discard, dlq show|replay|discard: no such row, or not in a state the command acts on",
+		"`outbox release`/`discard`, `dlq show`/`replay`/`discard`: no such row, or not in a state the command acts on"},
+	{offsetsExitUnknown, "offsets status: the group has no watermark and no committed offset",
+		"`offsets status`: the group has no watermark and no committed offset"},
+	{offsetsExitStalled, "offsets status: a partition with lag whose watermark has not moved for --stalled-after",
+		"`offsets status`: no drift, but a partition with lag whose watermark has not moved for `--stalled-after` (default 2m): stalled"},
+}
+
+// exitStatusHelp is the table printed by --help.
+func exitStatusHelp() string {
+	var b strings.Builder
+	b.WriteString("Exit status:")
+	for _, s := range exitStatuses {
+		fmt.Fprintf(&b, "\n  %d  %s", s.code, s.help)
+	}
+	return b.String()
+}
+
+// exitStatusTable is the README's exit-status table (Markdown).
+func exitStatusTable() string {
+	var b strings.Builder
+	b.WriteString("| Status | Meaning |\n| --- | --- |")
+	for _, s := range exitStatuses {
+		fmt.Fprintf(&b, "\n| %d | %s |", s.code, s.readme)
+	}
+	return b.String()
+}
