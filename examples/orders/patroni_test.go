@@ -311,7 +311,7 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	go func() {
 		defer close(done)
 		for {
-			cmd := exec.Command(bin, append(args, "--outbox-mode", string(ob), "--batch-size", "200", "--exit-when-idle", "10s")...)
+			cmd := exec.Command(bin, append(args, "--outbox-mode", string(ob), "--batch-size", "200", "--exit-when-idle", "6s")...)
 			var errOut strings.Builder
 			cmd.Stderr = &errOut
 			err := cmd.Start()
