@@ -14,6 +14,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/engine"
+	"github.com/kafkatx/kafkatx/limit"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -30,6 +31,57 @@ const (
 	// processes nothing on that partition.
 	AheadHalt
 )
+
+// LogChangePolicy says what the consumer does when the log behind a watermark is another one
+// on assignment: the topic's id (KIP-516) or the cluster's id differs from the one recorded
+// with the watermark — the topic was deleted and created again under the same name, or the
+// brokers are another cluster (docs/offsets.md, "Which log a watermark is in").
+type LogChangePolicy int
+
+const (
+	// LogChangeHalt stops the consumer with a *LogChangedError naming both ids before it
+	// applies anything from the new log; an operator adopts it with `kafkatx offsets reset
+	// --mode adopt`. The default.
+	LogChangeHalt LogChangePolicy = iota
+	// LogChangeAdoptEarliest adopts the new log from its log start: every record it holds is
+	// processed. Audited as log_adopted with both ids; logged at warn level.
+	LogChangeAdoptEarliest
+	// LogChangeAdoptLatest adopts the new log from its log end: the records it holds now are
+	// skipped, on record (log_adopted).
+	LogChangeAdoptLatest
+)
+
+func (p LogChangePolicy) String() string {
+	switch p {
+	case LogChangeAdoptEarliest:
+		return "adopt-earliest"
+	case LogChangeAdoptLatest:
+		return "adopt-latest"
+	}
+	return "halt"
+}
+
+// ParseLogChangePolicy reads "halt", "adopt-earliest" or "adopt-latest" (the examples'
+// --on-log-change).
+func ParseLogChangePolicy(s string) (LogChangePolicy, error) {
+	for _, p := range []LogChangePolicy{LogChangeHalt, LogChangeAdoptEarliest, LogChangeAdoptLatest} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return LogChangeHalt, fmt.Errorf("%q: want halt, adopt-earliest or adopt-latest", s)
+}
+
+// adoptNewLog is p as engine.Settings.AdoptNewLog.
+func (p LogChangePolicy) adoptNewLog() string {
+	switch p {
+	case LogChangeAdoptEarliest:
+		return "earliest"
+	case LogChangeAdoptLatest:
+		return "latest"
+	}
+	return ""
+}
 
 func (p AheadPolicy) String() string {
 	if p == AheadHalt {
@@ -102,6 +154,10 @@ type Config struct {
 	// watermark on assignment. Defaults to AheadFollow.
 	OnKafkaAhead AheadPolicy
 
+	// OnLogChange is the policy when the log behind a watermark is another one on assignment
+	// (the topic recreated, another cluster). Defaults to LogChangeHalt.
+	OnLogChange LogChangePolicy
+
 	// DeadLetter configures the publication of dead letters to a dead-letter topic
 	// through the outbox (in the same transaction as the dead-letter row).
 	DeadLetter DeadLetterConfig
@@ -158,6 +214,18 @@ type Config struct {
 	// follow the handler's rules (FailMessage, Permanent, Unavailable, a panic, a retryable
 	// PostgreSQL error). Defaults to nil.
 	Prepare func(ctx context.Context, msgs []*Message) error
+
+	// PrepareLimit bounds the Prepare calls in flight over the whole consumer (every
+	// partition and lane): a unit waits for a permit, outside any transaction, before its
+	// Prepare runs, and the call's latency and answer feed the limit (package limit: it adapts
+	// — a call answered Unavailable, or a retryable database error, counts as dropped and
+	// shrinks it; a success is a latency sample; a handler-style failure says nothing of the
+	// far side's speed). With Concurrency lanes in each of P partitions, Concurrency × P
+	// calls could otherwise reach the far side at once, bounded by nothing that knows it.
+	// Defaults to limit.New(limit.Config{}) when Prepare is set (4 at the start, 1 to 256);
+	// limit.Fixed(MaxUnits) adds no bound of its own (a client that limits its own calls, as
+	// idempotency/airflow does).
+	PrepareLimit *limit.Limiter
 
 	// Backpressure, when set, is called by each partition's worker before a batch's
 	// transaction begins, outside any transaction, and may block to hold the partition back:
@@ -243,7 +311,9 @@ type BatchConfig struct {
 // (25P03) — is retried with backoff and is not an attempt; a statement_timeout (57014) in the
 // handler is the handler's failure and counts as one. A handler that calls out (an HTTP API,
 // an orchestrator) keeps each call's own timeout well under IdleTimeout and does any long
-// wait outside the transaction. A negative value leaves the server's setting alone.
+// wait outside the transaction. One rule for every field: zero is the default, a negative
+// value is off — the server's setting is left alone, and the handler-stuck report
+// (Settings.StuckAfter), which is derived from IdleTimeout and StatementTimeout, is off too.
 type TransactionConfig struct {
 	// IdleTimeout is idle_in_transaction_session_timeout: a transaction idle for longer (its
 	// process frozen, stopped by SIGSTOP or cut off by a network partition) has its session
@@ -403,9 +473,13 @@ const (
 	DefaultUnavailableMaxWait = UnavailableMaxWaitDefault // Deprecated: use UnavailableMaxWaitDefault.
 )
 
-// withDefaults returns a copy of c (validated) with every zero field set to its default.
-// The user's Config and its Kafka map are not changed.
-func (c *Config) withDefaults() Config {
+// WithDefaults returns a copy of c with every zero field set to the default the consumer runs
+// with (the *Default constants above; Idempotency.Key idempotency.FromOutboxID, Retention
+// idempotency.DefaultRetention, DeadLetter.Topic the source topic + DeadLetterSuffixDefault),
+// the one place the loop's defaults are applied: NewConsumer runs with it and the test kit
+// kafkatxtest reads its rules from it (River's Config.WithDefaults). It validates nothing
+// (NewConsumer does); the user's Config and its Kafka map are not changed.
+func (c *Config) WithDefaults() Config {
 	out := *c
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
@@ -448,6 +522,9 @@ func (c *Config) withDefaults() Config {
 	if out.MaxUnits <= 0 {
 		out.MaxUnits = MaxUnitsDefault
 	}
+	if out.Prepare != nil && out.PrepareLimit == nil {
+		out.PrepareLimit = limit.MustNew(limit.Config{})
+	}
 	if out.ShutdownTimeout <= 0 {
 		out.ShutdownTimeout = ShutdownTimeoutDefault
 	}
@@ -483,7 +560,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	d := c.withDefaults()
+	d := c.WithDefaults()
 	km := kafka.ConfigMap{}
 	for k, v := range c.Kafka {
 		km[k] = v
@@ -535,6 +612,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 		StuckAfter: stuckAfter(d.Transaction), ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
 		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
 		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
+		AdoptNewLog: d.OnLogChange.adoptNewLog(),
 	}, nil
 }
 
@@ -542,14 +620,11 @@ func (c *Config) settings() (*engine.Settings, error) {
 // once with its partition and offset, Readiness.Stuck, kafkatx_partition_stuck): the
 // transaction's statement_timeout plus its idle_in_transaction_session_timeout
 // (Config.Transaction; 70 s by default) — past both, the call cannot be doing useful work in
-// its transaction. A bound turned off (negative) leaves the default's part in its place.
+// its transaction. A negative field means "off" here as in beginSQL (TransactionConfig's one
+// rule): with either bound off the loop knows no bound of the call, and reports none stuck (0).
 func stuckAfter(t TransactionConfig) time.Duration {
-	st, idle := t.StatementTimeout, t.IdleTimeout
-	if st <= 0 {
-		st = StatementTimeoutDefault
+	if t.StatementTimeout < 0 || t.IdleTimeout < 0 {
+		return 0
 	}
-	if idle <= 0 {
-		idle = IdleTimeoutDefault
-	}
-	return st + idle
+	return t.StatementTimeout + t.IdleTimeout
 }

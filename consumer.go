@@ -51,7 +51,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
-	d := cfg.withDefaults()
+	d := cfg.WithDefaults()
 	prom, err := newPromHook(d.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("kafkatx: %w", err)
@@ -67,7 +67,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	c := &Consumer{pool: pool, set: set, skipMig: d.SkipMigrations, metrics: prom}
 	emit := &emitter{group: set.Group, log: set.Logger.With(zap.String("group", set.Group)), hooks: hooks, stats: &c.stats, metrics: prom}
 	body := newBody(withGroup(chained, set.Group), d.Idempotency, set.Schema)
-	body.Prepare = d.Prepare
+	body.Prepare, body.PrepareLimit = d.Prepare, d.PrepareLimit
 	c.loop = engine.New(pool, body, set, emit)
 	return c, nil
 }

@@ -33,6 +33,7 @@ type childSpec struct {
 	crashOffset int64
 	crashMark   string // the marker file that makes the crash happen once
 	runsFile    string // the handler appends "offset attempt" per run of a special value
+	chargedFile string // the handler appends "offset attempt" per run of any other value at attempt > 1
 	maxAttempts int
 	backoff     time.Duration // RetryPolicy.InitialBackoff, and MaxBackoff unless maxBackoff is set
 	maxBackoff  time.Duration
@@ -50,7 +51,7 @@ func (s childSpec) cmd(t *testing.T) *exec.Cmd {
 		"CHILD_TOPIC="+s.b.topic, "CHILD_GROUP="+s.b.group,
 		"CHILD_CRASH_STEP="+s.crashStep, "CHILD_CRASH_OFFSET="+strconv.FormatInt(s.crashOffset, 10),
 		"CHILD_CRASH_MARK="+s.crashMark,
-		"CHILD_RUNS_FILE="+s.runsFile,
+		"CHILD_RUNS_FILE="+s.runsFile, "CHILD_CHARGED_FILE="+s.chargedFile,
 		"CHILD_MAX_ATTEMPTS="+strconv.Itoa(s.maxAttempts),
 		"CHILD_BACKOFF="+s.backoff.String(),
 		"CHILD_MAX_BACKOFF="+max(s.maxBackoff, s.backoff).String(),
@@ -138,8 +139,8 @@ func childMain() int {
 	}
 	defer pool.Close()
 	schema := env("CHILD_SCHEMA")
-	record := func(m *Message) {
-		f, err := os.OpenFile(env("CHILD_RUNS_FILE"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	recordIn := func(file string, m *Message) {
+		f, err := os.OpenFile(file, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 		if err != nil {
 			panic(err)
 		}
@@ -147,6 +148,7 @@ func childMain() int {
 		_ = f.Sync()
 		f.Close()
 	}
+	record := func(m *Message) { recordIn(env("CHILD_RUNS_FILE"), m) }
 	slow, _ := time.ParseDuration(env("CHILD_SLOW"))
 	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
 		time.Sleep(slow)
@@ -160,6 +162,9 @@ func childMain() int {
 			return errors.New("this message always fails")
 		case "poison":
 			return Permanent(errors.New("poison pill"))
+		}
+		if m.Attempt > 1 && env("CHILD_CHARGED_FILE") != "" {
+			recordIn(env("CHILD_CHARGED_FILE"), m)
 		}
 		return applyEffect(ctx, tx, schema, m)
 	}
@@ -271,7 +276,7 @@ func TestMessageThatKillsItsProcessIsDeadLetteredAfterMaxAttempts(t *testing.T) 
 		return fmt.Sprint(i)
 	}))
 	runs := filepath.Join(t.TempDir(), "runs")
-	s := childSpec{b: b, runsFile: runs, maxAttempts: 5, backoff: 50 * time.Millisecond, idle: 2 * time.Second}
+	s := childSpec{b: b, runsFile: runs, chargedFile: filepath.Join(t.TempDir(), "charged"), maxAttempts: 5, backoff: 50 * time.Millisecond, idle: 2 * time.Second}
 	kills := 0
 	for s.runChild(t) {
 		kills++
@@ -279,13 +284,106 @@ func TestMessageThatKillsItsProcessIsDeadLetteredAfterMaxAttempts(t *testing.T) 
 			t.Fatal("still killed after 10 restarts")
 		}
 	}
+	// The batch's crash, then 5 probes (a range of 12 offsets is all probes): each probe
+	// runs the message alone with its attempt recorded before it, and only those count.
 	got, _ := os.ReadFile(runs)
-	if n := strings.Count(string(got), "\n"); n != 5 || kills != 5 {
-		t.Fatalf("the killing message ran %d times over %d kills, want exactly 5 (max attempts):\n%s", n, kills, got)
+	if string(got) != "5 1\n5 1\n5 2\n5 3\n5 4\n5 5\n" || kills != 6 {
+		t.Fatalf("the killing message ran over %d kills as (offset attempt):\n%s\nwant its batch's run, then attempts 1..5 alone", kills, got)
 	}
 	b.checkExact(t, 12, []int64{5})
 	if n := b.q(t, `SELECT attempts FROM {{schema}}.dead_letters WHERE "offset" = 5 AND error_class = 'crash'`); n != 5 {
 		t.Fatalf("dead letter attempts %d, want 5 with class crash", n)
+	}
+	if charged, _ := os.ReadFile(s.chargedFile); len(charged) != 0 {
+		t.Fatalf("healthy neighbours ran at attempt > 1 (offset attempt):\n%s", charged)
+	}
+}
+
+// TestCrashPillIsFoundInPieces: a message that kills its process, in a range of 600 offsets
+// in flight, is found in pieces (600 → 38 → 3 → 1 offsets: a start per level, no transaction
+// per message), then dead-lettered after MaxAttempts crashes of its own; no other message is
+// ever charged an attempt. A SIGKILL that is not the pill's (at each step of the search: in a
+// piece, at a piece's commit, in a probe of a neighbour, at a probe's commit) narrows or
+// repeats the search, never dead-letters a healthy message, and charges at most the one
+// attempt of the neighbour whose probe it ended. With lanes (Concurrency 4) the search is the
+// same: a suspect range runs in pieces on the serial lane, whatever Concurrency.
+func TestCrashPillIsFoundInPieces(t *testing.T) {
+	t.Parallel()
+	requireServices(t)
+	const pill, total = 437, 600
+	for _, tc := range []struct {
+		name        string
+		step        string
+		offset      int64
+		concurrency int
+	}{
+		{"pill alone", "", 0, 0},
+		{"kill in a piece", "handled", 20, 0},
+		{"kill at a piece's commit", "db-committed", 37, 0},
+		{"kill in a neighbour's probe", "handled", 436, 0},
+		{"kill at a neighbour's probe commit", "db-committed", 436, 0},
+		{"lanes", "", 0, 4},
+		{"lanes, kill in a piece", "handled", 100, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			produce(t, b.brokers, b.topic, values(total, 0, func(i int) string {
+				if i == pill {
+					return "kill-me"
+				}
+				return fmt.Sprint(i)
+			}))
+			dir := t.TempDir()
+			s := childSpec{b: b, runsFile: filepath.Join(dir, "runs"), chargedFile: filepath.Join(dir, "charged"),
+				crashStep: tc.step, crashOffset: tc.offset, crashMark: filepath.Join(dir, "crashed"),
+				maxAttempts: 5, backoff: 50 * time.Millisecond, idle: 2 * time.Second, concurrency: tc.concurrency}
+			if tc.step != "" {
+				// The external kill happens in the search, not before it: the first run
+				// crashes on the pill, whose batch holds the step's offset.
+				_ = os.WriteFile(s.crashMark, nil, 0o644)
+			}
+			kills := 0
+			for {
+				killed := s.runChild(t)
+				if kills == 0 && tc.step != "" {
+					_ = os.Remove(s.crashMark) // armed for the search
+				}
+				if !killed {
+					break
+				}
+				kills++
+				if kills > 20 {
+					t.Fatal("still killed after 20 restarts")
+				}
+			}
+			b.checkExact(t, total, []int64{pill})
+			if n := b.q(t, `SELECT attempts FROM {{schema}}.dead_letters WHERE "offset" = $1 AND error_class = 'crash'`, pill); n != 5 {
+				t.Fatalf("dead letter attempts %d, want 5 with class crash", n)
+			}
+			runs, _ := os.ReadFile(s.runsFile)
+			alone := strings.Count(string(runs), "\n")
+			charged, _ := os.ReadFile(s.chargedFile)
+			t.Logf("%d kills; the pill ran %d times; neighbours charged: %q", kills, alone, charged)
+			// 1 (its batch) + 2 levels (600 → 38 → 3, then probes) + 5 probes; the external
+			// kill, and the levels it can make the search take again: 3 more at most.
+			limit := 1 + 2 + 5
+			if tc.step != "" {
+				limit += 3
+			}
+			if kills > limit {
+				t.Fatalf("%d kills to find and dead-letter the pill; want at most %d (pieces of a sixteenth)", kills, limit)
+			}
+			lines := strings.Fields(strings.TrimSpace(string(charged)))
+			switch {
+			case tc.step == "handled" && tc.offset == 436:
+				if len(lines) > 2 { // "436 2": the probe the kill ended counted once
+					t.Fatalf("neighbours charged more than the one killed probe: %q", charged)
+				}
+			case len(lines) != 0:
+				t.Fatalf("healthy messages ran at attempt > 1 (offset attempt): %q", charged)
+			}
+		})
 	}
 }
 

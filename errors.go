@@ -143,23 +143,35 @@ func (e *MigrationsMissingError) Error() string {
 }
 
 // LogRangeError is returned by Run when a partition's database watermark is past the end of
-// its log: the topic was deleted and recreated, or an unclean leader election truncated it.
-// Nothing is processed: replay the new log with `kafkatx offsets reset --to-earliest --mode
-// replay`, or skip to its end with `--to-latest --mode skip`.
+// its log: records kafkatx processed are no longer in it. With the topic's id the one recorded
+// with the watermark (TopicID set), the same topic's log was truncated — an unclean leader
+// election (unclean.leader.election.enable) made a replica that lacked them the leader, and
+// records written since may take those offsets again; without a recorded id (a watermark
+// older than topic ids) the topic may also have been deleted and created again. A topic id
+// that differs is a *LogChangedError instead. Nothing is processed: replay the log with
+// `kafkatx offsets reset --to-earliest --mode replay`, or skip to its end with `--to-latest
+// --mode skip`.
 type LogRangeError struct {
 	Group            string
 	Topic            string
 	Partition        int32
 	Watermark        int64 // the database's next offset to process
 	LogStart, LogEnd int64 // the partition's log start and end offsets
+	// TopicID is the topic's id, recorded with the watermark and the same now ("" unknown).
+	TopicID string
 }
 
 func (e *LogRangeError) Error() string {
-	return fmt.Sprintf("kafkatx: group %q %s[%d]: the database watermark %d is past the log end %d (log start %d): "+
-		"the topic was recreated or its log truncated; nothing processed. With the consumer stopped, replay the log with "+
+	what := "the topic was recreated (before kafkatx recorded topic ids) or its log truncated by an unclean leader election"
+	if e.TopicID != "" {
+		what = fmt.Sprintf("the topic is the same one (topic id %s, as recorded), so its log was truncated: most likely an unclean leader election "+
+			"(unclean.leader.election.enable) made a replica that lacked those records the leader, and records written since may take their offsets again", e.TopicID)
+	}
+	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log now ends at offset %d (log start %d), below the database watermark %d: records [%d, %d) that kafkatx processed are no longer in it; "+
+		"%s. kafkatx cannot tell which records at those offsets are new, so it processed nothing. With the consumer stopped, process the log again from its start with "+
 		"`kafkatx offsets reset --group %s --topic %s --partition %d --to-earliest --mode replay --reason TEXT --execute` "+
 		"or skip to its end with `--to-latest --mode skip`",
-		e.Group, e.Topic, e.Partition, e.Watermark, e.LogEnd, e.LogStart, shellWord(e.Group), shellWord(e.Topic), e.Partition)
+		e.Group, e.Topic, e.Partition, e.LogEnd, e.LogStart, e.Watermark, e.LogEnd, e.Watermark, what, shellWord(e.Group), shellWord(e.Topic), e.Partition)
 }
 
 // shellWord quotes s for a command suggested in an error: as is when plain, else in single
@@ -195,10 +207,47 @@ func (e *NotReadyError) Error() string {
 	return "kafkatx: consumer not ready: " + strings.Join(e.Readiness.Reasons, "; ")
 }
 
+// LogChangedError is returned by Run when the log behind a partition's watermark is another
+// one: the topic's id (KIP-516) or the cluster's id differs from the one recorded with the
+// watermark — the topic was deleted and created again under the same name, or the brokers are
+// another cluster (a disaster-recovery switch, a rebuilt cluster). The watermark's offsets
+// mean nothing in the new log, so kafkatx neither starts there (it would skip the new log's
+// first records) nor anywhere else on its own; nothing is processed. Adopt the new log with
+// `kafkatx offsets reset --mode adopt` (from its earliest offset, latest, or a time), or set
+// Config.OnLogChange. An id that is "" was not known.
+type LogChangedError struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Watermark int64 // the database's next offset to process, in the old log
+	// RecordedTopicID and RecordedClusterID are the ids recorded with the watermark; TopicID
+	// and ClusterID the ones the broker gives now.
+	RecordedTopicID, TopicID     string
+	RecordedClusterID, ClusterID string
+	LogStart, LogEnd             int64 // the new log's start and end offsets
+}
+
+func (e *LogChangedError) Error() string {
+	c := offsetstate.CompareLog(offsetstate.LogID{Cluster: e.RecordedClusterID, Topic: e.RecordedTopicID},
+		offsetstate.LogID{Cluster: e.ClusterID, Topic: e.TopicID})
+	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed: %s. The watermark %d counts offsets of the old log "+
+		"and means nothing in the new one (log [%d, %d)): kafkatx will not start at it there (it would skip or mix up records) and processed nothing. "+
+		"With the consumer stopped, adopt the new log from its start with `kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` "+
+		"(or --to-latest, --to-time), or set Config.OnLogChange",
+		e.Group, e.Topic, e.Partition, c.What(), e.Watermark, e.LogStart, e.LogEnd, shellWord(e.Group), shellWord(e.Topic))
+}
+
 // haltError is the error Run returns for reconciliation's halt h.
 func haltError(h engine.Halt) error {
+	if h.State == string(offsetstate.LogChanged) {
+		c := h.LogChange
+		return &LogChangedError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark,
+			RecordedTopicID: c.Recorded.Topic, TopicID: c.Current.Topic, RecordedClusterID: c.Recorded.Cluster, ClusterID: c.Current.Cluster,
+			LogStart: h.LogStart, LogEnd: h.LogEnd}
+	}
 	if h.State == string(offsetstate.WatermarkPastLogEnd) {
-		return &LogRangeError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd}
+		return &LogRangeError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd,
+			TopicID: h.LogChange.Recorded.Topic}
 	}
 	return &OffsetAheadError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, Committed: h.Committed}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 
@@ -45,6 +46,9 @@ func TestRetryableDB(t *testing.T) {
 		// worker's own shutdown is told apart through its context, before this is asked.
 		{"deadline exceeded", fmt.Errorf("exec: %w", context.DeadlineExceeded), true},
 		{"plain handler error", errors.New("bad order"), false},
+		// A syscall.Errno satisfies net.Error; a file's error is no lost connection
+		// (internal/pgerr's one classification, which the engine asks).
+		{"a file's error", &os.PathError{Op: "open", Path: "/tmp/x", Err: syscall.EISDIR}, false},
 		{"permanent", Permanent(errors.New("bad")), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/engine"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -149,4 +150,10 @@ func (e *emitter) PartitionPaused(tp offsetstore.TP, bytes int64) {
 	e.stats.pauses.Add(1)
 	ev := PartitionPaused{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, Bytes: bytes}
 	callHooks(e, e.hooks.paused, func(h HookPartitionPaused) { h.OnPartitionPaused(ev) })
+}
+
+func (e *emitter) LogChanged(tp offsetstore.TP, c offsetstate.LogChange, adopted bool) {
+	if e.metrics != nil {
+		e.metrics.logChanged(e.group, tp, adopted)
+	}
 }

@@ -28,6 +28,7 @@ type promHook struct {
 	breakerOpen  *prometheus.GaugeVec
 	breakerOpens *prometheus.CounterVec
 	stuck        *prometheus.GaugeVec
+	logChanges   *prometheus.CounterVec
 }
 
 var (
@@ -62,7 +63,9 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 		breakerOpens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_breaker_opened_total", Help: "Times the breaker opened (Config.Breaker)."}, []string{"group"}),
 	}
 	m.stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
+	m.logChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_log_changes_total", Help: "Assignments that found the log behind a watermark changed (topic recreated, another cluster), by action: halt or adopt (Config.OnLogChange)."}, []string{"group", "topic", "action"})
 	var err error
+	promreg.Into(reg, &m.logChanges, &err)
 	promreg.Into(reg, &m.stuck, &err)
 	promreg.Into(reg, &m.breakerOpen, &err)
 	promreg.Into(reg, &m.breakerOpens, &err)
@@ -92,6 +95,15 @@ func (m *promHook) handlerStuck(group string, tp offsetstore.TP, stuck bool) {
 		v = 1
 	}
 	m.stuck.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
+}
+
+// logChanged counts a changed log found on assignment, halted on or adopted.
+func (m *promHook) logChanged(group string, tp offsetstore.TP, adopted bool) {
+	action := "halt"
+	if adopted {
+		action = "adopt"
+	}
+	m.logChanges.WithLabelValues(group, tp.Topic, action).Inc()
 }
 
 // breakerChanged sets kafkatx_breaker_open and counts an opening.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,6 +207,13 @@ func TestWatermarkPastTheLogEndHaltsWithBothOffsets(t *testing.T) {
 	var lre *LogRangeError
 	if !errors.As(err, &lre) || lre.Watermark != 100 || lre.LogEnd != 10 {
 		t.Fatalf("Run returned %v, want a *LogRangeError naming watermark 100 and log end 10", err)
+	}
+	// The same topic (its id as recorded): in the operator's words, a truncation, not a recreate.
+	id := b.qs(t, "SELECT topic_id FROM {{schema}}.watermarks")
+	for _, s := range []string{"[10, 100)", "no longer in it", "topic id " + id, "truncated", "unclean leader election", "--to-earliest --mode replay"} {
+		if lre.TopicID != id || !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q (topic id %q) does not say %q", err, lre.TopicID, s)
+		}
 	}
 }
 

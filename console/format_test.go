@@ -80,6 +80,8 @@ func TestNextStepFollowsTheClassifier(t *testing.T) {
 			"audits [3, 5) as an unexplained skip (removed by retention), then follows Kafka: audits [5, 12) as a skip and starts at 12"},
 		{PartitionRow{State: "kafka_past_log_end", Watermark: 10, Committed: 99, LogStart: 0, LogEnd: 15},
 			"ignores Kafka's committed offset 99 (past the log end), then starts at the watermark 10 and commits it to Kafka"},
+		{PartitionRow{State: "log_changed", Watermark: 10, Committed: -1, LogStart: 0, LogEnd: 15, LogChange: "topic id A -> B"},
+			"processes nothing: the log behind the watermark changed (topic id A -> B); an operator adopts the new log (offsets reset --mode adopt)"},
 	} {
 		if got := nextStep(c.r); !strings.HasPrefix(got, c.want) {
 			t.Errorf("%s W=%d K=%d: %q, want %q", c.r.State, c.r.Watermark, c.r.Committed, got, c.want)

@@ -42,6 +42,9 @@ type PartitionRow struct {
 	ReplayEpoch int                 `json:"replay_epoch"`
 	LastEvent   *offsetstore.Event  `json:"last_event"`
 	Pending     []offsetstore.Event `json:"pending,omitempty"`
+	// LogChange says what changed when State is log_changed (the old and new topic or
+	// cluster ids); empty otherwise.
+	LogChange string `json:"log_change,omitempty"`
 	// Error is set, with Topic and Partition empty, when the group could not be compared
 	// (for example a topic it has a watermark on was deleted).
 	Error string `json:"error,omitempty"`
@@ -57,6 +60,9 @@ func rowOf(s offsets.PartitionStatus) PartitionRow {
 	if s.Committed != nil {
 		r.Committed = *s.Committed
 	}
+	if s.State == offsetstate.LogChanged {
+		r.LogChange = s.Log.Change().What()
+	}
 	r.Next = nextStep(r)
 	return r
 }
@@ -68,6 +74,9 @@ func rowOf(s offsets.PartitionStatus) PartitionRow {
 func nextStep(r PartitionRow) string {
 	if r.State == "error" {
 		return ""
+	}
+	if r.State == string(offsetstate.LogChanged) {
+		return fmt.Sprintf("processes nothing: the log behind the watermark changed (%s); an operator adopts the new log (offsets reset --mode adopt)", r.LogChange)
 	}
 	d := offsetstate.Classify(offsetstate.Offsets{W: r.Watermark, HasW: r.Watermark >= 0, K: r.Committed, HasK: r.Committed >= 0,
 		LogStart: r.LogStart, LogEnd: r.LogEnd}, offsetstate.Policy{})

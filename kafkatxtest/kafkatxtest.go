@@ -45,7 +45,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx"
-	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -111,24 +110,13 @@ func New(t testing.TB, opts *Options) *Kit {
 	if opts.Config != nil {
 		cfg = *opts.Config
 	}
+	cfg = cfg.WithDefaults() // the loop's own defaults, applied in one place
 	k.maxAttempt = cfg.Retry.MaxAttempts
-	if k.maxAttempt <= 0 {
-		k.maxAttempt = kafkatx.MaxAttemptsDefault
-	}
 	k.idem = cfg.Idempotency
 	k.middleware = cfg.Middleware
 	k.prepare = cfg.Prepare
-	if k.idem.Key == nil {
-		k.idem.Key = idempotency.FromOutboxID()
-	}
-	if k.idem.Retention == 0 {
-		k.idem.Retention = idempotency.DefaultRetention
-	}
 	if !cfg.DeadLetter.Disabled {
 		k.dlqTopic = cfg.DeadLetter.Topic
-		if k.dlqTopic == nil {
-			k.dlqTopic = func(topic string) string { return topic + kafkatx.DeadLetterSuffixDefault }
-		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -221,29 +221,24 @@ func (tx *Tx) connClosedHint() string {
 	return ""
 }
 
-// process runs msgs as the loop's partition worker does (kafkatx's partition.process).
+// process runs msgs as the loop's partition worker does: cut into tries by the loop's own
+// split (engine.Split), a failed message settled (Retried or DeadLettered) where the loop
+// would run it alone.
 func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafkatx.Message) {
 	tx.k.t.Helper()
-	split := 0 // while > 0, the next split messages run one per try
-	for len(msgs) > 0 {
-		n := len(msgs)
-		if split > 0 {
-			n = 1
-		}
-		failed, herr := tx.try(ctx, h, msgs[:n])
-		switch failed {
-		case -1:
-			msgs, split = msgs[n:], max(split-n, 0)
-		case engine.Unattributed:
-			split = n
-		default:
-			if failed > 0 {
-				tx.process(ctx, h, msgs[:failed])
+	failed := map[int]error{} // message index -> its failure in a batch's try
+	sp := engine.Split{
+		Alone: func(i int) bool { _, ok := failed[i]; return ok },
+		Batch: func(i, j int) (int, error) {
+			f, herr := tx.try(ctx, h, msgs[i:j])
+			if f >= 0 {
+				failed[i+f] = herr
 			}
-			tx.settle(ctx, msgs[failed], herr)
-			msgs, split = msgs[failed+1:], max(split-failed-1, 0)
-		}
+			return f, nil
+		},
+		One: func(i int) error { tx.settle(ctx, msgs[i], failed[i]); return nil },
 	}
+	_ = sp.Run(len(msgs)) // the kit's callbacks fail the test instead of returning errors
 }
 
 // try runs h over batch in a savepoint with the loop's own transaction body (engine.Body):

@@ -18,6 +18,9 @@ const (
 	exitNotActionable  = 6 // outbox release|discard, dlq show|replay|discard: not in a state the command acts on
 	offsetsExitUnknown = 7 // offsets status: the group has no watermark and no committed offset
 	offsetsExitStalled = 8 // offsets status: lag with a watermark that has not moved for --stalled-after
+	// offsets status: the log behind a watermark is another one (the topic recreated, another
+	// cluster: state log_changed); it takes precedence over drift.
+	offsetsExitLogChanged = 9
 )
 
 // exitStatus is one exit status: what --help says (plain) and what the README's table says
@@ -43,6 +46,8 @@ var exitStatuses = []exitStatus{
 		"`offsets status`: the group has no watermark and no committed offset"},
 	{offsetsExitStalled, "offsets status: a partition with lag whose watermark has not moved for --stalled-after",
 		"`offsets status`: no drift, but a partition with lag whose watermark has not moved for `--stalled-after` (default 2m): stalled"},
+	{offsetsExitLogChanged, "offsets status: the log behind a watermark changed (topic recreated, another cluster): log_changed",
+		"`offsets status`: the log behind a watermark changed — the topic was recreated, or the brokers are another cluster (`log_changed`; takes precedence over 3)"},
 }
 
 // exitStatusHelp is the table printed by --help.

@@ -83,6 +83,9 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 
 func offsetsPrintAccount(a offsets.Account) {
 	fmt.Printf("%s[%d] group %s: offsets [%d, %d), %d in all\n", a.Topic, a.Partition, a.Group, a.First, a.Watermark, a.Offsets)
+	if e := a.Adopted; e != nil {
+		fmt.Printf("  new log since       audit row %d, %s: %s; the old log's history (watermark %d) is not counted\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), e.Reason, e.From)
+	}
 	fmt.Printf("  processed           %d\n", a.Processed)
 	fmt.Printf("  dead-lettered       %d\n", a.DeadLettered)
 	fmt.Printf("  operator-skipped    %d\n", a.OperatorSkipped)

@@ -18,7 +18,7 @@ type OffsetsResetCmd struct {
 	ToEarliest bool   `name:"to-earliest" xor:"target" help:"Move to the log start offset."`
 	ToLatest   bool   `name:"to-latest" xor:"target" help:"Move to the log end offset."`
 	ToDatabase bool   `name:"to-database" xor:"target" help:"Align Kafka's committed offset to the database watermark (the watermark does not move; --mode is not needed)."`
-	Mode       string `help:"skip (move forward; the range is recorded as operator_skip and never processed) or replay (move back; the range runs again under a new replay epoch)." placeholder:"skip|replay"`
+	Mode       string `help:"skip (move forward; the range is recorded as operator_skip and never processed), replay (move back; the range runs again under a new replay epoch) or adopt (the topic was recreated or the cluster is another one: move onto the new log, audited as log_adopted with both ids)." placeholder:"skip|replay|adopt"`
 	Reason     string `required:"" help:"Why, for the audit trail."`
 	Execute    bool   `help:"Apply the plan. Without it the command only prints the plan (a dry run)."`
 }
@@ -33,6 +33,12 @@ and changes nothing; --execute applies it.
   --mode replay   [target, watermark) runs again; both sides move back to target and the
                   partition's replay epoch goes up by one (business idempotency keys are scoped
                   by epoch, so the replay is not swallowed as duplicates).
+  --mode adopt    the log behind the watermark changed (offsets status: log_changed — the
+                  topic was deleted and created again, or the brokers are another cluster):
+                  both sides move to the target in the new log (--to-earliest: every record it
+                  holds is processed; --to-latest; --to-time), the new topic and cluster ids are
+                  recorded, and the audit row (log_adopted) names the old and new ids. Refused
+                  when the log has not changed; skip and replay are refused when it has.
   --to-database   Kafka's committed offset is set to the watermark (audit kind align).
 
 It refuses while the group has active members: stop every consumer of the group first.
@@ -52,8 +58,8 @@ func (c *OffsetsResetCmd) Validate() error {
 	if c.ToOffset == nil && c.ToTime == "" && !c.ToEarliest && !c.ToLatest && !c.ToDatabase {
 		return errors.New("a target is required: --to-offset N, --to-time RFC3339, --to-earliest, --to-latest or --to-database")
 	}
-	if !c.ToDatabase && c.Mode != string(offsets.ModeSkip) && c.Mode != string(offsets.ModeReplay) {
-		return errors.New("--mode skip|replay is required (except with --to-database)")
+	if !c.ToDatabase && c.Mode != string(offsets.ModeSkip) && c.Mode != string(offsets.ModeReplay) && c.Mode != string(offsets.ModeAdopt) {
+		return errors.New("--mode skip|replay|adopt is required (except with --to-database)")
 	}
 	if c.ToDatabase && c.Mode != "" {
 		return errors.New("--mode does not apply to --to-database, which moves only Kafka")
@@ -134,6 +140,9 @@ func offsetsPrintPlan(p *offsets.Plan) {
 				s.TP, s.Watermark, s.Target, k, s.Target, s.Target, s.Watermark, s.Messages())
 		case offsets.ActionAlign:
 			fmt.Printf("  %s: Kafka committed %s -> %d (the watermark), as align\n", s.TP, k, s.Target)
+		case offsets.ActionAdopt:
+			fmt.Printf("  %s: log changed (%s): watermark %d of the old log -> %d of the new one, Kafka committed %s -> %d: [%d, %d) of the new log processed; as log_adopted\n",
+				s.TP, s.Log.What(), s.Watermark, s.Target, k, s.Target, s.Target, s.LogEnd)
 		default:
 			fmt.Printf("  %s: no change: %s\n", s.TP, s.Note)
 		}

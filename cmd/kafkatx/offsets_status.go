@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 )
 
 // OffsetsStatusCmd compares each partition's database watermark with the group's committed
@@ -33,7 +34,10 @@ lost commit or a rewind with Kafka's tools: the consumer re-commits the watermar
 kafka_missing (the group's offsets expired or were deleted); watermark_past_log_end (the
 topic was recreated or truncated: the consumer refuses to start), watermark_below_log_start
 (retention removed unprocessed records), kafka_past_log_end (the consumer ignores it);
-no_watermark and unused (not drift).
+log_changed (the log behind the watermark is another one: the topic was deleted and created
+again, or the brokers are another cluster — its topic or cluster id differs from the one
+recorded with the watermark; the consumer refuses to start until the new log is adopted with
+offsets reset --mode adopt); no_watermark and unused (not drift).
 
 Stalled: a partition with lag whose watermark has not moved for --stalled-after (default 2m)
 makes no progress — a handler stuck, the breaker open, a database condition waited out, or no
@@ -41,7 +45,8 @@ consumer running — whatever its state; the text output marks it STALLED.
 
 Exit status: 0 when every partition is aligned (or has no watermark) and none is stalled, 3
 when any partition drifts (kafka_ahead, kafka_behind, kafka_missing, watermark_past_log_end,
-watermark_below_log_start, kafka_past_log_end), 8 when none drifts but one is stalled, 7 when
+watermark_below_log_start, kafka_past_log_end), 9 when any is log_changed (before 3), 8 when
+none drifts but one is stalled, 7 when
 the group has no watermark and no committed offset (a mistyped group), 1 on an error.`
 }
 
@@ -58,11 +63,14 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	drifted, stalled := 0, 0
+	drifted, stalled, changed := 0, 0, 0
 	now := time.Now()
 	for _, s := range sts {
 		if s.Drifted() {
 			drifted++
+		}
+		if s.State == offsetstate.LogChanged {
+			changed++
 		}
 		if s.Stalled(c.StalledAfter, now) {
 			stalled++
@@ -123,6 +131,9 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		default:
 			fmt.Printf("aligned: %d partition(s)\n", len(sts))
 		}
+	}
+	if changed > 0 {
+		return &exitError{code: offsetsExitLogChanged}
 	}
 	if drifted > 0 {
 		return &exitError{code: offsetsExitDrift}

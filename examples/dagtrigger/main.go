@@ -37,6 +37,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/flagcheck"
+	"github.com/kafkatx/kafkatx/limit"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -46,6 +47,7 @@ type options struct {
 	username, passwordFile                string
 	cdcOps, deleteBefore                  string
 	keyRetention, airflowTimeout, waitMax time.Duration
+	minCalls, maxCalls                    int
 }
 
 // defaultConcurrency is --concurrency's default (docs/benchmarks.md, "Per-key concurrency").
@@ -67,7 +69,9 @@ func run() int {
 	fs.StringVar(&o.username, "airflow-username", "", "Airflow user whose password (--airflow-password-file) is exchanged for tokens at POST /auth/token, refreshed before they expire")
 	fs.StringVar(&o.passwordFile, "airflow-password-file", "", "file holding --airflow-username's password, re-read at each token exchange")
 	fs.DurationVar(&o.waitMax, "airflow-wait-max", kafkatx.DefaultUnavailableMaxWait, "how long a partition waits for Airflow (refused credentials, DAG not found, Airflow down) for one event, outside any transaction, before the event's tries count as attempts")
-	fs.DurationVar(&o.airflowTimeout, "airflow-timeout", 10*time.Second, "timeout of one request to Airflow")
+	fs.DurationVar(&o.airflowTimeout, "airflow-timeout", 10*time.Second, "timeout of one request to Airflow, from when it holds a permit of the call limit (time waiting for a permit does not count)")
+	fs.IntVar(&o.minCalls, "airflow-min-calls", limit.DefaultMin, "lowest limit of requests in flight to Airflow over the whole process (1 to 4096); the limit adapts between --airflow-min-calls and --airflow-max-calls to Airflow's latency and errors")
+	fs.IntVar(&o.maxCalls, "airflow-max-calls", limit.DefaultMax, "highest limit of requests in flight to Airflow over the whole process (1 to 4096, at least --airflow-min-calls; equal to it: a fixed limit); a default Airflow 3.3.2 (one api-server worker, database pool 5 + 10) settles the adaptive limit at a few, a far side answering in constant time lets it grow to this")
 	fs.DurationVar(&o.keyRetention, "key-retention", 7*24*time.Hour, "how long an event's source position is remembered to skip re-published copies")
 	fs.StringVar(&o.cdcOps, "cdc-ops", "c,u,d,r", "Debezium ops that start a run, comma-separated: c (create), u (update), d (delete), r (snapshot read), t (truncate), m (logical message); others are skipped and counted")
 	fs.StringVar(&o.deleteBefore, "cdc-delete-before", "key", "a delete's conf.before: key (only the record key's columns; the others are placeholders under PostgreSQL's default replica identity) or full (the whole before image, for REPLICA IDENTITY FULL tables)")
@@ -87,6 +91,8 @@ func run() int {
 		flagcheck.Duration("airflow-wait-max", o.waitMax, time.Second, 30*24*time.Hour),
 		flagcheck.Duration("airflow-timeout", o.airflowTimeout, 100*time.Millisecond, 10*time.Minute),
 		flagcheck.Duration("key-retention", o.keyRetention, time.Minute, 365*24*time.Hour),
+		flagcheck.Int("airflow-min-calls", o.minCalls, 1, 4096),
+		flagcheck.Int("airflow-max-calls", o.maxCalls, max(1, o.minCalls), 4096),
 	); err != nil {
 		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
 		return 2
@@ -123,6 +129,10 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	calls, err := limit.New(limit.Config{Min: o.minCalls, Max: o.maxCalls})
+	if err != nil {
+		return err
+	}
 	af, err := airflow.New(airflow.Config{
 		BaseURL:        o.airflowURL,
 		TokenFile:      o.tokenFile,
@@ -137,6 +147,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		MaxAttempts: 3,
 		MaxBackoff:  time.Second,
 		Logger:      log,
+		Limiter:     calls, // every request of the process, whatever its partition and lane
 	})
 	if err != nil {
 		return err
@@ -174,10 +185,14 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	cfg.Transaction.IdleTimeout = max(10*time.Second, o.airflowTimeout+5*time.Second)
 	cfg.SkipMigrations = true // applied above
 	cfg.Prepare = t.prepare   // the Airflow call, before the transaction
+	// The Airflow client limits each of its requests (--airflow-max-calls); a second limit on
+	// whole Prepare calls (a batch of events each) would only measure the first one's queue.
+	cfg.PrepareLimit = limit.Fixed(kafkatx.MaxUnitsDefault)
 	c, err := kafkatx.NewConsumer(pool, t.handle, cfg)
 	if err != nil {
 		return err
 	}
+	go logLimit(ctx, log, calls)
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
 		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
 	s := c.Stats()
@@ -193,9 +208,28 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		"airflow_waits":   s.Unavailable,
 		"not_changes":     t.notChanges.Load(),
 		"ops_skipped":     t.opsSkipped.Load(),
+		"airflow_limit":   int64(calls.Limit()),
 	})
 	fmt.Println(string(b))
 	return err
+}
+
+// logLimit logs the limit on requests to Airflow at info level every 10 s while it changes.
+func logLimit(ctx context.Context, log *zap.Logger, l *limit.Limiter) {
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	last := -1
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if n := l.Limit(); n != last {
+			last = n
+			log.Info("requests to Airflow in flight", zap.Int("limit", n), zap.Int("in_flight", l.InFlight()), zap.Int("waiting", l.Waiting()))
+		}
+	}
 }
 
 // parseOps parses --cdc-ops.

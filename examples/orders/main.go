@@ -35,6 +35,7 @@ type options struct {
 	service.Flags
 	eventsTopic, produceFile     string
 	generate, poisonEvery        int
+	crashEvery                   int
 	maxOutboxRows                int
 	produceOnly, inProcessBroker bool
 	traceStderr                  bool
@@ -55,6 +56,7 @@ func run() int {
 	fs.StringVar(&o.produceFile, "produce", "", "produce each non-blank line of FILE as one message before consuming (key = order_id when the line is JSON with one)")
 	fs.IntVar(&o.generate, "generate", 0, "produce N synthetic orders (ids unique across runs) before consuming")
 	fs.IntVar(&o.poisonEvery, "poison-every", 0, "with --generate, make every K-th message a non-JSON poison pill")
+	fs.IntVar(&o.crashEvery, "crash-every", 0, "with --generate, make every K-th message a crash pill: a valid-looking order (its own id) with the header "+order.CrashPillHeader+", whose handling makes the process exit with status 3 at once, every time it is handled")
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
 	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (PostgreSQL's live-row estimate), so the relay is not left behind without bound; 0: no bound")
 	fs.StringVar(&o.outboxMode, "outbox-mode", "", "how events and dead letters go through the outbox: wal (logical-decoding messages relayed from a replication slot) or table (rows; the default of a new schema). Stored with the schema: empty follows it, a value that conflicts with it exits 2")
@@ -86,6 +88,9 @@ func run() int {
 		return 2
 	case o.generate < 0 || o.poisonEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --generate (%d) and --poison-every (%d) must not be negative; see --help\n", o.generate, o.poisonEvery)
+		return 2
+	case o.crashEvery < 0:
+		fmt.Fprintf(os.Stderr, "orders: --crash-every (%d) must not be negative (0: no crash pills); see --help\n", o.crashEvery)
 		return 2
 	}
 	service.TuneGC()
@@ -175,7 +180,15 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 	}()
 	// Trace context per order: the middleware continues each message's traceparent in a
 	// consumer span; the event written for the order carries that span's (annotate).
-	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.WriteTx, Annotate: tr.annotate(o.traceStderr)}
+	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.WriteTx, Annotate: tr.annotate(o.traceStderr),
+		CrashPill: func(m *kafkatx.Message) {
+			// The seed's incident, on purpose: the process dies in the handler, inside the
+			// transaction, before anything commits (no deferred function runs).
+			log.Error("crash pill: exiting with status 3", zap.String("topic", m.Topic), zap.Int32("partition", m.Partition),
+				zap.Int64("offset", m.Offset), zap.Int("attempt", m.Attempt))
+			_ = log.Sync()
+			os.Exit(3)
+		}}
 	reg := prometheus.NewRegistry()
 	ccfg := o.ConsumerConfig(log, reg)
 	ccfg.SkipMigrations = true // applied above, on the session pool

@@ -21,6 +21,7 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--in-process-broker"}, env: "KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092", want: "--in-process-broker"},
 		{args: []string{"--in-process-broker", "--generate", "-5"}, want: "--generate"},
 		{args: []string{"--in-process-broker", "--max-outbox-rows", "-1"}, want: "--max-outbox-rows"},
+		{args: []string{"--in-process-broker", "--crash-every", "-1"}, want: "--crash-every"},
 		// Issue "a user's first week" 5: bad values were replaced by defaults.
 		{args: []string{"--in-process-broker", "--batch-size", "-5"}, want: "--batch-size -5: want 1 to 100,000"},
 		{args: []string{"--in-process-broker", "--max-attempts", "0"}, want: "--max-attempts 0: want 1 to 1,000"},
@@ -28,6 +29,7 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--in-process-broker", "--session-timeout", "-2s"}, want: "--session-timeout"},
 		{args: []string{"--in-process-broker", "--partitions", "0"}, want: "--partitions 0"},
 		{args: []string{"--in-process-broker", "--batch-size", "lots"}, want: "batch-size"},
+		{args: []string{"--in-process-broker", "--on-log-change", "follow"}, want: "--on-log-change \"follow\": want halt, adopt-earliest or adopt-latest"},
 	} {
 		testenv.RequireUsageError(t, bin, tc.args, []string{"KAFKA_BOOTSTRAP_SERVERS=", tc.env}, tc.want)
 	}

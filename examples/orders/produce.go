@@ -19,11 +19,13 @@ type produceSummary struct {
 	Produced   int   `json:"produced"`
 	Valid      int   `json:"valid"`
 	Poison     int   `json:"poison"`
+	Crash      int   `json:"crash"`
 	TotalCents int64 `json:"total_cents"`
 }
 
 type record struct {
 	key, value []byte
+	crash      bool // a crash pill: sent with the header order.CrashPillHeader
 }
 
 // maxLineBytes bounds a --produce line: Kafka's default record limit is about 1 MB (librdkafka
@@ -70,13 +72,21 @@ func produce(ctx context.Context, base kafka.ConfigMap, o options) (produceSumma
 			continue
 		}
 		id := fmt.Sprintf("GEN-%s-%d", run, i)
+		crash := o.crashEvery > 0 && i%o.crashEvery == 0
+		if crash {
+			id = fmt.Sprintf("CRASH-%s-%d", run, i)
+		}
 		v := fmt.Sprintf(`{"order_id":%q,"customer":%q,"item":%q,"quantity":%d,"price":%d.%02d}`,
 			id, customers[i%len(customers)], items[i%len(items)], 1+i%5, 1+i%40, (i*7)%100)
-		recs = append(recs, record{key: []byte(id), value: []byte(v)})
+		recs = append(recs, record{key: []byte(id), value: []byte(v), crash: crash})
 	}
 
 	var sum produceSummary
 	for _, r := range recs {
+		if r.crash {
+			sum.Crash++
+			continue
+		}
 		if o, err := order.Parse(r.value); err == nil {
 			sum.Valid++
 			sum.TotalCents += o.TotalCents
@@ -108,6 +118,9 @@ func produce(ctx context.Context, base kafka.ConfigMap, o options) (produceSumma
 	topic := o.Topic
 	for _, r := range recs {
 		msg := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny}, Key: r.key, Value: r.value}
+		if r.crash {
+			msg.Headers = []kafka.Header{{Key: order.CrashPillHeader, Value: []byte("exit 3")}}
+		}
 		for {
 			err := p.Produce(msg, reports)
 			if err == nil {

@@ -17,6 +17,12 @@
 // that returns them makes its partition wait and retry without spending the event's attempts
 // (kafkatx.UnavailableError). Other answers (400, 422: Airflow refuses this run) are plain
 // *StatusError values. The package does not import kafkatx.
+//
+// Every request holds a permit of one limit on the requests in flight to Airflow over the
+// whole Client (Config.Limiter, adaptive by default: package limit), taken before the
+// request's timeout starts; a create that got no answer (a timeout, a connection lost after
+// the request went out) or a 5xx is settled by reading the run by its id before it is sent
+// again.
 package airflow
 
 import (
@@ -37,6 +43,8 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/limit"
 )
 
 // Config configures a Client.
@@ -68,7 +76,8 @@ type Config struct {
 	// timeout.
 	HTTPClient *http.Client
 
-	// RequestTimeout bounds one attempt (connect, send, read the answer). Defaults to 10s.
+	// RequestTimeout bounds one attempt (connect, send, read the answer), from when it holds
+	// its permit of Limiter: time waiting for the permit does not count. Defaults to 10s.
 	RequestTimeout time.Duration
 
 	// MaxAttempts is the most attempts per trigger for temporary failures, the first
@@ -97,6 +106,17 @@ type Config struct {
 	// Logger receives retry logs, named "kafkatx.airflow". Tokens, passwords and conf are
 	// never logged. Defaults to zap.NewNop().
 	Logger *zap.Logger
+
+	// Limiter bounds the requests in flight to Airflow — creates, the reads that settle them
+	// and token exchanges — over every caller of this Client (package limit: a limit that
+	// adapts to Airflow's latency and errors). A request waits for a permit before its
+	// RequestTimeout starts, so time queued in the client never counts against it. Each
+	// answer feeds the limit: a timeout, a network error, 408, 429 or 5xx as dropped (the
+	// limit shrinks), any other answer as a latency sample. Defaults to
+	// limit.New(limit.Config{}) (4 at the start, 1 to 256, docs/dag-triggered-services.md):
+	// one api-server worker of a default Airflow 3.3.2 (SQLAlchemy pool 5 + 10 overflow)
+	// locked up under 96 creates in flight. limit.Fixed(n) holds n.
+	Limiter *limit.Limiter
 }
 
 // Client triggers DAG runs. Create one with New; it is safe for concurrent use.
@@ -154,6 +174,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.MaxConfBytes == 0 {
 		cfg.MaxConfBytes = DefaultMaxConfBytes
 	}
+	if cfg.Limiter == nil {
+		cfg.Limiter = limit.MustNew(limit.Config{})
+	}
 	hc := cfg.HTTPClient
 	if hc == nil {
 		hc = &http.Client{Timeout: cfg.RequestTimeout}
@@ -191,9 +214,9 @@ type Result struct {
 	Created bool
 	// Attempts is the number of requests sent.
 	Attempts int
-	// Settled is true when a create answered 5xx and a read of the run by its id found it
-	// (the run was created before the answer failed): Created is then true, and no other
-	// create is sent.
+	// Settled is true when a create answered 5xx, or got no answer (a timeout, a connection
+	// lost after the request went out), and a read of the run by its id found it (the run was
+	// created before the answer failed): Created is then true, and no other create is sent.
 	Settled bool
 }
 
@@ -396,14 +419,41 @@ func (c *Client) postRun(ctx context.Context, endpoint *url.URL, body []byte) (b
 // send posts body as JSON to endpoint once and returns the status, the start of the body and
 // the headers; err is a network error (retryable) or the context's (permanent).
 func (c *Client) send(ctx context.Context, endpoint *url.URL, body []byte, token string) (int, string, http.Header, error) {
+	status, head, hdr, err := c.roundTrip(ctx, http.MethodPost, endpoint.String(), body, token, 512)
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, "", nil, backoff.Permanent(context.Cause(ctx))
+		}
+		return 0, "", nil, err
+	}
+	return status, strings.ToValidUTF8(string(head), "?"), hdr, nil
+}
+
+// roundTrip sends one request under a permit of the client's Limiter and returns the status,
+// up to keep bytes of the body and the headers. The permit is taken before the request's
+// RequestTimeout starts: time waiting for it is not the request's. The answer feeds the
+// limit (Config.Limiter). err is a network error, the context's, or a request that could
+// not be built (permanent).
+func (c *Client) roundTrip(ctx context.Context, method, u string, body []byte, token string, keep int64) (int, []byte, http.Header, error) {
+	permit, err := c.cfg.Limiter.Acquire(ctx)
+	if err != nil {
+		return 0, nil, nil, err
+	}
 	actx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, endpoint.String(), bytes.NewReader(body))
-	if err != nil {
-		return 0, "", nil, backoff.Permanent(err)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
 	}
-	req.ContentLength = int64(len(body)) // set by NewRequest for a *bytes.Reader; explicit: never chunked
-	req.Header.Set("Content-Type", "application/json")
+	req, err := http.NewRequestWithContext(actx, method, u, rd)
+	if err != nil {
+		permit.Done(limit.Ignored)
+		return 0, nil, nil, backoff.Permanent(err)
+	}
+	if body != nil {
+		req.ContentLength = int64(len(body)) // set by NewRequest for a *bytes.Reader; explicit: never chunked
+		req.Header.Set("Content-Type", "application/json")
+	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", "kafkatx-airflow/1")
 	if token != "" {
@@ -412,14 +462,22 @@ func (c *Client) send(ctx context.Context, endpoint *url.URL, body []byte, token
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, "", nil, backoff.Permanent(context.Cause(ctx))
+			permit.Done(limit.Ignored)
+		} else {
+			permit.Done(limit.Dropped)
 		}
-		return 0, "", nil, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
-	head, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, keep))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, strings.ToValidUTF8(string(head), "?"), resp.Header, nil
+	switch code := resp.StatusCode; {
+	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
+		permit.Done(limit.Dropped)
+	default:
+		permit.Done(limit.Success)
+	}
+	return resp.StatusCode, head, resp.Header, nil
 }
 
 // renewable reports whether new credentials can come without a restart.
@@ -480,33 +538,26 @@ func (c *Client) exchange(ctx context.Context) (string, error) {
 	}
 	body, _ := json.Marshal(map[string]string{"username": c.cfg.Username, "password": strings.TrimRight(string(pw), "\r\n")})
 	endpoint := c.base.JoinPath("auth", "token")
-	actx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, endpoint.String(), bytes.NewReader(body))
-	if err != nil {
-		return "", err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "kafkatx-airflow/1")
-	resp, err := c.http.Do(req)
+	status, b, _, err := c.roundTrip(ctx, http.MethodPost, endpoint.String(), body, "", 64<<10)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "", context.Cause(ctx)
 		}
+		var pe *backoff.PermanentError
+		if errors.As(err, &pe) {
+			return "", pe.Unwrap()
+		}
 		return "", fmt.Errorf("token exchange: %w", err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+	if status < 200 || status >= 300 {
 		// The body is Airflow's error detail; the request's password is never in it.
-		return "", &StatusError{StatusCode: resp.StatusCode, Detail: strings.ToValidUTF8(string(b[:min(len(b), 512)]), "?"), Endpoint: "/" + strings.TrimLeft(endpoint.Path, "/")}
+		return "", &StatusError{StatusCode: status, Detail: strings.ToValidUTF8(string(b[:min(len(b), 512)]), "?"), Endpoint: "/" + strings.TrimLeft(endpoint.Path, "/")}
 	}
 	var out struct {
 		AccessToken string `json:"access_token"`
 	}
 	if err := json.Unmarshal(b, &out); err != nil || out.AccessToken == "" {
-		return "", &credentialError{fmt.Errorf("token exchange: %d answer without an access_token", resp.StatusCode)}
+		return "", &credentialError{fmt.Errorf("token exchange: %d answer without an access_token", status)}
 	}
 	return out.AccessToken, nil
 }

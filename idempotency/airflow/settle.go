@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"net/http"
 	"net/url"
 
@@ -59,7 +59,7 @@ func IsConfTooLarge(err error) bool {
 	return errors.As(err, &e)
 }
 
-// settler settles a create that answered 5xx by reading the run by its id (GET
+// settler settles a create that answered 5xx, or no answer, by reading the run by its id (GET
 // /api/v2/dags/{dag_id}/dagRuns/{dag_run_id}): Airflow may have created the run before its
 // answer failed. Found: the trigger succeeded (Result.Settled) and no other create is sent.
 // The run id is the identity either way — a create sent again would answer 409 — so a 5xx
@@ -72,18 +72,21 @@ type settler struct {
 	absent  bool // the last read answered 404: Airflow answers, the run does not exist
 }
 
-// settles reports whether err, a create's failure, is a 5xx after which the run exists.
-func (s *settler) settles(ctx context.Context, err error) bool {
-	var se *StatusError
-	if !errors.As(err, &se) || se.StatusCode < 500 {
+// settles reports whether err, a create's failure that may have reached Airflow (a 5xx, a
+// timeout, a connection lost after the request went out: mayHaveArrived), is followed by a
+// read that finds the run: it was created, and no create is sent again. A read that finds
+// nothing (404) or fails lets the create be sent again; the run id keeps that safe (409).
+func (s *settler) settles(ctx context.Context, cerr error) bool {
+	if !mayHaveArrived(cerr) || ctx.Err() != nil {
 		return false
 	}
 	status, err := s.read(ctx)
-	s.absent = err == nil && status == http.StatusNotFound
+	var se *StatusError
+	s.absent = err == nil && status == http.StatusNotFound && errors.As(cerr, &se)
 	if err == nil && status == http.StatusOK {
 		s.settled = true
-		s.c.log.Info("trigger DAG run: the create answered an error but the run exists; settled by its run id",
-			zap.String("run", s.run.Path), zap.Int("create_status", se.StatusCode))
+		s.c.log.Info("trigger DAG run: the create answered an error or no answer but the run exists; settled by its run id",
+			zap.String("run", s.run.Path), zap.String("create_error", cerr.Error()))
 		return true
 	}
 	return false
@@ -108,22 +111,22 @@ func (s *settler) read(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	actx, cancel := context.WithTimeout(ctx, s.c.cfg.RequestTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(actx, http.MethodGet, s.run.String(), nil)
-	if err != nil {
-		return 0, err
+	status, _, _, err := s.c.roundTrip(ctx, http.MethodGet, s.run.String(), nil, token, 0)
+	return status, err
+}
+
+// mayHaveArrived reports whether err, a create's failure, may have left the request with
+// Airflow: a 5xx, or a network error other than a failed connect (a timeout, a connection
+// reset or closed after the request went out).
+func mayHaveArrived(err error) bool {
+	var se *StatusError
+	if errors.As(err, &se) {
+		return se.StatusCode >= 500
 	}
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "kafkatx-airflow/1")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return false
 	}
-	resp, err := s.c.http.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-	return resp.StatusCode, nil
+	var oe *net.OpError
+	return !errors.As(err, &oe) || oe.Op != "dial"
 }

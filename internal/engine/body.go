@@ -12,6 +12,7 @@ import (
 	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/limit"
 )
 
 // Body is the transaction body: what runs inside one database transaction for a contiguous run
@@ -34,6 +35,9 @@ type Body[M any] struct {
 	// begins, outside any transaction: a slow call to another service that must not hold a
 	// pooled connection. Its answer is sorted as the handler's is.
 	Prepare func(ctx context.Context, msgs []M) error
+	// PrepareLimit, when set (Config.PrepareLimit), bounds the Prepare calls in flight over
+	// every worker: Prepared waits for a permit before calling Prepare.
+	PrepareLimit *limit.Limiter
 }
 
 // Claims is where and how Body claims business idempotency keys.
@@ -138,12 +142,36 @@ func (b *Body[M]) Prepared(ctx context.Context, msgs []M) Tried {
 	if b.Prepare == nil {
 		return t
 	}
+	var permit *limit.Permit
+	if b.PrepareLimit != nil {
+		var err error
+		if permit, err = b.PrepareLimit.Acquire(ctx); err != nil {
+			return Tried{Verdict: Again, Err: err, Failed: -1} // ctx ended while waiting
+		}
+	}
 	perr := Call(func() error { return b.Prepare(ctx, msgs) })
 	t.Verdict, t.Err = Sort(ctx, nil, perr)
+	permit.Done(prepareOutcome(ctx, t.Verdict))
 	if t.Verdict == Failed || t.Verdict == Wait {
 		t.Failed, t.Cause = b.attribute(msgs, t.Err)
 	}
 	return t
+}
+
+// prepareOutcome is how a Prepare call answered with verdict v went, for its limit: Wait (the
+// far side Unavailable, or the database's own condition) as dropped, Done as a latency sample,
+// anything else — ctx ended, the handler-style failure of one message — as saying nothing of
+// the far side's speed.
+func prepareOutcome(ctx context.Context, v Verdict) limit.Outcome {
+	switch {
+	case ctx.Err() != nil:
+		return limit.Ignored
+	case v == Done:
+		return limit.Success
+	case v == Wait:
+		return limit.Dropped
+	}
+	return limit.Ignored
 }
 
 // TryRecords runs, for records the loop polled (converted with FromKafka at attempt), the

@@ -10,10 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"runtime/debug"
-	"strings"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -333,44 +330,14 @@ func ServerCondition(err error) (c pgerr.Condition, ok bool) {
 	return c, c.Class == pgerr.Server
 }
 
-// RetryableDB reports whether err is a database condition that means "run the transaction
-// again": a PostgreSQL error of the Server or Conflict class (RetryableSQLState,
-// docs/failures.md), or a lost or refused connection. It sorts
-// errors of the loop's OWN statements (attempt rows, markers, the watermark, COMMIT) for the
-// loop's log; a handler's answer is sorted by Sort, which asks the transaction's connection
-// instead of guessing from the error (a handler's own timeout or network error is its
-// failure). Config.Transaction sets the timeouts.
+// RetryableDB reports whether err, an error of the loop's OWN statements (attempt rows,
+// markers, the watermark, COMMIT), means "run it again": internal/pgerr's one classification
+// says the server's condition or a lost race (pgerr.Waitable: a Server or Conflict SQLSTATE, a
+// lost or refused connection), or the statement ran past its deadline (pgconn.Timeout, context.DeadlineExceeded; pgerr
+// leaves a context's end to its caller, and for the loop's own statement it is the database
+// not answering in time). It only sorts the loop's log line: untilDone runs its work again
+// either way. A handler's answer is sorted by Sort, which asks the transaction's connection
+// instead (a handler's own timeout or network error is its failure).
 func RetryableDB(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return RetryableSQLState(err)
-	}
-	if pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
-		return true
-	}
-	// An HTTP client's failure (net/http reports every one as a *url.Error, itself a
-	// net.Error) is the handler's own, never the loop's database: it is a handler error.
-	var urlErr *url.Error
-	if errors.As(err, &urlErr) {
-		return false
-	}
-	var netErr net.Error
-	if errors.As(err, &netErr) {
-		return true
-	}
-	var connErr *pgconn.ConnectError
-	if errors.As(err, &connErr) {
-		return true
-	}
-	// pgx reports a closed or broken connection with these messages.
-	msg := strings.ToLower(err.Error())
-	for _, s := range []string{"conn closed", "unexpected eof", "connection reset", "broken pipe"} {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
+	return pgerr.Waitable(err) || pgconn.Timeout(err) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -28,6 +29,9 @@ type Emitter interface {
 	// HandlerStuck: the handler call on offset's transaction, started at since, ran past
 	// Settings.StuckAfter (stuck), or returned after that (!stuck).
 	HandlerStuck(tp offsetstore.TP, offset int64, since time.Time, stuck bool)
+	// LogChanged: the log behind tp's watermark is another one (identity.go); adopted says
+	// the consumer adopted it (Settings.AdoptNewLog), else it halted.
+	LogChanged(tp offsetstore.TP, c offsetstate.LogChange, adopted bool)
 }
 
 // Position is a partition and an offset: a start offset on assignment, a final watermark on

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -21,9 +22,9 @@ import (
 //	worker.run           the worker takes it with what is queued behind it (collect)
 //	lane.process         drops what is below the watermark, splits around messages that need care
 //	lane.runBatch        in-flight marker, then one optimistic transaction for the batch
-//	lane.batchTx         Body (claims, handler, verdict), then finishTx
+//	lane.batchTx         Body (claims, handler, verdict), then the lane's mode's finish
 //	lane.runOne          a message alone: durable attempt, oneTx, backoff, dead letter
-//	lane.finishTx        gap audit, attempts cleared, watermark compare-and-set, then
+//	serialMode.finish    gap audit, attempts cleared, watermark compare-and-set (mode.go), then
 //	worker.commit        the PostgreSQL COMMIT (a lost answer settled from txid_status)
 //	worker.committed     the new watermark to the committer (committer.go), which commits it to Kafka
 //
@@ -46,6 +47,10 @@ func (l *Loop) dispatch(m *kafka.Message) {
 	off := int64(m.TopicPartition.Offset)
 	l.set.Signals.step("polled", off)
 	l.lastMessage.Store(time.Now().UnixNano())
+	if off < p.watermark.Load() && off < p.dispatchedEnd.Load() {
+		l.logRewound(p, off) // the client went back below the watermark on its own (identity.go)
+		return
+	}
 	if off < p.dispatchedEnd.Load() {
 		l.emit.RedeliveryDropped(tp, 1)
 		return
@@ -71,49 +76,80 @@ func (l *Loop) dispatch(m *kafka.Message) {
 	}
 }
 
-// run is the worker's goroutine: batch after batch until it is asked to stop, fenced for good,
-// or fails.
+// run is the worker's goroutine: round after round until it is asked to stop, fenced for
+// good, or fails. A round is one batch of the serial lane, or a round of lanes (lanes.go) with
+// Concurrency > 1 or while offsets done out of order are left above the watermark — except in
+// a suspect range (isolate.go), which the serial lane runs in its pieces whatever Concurrency.
 func (p *worker) run() {
-	if p.set.Concurrency > 1 || len(p.doneAbove) > 0 {
-		p.runLanes() // lanes.go
-		return
-	}
 	defer close(p.done)
 	defer p.abortWork()
 	defer p.waits.available(false)
 	for {
-		if p.stopping() {
-			p.clearInflight()
-			return
+		var err error
+		if (p.set.Concurrency > 1 || len(p.doneAbove) > 0) && !p.sus.holds(p.watermark.Load()) {
+			err = p.laneRound(max(1, p.set.Concurrency))
+		} else {
+			err = p.serialRound()
 		}
-		var first *kafka.Message
-		select {
-		case <-p.stopCh:
-			p.clearInflight()
-			return
-		case s := <-p.skips:
-			if !p.goOn(p.passRecordless(s)) {
-				return
-			}
-			continue
-		case first = <-p.in:
-		}
-		batch := p.collect(first)
-		p.busy.Store(int64(len(batch)))
-		err := p.waits.holdBack()
-		if err == nil {
-			err = p.serial.process(batch)
-		}
-		p.busy.Store(0)
-		var held int64
-		for _, m := range batch {
-			held += messageBytes(m)
-		}
-		p.bytes.Add(-held)
 		if !p.goOn(err) {
 			return
 		}
 	}
+}
+
+// serialRound runs one batch of the serial lane, or passes offsets without a record
+// (recordless.go); errStopped when the worker is asked to stop.
+func (p *worker) serialRound() error {
+	if p.stopping() {
+		return errStopped
+	}
+	var first *kafka.Message
+	select {
+	case <-p.stopCh:
+		return errStopped
+	case s := <-p.skips:
+		return p.passRecordless(s)
+	case first = <-p.in:
+	}
+	batch := p.collect(first)
+	p.busy.Store(int64(len(batch)))
+	err := p.waits.holdBack()
+	if err == nil {
+		err = p.serial.process(p.passDone(batch))
+	}
+	if err == nil && p.doneRowsTo > p.watermark.Load() {
+		// The batch ended with offsets done before: the watermark passes them, and their rows go.
+		if err = p.advanceTo(p.doneRowsTo); err == nil {
+			p.doneRowsTo = 0
+		}
+	}
+	p.busy.Store(0)
+	var held int64
+	for _, m := range batch {
+		held += messageBytes(m)
+	}
+	p.bytes.Add(-held)
+	return err
+}
+
+// passDone drops from batch the offsets lanes applied before a crash (doneAbove): never run
+// again; the serial lane's commits delete their rows (serialMode.finish).
+func (p *worker) passDone(batch []*kafka.Message) []*kafka.Message {
+	if len(p.doneAbove) == 0 {
+		return batch
+	}
+	out := batch[:0:0]
+	for _, m := range batch {
+		off := int64(m.TopicPartition.Offset)
+		if p.doneAbove[off] {
+			delete(p.doneAbove, off)
+			p.doneRowsTo = max(p.doneRowsTo, off+1)
+			p.emit.RedeliveryDropped(p.tp, 1)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 // collect takes up to Batch.Size messages: those already queued, and more for up to
@@ -150,90 +186,112 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 	return batch
 }
 
-// process runs batch: messages below the watermark are dropped (a redelivery); a message that
-// needs care runs alone (runOne); the others run as optimistic batches (runBatch), and a batch
-// that failed without naming its message runs again one message per transaction.
+// process runs batch: messages below the watermark are dropped (a redelivery); the rest are
+// cut into transactions by Split (split.go) — a message that needs care runs alone (runOne),
+// the others as optimistic batches (runBatch) — never across a piece of a suspect range
+// (isolate.go).
 func (u *lane) process(batch []*kafka.Message) error {
 	msgs := batch[:0]
 	for _, m := range batch {
-		if int64(m.TopicPartition.Offset) < u.watermark.Load() {
-			u.emit.RedeliveryDropped(u.tp, 1)
+		if int64(m.TopicPartition.Offset) < u.p.watermark.Load() {
+			u.p.emit.RedeliveryDropped(u.p.tp, 1)
 			continue
 		}
 		msgs = append(msgs, m)
 	}
-	split := 0 // while > 0, the next split messages run one per transaction
 	for len(msgs) > 0 {
-		if u.stopping() {
-			return errStopped // the current transaction finished; the rest is redelivered to the next owner
+		n := len(msgs)
+		if o := first(msgs); u.p.sus.holds(o) {
+			end := u.p.sus.pieceEnd(o)
+			n = sort.Search(len(msgs), func(i int) bool { return int64(msgs[i].TopicPartition.Offset) >= end })
 		}
-		if u.needsCare(msgs[0]) {
-			if err := u.runOne(msgs[0]); err != nil {
-				return err
-			}
-			msgs = msgs[1:]
-			split = max(split-1, 0)
-			u.held(len(msgs))
-			continue
+		seg, rest := msgs[:n], len(msgs)-n
+		sp := Split{
+			Alone: func(i int) bool { return u.needsCare(seg[i]) },
+			Batch: func(i, j int) (int, error) { return u.runBatch(seg[i:j]) },
+			One:   func(i int) error { return u.runOne(seg[i]) },
+			Before: func(i int) error {
+				u.mode.held(u, len(seg)-i+rest)
+				if u.p.stopping() {
+					return errStopped // the current transaction finished; the rest is redelivered to the next owner
+				}
+				return nil
+			},
 		}
-		limit := len(msgs)
-		if split > 0 {
-			limit = 1
-		}
-		j := 1
-		for j < limit && !u.needsCare(msgs[j]) {
-			j++
-		}
-		failed, err := u.runBatch(msgs[:j])
-		switch {
-		case err != nil:
+		if err := u.runPiece(&sp, len(seg), u.p.sus.holds(first(seg)) && u.p.sus.narrowed(u.p.set.BatchSize)); err != nil {
 			return err
-		case failed == -1:
-			msgs = msgs[j:]
-			split = max(split-j, 0)
-			u.held(len(msgs))
-		case failed == Unattributed:
-			// The batch handler failed without naming a message: run these one per
-			// transaction, so the failure names its message.
-			split = j
 		}
-		// Otherwise msgs[failed] now has an attempt row: the next round commits the
-		// messages before it as a batch, then runs it alone.
+		msgs = msgs[n:]
 	}
 	return nil
 }
 
-// needsCare reports whether km must run alone in its own transaction: it failed before, it
-// was in flight when a previous owner crashed (docs/design.md: no bisection by repeated
-// crashes), or it is oversized.
+// runPiece runs sp over n messages, alone in the process when alone (a piece of a narrowed
+// suspect range, isolate.go): a crash during it is then this piece's, not another
+// partition's, and the next start narrows the right range.
+func (u *lane) runPiece(sp *Split, n int, alone bool) error {
+	if alone {
+		ok, err := u.p.gate.alone(u.waits.stop, u.p.set.StuckAfter)
+		if err != nil {
+			return err
+		}
+		if ok {
+			u.alone = true
+			defer func() {
+				if u.alone {
+					u.alone = false
+					u.p.gate.release()
+				}
+			}()
+		}
+	}
+	return sp.Run(n)
+}
+
+// backoffApart waits the backoff before a retry of a (beforeRetry) with the gate given back
+// when the lane holds it, so a backoff never holds the process's other partitions.
+func (u *lane) backoffApart(a offsetstore.Attempt) error {
+	if !u.alone {
+		return u.waits.beforeRetry(a)
+	}
+	u.alone = false
+	u.p.gate.release()
+	if err := u.waits.beforeRetry(a); err != nil {
+		return err
+	}
+	ok, err := u.p.gate.alone(u.waits.stop, u.p.set.StuckAfter)
+	if err != nil {
+		return err
+	}
+	u.alone = ok
+	return nil
+}
+
+// needsCare reports whether km must run alone in its own transaction: it failed before (an
+// attempt row), it is the only offset of its piece of a suspect range (a probe, isolate.go), or
+// it is oversized.
 func (u *lane) needsCare(km *kafka.Message) bool {
 	offset := int64(km.TopicPartition.Offset)
-	if offset < u.crashedUntil || u.oversized(km) {
+	if u.p.sus.single(offset) || u.oversized(km) {
 		return true
 	}
-	_, ok := u.attempt(offset)
+	_, ok := u.p.attempt(offset)
 	return ok
 }
 
 func (u *lane) oversized(km *kafka.Message) bool {
-	return u.set.MaxValueBytes > 0 && len(km.Value) > u.set.MaxValueBytes
+	return u.p.set.MaxValueBytes > 0 && len(km.Value) > u.p.set.MaxValueBytes
 }
 
 // runBatch runs msgs optimistically in one transaction. It returns the index of a message
 // whose handler failed (its attempt is recorded and the transaction rolled back),
 // Unattributed when the batch failed without naming one, or -1 when the batch committed.
 func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
-	ctx := u.workCtx
+	ctx := u.p.workCtx
 	first := int64(msgs[0].TopicPartition.Offset)
 	end := int64(msgs[len(msgs)-1].TopicPartition.Offset) + 1
-	if u.isSerial && end > u.inflightEnd { // with lanes, the coordinator marks before it dispatches
-		ahead := u.markAhead(end)
-		if err := u.waits.untilDone(first, func() error {
-			return u.store.MarkInflight(ctx, u.pool, u.group, u.tp, u.watermark.Load(), ahead)
-		}); err != nil {
-			return -1, err
-		}
-		u.inflightEnd = ahead
+	if err := u.mode.mark(u, first, end); err != nil {
+		return -1, err
 	}
 	var t Tried
 	if err := u.waits.untilDone(first, func() (err error) {
@@ -247,7 +305,7 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 		return -1, nil
 	case t.Failed == Unattributed:
 		u.waits.availableUnless(t.Cause)
-		u.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
+		u.p.log.Info("batch handler failed without naming a message; running the batch one message per transaction",
 			zap.Int("messages", len(msgs)), zap.String("error", pg.SanitizeText(t.Cause.Error(), 512)))
 		return Unattributed, nil
 	default:
@@ -263,21 +321,25 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 // markAhead is how far the in-flight marker written with a batch ending at end reaches: over
 // the messages already dispatched to the worker, at most one batch beyond end. Marking ahead
 // spares the next batch its own marker write (it is covered by the previous commit);
-// bounding it bounds what a crash costs, since every offset under the marker then runs one
-// message per transaction (docs/design.md, "No bisection by crashing"). Unbounded, a crash
-// with 25,000 messages dispatched per partition cost about 45 s of one-per-transaction
-// recovery.
+// bounding it bounds what a crash costs, since every offset under the marker is then suspect
+// and runs in pieces (isolate.go).
 func (p *worker) markAhead(end int64) int64 {
 	return max(end, min(p.dispatchedEnd.Load(), end+int64(p.set.BatchSize)))
 }
 
 // batchTx runs the body over msgs in one transaction and, when the handler succeeded,
-// advances the watermark to end (finishTx). t.Verdict is Failed for a handler failure at
+// advances the watermark to end (the lane's mode's finish, mode.go). t.Verdict is Failed for a handler failure at
 // t.Failed (or Unattributed); err is a database or fencing error, or errWaited for an
 // Unavailable answer, after which untilDone runs it again.
 func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t Tried, err error) {
+	if !u.alone {
+		if err := u.p.gate.enter(u.waits.stop); err != nil {
+			return t, err
+		}
+		defer u.p.gate.leave()
+	}
 	start := time.Now()
-	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.scope(), msgs, 1)
+	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.p.scope(), msgs, 1)
 	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
@@ -289,9 +351,9 @@ func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t
 		return t, err
 	}
 	for _, km := range msgs {
-		u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
+		u.p.set.Signals.step("handled", int64(km.TopicPartition.Offset))
 	}
-	return t, u.finishTx(ctx, tx, msgs, end, u.markAhead(end), false, &t, start)
+	return t, u.mode.finish(ctx, u, tx, finish{msgs: msgs, end: end, ahead: true, t: &t, start: start})
 }
 
 // verdict turns a try's verdict over msgs into the loop's next step: Again is an error
@@ -316,69 +378,103 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 		}
 		// Counted only when the failing message is the first of its transaction: later in a
 		// batch, the messages before it have not committed, and may (a pill among them).
-		if u.breaker.failed(Position{TP: u.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
+		if u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
 			return &errHeld{cause: t.Cause}
 		}
 	}
 	return nil
 }
 
-// runOne runs one message alone, with a durable attempt count written before each try,
-// blocking retries with backoff, and the dead letter after the last allowed attempt.
+// runOne runs one message alone: blocking retries with backoff, and the dead letter after the
+// last allowed attempt. A try of a crash suspect — the only offset of its piece, or a message
+// whose last try crashed — is a probe (isolate.go): it runs alone in the process, its attempt
+// recorded durably before the handler runs, so that a crash during it counts as the
+// message's own (invariant 3). Other tries record their attempt when they fail; a crash
+// during one is found by the marker, never charged to a message that did not run alone.
 func (u *lane) runOne(km *kafka.Message) error {
-	ctx := u.workCtx
 	off := int64(km.TopicPartition.Offset)
-	a, ok := u.attempt(off)
-	if !ok && off < u.crashedUntil {
-		// Attempted by a batch that never committed: the crash counts once.
-		a = offsetstore.Attempt{Offset: off, Attempts: 1}
-	}
+	a, _ := u.p.attempt(off)
 	if u.oversized(km) {
 		return u.deadLetter(km, offsetstore.Attempt{Offset: off, ErrorClass: ClassOversized,
-			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), u.set.MaxValueBytes)})
+			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), u.p.set.MaxValueBytes)})
 	}
 	for {
-		if GiveUp(a.ErrorClass, a.Attempts, u.set.MaxAttempts) {
+		if GiveUp(a.ErrorClass, a.Attempts, u.p.set.MaxAttempts) {
 			return u.deadLetter(km, a)
 		}
 		if a.Attempts > 0 && a.ErrorClass != "" {
 			a.Offset = off
-			if err := u.waits.beforeRetry(a); err != nil {
+			if err := u.backoffApart(a); err != nil {
 				return err
 			}
 		}
-		n := a.Attempts + 1
-		// Durable before the handler runs: a crash during this try counts (invariant 3).
-		if err := u.waits.untilDone(off, func() error { return u.store.BeginAttempt(ctx, u.pool, u.group, u.tp, off, n) }); err != nil {
-			return err
-		}
-		a.Attempts = n
-		a.ErrorClass = "" // unknown until this try ends; a crash leaves it empty
-		u.setAttempt(off, a)
-		var herr error
-		if err := u.waits.untilDone(off, func() (err error) {
-			herr, err = u.oneTx(ctx, km, n) // the same try each time: database trouble is not an attempt
-			return err
-		}); err != nil {
+		herr, err := u.try(km, &a, u.p.sus.single(off) || (a.Attempts > 0 && a.ErrorClass == ""))
+		if err != nil {
 			return err
 		}
 		if herr == nil {
-			u.dropAttempt(off)
+			u.p.dropAttempt(off)
 			return nil
 		}
 		u.waits.availableUnless(herr)
 		if err := u.recordFailure(a, herr, "handler failed"); err != nil {
 			return err
 		}
-		a, _ = u.attempt(off)
+		a, _ = u.p.attempt(off)
 	}
 }
 
-// oneTx runs one message's try in its own transaction. herr is the handler's failure; err a
-// database or fencing error, or errWaited for an Unavailable answer.
-func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr, err error) {
+// try runs try a.Attempts+1 of km (a probe when probe, isolate.go) and sets a.Attempts to it;
+// herr is the handler's failure, err a database, fencing or stop error.
+func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr, err error) {
+	ctx := u.p.workCtx
+	off := int64(km.TopicPartition.Offset)
+	if err := u.mode.mark(u, off, off+1); err != nil {
+		return nil, err
+	}
+	n := a.Attempts + 1
+	alone := u.alone // the piece holds the gate already
+	if probe && !alone {
+		if alone, err = u.p.gate.alone(u.waits.stop, u.p.set.StuckAfter); err != nil {
+			return nil, err
+		}
+		if alone {
+			defer u.p.gate.release()
+		}
+	}
+	if probe {
+		if alone {
+			// Durable before the handler runs: a crash during this try is the message's own.
+			if err := u.waits.untilDone(off, func() error { return u.p.store.BeginAttempt(ctx, u.p.pool, u.p.group, u.p.tp, off, n) }); err != nil {
+				return nil, err
+			}
+			a.Offset, a.Attempts, a.ErrorClass = off, n, "" // the class is unknown until this try ends; a crash leaves it empty
+			u.p.setAttempt(off, *a)
+		} else {
+			u.p.log.Warn("a crash suspect runs with other units: a handler call ran past the stuck bound; a crash now is not counted as the message's",
+				zap.Int64("offset", off), zap.Duration("bound", u.p.set.StuckAfter))
+		}
+	}
+	err = u.waits.untilDone(off, func() (err error) {
+		herr, err = u.oneTx(ctx, km, n, alone) // the same try each time: database trouble is not an attempt
+		return err
+	})
+	a.Offset, a.Attempts = off, n
+	return herr, err
+}
+
+// oneTx runs one message's try in its own transaction, among the process's other units
+// unless alone (a probe holding the gate). herr is the handler's failure; err a database or
+// fencing error, or errWaited for an Unavailable answer.
+func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone bool) (herr, err error) {
+	if !alone && !u.alone {
+		if err := u.p.gate.enter(u.waits.stop); err != nil {
+			return nil, err
+		}
+		defer u.p.gate.leave()
+	}
 	start := time.Now()
-	tx, t, err := u.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.scope(), []*kafka.Message{km}, attempt)
+	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.p.scope(), []*kafka.Message{km}, attempt)
 	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
@@ -389,8 +485,9 @@ func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr,
 	if err := u.verdict(&t, []*kafka.Message{km}); err != nil || t.Verdict == Failed {
 		return t.Cause, err
 	}
-	u.set.Signals.step("handled", int64(km.TopicPartition.Offset))
-	return nil, u.finishTx(ctx, tx, []*kafka.Message{km}, int64(km.TopicPartition.Offset)+1, u.inflight(), true, &t, start)
+	u.p.set.Signals.step("handled", int64(km.TopicPartition.Offset))
+	end := int64(km.TopicPartition.Offset) + 1
+	return nil, u.mode.finish(ctx, u, tx, finish{msgs: []*kafka.Message{km}, end: end, clearAttempts: true, t: &t, start: start})
 }
 
 // recordFailure logs herr (at info, with what) and stores it as the failure of attempt a,
@@ -398,10 +495,10 @@ func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int) (herr,
 // crash too — knows its count, class and first failure time.
 func (u *lane) recordFailure(a offsetstore.Attempt, herr error, what string) error {
 	class, msg, stack := Describe(herr)
-	u.log.Info(what, zap.Int64("offset", a.Offset), zap.Int("attempt", a.Attempts),
+	u.p.log.Info(what, zap.Int64("offset", a.Offset), zap.Int("attempt", a.Attempts),
 		zap.String("error_class", class), zap.String("error", pg.SanitizeText(msg, 512)))
 	if err := u.waits.untilDone(a.Offset, func() error {
-		return u.store.RecordFailure(u.workCtx, u.pool, u.group, u.tp, a.Offset, a.Attempts, class, msg, stack)
+		return u.p.store.RecordFailure(u.p.workCtx, u.p.pool, u.p.group, u.p.tp, a.Offset, a.Attempts, class, msg, stack)
 	}); err != nil {
 		return err
 	}
@@ -410,7 +507,7 @@ func (u *lane) recordFailure(a offsetstore.Attempt, herr error, what string) err
 		a.FirstFailureAt = now
 	}
 	a.LastFailureAt, a.ErrorClass, a.ErrorMessage, a.Stack = now, class, msg, stack
-	u.setAttempt(a.Offset, a)
+	u.p.setAttempt(a.Offset, a)
 	return nil
 }
 
@@ -422,14 +519,14 @@ func (u *lane) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 	for _, h := range km.Headers {
 		hs = append(hs, dlq.Header{Key: h.Key, Value: h.Value})
 	}
-	d := NewDeadLetter(u.group, idempotency.Message{Topic: u.tp.Topic, Partition: u.tp.Partition, Offset: off, Key: km.Key, Value: km.Value},
-		km.Timestamp, hs, a, u.epoch)
-	if err := u.waits.untilDone(off, func() error { return u.deadLetterTx(u.workCtx, d, km) }); err != nil {
+	d := NewDeadLetter(u.p.group, idempotency.Message{Topic: u.p.tp.Topic, Partition: u.p.tp.Partition, Offset: off, Key: km.Key, Value: km.Value},
+		km.Timestamp, hs, a, u.p.epoch)
+	if err := u.waits.untilDone(off, func() error { return u.deadLetterTx(u.p.workCtx, d, km) }); err != nil {
 		return err
 	}
-	u.dropAttempt(off)
-	u.emit.DeadLettered(u.tp, off, d.Attempts, d.ErrorClass)
-	u.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
+	u.p.dropAttempt(off)
+	u.p.emit.DeadLettered(u.p.tp, off, d.Attempts, d.ErrorClass)
+	u.p.log.Warn("message dead-lettered", zap.Int64("offset", off), zap.Int("attempt", d.Attempts),
 		zap.String("error_class", d.ErrorClass), zap.String("error", pg.SanitizeText(d.ErrorMessage, 512)))
 	return nil
 }
@@ -440,57 +537,16 @@ func (u *lane) deadLetter(km *kafka.Message, a offsetstore.Attempt) error {
 // again (untilDone), so the partition waits for the configuration to be fixed rather than the
 // process ending or the dead letter going unpublished.
 func (u *lane) deadLetterTx(ctx context.Context, d *dlq.DeadLetter, km *kafka.Message) error {
-	tx, err := u.begin(ctx)
+	tx, err := u.p.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := DeadLetterTx(ctx, tx, u.set.Schema, d, u.set.DeadLetterTopic); err != nil {
+	if err := DeadLetterTx(ctx, tx, u.p.set.Schema, d, u.p.set.DeadLetterTopic); err != nil {
 		return err
 	}
-	u.set.Signals.step("dead-letter", d.Offset)
-	return u.finishTx(ctx, tx, []*kafka.Message{km}, d.Offset+1, u.inflight(), true, nil, time.Time{})
-}
-
-// finishTx is the tail that every transaction moving the watermark over messages shares, in
-// this order: audit a gap that retention left below msgs' first offset, delete the attempt
-// rows of msgs when they had any (clearAttempts), advance the watermark from u.watermark to
-// end (compare-and-set; the in-flight marker to inflightEnd), commit, and record the commit
-// with what the body found (t; nil for a dead letter, which deadLetter records). start is when
-// the transaction began.
-func (u *lane) finishTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, end, inflightEnd int64, clearAttempts bool, t *Tried, start time.Time) error {
-	from := int64(msgs[0].TopicPartition.Offset)
-	if !u.isSerial {
-		return u.finishUnitTx(ctx, tx, msgs, clearAttempts, t, start) // lanes.go
-	}
-	if err := u.auditGap(ctx, tx, from); err != nil {
-		return err
-	}
-	if clearAttempts {
-		if err := u.store.DeleteAttempts(ctx, tx, u.group, u.tp, from, end); err != nil {
-			return err
-		}
-	}
-	xid, err := u.store.AdvanceXID(ctx, tx, u.group, u.tp, u.watermark.Load(), end, inflightEnd)
-	if err != nil {
-		return err
-	}
-	if err := u.commit(ctx, tx, end, xid); err != nil {
-		return err
-	}
-	for _, km := range msgs {
-		u.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
-	}
-	u.inflightEnd = inflightEnd
-	u.waits.available(true)
-	u.committed(end)
-	if t != nil && t.Verdict == Done {
-		u.breaker.succeeded() // handled messages committed: a spell of shared failures ends
-	}
-	if t != nil {
-		u.emit.BatchCommitted(u.tp, from, end, *t, time.Since(start))
-	}
-	return nil
+	u.p.set.Signals.step("dead-letter", d.Offset)
+	return u.mode.finish(ctx, u, tx, finish{msgs: []*kafka.Message{km}, end: d.Offset + 1, clearAttempts: true})
 }
 
 // auditGap records in tx, as an unexplained skip, the offsets below first that the log no

@@ -10,7 +10,7 @@ import (
 )
 
 // What the KIP-848 consumer group protocol (group.protocol=consumer) needs beyond the classic
-// one. Config.withDefaults adapts and checks the configuration (consumerProtocolRefused).
+// one. Config.WithDefaults adapts and checks the configuration (consumerProtocolRefused).
 
 // checkJoined marks a consumer-protocol member joined once the group coordinator gave it a
 // member id and epoch, even with an empty assignment. Under that protocol librdkafka (2.11)

@@ -7,10 +7,8 @@ import (
 	"hash/fnv"
 	"sort"
 	"sync"
-	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-	"github.com/jackc/pgx/v5"
 )
 
 // Per-key concurrency (Settings.Concurrency = N > 1): a partition's messages run in N fixed
@@ -19,7 +17,7 @@ import (
 // its messages as the serial worker does (optimistic batches of its own messages, a failing
 // message isolated, attempts, backoff, dead letters), in units of its own transactions; a
 // message in backoff holds only its lane. A unit's transaction records its offsets in
-// done_offsets, fenced on the watermark (offsetstore.Store.MarkDone), instead of moving the
+// done_offsets, fenced on the watermark (offsetstore.Store.MarkDoneXID, laneMode.finish in mode.go), instead of moving the
 // watermark; the worker's coordinator (this goroutine) moves the watermark to the lowest
 // offset not done in any lane, deletes the done rows below it in the same transaction, and
 // hands it to the Kafka committer. After a crash the offsets in done_offsets are skipped, so
@@ -155,14 +153,14 @@ func (p *worker) laneRound(n int) error {
 	lanes := make([]*lane, n)
 	var wg sync.WaitGroup
 	for i := range lanes {
-		u := &lane{worker: p, waits: &waits{p: p, stop: stop}, idx: i, comp: comp}
+		u := &lane{p: p, waits: &waits{p: p, stop: stop}, idx: i, mode: laneMode{comp: comp}}
 		u.q.wake = make(chan struct{}, 1)
 		lanes[i] = u
 	}
 	p.lanes.Store(&lanes)
 	for _, u := range lanes {
 		wg.Add(1)
-		go func() { defer wg.Done(); u.loop(stop) }()
+		go func() { defer wg.Done(); u.loop(stop, comp) }()
 	}
 	tr := tracker{end: p.watermark.Load()}
 	var err error
@@ -298,10 +296,11 @@ func (p *worker) advanceTo(next int64) error {
 	return nil
 }
 
-// loop is a lane's goroutine: unit after unit of its queue until stop.
-func (u *lane) loop(stop <-chan struct{}) {
+// loop is a lane's goroutine: unit after unit of its queue until stop; an error that stops it
+// is reported on comp.
+func (u *lane) loop(stop <-chan struct{}, comp chan<- laneDone) {
 	for {
-		msgs := u.q.take(u.set.BatchSize, stop)
+		msgs := u.q.take(u.p.set.BatchSize, stop)
 		if msgs == nil {
 			return
 		}
@@ -316,9 +315,9 @@ func (u *lane) loop(stop <-chan struct{}) {
 		for _, m := range msgs {
 			held += messageBytes(m)
 		}
-		u.bytes.Add(-held)
+		u.p.bytes.Add(-held)
 		if err != nil {
-			u.comp <- laneDone{err: err}
+			comp <- laneDone{err: err}
 			return
 		}
 	}
@@ -326,11 +325,11 @@ func (u *lane) loop(stop <-chan struct{}) {
 
 // acquire takes one of the process-wide unit slots (Settings.MaxUnits).
 func (u *lane) acquire(stop <-chan struct{}) error {
-	if u.units == nil {
+	if u.p.units == nil {
 		return nil
 	}
 	select {
-	case u.units <- struct{}{}:
+	case u.p.units <- struct{}{}:
 		return nil
 	case <-stop:
 		return errStopped
@@ -338,51 +337,9 @@ func (u *lane) acquire(stop <-chan struct{}) error {
 }
 
 func (u *lane) release() {
-	if u.units != nil {
-		<-u.units
+	if u.p.units != nil {
+		<-u.p.units
 	}
-}
-
-// finishUnitTx is a lane's tail of a transaction over msgs: their attempt rows deleted, their
-// offsets recorded done (fenced: offsetstore.ErrFenced when the watermark passed them or
-// another owner recorded one), commit, then the report to the coordinator.
-func (u *lane) finishUnitTx(ctx context.Context, tx pgx.Tx, msgs []*kafka.Message, clearAttempts bool, t *Tried, start time.Time) error {
-	offs := make([]int64, len(msgs))
-	for i, km := range msgs {
-		offs[i] = int64(km.TopicPartition.Offset)
-	}
-	if clearAttempts {
-		if err := u.store.DeleteAttemptsAt(ctx, tx, u.group, u.tp, offs); err != nil {
-			return err
-		}
-	}
-	xid, err := u.store.MarkDoneXID(ctx, tx, u.group, u.tp, offs)
-	if err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		// A lost COMMIT answer is settled from the database's record (worker.settle); when
-		// the server no longer knows the transaction, the done rows tell.
-		if err := u.settle(ctx, err, xid, func() bool {
-			done, rerr := u.store.Done(context.WithoutCancel(ctx), u.pool, u.group, u.tp, offs[0])
-			return rerr == nil && containsAll(done, offs)
-		}); err != nil {
-			return err
-		}
-	}
-	for _, o := range offs {
-		u.set.Signals.step("db-committed", o)
-	}
-	u.waits.available(true)
-	u.lastCommit.Store(time.Now().UnixNano())
-	if t != nil && t.Verdict == Done {
-		u.breaker.succeeded() // handled messages committed: a spell of shared failures ends
-	}
-	if t != nil {
-		u.emit.BatchCommitted(u.tp, offs[0], offs[len(offs)-1]+1, *t, time.Since(start))
-	}
-	u.comp <- laneDone{offsets: offs}
-	return nil
 }
 
 func containsAll(sorted, offs []int64) bool {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -38,6 +39,13 @@ type Loop struct {
 	resyncC chan resyncRequest
 	fatal   error
 	eager   bool
+
+	// knownTopics: the topics the group had a watermark on when the current assignment's
+	// reconciliation began (rebalance.go); the poll goroutine's only.
+	knownTopics map[string]bool
+	// recordedLog is the log each assigned partition's watermark is in, as reconciled at its
+	// assignment (identity.go); guarded by mu (watchLogs reads it).
+	recordedLog map[offsetstore.TP]offsetstate.LogID
 
 	health    health        // what Readiness reports
 	probeWake chan struct{} // wakes the topic probe
@@ -66,6 +74,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		parts:     map[offsetstore.TP]*fetch{},
 		probeWake: make(chan struct{}, 1),
 	}
+	l.recordedLog = map[offsetstore.TP]offsetstate.LogID{}
 	l.deps = deps{
 		group: set.Group, set: set, pool: pool, store: offsetstore.New(set.Schema), body: body, emit: emit,
 		begin: func(ctx context.Context) (pgx.Tx, error) {
@@ -81,6 +90,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 	if set.MaxUnits > 0 {
 		l.units = make(chan struct{}, set.MaxUnits)
 	}
+	l.gate = newGate()
 	return l
 }
 
@@ -131,6 +141,8 @@ func (l *Loop) Run(ctx context.Context) error {
 	probeQuit := make(chan struct{})
 	probeDone := make(chan struct{})
 	go func() { defer close(probeDone); l.probeTopics(probeQuit) }()
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); l.watchLogs(probeQuit) }()
 	l.log.Info("consumer started", zap.Strings("topics", l.set.Topics),
 		zap.Int("batch_size", l.set.BatchSize), zap.Int("max_attempts", l.set.MaxAttempts))
 
@@ -177,6 +189,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	<-commitDone
 	close(probeQuit)
 	<-probeDone
+	<-watchDone
 	if err := closeWithin(kc, l.set.CloseTimeout); err != nil {
 		l.log.Warn("close Kafka consumer", zap.Error(err))
 	}
@@ -347,6 +360,8 @@ type Halt struct {
 	Watermark        int64
 	Committed        int64
 	LogStart, LogEnd int64
+	// LogChange is set when State is offsetstate.LogChanged: the recorded and current ids.
+	LogChange offsetstate.LogChange
 }
 
 // halted marks the error of a Halt, which ends Run instead of being retried.

@@ -38,6 +38,7 @@ type deps struct {
 	lastCommit *atomic.Int64                                     // unix nanos of the last database commit, for readiness
 	breaker    *Breaker                                          // shared failures across partitions (breaker.go)
 	units      chan struct{}                                     // process-wide unit slots (Settings.MaxUnits); nil: no cap
+	gate       *gate                                             // a probe's turn to run alone in the process (isolate.go)
 }
 
 // worker runs one assigned partition's messages in offset order; each batch runs in one
@@ -58,7 +59,8 @@ type worker struct {
 	watermark     atomic.Int64 // the database watermark: the next offset to process
 	dispatchedEnd atomic.Int64 // offsets below were already handed to the worker (or dropped)
 	inflightEnd   int64        // worker: the durable marker; offsets [watermark, inflightEnd) are marked attempted
-	crashedUntil  int64        // worker: offsets below had a marker when loaded; a crash counts one attempt each
+	sus           suspect      // worker: the offsets under the marker when loaded, run in pieces (isolate.go)
+	doneRowsTo    int64        // worker: one past the doneAbove offsets the serial lane passed (0: none); its commits delete their rows
 
 	// Read from any goroutine.
 	lanes atomic.Pointer[[]*lane] // the lanes of the current round (Concurrency > 1), for Stats
@@ -98,12 +100,12 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 		done:        make(chan struct{}),
 	}
 	p.waits = &waits{p: p, stop: p.stopCh}
-	p.serial = &lane{worker: p, waits: p.waits, isSerial: true}
+	p.serial = &lane{p: p, waits: p.waits, mode: serialMode{}}
 	p.setDoneAbove(done)
 	if w.InflightEnd > w.Next {
-		p.crashedUntil = w.InflightEnd
-		p.log.Warn("a batch was in flight when the last owner stopped; its offsets run one message per transaction",
-			zap.Int64("from", w.Next), zap.Int64("to", w.InflightEnd))
+		p.sus = newSuspect(w.Next, w.InflightEnd)
+		p.log.Warn("a batch was in flight when the last owner stopped; its offsets run in pieces, each its own marked batch, to find a message that crashes the process",
+			zap.Int64("from", w.Next), zap.Int64("to", w.InflightEnd), zap.Int64("piece", p.sus.size))
 	}
 	p.dispatchedEnd.Store(w.Next)
 	p.watermark.Store(w.Next)
@@ -188,8 +190,8 @@ func (p *worker) goOn(err error) bool {
 // worker whose transaction was aborted (lost partition, shutdown timeout) keeps it: its
 // handler may have run.
 func (p *worker) clearInflight() {
-	if p.workCtx.Err() != nil || p.inflightEnd <= p.watermark.Load() {
-		return
+	if p.workCtx.Err() != nil || p.inflightEnd <= p.watermark.Load() || p.sus.holds(p.watermark.Load()) {
+		return // in a suspect range the marker is the piece that may crash: the next owner needs it
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -233,7 +235,11 @@ func (p *worker) refence() bool {
 	p.attMu.Unlock()
 	p.inflightEnd, p.epoch = w.InflightEnd, w.ReplayEpoch
 	p.setDoneAbove(done)
-	p.crashedUntil = max(p.crashedUntil, w.InflightEnd)
+	if w.InflightEnd > w.Next {
+		p.sus = newSuspect(w.Next, w.InflightEnd)
+	} else {
+		p.sus = suspect{}
+	}
 	p.watermark.Store(w.Next)
 	r := resyncRequest{p: p, at: w.Next, done: make(chan struct{})}
 	select {
@@ -290,29 +296,14 @@ func (p *worker) dropAttempt(offset int64) {
 
 // lane runs messages of one partition in offset order, one unit (transaction) at a time:
 // the worker's serial lane (Concurrency 1), or one of Concurrency lanes (lanes.go), each
-// with its own waits, so a message in backoff holds only its lane.
+// with its own waits, so a message in backoff holds only its lane. Its mode (mode.go) is
+// what the two differ in.
 type lane struct {
-	*worker
-	call     handlerCall // the handler call in progress (stuck.go)
-	waits    *waits
-	isSerial bool
-	idx      int
-	q        laneQueue       // lanes.go; unused by the serial lane
-	comp     chan<- laneDone // completions to the worker's coordinator; nil for the serial lane
-}
-
-// held records how many messages the serial lane still holds, for Stats and the idle check.
-func (u *lane) held(n int) {
-	if u.isSerial {
-		u.busy.Store(int64(n))
-	}
-}
-
-// inflight is the in-flight marker a serial transaction leaves; lanes leave it to the
-// coordinator.
-func (u *lane) inflight() int64 {
-	if u.isSerial {
-		return u.inflightEnd
-	}
-	return 0
+	p     *worker     // the partition's worker: its offsets, attempts, collaborators
+	call  handlerCall // the handler call in progress (stuck.go)
+	alone bool        // the lane holds the process's gate (a piece of a narrowed suspect range, isolate.go)
+	waits *waits
+	mode  mode
+	idx   int
+	q     laneQueue // lanes.go; unused by the serial lane
 }

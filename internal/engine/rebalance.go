@@ -92,6 +92,15 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 	if err != nil {
 		return nil, err
 	}
+	ids, err := l.logIDs(ctx, tps)
+	if err != nil {
+		return nil, err
+	}
+	// Topics the group read before this assignment: a partition of one without a watermark
+	// was added to it (a partition count raised), which its first_run row says.
+	if l.knownTopics, err = l.store.Topics(ctx, l.pool, l.group); err != nil {
+		return nil, err
+	}
 	var starts []kafka.TopicPartition
 	var newParts []*worker
 	for _, tp := range tps {
@@ -102,13 +111,31 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		if err != nil {
 			return nil, fmt.Errorf("query log offsets of %s: %w", tp, err)
 		}
-		d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high},
-			offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
-		w, err = l.applyStart(ctx, tp, w, k, low, high, d, log.With(zap.String("state", string(d.State))))
-		if err != nil {
-			return nil, err
+		var start int64
+		change := offsetstate.CompareLog(offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}, ids[tp.Topic])
+		// The log the worker reads: as recorded, filled, or adopted below.
+		l.mu.Lock()
+		l.recordedLog[tp] = ids[tp.Topic]
+		l.mu.Unlock()
+		if hasW && change.Changed() { // another log: checked before the offsets are compared (identity.go)
+			if w, err = l.onLogChange(ctx, tp, w, low, high, change, log); err != nil {
+				return nil, err
+			}
+			start = w.Next
+		} else {
+			d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high},
+				offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
+			w, err = l.applyStart(ctx, tp, w, k, low, high, d, log.With(zap.String("state", string(d.State))))
+			if err != nil {
+				return nil, err
+			}
+			start = d.Start
+			if change.Missing() { // a first run, or a row older than the ids: filled on first contact
+				if err := l.store.FillLogIdentity(ctx, l.pool, l.group, tp, change.Current.Topic, change.Current.Cluster); err != nil {
+					return nil, err
+				}
+			}
 		}
-		start := d.Start
 		atts, err := l.store.Attempts(ctx, l.pool, l.group, tp, w.Next)
 		if err != nil {
 			return nil, err
@@ -176,8 +203,11 @@ func (l *Loop) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.
 		}
 	}
 	if d.State == offsetstate.WatermarkPastLogEnd {
-		e := l.set.Halt(Halt{State: string(d.State), Group: l.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k, LogStart: low, LogEnd: high})
-		log.Error("database watermark past the log end; halting", zap.Int64("watermark", w.Next), zap.Int64("log_end", high))
+		// The ids recorded with w are the current ones (a changed log is decided before): a
+		// known topic id says the same topic's log was truncated, not recreated.
+		e := l.set.Halt(Halt{State: string(d.State), Group: l.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: w.Next, Committed: k, LogStart: low, LogEnd: high,
+			LogChange: offsetstate.LogChange{Recorded: offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}, Current: offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}}})
+		log.Error("database watermark past the log end; halting", zap.Int64("watermark", w.Next), zap.Int64("log_end", high), zap.String("topic_id", w.TopicID))
 		_ = audit(offsetstore.KindHalt, high, w.Next, e.Error())
 		return w, &halted{err: e}
 	}
@@ -254,8 +284,12 @@ func (l *Loop) firstRun(ctx context.Context, tp offsetstore.TP, start int64, has
 		return offsetstore.Watermark{}, err
 	}
 	if created {
+		reason := "no watermark; started at " + startSource(hasK)
+		if l.knownTopics[tp.Topic] {
+			reason = "a partition new to a topic the group already reads (its partition count was raised); started at " + startSource(hasK)
+		}
 		if _, err := l.store.InsertEvent(ctx, tx, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
-			Kind: offsetstore.KindFirstRun, From: start, To: start, Actor: "kafkatx.consumer", Reason: "no watermark; started at " + startSource(hasK)}); err != nil {
+			Kind: offsetstore.KindFirstRun, From: start, To: start, Actor: "kafkatx.consumer", Reason: reason}); err != nil {
 			return offsetstore.Watermark{}, err
 		}
 	}

@@ -62,6 +62,9 @@ type Settings struct {
 	// DeadLetterTopic names a dead letter's topic; nil keeps dead letters in the database only.
 	DeadLetterTopic func(topic string) string
 	HaltOnAhead     bool
+	// AdoptNewLog is Config.OnLogChange: "" halts when the log behind a watermark changed
+	// (identity.go), "earliest" or "latest" adopts the new log from its start or its end.
+	AdoptNewLog string
 	// Halt makes the error Run returns when reconciliation halts on a partition.
 	Halt func(Halt) error
 

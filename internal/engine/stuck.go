@@ -47,7 +47,7 @@ func (u *lane) trackBegin(offset int64) func(context.Context) (pgx.Tx, error) {
 	u.call.pid.Store(0)
 	u.call.since.Store(time.Now().UnixNano())
 	return func(ctx context.Context) (pgx.Tx, error) {
-		tx, err := u.begin(ctx)
+		tx, err := u.p.begin(ctx)
 		if err == nil {
 			if c := tx.Conn(); c != nil && c.PgConn() != nil {
 				u.call.pid.Store(c.PgConn().PID())
@@ -63,9 +63,9 @@ func (u *lane) handlerEnded() {
 	since := u.call.since.Swap(0)
 	u.call.pid.Store(0)
 	if u.call.stuck.Swap(false) {
-		u.log.Warn("the handler returned after running past its bound", zap.Int64("offset", u.call.offset.Load()),
+		u.p.log.Warn("the handler returned after running past its bound", zap.Int64("offset", u.call.offset.Load()),
 			zap.Duration("ran", time.Since(time.Unix(0, since))))
-		u.emit.HandlerStuck(u.tp, u.call.offset.Load(), time.Unix(0, since), false)
+		u.p.emit.HandlerStuck(u.p.tp, u.call.offset.Load(), time.Unix(0, since), false)
 	}
 }
 
@@ -73,7 +73,7 @@ func (u *lane) handlerEnded() {
 // Settings.StuckAfter.
 func (u *lane) stuckSince() (time.Time, bool) {
 	n := u.call.since.Load()
-	if n == 0 || u.set.StuckAfter <= 0 || time.Since(time.Unix(0, n)) < u.set.StuckAfter {
+	if n == 0 || u.p.set.StuckAfter <= 0 || time.Since(time.Unix(0, n)) < u.p.set.StuckAfter {
 		return time.Time{}, false
 	}
 	return time.Unix(0, n), true
@@ -96,9 +96,9 @@ func (l *Loop) checkStuck() {
 			if !ok || u.call.stuck.Swap(true) {
 				continue
 			}
-			u.log.Error("handler running past its bound: the partition makes no progress; handlers must honour ctx (Config.Transaction bounds the transaction, not the handler's other calls)",
-				zap.Int64("offset", u.call.offset.Load()), zap.Duration("running", time.Since(since)), zap.Duration("bound", u.set.StuckAfter))
-			u.emit.HandlerStuck(u.tp, u.call.offset.Load(), since, true)
+			u.p.log.Error("handler running past its bound: the partition makes no progress; handlers must honour ctx (Config.Transaction bounds the transaction, not the handler's other calls)",
+				zap.Int64("offset", u.call.offset.Load()), zap.Duration("running", time.Since(since)), zap.Duration("bound", u.p.set.StuckAfter))
+			u.p.emit.HandlerStuck(u.p.tp, u.call.offset.Load(), since, true)
 		}
 	}
 }
@@ -109,7 +109,7 @@ func (l *Loop) stuckNow() []Stuck {
 	for _, f := range l.parts {
 		for _, u := range f.w.allLanes() {
 			if since, ok := u.stuckSince(); ok {
-				out = append(out, Stuck{TP: u.tp, Offset: u.call.offset.Load(), Since: since})
+				out = append(out, Stuck{TP: u.p.tp, Offset: u.call.offset.Load(), Since: since})
 			}
 		}
 	}

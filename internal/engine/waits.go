@@ -81,6 +81,8 @@ func (w *waits) untilDone(offset int64, op func() error) error {
 		switch {
 		case err == nil:
 			return nil
+		case errors.Is(err, errStopped):
+			return err
 		case errors.As(err, &waited):
 			if err := w.waitUnavailable(offset, waited.cause); err != nil {
 				return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -58,6 +59,11 @@ type Account struct {
 	Segments []Segment `json:"segments"`
 	// UnexplainedSkips lists the ranges skipped by following an out-of-band Kafka move.
 	UnexplainedSkips []Segment `json:"unexplained_skips"`
+	// Adopted is the latest applied log_adopted row (the topic recreated or another cluster,
+	// adopted by offsets reset --mode adopt or Config.OnLogChange), nil when none: the
+	// partition's history starts there, at First, in the new log; what came before counted
+	// offsets of the old log.
+	Adopted *offsetstore.Event `json:"adopted,omitempty"`
 	// Gaps lists every watermark move nothing explains: forward moves (offsets with no
 	// record), rewinds without a replay (offsets processed again), deleted rows, and audit
 	// rows that do not line up with the watermark's history. Empty when the partition is
@@ -136,6 +142,14 @@ func account(group string, w offsetstore.Watermark, events []offsetstore.Event) 
 			break
 		}
 	}
+	// Only the current log counts: an adoption starts the history again in the new log.
+	for i := len(events) - 1; i >= 0; i-- {
+		if e := events[i]; e.Kind == offsetstore.KindLogAdopted && e.Status == StatusApplied {
+			a.Adopted = &e
+			events = events[i+1:]
+			break
+		}
+	}
 	var segs segments
 	cur := w.First
 	processedTo := func(at int64, e offsetstore.Event) {
@@ -201,9 +215,13 @@ func gapOf(e offsetstore.Event, what string) Gap {
 // countDeadLetters moves the dead letters inside processed segments from Processed to
 // DeadLettered.
 func (o *Operator) countDeadLetters(ctx context.Context, tx pgx.Tx, a *Account) error {
+	var since time.Time // dead letters of an adopted log's predecessor are not this log's
+	if a.Adopted != nil {
+		since = a.Adopted.At
+	}
 	rows, err := tx.Query(ctx, `SELECT "offset" FROM `+o.t.DeadLetters+`
-		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 AND "offset" < $5 ORDER BY "offset"`,
-		a.Group, a.Topic, a.Partition, a.First, a.Watermark)
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" >= $4 AND "offset" < $5 AND created_at >= $6 ORDER BY "offset"`,
+		a.Group, a.Topic, a.Partition, a.First, a.Watermark, since)
 	if err != nil {
 		return fmt.Errorf("read dead letters of %s[%d]: %w", a.Topic, a.Partition, err)
 	}

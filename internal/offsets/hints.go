@@ -70,9 +70,15 @@ func Hints(group string, sts []PartitionStatus, quote func(string) string) []str
 				"Starting the consumer records the range as unexplained_skip in the offset audit and goes on from the log start",
 				where, w, first.LogStart)
 		case offsetstate.WatermarkPastLogEnd:
-			h = fmt.Sprintf("watermark_past_log_end on %s: the watermark %d is past the log end %d (the topic was recreated or truncated); the consumer refuses to start on it. "+
-				"To process the topic's records from its start: `%s --to-earliest --mode replay --reason '...' --execute`",
-				where, w, first.LogEnd, whole)
+			h = fmt.Sprintf("watermark_past_log_end on %s: the log now ends at %d, below the watermark %d: records [%d, %d) that kafkatx processed are no longer in it — "+
+				"the same topic (a recreated one shows as log_changed), so its log was truncated, most likely by an unclean leader election, and records written since may take those offsets again; "+
+				"the consumer refuses to start on it. To process the topic's records from its start: `%s --to-earliest --mode replay --reason '...' --execute`; to skip to its end: `%s --to-latest --mode skip --reason '...' --execute`",
+				where, first.LogEnd, w, first.LogEnd, w, whole, whole)
+		case offsetstate.LogChanged:
+			h = fmt.Sprintf("log_changed on %s: the log behind the watermark is another one: %s. The watermark %d counts offsets of the old log and means nothing in this one; "+
+				"the consumer refuses to start on it (unless Config.OnLogChange adopts it) and applies nothing from the new log. "+
+				"To process the new log from its start: `%s --mode adopt --to-earliest --reason '...' --execute` (or --to-latest to skip what it holds now, --to-time T from a time)",
+				where, first.Log.Change().What(), w, whole)
 		case offsetstate.KafkaPastLogEnd:
 			h = fmt.Sprintf("kafka_past_log_end on %s: Kafka's committed offset %d is past the log end; the consumer ignores it and starts at the watermark %d. "+
 				"To align Kafka now: `%s --to-database --reason '...' --execute`", where, k, w, whole)

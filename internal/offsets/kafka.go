@@ -10,6 +10,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/kafkalog"
+	"github.com/kafkatx/kafkatx/internal/logid"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -233,4 +235,9 @@ func (k *Kafka) Commit(ctx context.Context, group string, offsets map[offsetstor
 func ktp(tp offsetstore.TP, off kafka.Offset) kafka.TopicPartition {
 	topic := tp.Topic
 	return kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: off}
+}
+
+// LogIDs returns the cluster id and each topic's id (logid.Read).
+func (k *Kafka) LogIDs(ctx context.Context, topics []string) (map[string]offsetstate.LogID, error) {
+	return logid.Read(ctx, k.admin, topics)
 }

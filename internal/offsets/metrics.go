@@ -16,7 +16,8 @@ import (
 // runs (when an out-of-band reset usually happens). kafkatx_offset_drift and
 // kafkatx_partition_lag have the consumer's names, labels and meaning; a partition lacking
 // one side has no drift sample. Every partition with a watermark gets kafkatx_offset_aligned
-// (1 aligned, 0 drifted), which alerts on a missing committed offset too.
+// (1 aligned, 0 drifted), which alerts on a missing committed offset too, and
+// kafkatx_offset_log_changed (1 when the log behind the watermark is another one).
 func WritePrometheus(w io.Writer, sts []PartitionStatus) error {
 	labels := []string{"group", "topic", "partition"}
 	gauge := func(name, help string) *prometheus.GaugeVec {
@@ -28,8 +29,9 @@ func WritePrometheus(w io.Writer, sts []PartitionStatus) error {
 	watermark := gauge("kafkatx_offset_watermark", "Database watermark: the next offset to process.")
 	committed := gauge("kafkatx_offset_committed", "Kafka committed offset of the group.")
 	logEnd := gauge("kafkatx_offset_log_end", "Log end offset of the partition.")
+	logChanged := gauge("kafkatx_offset_log_changed", "1 when the log behind the watermark is another one (topic recreated, another cluster: the consumer refuses to start), else 0.")
 	reg := prometheus.NewPedanticRegistry()
-	for _, c := range []prometheus.Collector{drift, lag, aligned, watermark, committed, logEnd} {
+	for _, c := range []prometheus.Collector{drift, lag, aligned, watermark, committed, logEnd, logChanged} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("register gauge: %w", err)
 		}
@@ -53,6 +55,11 @@ func WritePrometheus(w io.Writer, sts []PartitionStatus) error {
 			v = 1
 		}
 		aligned.With(l).Set(v)
+		v = 0
+		if s.State == offsetstate.LogChanged {
+			v = 1
+		}
+		logChanged.With(l).Set(v)
 	}
 	mfs, err := reg.Gather()
 	if err != nil {

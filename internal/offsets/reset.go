@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
@@ -24,6 +25,13 @@ const (
 	// epoch (watermarks.replay_epoch + 1), so business idempotency keys scoped by epoch do
 	// not swallow the replay.
 	ModeReplay Mode = "replay"
+	// ModeAdopt moves the watermark onto a new log — the topic deleted and created again
+	// under the same name, or another cluster (offsetstate.LogChanged) — at the target,
+	// whichever way that is: the old log's offsets mean nothing there. The partition's history
+	// starts again at the target, the new topic and cluster ids are recorded, and the audit
+	// row (kind log_adopted, [old watermark, target)) names both ids. Refused when the log has
+	// not changed.
+	ModeAdopt Mode = "adopt"
 )
 
 // TargetKind says how a reset's target offset is found.
@@ -105,6 +113,7 @@ const (
 	ActionSkip   = offsetstore.KindOperatorSkip
 	ActionReplay = offsetstore.KindReplay
 	ActionAlign  = offsetstore.KindAlign
+	ActionAdopt  = offsetstore.KindLogAdopted
 	ActionNone   = "none"
 )
 
@@ -128,6 +137,9 @@ type Step struct {
 	// Done says how Execute finished the step: "applied", or "applied by the consumer"
 	// when a consumer followed the skip first.
 	Done string
+	// Log compares the log the watermark was recorded in with the current one (ActionAdopt
+	// records Log.Current).
+	Log offsetstate.LogChange
 }
 
 // Messages is how many offsets the step skips or replays.
@@ -145,6 +157,8 @@ func (s Step) Range() (from, to int64) {
 		return s.Watermark, s.Target
 	case ActionReplay:
 		return s.Target, s.Watermark
+	case ActionAdopt:
+		return s.Watermark, s.Target // two logs: the old watermark, the new log's start
 	case ActionAlign:
 		if s.Committed != nil {
 			return *s.Committed, s.Watermark
@@ -197,8 +211,8 @@ func (o *Operator) PlanReset(ctx context.Context, req ResetRequest) (*Plan, erro
 	if strings.TrimSpace(req.Reason) == "" {
 		return nil, errors.New("reset: a reason is required (it goes in the audit trail)")
 	}
-	if req.Target.Kind != TargetDatabase && req.Mode != ModeSkip && req.Mode != ModeReplay {
-		return nil, fmt.Errorf("reset: mode %q: want skip or replay", req.Mode)
+	if req.Target.Kind != TargetDatabase && req.Mode != ModeSkip && req.Mode != ModeReplay && req.Mode != ModeAdopt {
+		return nil, fmt.Errorf("reset: mode %q: want skip, replay or adopt", req.Mode)
 	}
 	if req.Actor == "" {
 		req.Actor = Actor()
@@ -225,6 +239,10 @@ func (o *Operator) PlanReset(ctx context.Context, req ResetRequest) (*Plan, erro
 			return nil, err
 		}
 	}
+	ids, err := o.kafka.LogIDs(ctx, []string{req.Topic})
+	if err != nil {
+		return nil, err
+	}
 	g, err := o.kafka.DescribeGroup(ctx, req.Group)
 	if err != nil {
 		return nil, err
@@ -246,6 +264,7 @@ func (o *Operator) PlanReset(ctx context.Context, req ResetRequest) (*Plan, erro
 			continue
 		}
 		s.Watermark = w.Next
+		s.Log = offsetstate.CompareLog(offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID}, ids[tp.Topic])
 		switch req.Target.Kind {
 		case TargetOffset:
 			s.Target = req.Target.Offset
@@ -264,7 +283,12 @@ func (o *Operator) PlanReset(ctx context.Context, req ResetRequest) (*Plan, erro
 			}
 			s.Note = fmt.Sprintf("the watermark %d is outside the log [%d, %d]", w.Next, s.LogStart, s.LogEnd)
 		}
+		if err := adoptFits(req, s); err != nil {
+			return nil, err
+		}
 		switch {
+		case req.Mode == ModeAdopt:
+			s.Action = ActionAdopt
 		case req.Target.Kind == TargetDatabase:
 			if s.Committed != nil && *s.Committed == w.Next {
 				s.Note = "already aligned"
@@ -288,6 +312,32 @@ func (o *Operator) PlanReset(ctx context.Context, req ResetRequest) (*Plan, erro
 		p.Steps = append(p.Steps, s)
 	}
 	return p, nil
+}
+
+// adoptFits refuses an adoption of a log that has not changed, and any other reset of one
+// that has: its watermark counts offsets of the old log, so a skip, replay or align from it
+// would mix the two logs' offsets.
+func adoptFits(req ResetRequest, s Step) error {
+	changed := s.Log.Changed()
+	switch {
+	case req.Mode == ModeAdopt && req.Target.Kind == TargetDatabase:
+		return errors.New("reset: --mode adopt needs a place in the new log: --to-earliest, --to-latest, --to-time or --to-offset")
+	case req.Mode == ModeAdopt && !changed:
+		return fmt.Errorf("reset: %s: the log has not changed (topic id %s, cluster id %s, as recorded with the watermark): "+
+			"--mode adopt is for a topic deleted and created again, or another cluster; use --mode skip or replay",
+			s.TP, orUnknown(s.Log.Current.Topic), orUnknown(s.Log.Current.Cluster))
+	case req.Mode != ModeAdopt && changed:
+		return fmt.Errorf("reset: %s: the log behind the watermark changed (%s); the watermark %d counts offsets of the old log: "+
+			"adopt the new log with --mode adopt --to-earliest (or --to-latest, --to-time)", s.TP, s.Log.What(), s.Watermark)
+	}
+	return nil
+}
+
+func orUnknown(id string) string {
+	if id == "" {
+		return "unknown"
+	}
+	return id
 }
 
 // afterKafkaCommit runs in tests between moving Kafka's offsets and the database
@@ -381,8 +431,12 @@ func (o *Operator) recordIntent(ctx context.Context, tx pgx.Tx, req ResetRequest
 		s.AuditID = reuse
 		return nil
 	}
+	reason := req.Reason
+	if s.Action == ActionAdopt {
+		reason += "; log changed: " + s.Log.What()
+	}
 	s.AuditID, err = o.store.InsertEvent(ctx, tx, offsetstore.Event{Group: req.Group, Topic: s.Topic, Partition: s.Partition,
-		Kind: s.Action, From: from, To: to, Reason: req.Reason, Actor: req.Actor, Status: StatusPending})
+		Kind: s.Action, From: from, To: to, Reason: reason, Actor: req.Actor, Status: StatusPending})
 	return err
 }
 
@@ -426,6 +480,14 @@ func (o *Operator) applyStep(ctx context.Context, tx pgx.Tx, group string, s *St
 		// Offsets a consumer with Config.Concurrency > 1 applied above the old watermark: those
 		// below the target are skipped anyway; those above stay done.
 		if err := o.store.DeleteDone(ctx, tx, group, s.TP, s.Target); err != nil {
+			return err
+		}
+	case ActionAdopt:
+		if next != s.Watermark {
+			return fmt.Errorf("the watermark moved from %d to %d since the plan (a consumer ran?); Kafka is at %d of the new log now, "+
+				"which the consumer refuses as long as the watermark names the old log: check `kafkatx offsets status` and run the command again", s.Watermark, next, s.Target)
+		}
+		if err := o.store.AdoptLog(ctx, tx, group, s.TP, s.Watermark, s.Target, s.Log.Current.Topic, s.Log.Current.Cluster, s.AuditID); err != nil {
 			return err
 		}
 	case ActionReplay:

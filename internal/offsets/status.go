@@ -46,6 +46,28 @@ type PartitionStatus struct {
 	Pending []offsetstore.Event `json:"pending,omitempty"`
 	// WatermarkUpdatedAt is when the watermark last moved (nil: no watermark).
 	WatermarkUpdatedAt *time.Time `json:"watermark_updated_at,omitempty"`
+	// Log names the log the watermark was recorded in and the one the broker describes now
+	// (nil: no watermark); State is offsetstate.LogChanged when they differ.
+	Log *LogIdentity `json:"log,omitempty"`
+}
+
+// LogIdentity is a watermark's recorded log and the current one: topic ids (KIP-516) and
+// cluster ids, "" when unknown (a row older than migration 009 shows "" until the consumer
+// meets the partition).
+type LogIdentity struct {
+	RecordedTopicID   string `json:"recorded_topic_id"`
+	TopicID           string `json:"topic_id"`
+	RecordedClusterID string `json:"recorded_cluster_id"`
+	ClusterID         string `json:"cluster_id"`
+}
+
+// Change is the comparison of the two logs (offsetstate.CompareLog).
+func (l *LogIdentity) Change() offsetstate.LogChange {
+	if l == nil {
+		return offsetstate.LogChange{}
+	}
+	return offsetstate.CompareLog(offsetstate.LogID{Cluster: l.RecordedClusterID, Topic: l.RecordedTopicID},
+		offsetstate.LogID{Cluster: l.ClusterID, Topic: l.TopicID})
 }
 
 // Stalled reports lag with no progress: records wait (Lag > 0) and the watermark has not
@@ -106,6 +128,10 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 	if err != nil {
 		return nil, err
 	}
+	ids, err := o.kafka.LogIDs(ctx, topicsList)
+	if err != nil {
+		return nil, err
+	}
 	last, pending, err := o.latestEvents(ctx, group)
 	if err != nil {
 		return nil, err
@@ -134,6 +160,13 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 		}
 		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd},
 			offsetstate.Policy{}).State
+		if hasW {
+			cur := ids[tp.Topic]
+			s.Log = &LogIdentity{RecordedTopicID: w.TopicID, TopicID: cur.Topic, RecordedClusterID: w.ClusterID, ClusterID: cur.Cluster}
+			if s.Log.Change().Changed() { // checked before every other state, as the consumer does
+				s.State = offsetstate.LogChanged
+			}
+		}
 		switch {
 		case hasW && hasK:
 			s.Drift = ptr(k - w.Next)

@@ -27,8 +27,10 @@ const (
 	NoWatermark State = "no_watermark"
 	// Unused: neither W nor K; a first run starts at auto.offset.reset. Not drift.
 	Unused State = "unused"
-	// WatermarkPastLogEnd: W > the log end — the topic was deleted and recreated, or its log
-	// truncated. The consumer processes nothing (kafkatx.LogRangeError).
+	// WatermarkPastLogEnd: W > the log end — records processed are no longer in the log: it
+	// was truncated (an unclean leader election), or, for a watermark recorded before topic
+	// ids (LogChanged catches the rest), the topic was deleted and recreated. The consumer
+	// processes nothing (kafkatx.LogRangeError).
 	WatermarkPastLogEnd State = "watermark_past_log_end"
 	// WatermarkBelowLogStart: W < the log start — retention removed records before they were
 	// processed; the consumer audits [W, log start) as an unexplained skip, moves W there and

@@ -35,6 +35,11 @@ type Watermark struct {
 	InflightEnd int64
 	ReplayEpoch int
 	UpdatedAt   time.Time
+	// TopicID and ClusterID name the log the offsets count in: the topic's id (KIP-516, Kafka's
+	// base64 form) and its cluster's id, as the consumer read them when it met the partition
+	// (migration 009); "" when not recorded yet (a row older than the migration, or a broker
+	// that gives no topic id).
+	TopicID, ClusterID string
 }
 
 // Store runs the SQL for one schema.
@@ -51,7 +56,8 @@ func (s *Store) Tables() tables.Names { return s.t }
 // Watermarks returns the rows of group for the given partitions (all partitions of all
 // topics when tps is empty).
 func (s *Store) Watermarks(ctx context.Context, q pg.Querier, group string, tps []TP) (map[TP]Watermark, error) {
-	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at
+	rows, err := q.Query(ctx, `SELECT topic, partition, next_offset, first_offset, coalesce(inflight_end, -1), replay_epoch, updated_at,
+		coalesce(topic_id, ''), coalesce(cluster_id, '')
 		FROM `+s.t.Watermarks+` WHERE group_id = $1 ORDER BY topic, partition`, group)
 	if err != nil {
 		return nil, fmt.Errorf("read watermarks: %w", err)
@@ -63,7 +69,7 @@ func (s *Store) Watermarks(ctx context.Context, q pg.Querier, group string, tps 
 	out := map[TP]Watermark{}
 	for rows.Next() {
 		var w Watermark
-		if err := rows.Scan(&w.Topic, &w.Partition, &w.Next, &w.First, &w.InflightEnd, &w.ReplayEpoch, &w.UpdatedAt); err != nil {
+		if err := rows.Scan(&w.Topic, &w.Partition, &w.Next, &w.First, &w.InflightEnd, &w.ReplayEpoch, &w.UpdatedAt, &w.TopicID, &w.ClusterID); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read watermarks: %w", err)
 		}
@@ -211,11 +217,13 @@ func (s *Store) Attempts(ctx context.Context, q pg.Querier, group string, tp TP,
 	return out, rows.Err()
 }
 
-// BeginAttempt durably records that try number n of offset is about to run.
+// BeginAttempt durably records that try number n of offset is about to run, its outcome
+// unknown (error_class NULL) until RecordFailure or the commit that deletes the row: a crash
+// during the try leaves it so.
 func (s *Store) BeginAttempt(ctx context.Context, q pg.Querier, group string, tp TP, offset int64, n int) error {
 	_, err := q.Exec(ctx, `INSERT INTO `+s.t.Attempts+` (group_id, topic, partition, "offset", attempts)
 		VALUES ($1, $2, $3, $4, $5)
-		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = excluded.attempts, updated_at = now()`,
+		ON CONFLICT (group_id, topic, partition, "offset") DO UPDATE SET attempts = excluded.attempts, error_class = NULL, updated_at = now()`,
 		group, tp.Topic, tp.Partition, offset, n)
 	if err != nil {
 		return fmt.Errorf("record attempt %d of %s@%d: %w", n, tp, offset, err)

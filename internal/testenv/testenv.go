@@ -440,3 +440,78 @@ func UniqueName(t testing.TB, prefix string, max int) string {
 	}
 	return prefix + slug + sep + suffix
 }
+
+// SecondBrokers returns KAFKA2_BOOTSTRAP_SERVERS, a second Kafka cluster of its own (another
+// cluster id: `scripts/dev-services up kafka2`), after checking that it accepts TCP
+// connections; it stops the test (see Unavailable) otherwise.
+func SecondBrokers(t testing.TB) string {
+	t.Helper()
+	brokers := os.Getenv("KAFKA2_BOOTSTRAP_SERVERS")
+	if brokers == "" {
+		Unavailable(t, "KAFKA2_BOOTSTRAP_SERVERS is not set (scripts/dev-services up kafka2)")
+	}
+	c, err := net.DialTimeout("tcp", strings.TrimSpace(strings.Split(brokers, ",")[0]), 5*time.Second)
+	if err != nil {
+		Unavailable(t, "the second Kafka cluster at KAFKA2_BOOTSTRAP_SERVERS=%s does not accept connections: %v", brokers, err)
+	}
+	c.Close()
+	return brokers
+}
+
+// RecreateTopic deletes topic and creates it again under the same name with partitions
+// partitions (a new topic id, KIP-516; the group's committed offsets on it are gone), retrying
+// while the broker still finishes the deletion, and waits until its partitions answer.
+func RecreateTopic(t testing.TB, brokers, topic string, partitions int) {
+	t.Helper()
+	admin := newAdmin(t, brokers)
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res, err := admin.DeleteTopics(ctx, []string{topic}, kafka.SetAdminOperationTimeout(30*time.Second))
+	if err == nil && len(res) == 1 && res[0].Error.Code() != kafka.ErrNoError {
+		err = res[0].Error
+	}
+	if err != nil {
+		t.Fatalf("testenv: delete topic %s: %v", topic, err)
+	}
+	for {
+		res, err := admin.CreateTopics(ctx, []kafka.TopicSpecification{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
+			kafka.SetAdminOperationTimeout(30*time.Second))
+		if err == nil && len(res) == 1 && res[0].Error.Code() == kafka.ErrNoError {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("testenv: create topic %s again: %v %v", topic, err, res)
+		}
+		time.Sleep(200 * time.Millisecond) // TOPIC_ALREADY_EXISTS while the deletion completes
+	}
+	if err := waitForLeaders(ctx, admin, topic, partitions); err != nil {
+		t.Fatalf("testenv: topic %s: %v", topic, err)
+	}
+	if err := waitForListOffsets(ctx, admin, topic, partitions); err != nil {
+		t.Fatalf("testenv: topic %s: %v", topic, err)
+	}
+}
+
+// AddPartitions raises topic's partition count to total (Kafka CreatePartitions) and waits
+// until every partition answers.
+func AddPartitions(t testing.TB, brokers, topic string, total int) {
+	t.Helper()
+	admin := newAdmin(t, brokers)
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := admin.CreatePartitions(ctx, []kafka.PartitionsSpecification{{Topic: topic, IncreaseTo: total}}, kafka.SetAdminOperationTimeout(30*time.Second))
+	if err == nil && len(res) == 1 && res[0].Error.Code() != kafka.ErrNoError {
+		err = res[0].Error
+	}
+	if err != nil {
+		t.Fatalf("testenv: raise the partitions of %s to %d: %v", topic, total, err)
+	}
+	if err := waitForLeaders(ctx, admin, topic, total); err != nil {
+		t.Fatalf("testenv: topic %s: %v", topic, err)
+	}
+	if err := waitForListOffsets(ctx, admin, topic, total); err != nil {
+		t.Fatalf("testenv: topic %s: %v", topic, err)
+	}
+}

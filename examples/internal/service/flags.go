@@ -36,6 +36,9 @@ type Flags struct {
 	// GroupProtocol is group.protocol: "classic" or "consumer" (KIP-848); empty leaves it to
 	// --kafka-config-file, else kafkatx's default (classic).
 	GroupProtocol string
+	// OnLogChange is kafkatx.Config.OnLogChange by name: halt (the default), adopt-earliest
+	// or adopt-latest.
+	OnLogChange string
 }
 
 // Register defines the flags on fs with the defaults in def (Topic, Group, BatchSize,
@@ -56,6 +59,7 @@ func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.StringVar(&f.InstanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
 	fs.IntVar(&f.BatchSize, "batch-size", def.BatchSize, "most "+what+"s of one partition per transaction")
 	fs.IntVar(&f.Concurrency, "concurrency", max(def.Concurrency, 1), "most units (transactions) of one partition in flight at once, never two of one record key: each key's "+what+"s are applied in offset order, other keys meanwhile (1: one at a time, in offset order)")
+	fs.StringVar(&f.OnLogChange, "on-log-change", "halt", "when the log behind a watermark is another one (the topic deleted and created again, or the brokers are another cluster: its topic or cluster id differs from the recorded one): halt (exit non-zero naming both ids, nothing applied; adopt it with `kafkatx offsets reset --mode adopt`), adopt-earliest (process the new log from its start) or adopt-latest (from its end), audited as log_adopted")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (processed, dead letters, drift and lag per partition, outbox backlog) on HOST:PORT/metrics, /healthz (200 while the process runs) and /readyz (200 once joined to the group with an assignment, possibly empty, Kafka and the database reachable, no fatal error; else 503 with a JSON reason); off when empty")
 }
 
@@ -87,7 +91,8 @@ const (
 // the flag and its allowed range (the binaries exit 2): --partitions 1 to 10,000,
 // --max-attempts 1 to 1,000, --batch-size 1 to 100,000, --concurrency 1 to 1,024, --exit-when-idle 0 to 24h,
 // --session-timeout 0 (librdkafka's default) to 1h; a --group-protocol other than classic or
-// consumer, and --session-timeout with --group-protocol consumer (librdkafka refuses
+// consumer, an --on-log-change other than halt, adopt-earliest or adopt-latest, and
+// --session-timeout with --group-protocol consumer (librdkafka refuses
 // session.timeout.ms under KIP-848's protocol).
 func (f *Flags) Check() error {
 	if err := flagcheck.First(
@@ -99,6 +104,9 @@ func (f *Flags) Check() error {
 		flagcheck.Duration("session-timeout", f.SessionTimeout, 0, MaxSessionTimeout),
 	); err != nil {
 		return err
+	}
+	if _, err := kafkatx.ParseLogChangePolicy(f.OnLogChange); err != nil {
+		return fmt.Errorf("--on-log-change %w", err)
 	}
 	switch strings.ToLower(f.GroupProtocol) {
 	case "", "classic":
@@ -156,7 +164,9 @@ func (f *Flags) KafkaConfig() kafka.ConfigMap {
 // ConsumerConfig is the kafkatx.Config the flags describe: Kafka settings, topic, schema,
 // max attempts and batch size, with log and reg for logs and metrics.
 func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafkatx.Config {
+	onLogChange, _ := kafkatx.ParseLogChangePolicy(f.OnLogChange) // checked by Check
 	return &kafkatx.Config{
+		OnLogChange: onLogChange,
 		Kafka:       f.KafkaConfig(),
 		Topics:      []string{f.Topic},
 		Schema:      f.Schema,

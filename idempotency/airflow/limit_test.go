@@ -1,0 +1,176 @@
+package airflow
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kafkatx/kafkatx/limit"
+)
+
+// slowStandIn answers every create after delay (200, or 409 for a run it holds), counting the
+// creates in flight; GET .../dagRuns/{id} reads a run (200 or 404) at once. hold, when set,
+// delays the answer of a create that has already been recorded.
+type slowStandIn struct {
+	delay            time.Duration
+	mu               sync.Mutex
+	runs             map[string]bool
+	posts, gets      int
+	inflight, peak   atomic.Int64
+	holdFirst        time.Duration // the first create is recorded, then answered after this
+	statusAfterDelay int           // non-zero: answer every create with this status, recording none
+}
+
+func (s *slowStandIn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet {
+		s.mu.Lock()
+		s.gets++
+		found := s.runs[r.URL.Path[len("/api/v2/dags/d/dagRuns/"):]]
+		s.mu.Unlock()
+		if found {
+			_, _ = io.WriteString(w, `{"state":"queued"}`)
+			return
+		}
+		http.Error(w, `{"detail":"not found"}`, http.StatusNotFound)
+		return
+	}
+	n := s.inflight.Add(1)
+	defer s.inflight.Add(-1)
+	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+	}
+	var body struct {
+		DAGRunID string `json:"dag_run_id"`
+	}
+	b, _ := io.ReadAll(r.Body)
+	_ = json.Unmarshal(b, &body)
+	s.mu.Lock()
+	s.posts++
+	first := s.posts == 1
+	exists := s.runs[body.DAGRunID]
+	if s.statusAfterDelay == 0 {
+		s.runs[body.DAGRunID] = true
+	}
+	s.mu.Unlock()
+	if first && s.holdFirst > 0 {
+		time.Sleep(s.holdFirst) // recorded, the answer late: the client's timeout passes
+	}
+	time.Sleep(s.delay)
+	switch {
+	case s.statusAfterDelay != 0:
+		http.Error(w, `{"detail":"busy"}`, s.statusAfterDelay)
+	case exists:
+		http.Error(w, `{"detail":"exists"}`, http.StatusConflict)
+	default:
+		_, _ = io.WriteString(w, `{"state":"queued"}`)
+	}
+}
+
+func newSlow(t *testing.T, s *slowStandIn, cfg Config) *Client {
+	t.Helper()
+	s.runs = map[string]bool{}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	cfg.BaseURL = srv.URL
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestPermitWaitDoesNotCountAgainstTheTimeout: 8 triggers at once through a limit of 2 against
+// a far side answering in 150 ms, with a 300 ms request timeout: the last waits ~450 ms for
+// its permit, longer than the timeout, and still succeeds with its first create — no
+// timeout, no create sent twice, no run answered "already exists". Never more than 2 in flight.
+func TestPermitWaitDoesNotCountAgainstTheTimeout(t *testing.T) {
+	s := &slowStandIn{delay: 150 * time.Millisecond}
+	c := newSlow(t, s, Config{RequestTimeout: 300 * time.Millisecond, Limiter: limit.Fixed(2), MaxAttempts: 3, InitialBackoff: time.Millisecond})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := c.TriggerDAGRun(context.Background(), Trigger{DAGID: "d", Key: fmt.Sprint("k", i)})
+			if err == nil && (!res.Created || res.Attempts != 1) {
+				err = fmt.Errorf("trigger %d: %+v, want created by its first attempt", i, res)
+			}
+			if err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if s.posts != 8 || s.peak.Load() > 2 {
+		t.Fatalf("%d creates sent (want 8), %d in flight at once (limit 2)", s.posts, s.peak.Load())
+	}
+}
+
+// TestTimedOutCreateIsSettledByReadingTheRun: Airflow records the run but answers after the
+// client's timeout; the client reads the run by its id before sending the create again,
+// finds it, and succeeds without a second create (no "already exists").
+func TestTimedOutCreateIsSettledByReadingTheRun(t *testing.T) {
+	s := &slowStandIn{holdFirst: 400 * time.Millisecond}
+	c := newSlow(t, s, Config{RequestTimeout: 100 * time.Millisecond, MaxAttempts: 3, InitialBackoff: time.Millisecond})
+	res, err := c.TriggerDAGRun(context.Background(), Trigger{DAGID: "d", Key: "k"})
+	if err != nil || !res.Created || !res.Settled || res.Attempts != 1 {
+		t.Fatalf("%+v %v; want created, settled by the read, one attempt", res, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.posts != 1 || s.gets != 1 {
+		t.Fatalf("%d creates, %d reads; want 1 and 1", s.posts, s.gets)
+	}
+}
+
+// TestTimedOutCreateNotMadeIsSentAgain: a create that timed out before Airflow recorded it
+// reads as absent (404) and is sent again.
+func TestTimedOutCreateNotMadeIsSentAgain(t *testing.T) {
+	var n atomic.Int64
+	s := &slowStandIn{}
+	inner := http.HandlerFunc(s.ServeHTTP)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && n.Add(1) == 1 {
+			time.Sleep(300 * time.Millisecond) // lost before Airflow saw it
+			return
+		}
+		inner(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	s.runs = map[string]bool{}
+	c, err := New(Config{BaseURL: srv.URL, RequestTimeout: 100 * time.Millisecond, MaxAttempts: 3, InitialBackoff: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.TriggerDAGRun(context.Background(), Trigger{DAGID: "d", Key: "k"})
+	if err != nil || !res.Created || res.Settled || res.Attempts != 2 {
+		t.Fatalf("%+v %v; want created by the second attempt", res, err)
+	}
+	if s.gets != 1 || s.posts != 1 {
+		t.Fatalf("%d reads, %d creates recorded; want 1 and 1", s.gets, s.posts)
+	}
+}
+
+// TestOverloadAnswersShrinkTheLimit: 503s feed the limiter as dropped calls: the limit halves.
+func TestOverloadAnswersShrinkTheLimit(t *testing.T) {
+	l := limit.MustNew(limit.Config{Initial: 16})
+	s := &slowStandIn{statusAfterDelay: http.StatusServiceUnavailable}
+	c := newSlow(t, s, Config{Limiter: l, MaxAttempts: 2, InitialBackoff: time.Millisecond})
+	if _, err := c.TriggerDAGRun(context.Background(), Trigger{DAGID: "d", Key: "k"}); !IsUnavailable(err) {
+		t.Fatalf("%v, want unavailable", err)
+	}
+	if got := l.Limit(); got >= 16 {
+		t.Fatalf("limit %d after 503s, want below 16", got)
+	}
+}
