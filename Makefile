@@ -20,8 +20,10 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 # (the first start apt-get installs it): the deployment tests (deploy_test.go and others).
 # kafka2 — a second broker of another Kafka line (KAFKA2_VERSION, default 4.1.2) for test-kafka2;
 # started with the others so its jars are there for internal/devservices' version-switch test.
+# patroni — a high-availability PostgreSQL (Patroni 3.0 with etcd, two PostgreSQL 15 nodes; the
+# first start apt-get installs Debian's patroni and etcd packages) for the failover tests.
 # secure comes first: adding the listener restarts the broker, which the others then find up.
-TEST_SERVICES ?= secure connect airflow pgbouncer kafka2
+TEST_SERVICES ?= secure connect airflow pgbouncer kafka2 patroni
 
 ## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
 ## install headless Chromium (browser), run every test, then test-kafka2

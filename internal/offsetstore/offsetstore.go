@@ -129,7 +129,10 @@ func (s *Store) Advance(ctx context.Context, q pg.Querier, group string, tp TP, 
 
 // AdvanceXID is Advance that also returns the id of q's transaction (txid_current(), the
 // 64-bit form txid_status accepts), so that a COMMIT whose answer is lost can be settled from
-// the database's own record (TxStatus) rather than guessed.
+// the database's own record (TxStatus) rather than guessed. The caller commits next; nothing
+// of kafkatx cancels that COMMIT while it waits for a synchronous standby (docs/deployment.md,
+// "What a failover costs"): PostgreSQL disarms statement_timeout before the commit itself,
+// and pgx ends a cancelled context by closing the connection, sending no cancel request.
 func (s *Store) AdvanceXID(ctx context.Context, q pg.Querier, group string, tp TP, from, to, inflightEnd int64) (xid int64, err error) {
 	var ie *int64
 	if inflightEnd > to {

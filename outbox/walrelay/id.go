@@ -25,7 +25,8 @@ func sourceHash(systemID, database, schema string) uint32 {
 	return h.Sum32() & (1<<26 - 1)
 }
 
-// recordID is the kafkatx-outbox-id of record rec at position at: the id outbox.WriteTx derived
+// recordID is the kafkatx-outbox-id of record rec at position at (src: the source bits with the
+// commit's timeline, timelineSource): the id outbox.WriteTx derived
 // from the record's input message (outbox.Source) when it carries one in an
 // outbox.HeaderSourceID header — the same for every processing of that message, on any
 // timeline — else outboxID's.

@@ -43,10 +43,17 @@ type deliveryFailure struct {
 	all []position // every record that failed with it (a refused batch fails them all)
 }
 
-// checkpoint is the value of a checkpoint record.
+// checkpoint is the value of a checkpoint record: the commit LSN of the last transaction
+// published, the timeline that commit was written on and the cluster's system identifier
+// (a promoted standby keeps it; only the timeline changes). Timeline and SystemID are absent
+// from checkpoints written before kafkatx recorded them.
 type checkpoint struct {
 	CommitLSN string    `json:"commit_lsn"`
+	Timeline  uint32    `json:"timeline,omitempty"`
+	SystemID  string    `json:"system_id,omitempty"`
 	At        time.Time `json:"at"`
+
+	LSN pglogrepl.LSN `json:"-"` // CommitLSN parsed
 }
 
 // newKafka creates the stream's transactional producer. Without reports it asks for no
@@ -171,10 +178,10 @@ func (k *kafkaSide) ensureCheckpointTopic(ctx context.Context) error {
 }
 
 // readCheckpoint reads the checkpoint topic (read_committed) to its end and returns the last
-// commit LSN published for this slot; 0 when none.
-func (k *kafkaSide) readCheckpoint(ctx context.Context) (pglogrepl.LSN, error) {
+// checkpoint of key (LSN 0 when none).
+func readCheckpoint(ctx context.Context, cfg Config, key []byte) (checkpoint, error) {
 	cc := kafka.ConfigMap{}
-	for kk, v := range k.cfg.Kafka {
+	for kk, v := range cfg.Kafka {
 		switch kk {
 		case "bootstrap.servers", "security.protocol", "sasl.mechanisms", "sasl.mechanism", "sasl.username", "sasl.password",
 			"ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "client.id", "logger", "go.logs.channel.enable", "go.logs.channel":
@@ -188,42 +195,43 @@ func (k *kafkaSide) readCheckpoint(ctx context.Context) (pglogrepl.LSN, error) {
 	cc["auto.offset.reset"] = "earliest"
 	c, err := kafka.NewConsumer(&cc)
 	if err != nil {
-		return 0, fmt.Errorf("walrelay: checkpoint reader: %w", err)
+		return checkpoint{}, fmt.Errorf("walrelay: checkpoint reader: %w", err)
 	}
 	defer c.Close()
-	t := k.cfg.CheckpointTopic
+	t := cfg.CheckpointTopic
 	if err := c.Assign([]kafka.TopicPartition{{Topic: &t, Partition: 0, Offset: kafka.OffsetBeginning}}); err != nil {
-		return 0, fmt.Errorf("walrelay: read checkpoint topic %s: %w", t, err)
+		return checkpoint{}, fmt.Errorf("walrelay: read checkpoint topic %s: %w", t, err)
 	}
-	var last pglogrepl.LSN
+	var last checkpoint
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		if ctx.Err() != nil {
-			return 0, ctx.Err()
+			return checkpoint{}, ctx.Err()
 		}
 		switch ev := c.Poll(200).(type) {
 		case *kafka.Message:
-			if string(ev.Key) != string(k.key) {
+			if string(ev.Key) != string(key) {
 				continue
 			}
 			var cp checkpoint
 			if err := json.Unmarshal(ev.Value, &cp); err != nil {
-				return 0, fmt.Errorf("walrelay: checkpoint at offset %d of %s: %w", ev.TopicPartition.Offset, t, err)
+				return checkpoint{}, fmt.Errorf("walrelay: checkpoint at offset %d of %s: %w", ev.TopicPartition.Offset, t, err)
 			}
 			l, err := pglogrepl.ParseLSN(cp.CommitLSN)
 			if err != nil {
-				return 0, fmt.Errorf("walrelay: checkpoint at offset %d of %s: %w", ev.TopicPartition.Offset, t, err)
+				return checkpoint{}, fmt.Errorf("walrelay: checkpoint at offset %d of %s: %w", ev.TopicPartition.Offset, t, err)
 			}
-			last = l
+			cp.LSN = l
+			last = cp
 		case kafka.PartitionEOF:
 			return last, nil
 		case kafka.Error:
 			if ev.IsFatal() || ev.Code() == kafka.ErrUnknownTopicOrPart {
-				return 0, fmt.Errorf("walrelay: read checkpoint topic %s: %w", t, ev)
+				return checkpoint{}, fmt.Errorf("walrelay: read checkpoint topic %s: %w", t, ev)
 			}
 		}
 	}
-	return 0, fmt.Errorf("walrelay: read checkpoint topic %s: no end within 60 s", t)
+	return checkpoint{}, fmt.Errorf("walrelay: read checkpoint topic %s: no end within 60 s", t)
 }
 
 // topicPartitions returns topic's partition count (-1: no such topic), asking the broker at

@@ -49,7 +49,8 @@ type Relay struct {
 
 	published, parked, transactions atomic.Int64
 	steps                           stepTimes
-	logged                          atomic.Bool // "streaming" logged once
+	logged                          atomic.Bool   // "streaming" logged once
+	timeline                        atomic.Uint32 // the timeline of the last stream ("streaming" logged again when it changes)
 
 	mu      sync.Mutex
 	refuse  map[position]string // records the broker refused: parked when decoded again
@@ -218,6 +219,9 @@ func (r *Relay) Pending(ctx context.Context) (bool, error) {
 // runOnce checks the server, takes the slot, fences older producers, reads the checkpoint
 // and streams until an error.
 func (r *Relay) runOnce(ctx context.Context) error {
+	// What Pending compares is re-learnt on each stream: after a failover the server's WAL
+	// position is of another timeline, possibly below what the old primary's stream reached.
+	r.caughtUp.Store(0)
 	schema := pg.SchemaOr(r.cfg.Schema)
 	s, err := outbox.ReadSettings(ctx, r.pool, schema)
 	if err != nil {
@@ -246,6 +250,24 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("walrelay: IDENTIFY_SYSTEM: %w", err)
 	}
+	tl, err := readTimelines(ctx, conn, sys.Timeline)
+	if err != nil {
+		return err
+	}
+	key := sys.SystemID + "/" + sys.DBName + "/" + s.Slot
+	h, err := r.readSlot(ctx, s.Slot)
+	if err != nil {
+		return err
+	}
+	if fe := h.fatal(s.Slot); fe != nil {
+		// The slot is gone (a failover to a node without a copy of it, a drop) or invalidated:
+		// say from which checkpoint on this server's history the events are missing.
+		ck, cerr := readCheckpoint(ctx, r.cfg, []byte(key))
+		if cerr != nil {
+			return fe
+		}
+		return slotLost(h, s.Slot, ck, tl)
+	}
 	err = pglogrepl.StartReplication(ctx, conn, s.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", "publication_names '" + s.Publication + "'", "messages 'true'"},
@@ -253,22 +275,33 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("walrelay: START_REPLICATION of slot %s: %w", s.Slot, err)
 	}
-	k, err := newKafka(ctx, r.cfg, s.Slot, sys.SystemID+"/"+sys.DBName+"/"+s.Slot, r.diagnose.Swap(false), int(r.batchSize.Load()), r.log)
+	k, err := newKafka(ctx, r.cfg, s.Slot, key, r.diagnose.Swap(false), int(r.batchSize.Load()), r.log)
 	if err != nil {
 		return err
 	}
 	defer k.close()
-	ckpt, err := k.readCheckpoint(ctx)
+	ck, err := readCheckpoint(ctx, r.cfg, k.key)
 	if err != nil {
 		return err
 	}
-	st := &stream{r: r, conn: conn, k: k, prefix: outbox.WALPrefix(schema), ckpt: ckpt, slot: s.Slot,
-		src: sourceHash(sys.SystemID, sys.DBName, schema)}
+	cov, err := tl.covered(ck)
+	if err != nil {
+		return err
+	}
+	if cov.lostFrom > 0 {
+		r.log.Warn("failover: the checkpoint covers transactions of an older timeline past its end; the database lost them after their events were published "+
+			"(ghost events until their input is processed again); transactions of the new timeline are published",
+			zap.Stringer("checkpoint_commit_lsn", ck.LSN), zap.Uint32("checkpoint_timeline", ck.Timeline),
+			zap.Stringer("timeline_end", cov.lostFrom), zap.Uint32("timeline", tl.current))
+	}
+	st := &stream{r: r, conn: conn, k: k, prefix: outbox.WALPrefix(schema), ckpt: cov.through, slot: s.Slot,
+		src: sourceHash(sys.SystemID, sys.DBName, schema), sysID: sys.SystemID, tl: tl}
 	r.streaming.Store(true)
 	r.failSince.Store(0)
-	if !r.logged.Swap(true) {
+	if !r.logged.Swap(true) || tl.current != r.timeline.Swap(tl.current) {
 		r.log.Info("streaming", zap.String("slot", s.Slot), zap.String("publication", s.Publication),
-			zap.Stringer("checkpoint_commit_lsn", ckpt), zap.Stringer("server_wal", sys.XLogPos))
+			zap.Stringer("checkpoint_commit_lsn", ck.LSN), zap.Uint32("checkpoint_timeline", ck.Timeline),
+			zap.Stringer("skip_through", cov.through), zap.Uint32("timeline", tl.current), zap.Stringer("server_wal", sys.XLogPos))
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -303,7 +336,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 }
 
 // preflight says exactly what is missing: the server's version, wal_level, the role's
-// REPLICATION attribute, the publication, the slot (or its WAL: wal_status lost).
+// REPLICATION attribute, the publication. (The slot is checked next, with the checkpoint.)
 func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 	if err := outbox.CheckWALServer(ctx, r.pool); err != nil {
 		return &FatalError{err}
@@ -315,11 +348,7 @@ func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 	if !pub {
 		return &FatalError{fmt.Errorf("walrelay: publication %s does not exist in this database: run kafkatx migrate up --outbox-mode wal (it creates it, empty)", s.Publication)}
 	}
-	h, err := r.readSlot(ctx, s.Slot)
-	if err != nil {
-		return err
-	}
-	return h.fatal(s.Slot)
+	return nil
 }
 
 // Totals are Stats' published, parked and transactions counts by name (relays.Relay).

@@ -193,6 +193,25 @@ func TestFreshDeployPublishesFirstEventsAndMissingSlotIsRefusedLoudly(t *testing
 	case <-time.After(30 * time.Second):
 		t.Fatal("the relay goes on without its slot")
 	}
+	// A relay started without the slot names the checkpoint the events are missing from and
+	// the commands that recover, the checkpoint's time filled in.
+	_, _, done = b.start(t, b.config(t))
+	select {
+	case err := <-done:
+		var fe *FatalError
+		if !errors.As(err, &fe) {
+			t.Fatalf("relay started without its slot ended with %v, want a FatalError", err)
+		}
+		for _, want := range []string{"does not exist on this server", "server timeline 1", "after commit LSN", "on timeline 1 (the checkpoint published 20",
+			"kafkatx migrate up --outbox-mode wal", "--to-time 20", "--mode replay --execute"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Fatalf("the missing slot's error lacks %q: %v", want, err)
+			}
+		}
+		done <- nil
+	case <-time.After(30 * time.Second):
+		t.Fatal("a relay starts without its slot")
+	}
 	b.slot = ""
 }
 

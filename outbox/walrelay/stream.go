@@ -27,15 +27,18 @@ type stream struct {
 	k      *kafkaSide
 	prefix string
 	slot   string
-	src    uint32
+	src    uint32    // sourceHash of the cluster, database and schema
+	sysID  string    // the cluster's system identifier
+	tl     timelines // the server's timeline history at the stream's start
 
-	ckpt      pglogrepl.LSN // commit LSN published through (the checkpoint)
+	ckpt      pglogrepl.LSN // commit LSN published through on the current timeline (the checkpoint's coverage)
 	confirmed pglogrepl.LSN // position to report as flushed
 	sent      pglogrepl.LSN // position last reported
 
 	// the decoded transaction in progress
 	inTx     bool
 	txCommit pglogrepl.LSN
+	txSrc    uint32 // the outbox id's source bits: src and the commit's timeline
 	txPos    uint32
 	txSkip   bool
 	txOurs   int
@@ -203,6 +206,7 @@ func (s *stream) logical(ctx context.Context, b []byte) error {
 			return errors.New("walrelay: short Begin message")
 		}
 		s.inTx, s.txCommit, s.txPos, s.txOurs = true, pglogrepl.LSN(binary.BigEndian.Uint64(b[1:9])), 0, 0
+		s.txSrc = timelineSource(s.src, s.tl.of(s.txCommit))
 		s.txSkip = s.txCommit <= s.ckpt
 	case 'M':
 		// flags(1) lsn(8) prefix(cstring) length(4) content
@@ -312,7 +316,7 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 	}
 	// Produce copies headers, key and value into librdkafka before it returns, so without
 	// delivery reports (which keep the message) the buffers and the message are reused.
-	id := recordID(s.src, at, &rec)
+	id := recordID(s.txSrc, at, &rec)
 	s.idBuf = appendUUID(s.idBuf[:0], id)
 	s.posBuf = appendPosition(s.posBuf[:0], at)
 	hs = append(hs, kafka.Header{Key: outbox.HeaderOutboxID, Value: s.idBuf}, kafka.Header{Key: HeaderPosition, Value: s.posBuf})
@@ -379,7 +383,7 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 
 // commit closes the open Kafka transaction with its checkpoint, then confirms its end.
 func (s *stream) commit(ctx context.Context) error {
-	cp, _ := json.Marshal(checkpoint{CommitLSN: s.kLastCommit.String(), At: time.Now().UTC()})
+	cp, _ := json.Marshal(checkpoint{CommitLSN: s.kLastCommit.String(), Timeline: s.tl.of(s.kLastCommit), SystemID: s.sysID, At: time.Now().UTC()})
 	t := s.r.cfg.CheckpointTopic
 	err := s.k.p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &t, Partition: 0}, Key: s.k.key, Value: cp}, nil)
 	if err != nil {
@@ -387,6 +391,10 @@ func (s *stream) commit(ctx context.Context) error {
 	}
 	if s.k.reports {
 		s.k.produced.Add(1)
+	}
+	// Nothing is published that a synchronous standby does not have (awaitStandbys).
+	if err := s.r.awaitStandbys(ctx); err != nil {
+		return s.abortOpen(err)
 	}
 	hook("before-kafka-commit")
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -487,7 +495,7 @@ func (s *stream) sendStatus(reply bool) error {
 // The key's later records are not held behind it: they are published, and a release
 // publishes it after them.
 func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reason string) error {
-	id := recordID(s.src, at, &rec)
+	id := recordID(s.txSrc, at, &rec)
 	var hk, hv [][]byte
 	hk, hv = [][]byte{}, [][]byte{}
 	for _, h := range rec.Headers {

@@ -115,3 +115,34 @@ func (r *Relay) watchSlot(ctx context.Context, slot string) error {
 		}
 	}
 }
+
+// slotLost is the FatalError for a slot that is missing or invalidated at a relay's start,
+// naming what was lost from the checkpoint ck on this server's timeline history tl: the
+// events of the transactions committed after ck's commit LSN (on its timeline, up to that
+// timeline's end when the server has moved past it), until the slot was lost. Writers refuse
+// to emit without the slot (SQLSTATE KX002), so nothing later is lost. The recovery
+// commands are filled in with the checkpoint's time.
+func slotLost(h Health, slot string, ck checkpoint, tl timelines) error {
+	why := "does not exist on this server (a failover to a node without a copy of it, or it was dropped)"
+	if !h.Missing {
+		why = "was invalidated (wal_status lost: it retained more than max_slot_wal_keep_size)"
+	}
+	since := "since the slot was created (no checkpoint was ever published)"
+	replayFrom := "--to-earliest"
+	if ck.LSN != 0 {
+		tli := ck.Timeline
+		if tli == 0 {
+			tli = tl.of(ck.LSN)
+		}
+		since = fmt.Sprintf("after commit LSN %s on timeline %d (the checkpoint published %s)", ck.LSN, tli, ck.At.Format(time.RFC3339))
+		if end, ok := tl.ended(tli); ok {
+			since += fmt.Sprintf(", up to that timeline's end at %s, and on timeline %d", end, tl.current)
+		}
+		replayFrom = "--to-time " + ck.At.Add(-time.Second).UTC().Format(time.RFC3339)
+	}
+	return &FatalError{fmt.Errorf("walrelay: replication slot %s %s; server timeline %d. Lost: the events of the transactions committed %s until the slot was lost "+
+		"(writers refuse to emit without it, so none later). Recover: kafkatx migrate up --outbox-mode wal (a new slot; writers resume), then process those inputs again: "+
+		"kafkatx offsets reset --group GROUP --topic TOPIC %s --mode replay --execute (the handlers run again in a new replay epoch; when their effects must not repeat, "+
+		"republish from the services' own tables instead: docs/outbox-wal.md, Recovery). Keep the slot across failovers: a Patroni permanent slot or PostgreSQL 17 failover slots (docs/deployment.md)",
+		slot, why, tl.current, since, replayFrom)}
+}
