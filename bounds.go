@@ -2,7 +2,8 @@ package kafkatx
 
 import (
 	"fmt"
-	"strconv"
+
+	"github.com/kafkatx/kafkatx/flagcheck"
 )
 
 // Bound is the range Config.validate allows one of Config's numeric fields, inclusive. Zero
@@ -32,7 +33,7 @@ var (
 // caller's word for it (Config's field, or a flag such as "--concurrency").
 func (b Bound) Check(name string, v int) error {
 	if v < b.Min || v > b.Max {
-		return fmt.Errorf("%s %d: want %s to %s", name, v, thousands(b.Min), thousands(b.Max))
+		return fmt.Errorf("%s %d: want %s to %s", name, v, flagcheck.Thousands(b.Min), flagcheck.Thousands(b.Max))
 	}
 	return nil
 }
@@ -51,20 +52,4 @@ func (c *Config) validateBounds() error {
 		}
 	}
 	return nil
-}
-
-// thousands writes n with thousands separators (100,000), as the docs do.
-func thousands(n int) string {
-	s := strconv.Itoa(n)
-	neg := n < 0
-	if neg {
-		s = s[1:]
-	}
-	for i := len(s) - 3; i > 0; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	if neg {
-		return "-" + s
-	}
-	return s
 }

@@ -21,7 +21,7 @@ import (
 // Int returns an error unless lo <= v <= hi: "--name v: want lo to hi".
 func Int(name string, v, lo, hi int) error {
 	if v < lo || v > hi {
-		return fmt.Errorf("--%s %d: want %s to %s", name, v, group(lo), group(hi))
+		return fmt.Errorf("--%s %d: want %s to %s", name, v, Thousands(lo), Thousands(hi))
 	}
 	return nil
 }
@@ -48,8 +48,9 @@ func First(errs ...error) error {
 	return nil
 }
 
-// group writes n with thousands separators (100,000), as the docs do.
-func group(n int) string {
+// Thousands writes n with thousands separators (100,000), as the docs and every bound's
+// message do.
+func Thousands(n int) string {
 	s := strconv.Itoa(n)
 	neg := n < 0
 	if neg {
