@@ -35,10 +35,10 @@ func TestListenErrorsAreTheCommandsOwn(t *testing.T) {
 		want string
 	}{
 		{[]string{"--database-url", db, "--brokers", brokers, "relay", "--migrate", "--health-addr", taken.Addr().String()}, exitFailed, "--health-addr " + taken.Addr().String() + ": cannot listen"},
-		{[]string{"--database-url", db, "--brokers", brokers, "relay", "--migrate", "--health-addr", "nonsense"}, exitUsage, "--health-addr nonsense: not HOST:PORT"},
+		{[]string{"--database-url", db, "--brokers", brokers, "relay", "--migrate", "--health-addr", "nonsense"}, exitUsage, "--health-addr nonsense: want HOST:PORT"},
 		{[]string{"--database-url", db, "--migrate-never-mind"}, exitUsage, "--migrate-never-mind"},
-		{[]string{"--database-url", db, "console", "--token-file", token, "--addr", "nonsense"}, exitUsage, "--addr nonsense: not HOST:PORT"},
-		{[]string{"--database-url", db, "console", "--token-file", token, "--addr", "127.0.0.1:99999"}, exitUsage, "--addr 127.0.0.1:99999: not HOST:PORT"},
+		{[]string{"--database-url", db, "console", "--token-file", token, "--addr", "nonsense"}, exitUsage, "--addr nonsense: want HOST:PORT"},
+		{[]string{"--database-url", db, "console", "--token-file", token, "--addr", "127.0.0.1:99999"}, exitUsage, "--addr 127.0.0.1:99999: the port must be a number from 0 to 65535"},
 		{[]string{"--database-url", db, "console", "--token-file", token, "--addr", taken.Addr().String()}, exitFailed, "--addr " + taken.Addr().String() + ": cannot listen"},
 		{[]string{"--database-url", db, "console", "--token-file", filepath.Join(t.TempDir(), "missing"), "--addr", "127.0.0.1:0"}, 0, ""},
 	} {
