@@ -289,7 +289,7 @@ func TestRealAirflowEndToEnd(t *testing.T) {
 	}
 	svcAddr := freeAddr(t)
 	svcLog, _ := os.Create(filepath.Join(e.logDir, "dagservice.log"))
-	svc := exec.Command(svcBin, "--addr", svcAddr, "--database-url", e.dbURL, "--task-delay", "2s")
+	svc := exec.Command(svcBin, "--addr", svcAddr, "--database-url", e.dbURL, "--task-delay", "4s")
 	svc.Stderr = svcLog
 	if err := svc.Start(); err != nil {
 		t.Fatal(err)
@@ -304,7 +304,7 @@ func TestRealAirflowEndToEnd(t *testing.T) {
 			i, tag, base+int64(i)*64, base/64+int64(i))}
 	}
 	// The victim: event 3's score task, SIGKILLed 500 ms into its call to dagservice (which
-	// then holds the call's transaction, in its 2 s of work).
+	// then holds the call's transaction, in its 4 s of work: the kill needs an API read of the task instance first, which took over 1.5 s on a loaded machine in CI).
 	var victimRun string
 	killed := make(chan error, 1)
 	var once sync.Once
