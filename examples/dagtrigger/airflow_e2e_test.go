@@ -304,7 +304,8 @@ func TestRealAirflowEndToEnd(t *testing.T) {
 			i, tag, base+int64(i)*64, base/64+int64(i))}
 	}
 	// The victim: event 3's score task, SIGKILLed 500 ms into its call to dagservice (which
-	// then holds the call's transaction, in its 4 s of work: the kill needs an API read of the task instance first, which took over 1.5 s on a loaded machine in CI).
+	// then holds the call's transaction, in its 4 s of work: the kill reads the task instance
+	// from the API first, which took over 1.5 s on a loaded machine).
 	var victimRun string
 	killed := make(chan error, 1)
 	var once sync.Once
