@@ -332,7 +332,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		}
 	default:
 	}
-	return err
+	return slotUnreadable(err, s.Slot, ck, tl)
 }
 
 // preflight says exactly what is missing: the server's version, wal_level, the role's

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 )
 
@@ -127,6 +128,27 @@ func slotLost(h Health, slot string, ck checkpoint, tl timelines) error {
 	if !h.Missing {
 		why = "was invalidated (wal_status lost: it retained more than max_slot_wal_keep_size)"
 	}
+	return slotLostWhy(why, slot, ck, tl)
+}
+
+// slotUnreadable turns the stream's error into slotLost's FatalError when the server can never
+// stream the slot: SQLSTATE 58P01, "requested WAL segment … has already been removed" — the
+// slot exists (wal_status may even read reserved) but the WAL from its restart_lsn is gone on
+// this server, as when a copy of the slot (a Patroni permanent slot after several failovers)
+// points into a segment the promoted node never had or already recycled. Retrying can never
+// succeed, so it stops the relay with what was lost and the recovery commands instead of
+// reconnecting for ever. Any other error is returned as it is.
+func slotUnreadable(err error, slot string, ck checkpoint, tl timelines) error {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "58P01" {
+		return err
+	}
+	return slotLostWhy("cannot be streamed: the WAL it needs was removed on this server ("+pe.Message+"; a slot copied to a standby that lacks its WAL, "+
+		"e.g. after several failovers)", slot, ck, tl)
+}
+
+// slotLostWhy is slotLost's FatalError for a slot that cannot be streamed for the reason why.
+func slotLostWhy(why, slot string, ck checkpoint, tl timelines) error {
 	since := "since the slot was created (no checkpoint was ever published)"
 	replayFrom := "--to-earliest"
 	if ck.LSN != 0 {
