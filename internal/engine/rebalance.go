@@ -131,15 +131,12 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 			start = w.Next
 		} else {
 			mark, marked := marks[tp]
-			o := offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high, KMarkedHere: marked && mark.Same(db)}
-			pol := offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead}
-			d := offsetstate.Classify(o, pol)
-			if d.Compared == offsetstate.DatabaseRolledBack {
-				if o.KMarkedHere, err = l.notRewoundByHand(ctx, tp, w.Next); err != nil {
-					return nil, err
-				}
-				d = offsetstate.Classify(o, pol)
+			here, err := l.store.MarkedHere(ctx, l.pool, l.group, tp, mark, marked, db, w.Next, hasW, k, hasK)
+			if err != nil {
+				return nil, err
 			}
+			d := offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: low, LogEnd: high, KMarkedHere: here},
+				offsetstate.Policy{StartAtEnd: l.set.StartAtEnd, HaltOnAhead: l.set.HaltOnAhead})
 			if d.Compared == offsetstate.DatabaseRolledBack { // audited before Kafka goes back to W (rollback.go)
 				if err := l.replayRollback(ctx, tp, d.W, k, mark, log.With(zap.String("state", string(d.State)))); err != nil {
 					return nil, err

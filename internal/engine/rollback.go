@@ -70,13 +70,6 @@ func (l *Loop) commitMark(epoch int) *string {
 	return &s
 }
 
-// notRewoundByHand reports whether tp's watermark w is not one set back by hand in this
-// database (offsetstore.RewoundByHand): only then is a marked K ahead of it a rollback.
-func (l *Loop) notRewoundByHand(ctx context.Context, tp offsetstore.TP, w int64) (bool, error) {
-	by, err := l.store.RewoundByHand(ctx, l.pool, l.group, tp, w)
-	return !by, err
-}
-
 // replayRollback audits, on assignment, that the database lost [w, k) of tp which the
 // consumer had committed as mark: the range is re-processed from w (the decision's Start).
 func (l *Loop) replayRollback(ctx context.Context, tp offsetstore.TP, w, k int64, mark offsetstate.CommitMark, log *zap.Logger) error {

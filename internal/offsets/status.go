@@ -163,13 +163,9 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 			s.Committed = ptr(k)
 		}
 		mark, marked := marks[tp]
-		here := marked && mark.Same(db) && hasW && hasK && k > w.Next
-		if here { // as the consumer decides (engine, Loop.reconcile): not a watermark set back by hand
-			by, err := o.store.RewoundByHand(ctx, o.pool, group, tp, w.Next)
-			if err != nil {
-				return nil, err
-			}
-			here = !by
+		here, err := o.store.MarkedHere(ctx, o.pool, group, tp, mark, marked, db, w.Next, hasW, k, hasK) // as the consumer decides
+		if err != nil {
+			return nil, err
 		}
 		s.State = offsetstate.Classify(offsetstate.Offsets{W: w.Next, HasW: hasW, K: k, HasK: hasK, LogStart: s.LogStart, LogEnd: s.LogEnd,
 			KMarkedHere: here}, offsetstate.Policy{}).State

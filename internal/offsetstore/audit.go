@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -106,4 +107,19 @@ func (s *Store) RewoundByHand(ctx context.Context, q pg.Querier, group string, t
 		return false, fmt.Errorf("read the offset audit of %s: %w", tp, err)
 	}
 	return by, nil
+}
+
+// MarkedHere is offsetstate.Offsets.KMarkedHere, the one rule for both the consumer's start
+// decision (engine, Loop.reconcile) and offsets status: Kafka's committed offset k of tp,
+// ahead of the watermark w, carries kafkatx's own commit mark (marked) of this database (db),
+// and the watermark was not set back by hand (RewoundByHand) — so the database lost
+// transactions the consumer had committed (a failover, a restore). It asks the database only
+// when the rest holds.
+func (s *Store) MarkedHere(ctx context.Context, q pg.Querier, group string, tp TP, mark offsetstate.CommitMark, marked bool,
+	db offsetstate.Database, w int64, hasW bool, k int64, hasK bool) (bool, error) {
+	if !hasW || !hasK || k <= w || !marked || !mark.Same(db) {
+		return false, nil
+	}
+	by, err := s.RewoundByHand(ctx, q, group, tp, w)
+	return !by, err
 }
