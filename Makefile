@@ -43,9 +43,9 @@ KAFKA2_PKGS ?= . ./outbox/relay/
 
 # The tests that SIGKILL the development broker (ten times each), alone: every other test of a
 # parallel run would meet the outage too. About 25 minutes (the broker's restart dominates).
-OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind)$$
+OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestStaticMemberRidesOutAFrozenBroker|TestDynamicMemberRidesOutAFrozenBroker)$$
 
-## test-outages: run $(OUTAGE_TESTS) (KAFKATX_BROKER_KILL_TESTS=1), which kill and restart the broker
+## test-outages: run $(OUTAGE_TESTS) (KAFKATX_BROKER_KILL_TESTS=1), which kill and restart, or freeze (SIGSTOP), the broker
 test-outages: services-up
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}" KAFKATX_BROKER_KILL_TESTS=1; \

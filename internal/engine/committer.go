@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -35,6 +36,9 @@ type committer struct {
 	// consumer's offsetstate.CommitMark, rollback.go); nil or returning nil: none.
 	mark   func(epoch int) *string
 	epochs map[offsetstore.TP]int // guarded by mu
+	// flushWait bounds how long flush waits for Kafka (half of Config.CloseTimeout; zero: no
+	// bound).
+	flushWait time.Duration
 }
 
 // retryInterval is how often refused commits are tried again.
@@ -163,8 +167,35 @@ func (c *committer) commit(tps []kafka.TopicPartition) error {
 }
 
 // flush commits the pending watermarks of the given partitions (all when nil) now, trying a
-// refused commit up to three times over about a second.
+// refused commit up to three times over about a second, and waiting at most flushWait for
+// Kafka's answers (no bound when zero). A broker frozen mid-request (SIGSTOP, a long pause)
+// holds a synchronous commit for as long as it stays frozen, and a client that lost its
+// coordinator may never answer it: past flushWait the commit goes on in the background (its
+// partitions requeued if it fails) and flush returns errFlushTimeout, so a revocation or a
+// shutdown is never held by Kafka. The database watermark leads: a late or lost commit is
+// harmless to the data.
 func (c *committer) flush(only map[offsetstore.TP]bool) error {
+	if c.flushWait <= 0 {
+		return c.flushNow(only)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.flushNow(only) }()
+	t := time.NewTimer(c.flushWait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		c.log.Warn("Kafka did not answer the offset commit in time; going on without it (the database watermark leads, nothing is lost)",
+			zap.Duration("waited", c.flushWait))
+		return errFlushTimeout
+	}
+}
+
+// errFlushTimeout is flush's answer when Kafka did not answer within flushWait.
+var errFlushTimeout = errors.New("kafkatx: the offset commit was not answered in time")
+
+func (c *committer) flushNow(only map[offsetstore.TP]bool) error {
 	var err error
 	for try := 0; try < 3; try++ {
 		if try > 0 {
@@ -188,7 +219,7 @@ func (c *committer) run() {
 	for {
 		select {
 		case <-c.quit:
-			_ = c.flush(nil)
+			_ = c.flushNow(nil) // client.close bounds the wait (rejoin.go)
 			return
 		case <-c.wake:
 			_ = c.commit(c.take(nil))

@@ -19,7 +19,7 @@ import (
 // same name, or the same name on another cluster, is another log whose offsets mean nothing
 // to it, so on every assignment, before the offsets are compared, the loop reads the
 // cluster's id and each assigned topic's id (KIP-516) and compares them with the ids recorded
-// with the watermark. Two admin requests per assignment, none on the hot path: the ids are
+// with the watermark. One admin request per assignment (logid.Read), none on the hot path: the ids are
 // read fresh at each assignment rather than cached across rebalances, because a topic
 // recreated while the consumer runs comes back as a new assignment, which a cached id would
 // miss.
@@ -152,7 +152,7 @@ func (l *Loop) logRewound(p *worker, off int64) {
 const logCheckEvery = 5 * time.Second
 
 // watchLogs runs until quit is closed: every logCheckEvery it reads the cluster's and the
-// assigned topics' ids (two admin requests) and, when one differs from the log a partition's
+// assigned topics' ids (one admin request; none while Kafka is unreachable) and, when one differs from the log a partition's
 // watermark is in, stops the consumer with the halt's error (*kafkatx.LogChangedError), as
 // an assignment would. It covers the recreated topic that already holds the watermark's
 // offsets when the client reaches it, so that librdkafka goes on fetching at the watermark
@@ -175,7 +175,9 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 			rec[tp] = l.recordedLog[tp]
 		}
 		l.mu.Unlock()
-		if len(rec) == 0 {
+		var unreachable bool // no admin request into an outage (a frozen broker answers them all at once)
+		l.health.set(func(h *health) { unreachable = h.kafkaErr != "" })
+		if len(rec) == 0 || unreachable {
 			continue
 		}
 		tps := make([]offsetstore.TP, 0, len(rec))

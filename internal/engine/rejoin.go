@@ -57,8 +57,10 @@ func (l *Loop) openClient(ctx context.Context, km kafka.ConfigMap) (*client, err
 	cl := &client{kc: kc, commitDone: make(chan struct{}), probeQuit: make(chan struct{}), probeDone: make(chan struct{}), watchDone: make(chan struct{})}
 	l.kc = kc
 	l.commits = newCommitter(kc, l.log)
+	l.commits.flushWait = l.set.CloseTimeout / 2
 	l.commits.mark = l.commitMark // the commit mark that tells a database rollback (rollback.go)
-	go func() { defer close(cl.commitDone); l.commits.run() }()
+	commits := l.commits
+	go func() { defer close(cl.commitDone); commits.run() }()
 	err = kc.SubscribeTopics(l.set.Topics, func(c *kafka.Consumer, ev kafka.Event) error {
 		if cl.stale.Load() {
 			return nil // a replaced client: confluent-kafka-go assigns or unassigns by itself
@@ -77,15 +79,41 @@ func (l *Loop) openClient(ctx context.Context, km kafka.ConfigMap) (*client, err
 }
 
 // close stops the client's committer (its last flush) and probe and closes it, waiting at
-// most d.
+// most d in all: a broker frozen mid-request (SIGSTOP, a long pause) can hold the committer's
+// synchronous offset commit, the probe's metadata request and the log check's admin request
+// for as long as it stays frozen, and a client that lost its coordinator may never answer the
+// commit. The committer gets half of d; what has not finished by then is left behind (the
+// database watermark leads: a lost commit is harmless) and the client is closed in the time
+// that remains, past which closeWithin leaves it to the process exit.
 func (cl *client) close(l *Loop, d time.Duration) {
+	deadline := time.Now().Add(d)
 	l.commits.stop()
-	<-cl.commitDone
+	if !doneBy(cl.commitDone, time.Now().Add(d/2)) {
+		l.log.Warn("the last Kafka offset commit did not return within half of Config.CloseTimeout; closing the client without it "+
+			"(the database watermark leads, nothing is lost)", zap.Duration("close_timeout", d))
+	}
 	close(cl.probeQuit)
-	<-cl.probeDone
-	<-cl.watchDone
-	if err := closeWithin(cl.kc, d); err != nil {
+	doneBy(cl.probeDone, deadline)
+	doneBy(cl.watchDone, deadline)
+	if err := closeWithin(cl.kc, max(time.Until(deadline), 0)); err != nil {
 		l.log.Warn("close Kafka consumer", zap.Error(err))
+	}
+}
+
+// doneBy waits for done until deadline and reports whether it was closed.
+func doneBy(done <-chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(max(time.Until(deadline), 0))
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
 	}
 }
 

@@ -9,36 +9,55 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 )
 
-// Read returns, per topic of topics, the cluster id (DescribeCluster) and the topic id
-// (DescribeTopics by name), as Kafka's tools print them: two admin requests however many topics. A topic id of zero (a
-// broker before Kafka 2.8) is returned as "" (unknown), as is a nil cluster id. A topic the
-// broker does not know, or any other per-topic error, fails the whole read: the caller
-// retries or reports it, never decides without it.
+// Read returns, per topic of topics, the cluster id and the topic id (DescribeTopics by name),
+// as Kafka's tools print them: one admin request however many topics. A topic id of zero (a
+// broker before Kafka 2.8) is returned as "" (unknown). A topic the broker does not know, or
+// any other per-topic error, fails the whole read: the caller retries or reports it, never
+// decides without it.
+//
+// The cluster id is the one of the client's last metadata response (AdminClient.ClusterID,
+// rd_kafka_clusterid: no request), read after the DescribeTopics answer so it is at least as
+// fresh; a DescribeCluster request is not sent. librdkafka 2.11.1 aborts the process
+// (rd_kafka_admin_response_parse: Assertion `rko_result' failed) when a DescribeCluster is
+// answered with no broker and no topic — what a frozen broker (SIGSTOP, a long pause) that
+// the controller fenced meanwhile answers in the seconds after it resumes: the metadata parse
+// returns "partial" without a buffer error, the DescribeCluster parser passes on that empty
+// error and no result. A DescribeTopics names its topics, so its answer always has one and
+// cannot take that path (docs/offsets.md, "Which log a watermark is in").
+//
+// The request's own timeout in librdkafka is ctx's deadline (10 s without one), so a request
+// the caller gave up on is dropped by librdkafka rather than answered later, possibly while
+// the client is closing.
 func Read(ctx context.Context, admin *kafka.AdminClient, topics []string) (map[string]offsetstate.LogID, error) {
 	names := append([]string(nil), topics...)
 	sort.Strings(names)
 	names = uniq(names)
-	cl, err := admin.DescribeCluster(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("describe cluster: %w", err)
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
 	}
-	cluster := ""
-	if cl.ClusterID != nil {
-		cluster = *cl.ClusterID
-	}
+	deadline, _ := ctx.Deadline()
 	out := make(map[string]offsetstate.LogID, len(names))
-	if len(names) == 0 {
-		return out, nil
+	var res kafka.DescribeTopicsResult
+	if len(names) > 0 {
+		var err error
+		res, err = admin.DescribeTopics(ctx, kafka.NewTopicCollectionOfTopicNames(names),
+			kafka.SetAdminRequestTimeout(max(time.Until(deadline), time.Millisecond)))
+		if err != nil {
+			return nil, fmt.Errorf("describe topics %v: %w", names, err)
+		}
 	}
-	res, err := admin.DescribeTopics(ctx, kafka.NewTopicCollectionOfTopicNames(names))
+	cluster, err := admin.ClusterID(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("describe topics %v: %w", names, err)
+		return nil, fmt.Errorf("cluster id: %w", err)
 	}
 	for _, d := range res.TopicDescriptions {
 		if d.Error.Code() != kafka.ErrNoError {

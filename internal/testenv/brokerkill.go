@@ -71,3 +71,33 @@ func listenerPID(port string) int {
 	pid, _ := strconv.Atoi(m[1])
 	return pid
 }
+
+// FreezeBroker SIGSTOPs the broker listening on brokers' first address (the JVM of
+// scripts/dev-services: the combined KRaft broker and controller), holds it frozen for d and
+// SIGCONTs it — a broker paused (a GC pause, a suspended VM) rather than gone: its sockets stay
+// open and every request to it waits. The broker is resumed when the test ends even if it
+// fails meanwhile.
+func FreezeBroker(t testing.TB, brokers string, d time.Duration) {
+	t.Helper()
+	resume := StopBroker(t, brokers)
+	time.Sleep(d)
+	resume()
+}
+
+// StopBroker SIGSTOPs the broker as FreezeBroker does and returns the function that SIGCONTs
+// it (also called when the test ends; calling it twice is harmless).
+func StopBroker(t testing.TB, brokers string) (resume func()) {
+	t.Helper()
+	first := strings.Split(brokers, ",")[0]
+	port := first[strings.LastIndexByte(first, ':')+1:]
+	pid := listenerPID(port)
+	if pid == 0 {
+		t.Fatalf("no process listens on the broker's port %s", port)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP the broker (pid %d): %v", pid, err)
+	}
+	resume = func() { _ = syscall.Kill(pid, syscall.SIGCONT) }
+	t.Cleanup(resume)
+	return resume
+}
