@@ -13,7 +13,7 @@ import (
 
 // The migration that keys dead letters by their log places the rows written before it: in
 // the log their watermark names, unless that log was adopted after their last failure (an
-// older log: '' for unknown). Afterwards a dead letter of the same offset in another log is
+// older log: ” for unknown). Afterwards a dead letter of the same offset in another log is
 // a row of its own.
 func TestDeadLettersFromBeforeTheLogKeyArePlaced(t *testing.T) {
 	pool := testenv.Postgres(t)
