@@ -8,9 +8,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
 )
@@ -147,9 +149,11 @@ func outboxHandler(schema string) Handler {
 	}
 }
 
-// Before, an adoption kept the replay epoch, so the new log's message at offset N got the
-// outbox event id of the old log's message at N (v5 UUID of group/epoch, topic, partition,
-// offset, position) and a downstream deduplicating by kafkatx-outbox-id dropped it.
+// Before, the new log's message at offset N got the outbox event id of the old log's message
+// at N (v5 UUID of group/epoch, topic, partition, offset, position) and a downstream
+// deduplicating by kafkatx-outbox-id dropped it. The ids are scoped by the log's topic id
+// now; the replay epoch — the scope of business idempotency keys — stays, so an event
+// claimed in the old log is not applied again from the new one.
 func TestOutboxEventIdsOfAnAdoptedLogAreNew(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
@@ -166,8 +170,8 @@ func TestOutboxEventIdsOfAnAdoptedLogAreNew(t *testing.T) {
 	if n := b.q(t, "SELECT count(DISTINCT outbox_id) FROM {{schema}}.outbox WHERE topic = 'events'"); n != 7 {
 		t.Fatalf("%d distinct event ids among 7 events of two logs: the new log's reused the old log's", n)
 	}
-	if e := b.q(t, "SELECT replay_epoch FROM {{schema}}.watermarks"); e != 1 {
-		t.Fatalf("replay epoch %d after the adoption, want 1", e)
+	if e := b.q(t, "SELECT replay_epoch FROM {{schema}}.watermarks"); e != 0 {
+		t.Fatalf("replay epoch %d after the adoption, want 0 (business keys claimed in the old log still count)", e)
 	}
 }
 
@@ -193,5 +197,37 @@ func (b *testBundle) discard(t *testing.T, id int64) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An adoption is no replay: a business idempotency key claimed in the old log (scope
+// "group/epoch") still counts in the new one, so an event re-published into the recreated
+// topic — or mirrored into another cluster — is not applied twice; an event new to the new log
+// is applied.
+func TestBusinessKeysClaimedInTheOldLogStillCountAfterAnAdoption(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	withID := func(ids ...string) []testRecord {
+		out := make([]testRecord, len(ids))
+		for i, id := range ids {
+			out[i] = testRecord{value: []byte(id), headers: []kafka.Header{{Key: "event-id", Value: []byte(id)}}, partition: 0}
+		}
+		return out
+	}
+	cfg := b.config(t)
+	cfg.Idempotency.Key = idempotency.FromHeader("event-id")
+	produce(t, b.brokers, b.topic, withID("e1", "e2"))
+	b.runUntilWatermark(t, b.handler(), cfg, 2)
+	testenv.RecreateTopic(t, b.brokers, b.topic, 1)
+	produce(t, b.brokers, b.topic, withID("e1", "e2", "e3"))
+	cfg = b.config(t)
+	cfg.Idempotency.Key = idempotency.FromHeader("event-id")
+	cfg.OnLogChange = LogChangeAdoptEarliest
+	b.runUntilWatermark(t, b.handler(), cfg, 3)
+	if n := b.q(t, "SELECT coalesce(sum(applied), 0) FROM {{schema}}.effects"); n != 3 {
+		t.Fatalf("%d applications, want 3: e1 and e2 once (claimed in the old log), e3 once", n)
+	}
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" = 2 AND value = 'e3'`); n != 1 {
+		t.Fatal("e3, new in the new log, was not applied")
 	}
 }

@@ -91,7 +91,6 @@ func (l *Loop) onLogChange(ctx context.Context, tp offsetstore.TP, w offsetstore
 	log.Warn("the log behind the watermark changed ("+c.What()+"); adopted the new log (Config.OnLogChange)", zap.Int64("start", start))
 	l.emit.LogChanged(tp, c, true)
 	w.Next, w.First, w.InflightEnd, w.TopicID, w.ClusterID = start, start, -1, c.Current.Topic, c.Current.Cluster
-	w.ReplayEpoch++ // AdoptLog raised it: the new log's messages get event ids and idempotency scopes of their own
 	l.commits.enqueue(tp, start)
 	l.emit.Reconciled(tp, 0, start, false)
 	return w, nil

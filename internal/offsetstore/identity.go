@@ -37,14 +37,15 @@ func (s *Store) FillLogIdentity(ctx context.Context, q pg.Querier, group string,
 
 // AdoptLog moves the watermark of tp from `from` (an offset of the old log) to `to` (an
 // offset of the new one) with compare-and-set, starts the partition's history there
-// (first_offset = to), records the new log's ids, raises the replay epoch, and drops the
+// (first_offset = to), records the new log's ids, and drops the
 // partition's attempt and done rows (offsets of the old log), all in q's transaction — every
 // row keyed by an offset of the old log is dropped or kept apart (migration 011): an old
 // attempt count never counts against the new log's message at its offset, an old done mark
-// never skips it, and the new epoch gives its outbox event ids (outbox.SourceID: scope
-// "group/epoch") and business idempotency keys scoped by epoch values of their own, so a
-// downstream deduplicating by them does not drop the new log's events as the old ones'.
-// Dead letters stay, each naming its log (dlq.DeadLetter.TopicID). auditID is the log_adopted
+// never skips it. Dead letters stay, each naming its log (dlq.DeadLetter.TopicID). The replay
+// epoch stays: a business idempotency key claimed in the old log (scope "group/epoch") still
+// counts — the same event mirrored into another cluster, or re-published into the recreated
+// topic, is not applied twice — while the outbox ids derived from the new log's messages
+// differ from the old log's, being scoped by the topic id (engine: worker.scopes). auditID is the log_adopted
 // row that explains the move: the watermarks trigger (migration 004) is told through the
 // transaction-local setting kafkatx.audit_id, so a move back is not reported as unexplained.
 // It returns ErrFenced when the row is not at from.
@@ -53,7 +54,7 @@ func (s *Store) AdoptLog(ctx context.Context, q pg.Querier, group string, tp TP,
 		return fmt.Errorf("mark transaction as audited: %w", err)
 	}
 	tag, err := q.Exec(ctx, `UPDATE `+s.t.Watermarks+` SET next_offset = $5, first_offset = $5, inflight_end = NULL,
-			topic_id = nullif($6, ''), cluster_id = nullif($7, ''), replay_epoch = replay_epoch + 1, updated_at = now()
+			topic_id = nullif($6, ''), cluster_id = nullif($7, ''), updated_at = now()
 		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
 		group, tp.Topic, tp.Partition, from, to, topicID, clusterID)
 	if err != nil {
