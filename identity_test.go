@@ -126,10 +126,17 @@ func TestWatermarkWithoutIdsIsFilledOnFirstContact(t *testing.T) {
 	produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint(i) }))
 	b.runUntilWatermark(t, b.handler(), b.config(t), 5)
 	b.exec(t, "UPDATE {{schema}}.watermarks SET topic_id = NULL, cluster_id = NULL")
+	// A dead letter of unknown log (written before the watermark had ids) is placed with it.
+	b.exec(t, `INSERT INTO {{schema}}.dead_letters (group_id, topic, partition, "offset", error_class, error_message, attempts, first_failure_at, last_failure_at)
+		VALUES ($1, $2, 0, 3, 'permanent', 'x', 1, now(), now())`, b.group, b.topic)
 	produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint(i) }))
 	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.watermarks WHERE topic_id IS NOT NULL AND cluster_id IS NOT NULL"); n != 1 {
 		t.Fatal("the ids were not filled on first contact")
+	}
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.dead_letters d JOIN {{schema}}.watermarks w USING (group_id, topic, partition)
+		WHERE d.topic_id = w.topic_id AND d.cluster_id = w.cluster_id`); n != 1 {
+		t.Fatal("the dead letter of unknown log was not placed in the watermark's log on first contact")
 	}
 }
 
