@@ -81,6 +81,8 @@ type worker struct {
 	attMu    sync.Mutex // guards attempts: the lanes of one partition share it
 	attempts map[int64]offsetstore.Attempt
 
+	startedAt int64 // the watermark the worker started at (the assignment checked the log there)
+
 	stopOnce  sync.Once
 	stopCh    chan struct{} // closed: finish the current transaction and return
 	workCtx   context.Context
@@ -115,6 +117,7 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 	}
 	p.dispatchedEnd.Store(w.Next)
 	p.watermark.Store(w.Next)
+	p.startedAt = w.Next
 	if d.commits != nil {
 		d.commits.setEpoch(tp, w.ReplayEpoch)
 	}
