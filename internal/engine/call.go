@@ -273,16 +273,18 @@ func ClaimKeys(ctx context.Context, tx pgx.Tx, store idempotency.Store, scope st
 	skip := make(map[int]bool)
 	for i, m := range msgs {
 		k, ok, err := callKey(key, m)
-		var pe *Panic
-		if errors.As(err, &pe) {
-			return Claimed{}, i, pe, nil
-		}
-		if errors.Is(err, idempotency.ErrNotAChange) {
-			skip[i] = true
-			cl.NotChanges = append(cl.NotChanges, i)
-			continue
-		}
 		if err != nil {
+			// Only here: errors.As's target escapes to the heap, which cost an allocation per
+			// message when declared for every one.
+			var pe *Panic
+			if errors.As(err, &pe) {
+				return Claimed{}, i, pe, nil
+			}
+			if errors.Is(err, idempotency.ErrNotAChange) {
+				skip[i] = true
+				cl.NotChanges = append(cl.NotChanges, i)
+				continue
+			}
 			return Claimed{}, i, fmt.Errorf("idempotency key: %w", err), nil
 		}
 		if ok && len(k) > idempotency.MaxKeyBytes {
