@@ -99,35 +99,3 @@ func deleteRangesSQL(outbox string) string {
 		  AND o.state = 'pending'
 		RETURNING o.id`
 }
-
-// finishedCommitsSQL deletes the outbox_commits rows (commits, quoted) of the transactions in
-// $1 that have no open row left in outbox (quoted); $2 holds, per transaction, the highest
-// id the mark's round read of it. It first looks above that id, where an unfinished
-// transaction's next open row is (one index probe), and only when none is there for the
-// rows below: those are mostly the transaction's rows deleted by earlier marks, dead index
-// entries that a scan from the transaction's start walked on every mark (up to a consumer
-// batch's 5,000 a mark) while the transaction was being published. CASE fixes the order of
-// the two probes (the planner may reorder ANDed conditions).
-func finishedCommitsSQL(commits, outbox string) string {
-	return `DELETE FROM ` + commits + ` c USING unnest($1::xid8[], $2::bigint[]) AS d(txid, hi)
-		WHERE c.txid = d.txid
-		  AND CASE WHEN EXISTS (SELECT 1 FROM ` + outbox + ` o WHERE o.txid = d.txid AND o.id > d.hi AND o.state IN ('pending', 'parked'))
-		           THEN false
-		           ELSE NOT EXISTS (SELECT 1 FROM ` + outbox + ` o WHERE o.txid = d.txid AND o.state IN ('pending', 'parked'))
-		      END`
-}
-
-// roundTransactions returns each transaction of rows once, in first-seen order, with the
-// highest id rows hold of it (finishedCommitsSQL's arguments).
-func roundTransactions(rows []row) (txids []uint64, his []int64) {
-	at := make(map[uint64]int, 8)
-	for _, w := range rows {
-		if i, ok := at[w.txid]; ok {
-			his[i] = max(his[i], w.id)
-			continue
-		}
-		at[w.txid] = len(txids)
-		txids, his = append(txids, w.txid), append(his, w.id)
-	}
-	return txids, his
-}

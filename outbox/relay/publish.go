@@ -467,8 +467,16 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		}
 		if len(pubIDs) > 0 {
 			// The bookkeeping row of a transaction goes once none of its rows is open.
-			txids, his := roundTransactions(rows)
-			b.Queue(finishedCommitsSQL(r.commits, r.t.Outbox), txids, his)
+			seqs := make([]int64, 0, 8)
+			seen := map[int64]bool{}
+			for _, w := range rows {
+				if !seen[w.commitSeq] {
+					seen[w.commitSeq] = true
+					seqs = append(seqs, w.commitSeq)
+				}
+			}
+			b.Queue(`DELETE FROM `+r.commits+` c WHERE c.commit_seq = ANY($1)
+			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked'))`, seqs)
 		}
 		return b
 	}
