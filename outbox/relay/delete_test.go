@@ -174,6 +174,20 @@ func TestRangeDeleteIgnoresStaleStatistics(t *testing.T) {
 // back, and returns the rows the plan's scans of the outbox read and the rows deleted.
 func explainDelete(t *testing.T, b *testBundle, mode, sql string, txid uint64, lo, hi int64) (read, deleted int64) {
 	t.Helper()
+	root := explainPrepared(t, b, mode, sql, "xid8[], bigint[], bigint[]", fmt.Sprintf("'{%d}', '{%d}', '{%d}'", txid, lo, hi))
+	root.walk(func(n planNode) {
+		if n.Relation == "outbox" && strings.HasSuffix(n.Type, "Scan") {
+			read += int64(n.Rows * n.Loops)
+		}
+	})
+	return read, int64(root.Rows)
+}
+
+// explainPrepared prepares sql with the parameter types types, runs it with args (SQL
+// literals: a utility statement takes no parameters) under EXPLAIN ANALYZE with
+// plan_cache_mode, in a transaction it rolls back, and returns the plan's root.
+func explainPrepared(t *testing.T, b *testBundle, mode, sql, types, args string) planNode {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
@@ -183,14 +197,12 @@ func explainDelete(t *testing.T, b *testBundle, mode, sql string, txid uint64, l
 	if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = `+mode); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `PREPARE stale_delete(xid8[], bigint[], bigint[]) AS `+sql); err != nil {
+	if _, err := tx.Exec(ctx, `PREPARE explained(`+types+`) AS `+sql); err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Exec(ctx, `DEALLOCATE stale_delete`) //nolint:errcheck
+	defer tx.Exec(ctx, `DEALLOCATE explained`) //nolint:errcheck
 	var out []byte
-	// A utility statement takes no parameters: the arguments are literals.
-	err = tx.QueryRow(ctx, fmt.Sprintf(`EXPLAIN (ANALYZE, TIMING off, FORMAT JSON) EXECUTE stale_delete('{%d}', '{%d}', '{%d}')`, txid, lo, hi)).Scan(&out)
-	if err != nil {
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, TIMING off, FORMAT JSON) EXECUTE explained(`+args+`)`).Scan(&out); err != nil {
 		t.Fatal(err)
 	}
 	var plans []struct {
@@ -199,23 +211,22 @@ func explainDelete(t *testing.T, b *testBundle, mode, sql string, txid uint64, l
 	if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
 		t.Fatalf("explain: %v (%s)", err, out)
 	}
-	var walk func(n planNode)
-	walk = func(n planNode) {
-		if n.Relation == "outbox" && strings.HasSuffix(n.Type, "Scan") {
-			read += int64(n.Rows * n.Loops)
-		}
-		for _, c := range n.Plans {
-			walk(c)
-		}
-	}
-	walk(plans[0].Plan)
-	return read, int64(plans[0].Plan.Rows)
+	return plans[0].Plan
 }
 
 type planNode struct {
 	Type     string     `json:"Node Type"`
 	Relation string     `json:"Relation Name"`
+	Index    string     `json:"Index Name"`
 	Rows     float64    `json:"Actual Rows"`
 	Loops    float64    `json:"Actual Loops"`
 	Plans    []planNode `json:"Plans"`
+}
+
+// walk calls f on n and every node below it.
+func (n planNode) walk(f func(planNode)) {
+	f(n)
+	for _, c := range n.Plans {
+		c.walk(f)
+	}
 }
