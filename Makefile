@@ -43,7 +43,7 @@ KAFKA2_PKGS ?= . ./outbox/relay/
 
 # The tests that SIGKILL the development broker (ten times each), alone: every other test of a
 # parallel run would meet the outage too. About 25 minutes (the broker's restart dominates).
-OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind)$$
+OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed)$$
 
 ## test-outages: run $(OUTAGE_TESTS) (KAFKATX_BROKER_KILL_TESTS=1), which kill and restart the broker
 test-outages: services-up

@@ -71,7 +71,7 @@ func keyed(m *Message) idempotency.Message {
 	return idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
 }
 
-// sourced gives m its outbox source in scope (the loop's "group/epoch").
+// sourced gives m its outbox source in scope (the loop's "group/epoch/topic id": engine.Scopes.Sources).
 func sourced(m *Message, scope string) {
 	m.source = &outbox.Source{Scope: scope, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
 }

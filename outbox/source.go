@@ -9,8 +9,10 @@ import (
 )
 
 // Source is the input message a record is written for inside kafkatx's consumer loop: the
-// idempotency scope of the message's group and its partition's replay epoch ("group/epoch",
-// as business idempotency keys are scoped), and the message's topic, partition and offset.
+// scope of the message's group, its partition's replay epoch and the topic id of the log it
+// came from ("group/epoch/topic id": business idempotency keys are scoped "group/epoch"; the
+// topic id gives a recreated topic's messages at reused offsets ids of their own), and the
+// message's topic, partition and offset.
 // The loop gives one to every message it hands a handler (kafkatx.Message.OutboxSource, and in
 // the context of a per-message kafkatx.Handler's call); a record written for a Source —
 // Record.Source, or WriteTx's ctx carrying one (WithSource) — gets an outbox id derived from
@@ -22,7 +24,7 @@ import (
 // get new ids. Records without a Source (written outside the loop, by plain SQL, by other
 // languages) keep random ids (docs/outbox-table.md, "Event identity").
 type Source struct {
-	Scope     string // "group/epoch"
+	Scope     string // "group/epoch/topic id" (the loop's; "group/epoch" when the topic id is unknown)
 	Topic     string
 	Partition int32
 	Offset    int64

@@ -181,12 +181,12 @@ func prepareOutcome(ctx context.Context, v Verdict) limit.Outcome {
 // prepare phase outside any transaction, then — when it succeeded — opens a transaction with
 // begin and runs Try in it. tx is that transaction (nil when none was opened), for the caller
 // to finish or roll back; err is begin's or the claim's database error.
-func (b *Body[M]) TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope string, kms []*kafka.Message, attempt int) (tx pgx.Tx, t Tried, err error) {
+func (b *Body[M]) TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope Scopes, kms []*kafka.Message, attempt int) (tx pgx.Tx, t Tried, err error) {
 	msgs := make([]M, len(kms))
 	for i, km := range kms {
 		msgs[i] = b.FromKafka(km, attempt)
 		if b.Scoped != nil {
-			b.Scoped(msgs[i], scope)
+			b.Scoped(msgs[i], scope.Sources)
 		}
 	}
 	if t = b.Prepared(ctx, msgs); t.Verdict != Done {
@@ -195,13 +195,21 @@ func (b *Body[M]) TryRecords(ctx context.Context, begin func(context.Context) (p
 	if tx, err = begin(ctx); err != nil {
 		return nil, t, fmt.Errorf("begin: %w", err)
 	}
-	t, err = b.Try(ctx, tx, scope, msgs)
+	t, err = b.Try(ctx, tx, scope.Claims, msgs)
 	return tx, t, err
+}
+
+// Scopes are the two scopes of a partition's messages: Claims, of their business idempotency
+// keys ("group/epoch"), and Sources, of the outbox ids derived from them ("group/epoch/topic
+// id"; "group/epoch" when the topic id is unknown).
+type Scopes struct {
+	Claims  string
+	Sources string
 }
 
 // Runner is the part of Body the partition worker uses.
 type Runner interface {
-	TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope string, kms []*kafka.Message, attempt int) (pgx.Tx, Tried, error)
+	TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope Scopes, kms []*kafka.Message, attempt int) (pgx.Tx, Tried, error)
 }
 
 // NewDeadLetter is the dead letter of a message given up on after attempt a: the message's

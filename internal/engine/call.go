@@ -239,10 +239,16 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, schema string, d *dlq.DeadL
 }
 
 // DeadLetterSource is the outbox source of dead letter d's record on its dead-letter topic: the
-// message's topic, partition and offset in the scope "group/epoch/dead-letter" — the handler's
-// own records use "group/epoch", so a dead letter's id never equals one of theirs.
+// message's topic, partition and offset in the scope "group/epoch/dead-letter", followed by
+// "/topic id" when d's log is known (dlq.InsertTx sets d.TopicID, so a new log's dead letter
+// at an old one's offset gets an id of its own) — the handler's own records use
+// "group/epoch[/topic id]", so a dead letter's id never equals one of theirs.
 func DeadLetterSource(d *dlq.DeadLetter) *outbox.Source {
-	return &outbox.Source{Scope: fmt.Sprintf("%s/%d/dead-letter", d.Group, d.ReplayEpoch), Topic: d.Topic, Partition: d.Partition, Offset: d.Offset}
+	scope := fmt.Sprintf("%s/%d/dead-letter", d.Group, d.ReplayEpoch)
+	if d.TopicID != "" {
+		scope += "/" + d.TopicID
+	}
+	return &outbox.Source{Scope: scope, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset}
 }
 
 // Claimed is what ClaimKeys found in one transaction's messages.
