@@ -128,6 +128,21 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		o.Brokers = b
 		log.Warn("--in-process-broker: running on an in-process Kafka broker; nothing is read from or written to a real cluster", zap.String("brokers", b))
 	}
+	// The database first when this run consumes: a wrong password or a missing database is
+	// named within seconds, not after the topics' 30 s against unreachable brokers; a server
+	// not ready yet is waited for (service.Flags.OpenPools).
+	var pools *service.Pools
+	if !o.produceOnly {
+		if o.DatabaseURL == "" {
+			return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL " +
+				"(`eval \"$(scripts/dev-services env)\"` after `scripts/dev-services up` starts a local one)")
+		}
+		var err error
+		if pools, err = o.OpenPools(ctx, log); err != nil {
+			return err
+		}
+		defer pools.Close()
+	}
 	base := o.ClientConfig()
 	names := []string{o.Topic, o.Topic + ".dlq"}
 	if o.eventsTopic != "" {
@@ -149,15 +164,6 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	} else if o.produceOnly {
 		return errors.New("--produce-only needs --produce FILE or --generate N")
 	}
-	if o.DatabaseURL == "" {
-		return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL " +
-			"(`eval \"$(scripts/dev-services env)\"` after `scripts/dev-services up` starts a local one)")
-	}
-	pools, err := o.OpenPools(ctx, log)
-	if err != nil {
-		return err
-	}
-	defer pools.Close()
 	return consume(ctx, pools, o, log)
 }
 
