@@ -87,3 +87,7 @@ func (o *OwnPostgres) Log() string {
 	b, _ := os.ReadFile(o.log)
 	return strings.TrimSpace(string(b))
 }
+
+// DataDir is the cluster's data directory, for tests that break it on purpose (removing a WAL
+// segment under pg_wal).
+func (o *OwnPostgres) DataDir() string { return o.dir }

@@ -42,6 +42,8 @@ type Relay struct {
 	// (unix nanoseconds; 0: streaming, or not failed), failErr that error: Ready.
 	failSince atomic.Int64
 	failErr   atomic.Pointer[string]
+	// stopped is the FatalError that ended Run, for Health (nil while it has not).
+	stopped   atomic.Pointer[string]
 	caughtUp  atomic.Uint64 // everything committed before this LSN is published (or not ours)
 	wantReply atomic.Bool   // Pending asks the server for its position
 	diagnose  atomic.Bool   // the next stream asks for delivery reports
@@ -139,6 +141,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		var fe *FatalError
 		if errors.As(err, &fe) {
+			msg := err.Error()
+			r.stopped.Store(&msg) // Health().Ready() and kafkatx_walrelay_slot_ready read 0 from now on
 			r.log.Error("WAL relay stopped", zap.Error(err))
 			return err
 		}
