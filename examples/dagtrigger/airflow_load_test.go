@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -292,38 +293,57 @@ func TestRealAirflowLoadDefaultsNoLockUp(t *testing.T) {
 }
 
 // TestRealAirflowLoadThroughput measures, in one sitting, the API driven directly — one POST
-// per run from a hand-written client at 4, 8 and 12 calls in flight, and at 8 again after —
-// and dagtrigger at its defaults over the same API, and logs the ratio of dagtrigger's runs/s
-// to the best direct one (docs/benchmarks.md). KAFKATX_AIRFLOW_BENCH=1; a measurement: it
-// asserts only that every run was made, once.
+// per run from a hand-written client — and dagtrigger at its defaults over the same API, and
+// logs the ratio of dagtrigger's runs/s to the direct client's (docs/benchmarks.md). First the
+// direct client at 4, 8 and 12 calls in flight picks its best setting; then three pairs, each
+// dagtrigger (600 events) and the direct client at that setting (600 POSTs), in alternating
+// order so that a change of the machine's load falls on both sides; the median of the three
+// pair ratios is the figure. KAFKATX_AIRFLOW_BENCH=1; a measurement: it asserts only that every
+// run was made, once.
 func TestRealAirflowLoadThroughput(t *testing.T) {
 	if os.Getenv("KAFKATX_AIRFLOW_BENCH") != "1" {
 		t.Skip("a measurement: set KAFKATX_AIRFLOW_BENCH=1")
 	}
 	af := needLoad(t)
-	best, bestAt := 0.0, 0
-	direct := func(c int) {
+	direct := func(c, n int) float64 {
 		cpu := apiServerCPU()
-		rate, created, failed := directDriver(t, af, 300, c)
+		rate, created, failed := directDriver(t, af, n, c)
 		cpu = apiServerCPU() - cpu
-		if created != 300 {
-			t.Errorf("direct at %d: %d runs for 300 POSTs", c, created)
+		if created != n {
+			t.Errorf("direct at %d: %d runs for %d POSTs", c, created, n)
 		}
-		t.Logf("direct, %2d in flight: %.1f runs/s (%d failed calls), api-server CPU %.1f ms a run (the listing included)", c, rate, failed, float64(cpu.Milliseconds())/300)
-		if rate > best {
+		t.Logf("direct, %2d in flight: %.1f runs/s (%d failed calls), api-server CPU %.1f ms a run (the listing included)", c, rate, failed, float64(cpu.Milliseconds())/float64(n))
+		return rate
+	}
+	dagtrigger := func() float64 {
+		cpu := apiServerCPU()
+		r := runDagtrigger(t, af, 600, 5*time.Minute)
+		cpu = apiServerCPU() - cpu
+		if r.err != nil || len(r.runs) != 600 {
+			t.Fatalf("dagtrigger: %v, %d runs for 600 events\n%s", r.err, len(r.runs), r.log)
+		}
+		t.Logf("dagtrigger at its defaults: %.1f runs/s, api-server CPU %.1f ms a run (token, reads and listing included), %d stuck reports, summary %v", r.rate, float64(cpu.Milliseconds())/600, r.stuck, r.sum)
+		return r.rate
+	}
+	best, bestAt := 0.0, 0
+	for _, c := range []int{4, 8, 12} {
+		if rate := direct(c, 300); rate > best {
 			best, bestAt = rate, c
 		}
 	}
-	for _, c := range []int{4, 8, 12} {
-		direct(c)
+	var ratios []float64
+	for i := 0; i < 3; i++ {
+		var d, g float64
+		if i%2 == 0 {
+			g = dagtrigger()
+			d = direct(bestAt, 600)
+		} else {
+			d = direct(bestAt, 600)
+			g = dagtrigger()
+		}
+		ratios = append(ratios, g/d)
+		t.Logf("pair %d: dagtrigger %.1f runs/s, direct at %d in flight %.1f: ratio %.2f", i+1, g, bestAt, d, g/d)
 	}
-	cpu := apiServerCPU()
-	r := runDagtrigger(t, af, 600, 5*time.Minute)
-	cpu = apiServerCPU() - cpu
-	if r.err != nil || len(r.runs) != 600 {
-		t.Fatalf("dagtrigger: %v, %d runs for 600 events\n%s", r.err, len(r.runs), r.log)
-	}
-	t.Logf("dagtrigger at its defaults: %.1f runs/s, api-server CPU %.1f ms a run (token, reads and listing included), %d stuck reports, summary %v", r.rate, float64(cpu.Milliseconds())/600, r.stuck, r.sum)
-	direct(8)
-	t.Logf("dagtrigger %.1f runs/s against the best direct %.1f (at %d in flight): ratio %.2f", r.rate, best, bestAt, r.rate/best)
+	sort.Float64s(ratios)
+	t.Logf("ratios %.2f %.2f %.2f (sorted): median %.2f", ratios[0], ratios[1], ratios[2], ratios[1])
 }

@@ -217,6 +217,10 @@ func GiveUp(class string, attempts, maxAttempts int) bool {
 // letters kept in the database only), its record for topic through the outbox in the same
 // transaction, so the published dead letter exists if and only if its row does (invariant 4).
 // It sets d.ID. A message failing again after a replay updates its row and is published again.
+// The published record's kafkatx-outbox-id is derived from the message (DeadLetterSource), so
+// a dead letter written again after its first write was lost (a database failover or restore)
+// is published under the same id, and a consumer of the dead-letter topic that deduplicates by
+// it sees it once; a replay epoch raised by `kafkatx offsets reset --mode replay` gives new ids.
 func WriteDeadLetter(ctx context.Context, tx pgx.Tx, schema string, d *dlq.DeadLetter, topic string) error {
 	id, _, err := dlq.InsertTx(ctx, tx, schema, d)
 	if err != nil {
@@ -226,10 +230,19 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, schema string, d *dlq.DeadL
 	if topic == "" {
 		return nil
 	}
-	if _, err := (outbox.Writer{Schema: schema}).WriteTx(ctx, tx, dlq.Record(topic, d)); err != nil {
+	rec := dlq.Record(topic, d)
+	rec.Source = DeadLetterSource(d)
+	if _, err := (outbox.Writer{Schema: schema}).WriteTx(ctx, tx, rec); err != nil {
 		return fmt.Errorf("publish dead letter through the outbox: %w", err)
 	}
 	return nil
+}
+
+// DeadLetterSource is the outbox source of dead letter d's record on its dead-letter topic: the
+// message's topic, partition and offset in the scope "group/epoch/dead-letter" — the handler's
+// own records use "group/epoch", so a dead letter's id never equals one of theirs.
+func DeadLetterSource(d *dlq.DeadLetter) *outbox.Source {
+	return &outbox.Source{Scope: fmt.Sprintf("%s/%d/dead-letter", d.Group, d.ReplayEpoch), Topic: d.Topic, Partition: d.Partition, Offset: d.Offset}
 }
 
 // Claimed is what ClaimKeys found in one transaction's messages.
