@@ -48,7 +48,7 @@ func TestOutboxBoundHoldsWhileTheDatabaseTimesStatementsOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(ctx) }) // after the cleanup below, which resets the setting on it
-	var mu sync.Mutex // conn is the sampler's and the ALTERs'
+	var mu sync.Mutex                     // conn is the sampler's and the ALTERs'
 	var db string
 	if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
 		t.Fatal(err)
