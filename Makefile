@@ -44,7 +44,7 @@ KAFKA2_PKGS ?= . ./outbox/relay/
 # The tests that SIGKILL the development broker (ten times each), alone: every other test of a
 # parallel run would meet the outage too. About 25 minutes (the broker's restart dominates).
 # The broker runs with its SASL_SSL listener (secure): the canary's broker kill produces over it.
-OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestNoSecretWhenTheBrokerDiesMidProduce)$$
+OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed|TestNoSecretWhenTheBrokerDiesMidProduce)$$
 
 ## test-outages: run $(OUTAGE_TESTS) (KAFKATX_BROKER_KILL_TESTS=1), which kill and restart the broker
 test-outages: services-up

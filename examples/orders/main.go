@@ -115,6 +115,9 @@ func (o options) checkEventsTopic() error {
 	if o.eventsTopic == "" {
 		return nil
 	}
+	if o.eventsTopic == o.Topic {
+		return fmt.Errorf("--events-topic %s: the same topic as --topic (each applied order's event would be consumed again as an order)", o.eventsTopic)
+	}
 	return flagcheck.Topic("events-topic", o.eventsTopic)
 }
 
