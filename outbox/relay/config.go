@@ -82,6 +82,13 @@ type Config struct {
 	// id). Defaults to 30s.
 	ShutdownTimeout time.Duration
 
+	// ReadTimeout bounds one read of pending rows (a round's fetch): a read still running
+	// after it is cancelled and the round fails as a database error would (logged, retried
+	// after Backoff, counted by readiness), instead of holding the relay silently — a plan
+	// gone bad, a lock held on the outbox. Defaults to 30s; a healthy read of a 1,000-row
+	// round takes 2–10 ms (docs/relay.md).
+	ReadTimeout time.Duration
+
 	// KeepPublished is how long a published row stays in the outbox table (state published)
 	// before the janitor deletes it, for inspection. Defaults to 0: the relay deletes a row as
 	// soon as the broker acknowledged it (the cheapest). Negative keeps published rows forever.
@@ -183,6 +190,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.MetricsInterval <= 0 {
 		out.MetricsInterval = 5 * time.Second
+	}
+	if out.ReadTimeout <= 0 {
+		out.ReadTimeout = 30 * time.Second
 	}
 	out.Janitor = out.Janitor.WithDefaults()
 	return &out, nil

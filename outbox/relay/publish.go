@@ -364,9 +364,11 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 	// it is an index condition there: written as o.id > $4 (or with OR) the planner scanned
 	// the primary key instead, or the transaction's rows still waiting for their mark (50 ms
 	// a round, against 2 ms).
-	rows, err := r.pool.Query(ctx, r.fetchSQL(), r.cfg.BatchSize, skipTopics, afterSeq, afterID)
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
+	defer cancel()
+	rows, err := r.pool.Query(qctx, r.fetchSQL(), r.cfg.BatchSize, skipTopics, afterSeq, afterID)
 	if err != nil {
-		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+		return nil, r.readError(ctx, qctx, err)
 	}
 	out, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 		var w row
@@ -374,9 +376,18 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 		return w, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+		return nil, r.readError(ctx, qctx, err)
 	}
 	return out, nil
+}
+
+// readError is fetch's error for err: one that names ReadTimeout when the read ran past it
+// (qctx's deadline, not the caller's ctx).
+func (r *Relay) readError(ctx, qctx context.Context, err error) error {
+	if ctx.Err() == nil && errors.Is(qctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("read pending outbox rows: no answer within ReadTimeout (%v); cancelled, read again after the backoff: %w", r.cfg.ReadTimeout, err)
+	}
+	return fmt.Errorf("read pending outbox rows: %w", err)
 }
 
 // fetchSQL is fetch's statement: $1 the most rows, $2 the topics to skip, $3 and $4 the row
