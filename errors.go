@@ -224,12 +224,27 @@ type LogChangedError struct {
 	// and ClusterID the ones the broker gives now.
 	RecordedTopicID, TopicID     string
 	RecordedClusterID, ClusterID string
-	LogStart, LogEnd             int64 // the new log's start and end offsets
+	LogStart, LogEnd             int64 // the new log's start and end offsets (-1: not read)
+	// Running is set when the consumer found the change while it ran (a check every 5 s)
+	// rather than at an assignment: then the records [AppliedFrom, Watermark) were applied
+	// after the last check that still saw the old log, and some of them may be the new log's
+	// (none when AppliedFrom == Watermark). docs/offsets.md, "A topic recreated while the
+	// consumer runs".
+	Running     bool
+	AppliedFrom int64
 }
 
 func (e *LogChangedError) Error() string {
 	c := offsetstate.CompareLog(offsetstate.LogID{Cluster: e.RecordedClusterID, Topic: e.RecordedTopicID},
 		offsetstate.LogID{Cluster: e.ClusterID, Topic: e.TopicID})
+	if e.Running && e.AppliedFrom < e.Watermark {
+		return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed while the consumer ran: %s. The consumer stopped; "+
+			"offsets [%d, %d) were applied after the last check that still saw the old log and may be records of the new log: check them "+
+			"(kafkatx offsets audit shows this halt with the range). Then, with the consumer stopped, adopt the new log with "+
+			"`kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` (that runs those offsets of the new log "+
+			"again: the handler's idempotency decides) or --to-offset N, or set Config.OnLogChange",
+			e.Group, e.Topic, e.Partition, c.What(), e.AppliedFrom, e.Watermark, shellWord(e.Group), shellWord(e.Topic))
+	}
 	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed: %s. The watermark %d counts offsets of the old log "+
 		"and means nothing in the new one (log [%d, %d)): kafkatx will not start at it there (it would skip or mix up records) and processed nothing. "+
 		"With the consumer stopped, adopt the new log from its start with `kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` "+
@@ -243,7 +258,7 @@ func haltError(h engine.Halt) error {
 		c := h.LogChange
 		return &LogChangedError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark,
 			RecordedTopicID: c.Recorded.Topic, TopicID: c.Current.Topic, RecordedClusterID: c.Recorded.Cluster, ClusterID: c.Current.Cluster,
-			LogStart: h.LogStart, LogEnd: h.LogEnd}
+			LogStart: h.LogStart, LogEnd: h.LogEnd, Running: h.Running, AppliedFrom: h.AppliedFrom}
 	}
 	if h.State == string(offsetstate.WatermarkPastLogEnd) {
 		return &LogRangeError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd,

@@ -59,7 +59,7 @@ func callOne(ctx context.Context, tx pgx.Tx, h Handler, m *Message) error {
 // newBody is the transaction body that the loop and the test kit run for handler h (with its
 // middleware and the group in its context), claiming business keys per idem in schema.
 func newBody(h BatchHandler, idem IdempotencyConfig, schema string) *engine.Body[*Message] {
-	b := &engine.Body[*Message]{Handler: h, Keyed: keyed, FromKafka: toMessage, Scoped: sourced}
+	b := &engine.Body[*Message]{Handler: h, Keyed: keyed, FromKafka: toMessages}
 	if !idem.Disabled {
 		b.Claims = &engine.Claims{Store: idempotency.Store{Schema: schema, Retention: idem.Retention}, Key: idem.Key}
 	}
@@ -71,26 +71,33 @@ func keyed(m *Message) idempotency.Message {
 	return idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
 }
 
-// sourced gives m its outbox source in scope (the loop's "group/epoch").
-func sourced(m *Message, scope string) {
-	m.source = &outbox.Source{Scope: scope, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
-}
-
-func toMessage(km *kafka.Message, attempt int) *Message {
-	m := &Message{
-		Topic:     *km.TopicPartition.Topic,
-		Partition: km.TopicPartition.Partition,
-		Offset:    int64(km.TopicPartition.Offset),
-		Key:       km.Key,
-		Value:     km.Value,
-		Timestamp: km.Timestamp,
-		Attempt:   attempt,
+// toMessages converts one try's polled records for the handler at attempt, each message with
+// its outbox source in scope (the loop's "group/epoch/topic id": engine.Scopes.Sources). The messages, their sources and their
+// headers are each one allocation for the batch, not one per message.
+func toMessages(kms []*kafka.Message, attempt int, scope string) []*Message {
+	n, nh := len(kms), 0
+	for _, km := range kms {
+		nh += len(km.Headers)
 	}
-	if len(km.Headers) > 0 {
-		m.Headers = make([]Header, len(km.Headers))
-		for i, h := range km.Headers {
-			m.Headers[i] = Header{Key: h.Key, Value: h.Value}
+	ms, srcs, out := make([]Message, n), make([]outbox.Source, n), make([]*Message, n)
+	var hs []Header
+	if nh > 0 {
+		hs = make([]Header, 0, nh)
+	}
+	for i, km := range kms {
+		m, src := &ms[i], &srcs[i]
+		m.Topic, m.Partition, m.Offset = *km.TopicPartition.Topic, km.TopicPartition.Partition, int64(km.TopicPartition.Offset)
+		m.Key, m.Value, m.Timestamp, m.Attempt = km.Key, km.Value, km.Timestamp, attempt
+		if len(km.Headers) > 0 {
+			from := len(hs)
+			for _, h := range km.Headers {
+				hs = append(hs, Header{Key: h.Key, Value: h.Value})
+			}
+			m.Headers = hs[from:len(hs):len(hs)] // full: an append by the handler copies
 		}
+		src.Scope, src.Topic, src.Partition, src.Offset = scope, m.Topic, m.Partition, m.Offset
+		m.source = src
+		out[i] = m
 	}
-	return m
+	return out
 }

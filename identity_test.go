@@ -126,10 +126,17 @@ func TestWatermarkWithoutIdsIsFilledOnFirstContact(t *testing.T) {
 	produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint(i) }))
 	b.runUntilWatermark(t, b.handler(), b.config(t), 5)
 	b.exec(t, "UPDATE {{schema}}.watermarks SET topic_id = NULL, cluster_id = NULL")
+	// A dead letter of unknown log (written before the watermark had ids) is placed with it.
+	b.exec(t, `INSERT INTO {{schema}}.dead_letters (group_id, topic, partition, "offset", error_class, error_message, attempts, first_failure_at, last_failure_at)
+		VALUES ($1, $2, 0, 3, 'permanent', 'x', 1, now(), now())`, b.group, b.topic)
 	produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint(i) }))
 	b.runUntilWatermark(t, b.handler(), b.config(t), 10)
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.watermarks WHERE topic_id IS NOT NULL AND cluster_id IS NOT NULL"); n != 1 {
 		t.Fatal("the ids were not filled on first contact")
+	}
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.dead_letters d JOIN {{schema}}.watermarks w USING (group_id, topic, partition)
+		WHERE d.topic_id = w.topic_id AND d.cluster_id = w.cluster_id`); n != 1 {
+		t.Fatal("the dead letter of unknown log was not placed in the watermark's log on first contact")
 	}
 }
 
@@ -244,5 +251,100 @@ func TestTopicRecreatedWhileRunningIsFoundByTheRunningCheck(t *testing.T) {
 	t.Logf("applied of the new log before the consumer stopped: %d", n-10)
 	if b.q(t, "SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'halt' AND reason LIKE 'log changed%'") != 1 {
 		t.Fatal("no halt audit row of the changed log")
+	}
+}
+
+// The running check's window, told as it is: the client follows a recreated topic at the
+// watermark (a short fetch backoff, the new log filled past it at once), so records of the new
+// log may be applied before the check (every 5 s) sees the new topic id. The consumer's report
+// — the *LogChangedError, the halt audit row — must then name the range [AppliedFrom,
+// Watermark) those records lie in, and never say that nothing was applied (found by a fresh
+// user's attack: "halting: nothing applied from the new log" after 6,890 of its records).
+func TestTopicRecreatedWhileRunningNamesWhatTheWindowApplied(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint("old-", i) }))
+	cfg := b.config(t)
+	cfg.Kafka["fetch.error.backoff.ms"] = 100
+	cfg.Kafka["topic.metadata.refresh.interval.ms"] = 1000
+	c, err := NewConsumer(b.pool, b.handler(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 60*time.Second, "watermark 10", func() bool { return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 10 })
+	time.Sleep(6 * time.Second) // a running check sees the old log at watermark 10
+	testenv.RecreateTopic(t, b.brokers, b.topic, 1)
+	produce(t, b.brokers, b.topic, values(400, 0, func(i int) string { return fmt.Sprint("new-", i) }))
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("Run still running 60 s after the topic was recreated; %d applications", b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"))
+	}
+	var lce *LogChangedError
+	if !errors.As(err, &lce) || lce.TopicID == lce.RecordedTopicID {
+		t.Fatalf("Run returned %v, want a *LogChangedError", err)
+	}
+	// The new log's records applied are those at offsets 10 and up (the old log ended at 10).
+	newApplied := b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE "offset" >= 10`)
+	t.Logf("applied of the new log before the consumer stopped: %d (range reported [%d, %d), running %v)", newApplied, lce.AppliedFrom, lce.Watermark, lce.Running)
+	if newApplied > 0 {
+		lo, hi := b.q(t, `SELECT min("offset") FROM {{schema}}.effects WHERE "offset" >= 10`), b.q(t, `SELECT max("offset") FROM {{schema}}.effects WHERE "offset" >= 10`)
+		if !lce.Running || lce.AppliedFrom > lo || hi >= lce.Watermark {
+			t.Fatalf("records [%d, %d] of the new log were applied, but the error reports running=%v and range [%d, %d): %v", lo, hi, lce.Running, lce.AppliedFrom, lce.Watermark, err)
+		}
+		if strings.Contains(err.Error(), "processed nothing") {
+			t.Fatalf("the error says nothing was processed after %d records of the new log were applied: %v", newApplied, err)
+		}
+		if n := b.q(t, fmt.Sprintf(`SELECT count(*) FROM {{schema}}.offset_audit WHERE kind = 'halt' AND from_offset = %d AND to_offset = %d AND reason LIKE '%%may be the new log''s%%'`, lce.AppliedFrom, lce.Watermark)); n != 1 {
+			t.Fatalf("no halt audit row naming the range [%d, %d)", lce.AppliedFrom, lce.Watermark)
+		}
+	} else if lce.Running && lce.AppliedFrom < lce.Watermark && lce.AppliedFrom >= 10 {
+		t.Fatalf("nothing of the new log applied, but the error reports [%d, %d)", lce.AppliedFrom, lce.Watermark)
+	}
+}
+
+// A topic recreated while the consumer runs, when the old log's leader epoch had gone up (the
+// broker restarted: epoch 0 → 2 here) and the new log starts at 0: librdkafka itself refuses
+// to follow the new log ("ignoring outdated metadata update with leader epoch 0 which is
+// older than our cached epoch 2", KIP-320 fencing) and stops fetching the partition, so no
+// record of the new log reaches the loop — the case a per-record leader-epoch check would
+// prove is the one where no record comes (docs/offsets.md). The running check stops the
+// consumer with a *LogChangedError; nothing of the new log is applied. Kills the broker:
+// runs under `make test-outages`.
+func TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed(t *testing.T) {
+	testenv.NeedBrokerKills(t)
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint("old-", i) }))
+	testenv.KillBroker(t, b.brokers, time.Second) // a new leader epoch for the old log
+	produce(t, b.brokers, b.topic, values(5, 0, func(i int) string { return fmt.Sprint("old-after-restart-", i) }))
+	cfg := b.config(t)
+	cfg.Kafka["topic.metadata.refresh.interval.ms"] = 1000
+	cfg.Kafka["fetch.error.backoff.ms"] = 100
+	c, err := NewConsumer(b.pool, b.handler(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	waitFor(t, 60*time.Second, "watermark 15", func() bool { return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 15 })
+	testenv.RecreateTopic(t, b.brokers, b.topic, 1)
+	produce(t, b.brokers, b.topic, values(40, 0, func(i int) string { return fmt.Sprint("new-", i) }))
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("Run still running 60 s after the topic was recreated; %d applications (want 15)", b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"))
+	}
+	if n := b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"); n != 15 {
+		t.Fatalf("%d applications, want the old log's 15: records of the new log were applied (Run returned %v)", n, err)
+	}
+	var lce *LogChangedError
+	if !errors.As(err, &lce) || lce.TopicID == lce.RecordedTopicID {
+		t.Fatalf("Run returned %v, want a *LogChangedError", err)
 	}
 }

@@ -33,8 +33,9 @@ type Message struct {
 
 // OutboxSource is m as the input of the outbox records written for it: set it as their
 // outbox.Record.Source and each gets an outbox id derived from m's group, topic, partition,
-// offset and replay epoch and its position among m's records (the same when m is processed
-// again after a database rollback; new after an operator's replay). A per-message Handler
+// offset, replay epoch and log (the topic id) and its position among m's records (the same
+// when m is processed again after a database rollback; new after an operator's replay, and
+// for a recreated topic's message at a reused offset). A per-message Handler
 // needs nothing: the ctx it is called with carries m's. A batch handler that writes the
 // records of several messages in one WriteTx call names each record's message this way.
 // Nil for a message that did not come from the loop (then ids are random).

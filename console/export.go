@@ -19,7 +19,8 @@ const maxExportRows = 100_000
 
 // exportColumns are the CSV columns, in the JSON fields' names.
 var exportColumns = []string{"id", "status", "group", "topic", "partition", "offset", "timestamp", "key", "value", "error_class",
-	"error_message", "attempts", "first_failure", "last_failure", "replay_epoch", "created_at", "resolved_at", "fingerprint", "replays", "refailed"}
+	"error_message", "attempts", "first_failure", "last_failure", "replay_epoch", "created_at", "resolved_at", "fingerprint", "replays", "refailed",
+	"topic_id", "cluster_id"}
 
 func csvRow(it DeadLetterItem) []string {
 	ts, resolved := "", ""
@@ -32,7 +33,7 @@ func csvRow(it DeadLetterItem) []string {
 	return []string{strconv.FormatInt(it.ID, 10), it.Status, it.Group, it.Topic, strconv.Itoa(int(it.Partition)), strconv.FormatInt(it.Offset, 10),
 		ts, it.Key, it.Value, it.ErrorClass, it.ErrorMessage, strconv.Itoa(it.Attempts), it.FirstFailure.UTC().Format(time.RFC3339Nano),
 		it.LastFailure.UTC().Format(time.RFC3339Nano), strconv.Itoa(it.ReplayEpoch), it.CreatedAt.UTC().Format(time.RFC3339Nano), resolved,
-		it.Fingerprint, strconv.Itoa(it.Replays), strconv.FormatBool(it.Refailed)}
+		it.Fingerprint, strconv.Itoa(it.Replays), strconv.FormatBool(it.Refailed), it.TopicID, it.ClusterID}
 }
 
 // apiDeadLettersExport answers GET /api/dead-letters/export?filters&format=json|csv: the

@@ -34,8 +34,12 @@ type Sample struct {
 	// Lag is LogEnd minus Watermark, in records.
 	Lag int64 `json:"lag"`
 	// Rate is the watermark's advance since the previous sample per second (records/s); 0
-	// for the first sample.
+	// for the first sample, and for the first one in another log (TopicID changed: the topic
+	// deleted, created again and adopted), whose watermark counts offsets of its own.
 	Rate float64 `json:"rate"`
+	// TopicID is the topic id of the log the watermark was in (migration 011); "" when
+	// unknown (a sample from before it).
+	TopicID string `json:"topic_id,omitempty"`
 }
 
 func (h *Handler) samplesTable() string {
@@ -73,8 +77,8 @@ func (h *Handler) sampleOnce(ctx context.Context) error {
 		if r.Error != "" || r.Watermark < 0 {
 			continue
 		}
-		b.Queue(`INSERT INTO `+h.samplesTable()+` (group_id, topic, partition, at, watermark, log_end, lag) VALUES ($1, $2, $3, clock_timestamp(), $4, $5, $6)
-			ON CONFLICT DO NOTHING`, r.Group, r.Topic, r.Partition, r.Watermark, r.LogEnd, r.Lag)
+		b.Queue(`INSERT INTO `+h.samplesTable()+` (group_id, topic, partition, at, watermark, log_end, lag, topic_id)
+			VALUES ($1, $2, $3, clock_timestamp(), $4, $5, $6, $7) ON CONFLICT DO NOTHING`, r.Group, r.Topic, r.Partition, r.Watermark, r.LogEnd, r.Lag, r.TopicID)
 	}
 	b.Queue(`DELETE FROM `+h.samplesTable()+` WHERE at < now() - make_interval(secs => $1)`, h.cfg.SampleRetention.Seconds())
 	return h.cfg.Pool.SendBatch(ctx, b).Close()
@@ -82,7 +86,7 @@ func (h *Handler) sampleOnce(ctx context.Context) error {
 
 // history reads the samples of the last window, by partition (group "" : every group).
 func (h *Handler) history(ctx context.Context, group string, window time.Duration) (map[tpKey][]Sample, error) {
-	rows, err := h.cfg.Pool.Query(ctx, `SELECT group_id, topic, partition, at, watermark, log_end, lag FROM `+h.samplesTable()+`
+	rows, err := h.cfg.Pool.Query(ctx, `SELECT group_id, topic, partition, at, watermark, log_end, lag, topic_id FROM `+h.samplesTable()+`
 		WHERE at > now() - make_interval(secs => $1) AND ($2 = '' OR group_id = $2) ORDER BY group_id, topic, partition, at LIMIT $3`,
 		window.Seconds(), group, maxSamplesRead)
 	if err != nil {
@@ -93,12 +97,12 @@ func (h *Handler) history(ctx context.Context, group string, window time.Duratio
 	for rows.Next() {
 		var k tpKey
 		var s Sample
-		if err := rows.Scan(&k.group, &k.topic, &k.partition, &s.At, &s.Watermark, &s.LogEnd, &s.Lag); err != nil {
+		if err := rows.Scan(&k.group, &k.topic, &k.partition, &s.At, &s.Watermark, &s.LogEnd, &s.Lag, &s.TopicID); err != nil {
 			return nil, fmt.Errorf("partition history: %w", err)
 		}
 		if prev := out[k]; len(prev) > 0 {
 			p := prev[len(prev)-1]
-			if dt := s.At.Sub(p.At).Seconds(); dt > 0 && s.Watermark >= p.Watermark {
+			if dt := s.At.Sub(p.At).Seconds(); dt > 0 && s.Watermark >= p.Watermark && sameLog(p.TopicID, s.TopicID) {
 				s.Rate = float64(s.Watermark-p.Watermark) / dt
 			}
 		}
@@ -106,6 +110,10 @@ func (h *Handler) history(ctx context.Context, group string, window time.Duratio
 	}
 	return out, rows.Err()
 }
+
+// sameLog reports whether two samples' topic ids name the same log; an unknown id ("", a
+// sample from before migration 011) is taken for the same.
+func sameLog(a, b string) bool { return a == "" || b == "" || a == b }
 
 // apiHistory answers GET /api/partitions/history?group=G&topic=T&partition=P[&window=1h]:
 // the partition's samples, oldest first.

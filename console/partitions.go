@@ -43,6 +43,9 @@ type PartitionRow struct {
 	ReplayEpoch int                 `json:"replay_epoch"`
 	LastEvent   *offsetstore.Event  `json:"last_event"`
 	Pending     []offsetstore.Event `json:"pending,omitempty"`
+	// TopicID is the topic id (KIP-516) of the log the watermark counts offsets in (the one
+	// the broker describes when none is recorded yet); "" when unknown.
+	TopicID string `json:"topic_id,omitempty"`
 	// LogChange says what changed when State is log_changed (the old and new topic or
 	// cluster ids); empty otherwise.
 	LogChange string `json:"log_change,omitempty"`
@@ -68,6 +71,12 @@ func rowOf(s offsets.PartitionStatus) PartitionRow {
 	}
 	if s.Committed != nil {
 		r.Committed = *s.Committed
+	}
+	if s.Log != nil {
+		r.TopicID = s.Log.RecordedTopicID
+		if r.TopicID == "" {
+			r.TopicID = s.Log.TopicID
+		}
 	}
 	if s.State == offsetstate.LogChanged {
 		r.LogChange = s.Log.Change().What()

@@ -27,7 +27,8 @@ type Filter struct {
 }
 
 const columns = `id, group_id, topic, partition, "offset", key, value, header_keys, header_values, message_time,
-	error_class, error_message, coalesce(stack, ''), attempts, first_failure_at, last_failure_at, status, created_at, resolved_at, replay_epoch`
+	error_class, error_message, coalesce(stack, ''), attempts, first_failure_at, last_failure_at, status, created_at, resolved_at, replay_epoch,
+	topic_id, cluster_id`
 
 // List returns the dead letters matching f, lowest id first.
 func List(ctx context.Context, q pg.Querier, schema string, f Filter) ([]DeadLetter, error) {

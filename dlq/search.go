@@ -138,7 +138,7 @@ func searchSQL(schema string, q Query) (string, []any) {
 	}
 	sql := `SELECT d.id, d.group_id, d.topic, d.partition, d."offset", ` + key + `, ` + value + `, d.header_keys, d.header_values, d.message_time,
 			d.error_class, d.error_message, coalesce(d.stack, ''), d.attempts, d.first_failure_at, d.last_failure_at, d.status, d.created_at,
-			d.resolved_at, d.replay_epoch,
+			d.resolved_at, d.replay_epoch, d.topic_id, d.cluster_id,
 			(SELECT count(*) FROM ` + audit + ` a WHERE a.dead_letter_id = d.id AND a.action = 'replay'),
 			CASE WHEN r.at IS NULL THEN 0 ELSE coalesce((SELECT min(n.id) FROM ` + t.DeadLetters + ` n
 				WHERE n.id > d.id AND n.group_id = d.group_id AND n.topic = coalesce(r.to_topic, d.topic)
@@ -157,7 +157,8 @@ func scanDeadLetterExtra(row pgx.CollectableRow, extra ...any) (DeadLetter, erro
 	var hk, hv [][]byte
 	var ts *time.Time
 	dest := append([]any{&d.ID, &d.Group, &d.Topic, &d.Partition, &d.Offset, &d.Key, &d.Value, &hk, &hv, &ts,
-		&d.ErrorClass, &d.ErrorMessage, &d.Stack, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.CreatedAt, &d.ResolvedAt, &d.ReplayEpoch}, extra...)
+		&d.ErrorClass, &d.ErrorMessage, &d.Stack, &d.Attempts, &d.FirstFailureAt, &d.LastFailureAt, &d.Status, &d.CreatedAt, &d.ResolvedAt, &d.ReplayEpoch,
+		&d.TopicID, &d.ClusterID}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return d, err
 	}

@@ -25,15 +25,21 @@ type View struct {
 	FirstFailure time.Time  `json:"first_failure"`
 	LastFailure  time.Time  `json:"last_failure"`
 	ReplayEpoch  int        `json:"replay_epoch"`
-	CreatedAt    time.Time  `json:"created_at"`
-	ResolvedAt   *time.Time `json:"resolved_at,omitempty"`
+	// TopicID and ClusterID name the log the message came from (DeadLetter.TopicID); omitted
+	// when unknown. Two dead letters of one (group, topic, partition, offset) differ in them:
+	// the topic was deleted and created again, or another cluster, and the new log adopted.
+	TopicID    string     `json:"topic_id,omitempty"`
+	ClusterID  string     `json:"cluster_id,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	ResolvedAt *time.Time `json:"resolved_at,omitempty"`
 }
 
 // ViewOf returns d's View; ErrorMessage is ErrorLine(d.ErrorMessage) unless fullError.
 func ViewOf(d *DeadLetter, fullError bool) View {
 	v := View{ID: d.ID, Status: d.Status, Group: d.Group, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset,
 		ErrorClass: d.ErrorClass, ErrorMessage: d.ErrorMessage, Attempts: d.Attempts, FirstFailure: d.FirstFailureAt,
-		LastFailure: d.LastFailureAt, ReplayEpoch: d.ReplayEpoch, CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt}
+		LastFailure: d.LastFailureAt, ReplayEpoch: d.ReplayEpoch, CreatedAt: d.CreatedAt, ResolvedAt: d.ResolvedAt,
+		TopicID: d.TopicID, ClusterID: d.ClusterID}
 	if !d.Timestamp.IsZero() {
 		ts := d.Timestamp
 		v.Timestamp = &ts

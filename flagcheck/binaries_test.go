@@ -62,7 +62,8 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 		bad  []bad
 	}{
 		{"github.com/kafkatx/kafkatx/examples/orders", nil, append(consuming,
-			bad{[]string{"--events-topic", "a b"}, "--events-topic 'a b': Kafka topic names"})},
+			bad{[]string{"--events-topic", "a b"}, "--events-topic 'a b': Kafka topic names"},
+			bad{[]string{"--topic", "orders", "--events-topic", "orders"}, "--events-topic orders: the same topic as --topic"})},
 		{"github.com/kafkatx/kafkatx/examples/dagtrigger", []string{"--topic", "t", "--airflow-url", "http://" + addr, "--dag-id", "d"}, append(consuming,
 			bad{[]string{"--airflow-timeout", "-1s"}, "--airflow-timeout -1s: a duration must not be negative"})},
 		{"github.com/kafkatx/kafkatx/examples/dagservice", nil, []bad{
@@ -81,6 +82,7 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 			{[]string{"offsets", "status", "--group", "g", "--topic", ""}, "--topic is empty"},
 			{[]string{"offsets", "status", "--group", "g", "--stalled-after=-1m"}, "--stalled-after -1m0s: a duration must not be negative"},
 			{[]string{"offsets", "audit", "--group", "g", "--topic", "a:b"}, "--topic a:b: Kafka topic names"},
+			{[]string{"offsets", "reset", "--group", "g", "--topic", "t", "--mode", "bogus", "--to-earliest", "--reason", "r"}, `--mode "bogus": want skip, replay or adopt`},
 			{[]string{"dlq", "list", "--limit", "-1"}, "--limit -1: want 1 to"},
 			{[]string{"dlq", "list", "--group", ""}, "--group is empty"},
 			{[]string{"dlq", "list", "--error-class", ""}, "--error-class is empty"},

@@ -232,18 +232,18 @@ func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, key
 	}
 	ids := make([]int64, 0, n)
 	created := make([]time.Time, 0, n)
+	var id pgtype.Int8 // declared once, nullable without a pointer: Scan's targets escape
+	var at time.Time
 	for rows.Next() {
-		var id *int64
-		var at time.Time
 		if err := rows.Scan(&id, &at); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("outbox: insert %d records: take ids: %w", n, err)
 		}
-		if id == nil {
+		if !id.Valid {
 			rows.Close()
 			return nil, fmt.Errorf("outbox: insert %d records: %s.id has no sequence (the table is not kafkatx's)", n, tables.For(schema).Outbox)
 		}
-		ids, created = append(ids, *id), append(created, at)
+		ids, created = append(ids, id.Int64), append(created, at)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: take ids: %w", n, err)
@@ -267,11 +267,57 @@ func (w Writer) copyRecords(ctx context.Context, tx pgx.Tx, topics []string, key
 		}
 	}
 	_, err = tx.CopyFrom(ctx, tables.For(schema).OutboxIdentifier, []string{"id", "outbox_id", "topic", "key", "value", "created_at"},
-		pgx.CopyFromSlice(n, func(i int) ([]any, error) {
-			return []any{ids[i], [16]byte(uuids[i]), topics[i], keys[i], values[i], created[i]}, nil
-		}))
+		&copyRows{n: n, i: -1, ids: ids, uuids: uuids, topics: topics, keys: keys, values: values, created: created})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: insert %d records: %w", n, err)
 	}
 	return ids, nil
+}
+
+// copyRows is copyRecords' pgx.CopyFromSource: one row slice reused for every row, holding
+// pointers into the columns' slices typed as pgtype's valuers, which pgx encodes without
+// copying the value into an interface (a fresh []any of boxed values, or plain pointers that
+// pgx dereferences by reflection, cost an allocation per value: six per record). pgx encodes
+// each row before it asks for the next. The bytes on the wire are those of the plain values.
+type copyRows struct {
+	n, i    int
+	row     [6]any
+	ids     []int64
+	uuids   []uuid.UUID
+	topics  []string
+	keys    [][]byte
+	values  [][]byte
+	created []time.Time
+}
+
+func (c *copyRows) Next() bool { c.i++; return c.i < c.n }
+
+func (c *copyRows) Values() ([]any, error) {
+	i := c.i
+	c.row = [6]any{(*int8Value)(&c.ids[i]), (*uuidValue)(&c.uuids[i]), (*textValue)(&c.topics[i]),
+		(*bytesValue)(&c.keys[i]), (*bytesValue)(&c.values[i]), (*timeValue)(&c.created[i])}
+	return c.row[:], nil
+}
+
+func (c *copyRows) Err() error { return nil }
+
+// The valuers copyRows hands pgx, by pointer: a nil bytesValue is NULL, as a nil []byte.
+type (
+	int8Value  int64
+	uuidValue  [16]byte
+	textValue  string
+	bytesValue []byte
+	timeValue  time.Time
+)
+
+func (v *int8Value) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*v), Valid: true}, nil
+}
+func (v *uuidValue) UUIDValue() (pgtype.UUID, error) { return pgtype.UUID{Bytes: *v, Valid: true}, nil }
+func (v *textValue) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*v), Valid: true}, nil
+}
+func (v *bytesValue) BytesValue() ([]byte, error) { return *v, nil }
+func (v *timeValue) TimestamptzValue() (pgtype.Timestamptz, error) {
+	return pgtype.Timestamptz{Time: time.Time(*v), Valid: true}, nil
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"crypto/sha1"
 	"strconv"
 	"sync/atomic"
 
@@ -9,8 +10,10 @@ import (
 )
 
 // Source is the input message a record is written for inside kafkatx's consumer loop: the
-// idempotency scope of the message's group and its partition's replay epoch ("group/epoch",
-// as business idempotency keys are scoped), and the message's topic, partition and offset.
+// scope of the message's group, its partition's replay epoch and the topic id of the log it
+// came from ("group/epoch/topic id": business idempotency keys are scoped "group/epoch"; the
+// topic id gives a recreated topic's messages at reused offsets ids of their own), and the
+// message's topic, partition and offset.
 // The loop gives one to every message it hands a handler (kafkatx.Message.OutboxSource, and in
 // the context of a per-message kafkatx.Handler's call); a record written for a Source —
 // Record.Source, or WriteTx's ctx carrying one (WithSource) — gets an outbox id derived from
@@ -22,7 +25,7 @@ import (
 // get new ids. Records without a Source (written outside the loop, by plain SQL, by other
 // languages) keep random ids (docs/outbox-table.md, "Event identity").
 type Source struct {
-	Scope     string // "group/epoch"
+	Scope     string // "group/epoch/topic id" (the loop's; "group/epoch" when the topic id is unknown)
 	Topic     string
 	Partition int32
 	Offset    int64
@@ -55,13 +58,21 @@ var sourceNamespace = uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com
 // offset and pos, NUL-separated. Random ids are version 4 and the WAL relay's own version 8,
 // so a derived id never equals either.
 func SourceID(s *Source, pos uint32) uuid.UUID {
-	b := make([]byte, 0, len(s.Scope)+len(s.Topic)+40)
+	// uuid.NewSHA1(sourceNamespace, name), without its allocations (a hash object, its sum
+	// and the name): the hash of namespace and name, in a buffer on the stack when it fits.
+	var buf [256]byte
+	b := append(buf[:0], sourceNamespace[:]...)
 	b = append(append(b, s.Scope...), 0)
 	b = append(append(b, s.Topic...), 0)
 	b = append(strconv.AppendInt(b, int64(s.Partition), 10), 0)
 	b = append(strconv.AppendInt(b, s.Offset, 10), 0)
 	b = strconv.AppendUint(b, uint64(pos), 10)
-	return uuid.NewSHA1(sourceNamespace, b)
+	sum := sha1.Sum(b)
+	var id uuid.UUID
+	copy(id[:], sum[:16])
+	id[6] = (id[6] & 0x0f) | 0x50 // version 5
+	id[8] = (id[8] & 0x3f) | 0x80 // RFC 4122 variant
+	return id
 }
 
 // next takes the id of the next record written for s.

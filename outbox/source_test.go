@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -80,6 +82,26 @@ func TestSourceIDs(t *testing.T) {
 	for i, id := range copied {
 		if id != outbox.SourceID(src("g/0", 9), uint32(i)).String() {
 			t.Fatalf("COPY: record %d has id %s, want the derived one", i, id)
+		}
+	}
+}
+
+// TestSourceIDIsTheNameBasedUUID: SourceID is uuid.NewSHA1 of the documented name (scope,
+// topic, partition, offset, position, NUL-separated) in kafkatx's namespace, so ids derived
+// by one kafkatx version equal another's (a message re-processed after an upgrade publishes
+// its events under the same ids) — also for a name longer than SourceID's stack buffer.
+func TestSourceIDIsTheNameBasedUUID(t *testing.T) {
+	ns := uuid.NewSHA1(uuid.NameSpaceURL, []byte("https://github.com/kafkatx/kafkatx/outbox/source"))
+	for _, s := range []*outbox.Source{
+		{Scope: "orders-processor/0", Topic: "orders", Partition: 2, Offset: 7},
+		{Scope: "g/3", Topic: "t", Partition: 0, Offset: 0},
+		{Scope: strings.Repeat("g", 200) + "/1", Topic: strings.Repeat("t", 249), Partition: 2147483647, Offset: 9223372036854775807},
+	} {
+		for _, pos := range []uint32{0, 1, 4294967295} {
+			name := fmt.Sprintf("%s\x00%s\x00%d\x00%d\x00%d", s.Scope, s.Topic, s.Partition, s.Offset, pos)
+			if got, want := outbox.SourceID(s, pos), uuid.NewSHA1(ns, []byte(name)); got != want {
+				t.Fatalf("SourceID(%q/%s/%d/%d, %d) = %s, want %s", s.Scope, s.Topic, s.Partition, s.Offset, pos, got, want)
+			}
 		}
 	}
 }

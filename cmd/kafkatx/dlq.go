@@ -106,9 +106,9 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Println(string(b))
 			continue
 		}
-		fmt.Printf("%d  %s  group=%s  %s[%d]@%d  attempts=%d  epoch=%d  last=%s  %s: %s\n    key:   %s\n    value: %s\n",
-			j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset, j.Attempts, j.ReplayEpoch, j.LastFailure.UTC().Format(time.RFC3339),
-			j.ErrorClass, j.ErrorMessage, j.Key, j.Value)
+		fmt.Printf("%d  %s  group=%s  %s[%d]@%d%s  attempts=%d  epoch=%d  last=%s  %s: %s\n    key:   %s\n    value: %s\n",
+			j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset, logField("  topic_id=", j.TopicID), j.Attempts, j.ReplayEpoch,
+			j.LastFailure.UTC().Format(time.RFC3339), j.ErrorClass, j.ErrorMessage, j.Key, j.Value)
 	}
 	if c.Output == "text" && len(ds) == 0 {
 		fmt.Println("no dead letters")
@@ -146,6 +146,9 @@ func (c *DLQShowCmd) Run(ctx context.Context, g *Globals) error {
 		return nil
 	}
 	fmt.Printf("dead letter %d (%s)\n  group:     %s\n  origin:    %s[%d]@%d\n", j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset)
+	if j.TopicID != "" || j.ClusterID != "" {
+		fmt.Printf("  log:       topic id %s, cluster id %s\n", orUnknown(j.TopicID), orUnknown(j.ClusterID))
+	}
 	if j.Timestamp != nil {
 		fmt.Printf("  timestamp: %s\n", j.Timestamp.UTC().Format(time.RFC3339Nano))
 	}
@@ -287,4 +290,21 @@ func (c *DLQDiscardCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Printf("dead letter %d discarded\n", c.ID)
 	return nil
+}
+
+// logField is label+id, or "" when id is unknown: a dead letter's log (dlq.View.TopicID) in
+// a list line.
+func logField(label, id string) string {
+	if id == "" {
+		return ""
+	}
+	return label + id
+}
+
+// orUnknown is s, or "unknown" when s is "".
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }

@@ -95,3 +95,34 @@ func TestOffsetsResetAdoptsARecreatedTopic(t *testing.T) {
 		t.Fatal("the adoption was reported as an unexplained watermark move")
 	}
 }
+
+// A watermark of the old log is not subtracted from the new log's end: before, a topic
+// recreated with fewer records than the watermark showed a negative lag (4 - 10 = -6).
+// offsets status gives the new log's records (log end - log start), marked "(new log)", no
+// drift; --mode adopt opens no replay epoch (business keys claimed in the old log still count).
+func TestOffsetsStatusGivesNoLagAcrossTwoLogs(t *testing.T) {
+	t.Parallel()
+	b := offsetsSetup(t)
+	b.produce("a", "a", "a", "a", "a", "a", "a", "a", "a", "a")
+	b.runUntil(10)
+	testenv.RecreateTopic(t, b.brokers, b.topic, 1)
+	b.produce("b", "b", "b", "b")
+
+	s, code := b.status()
+	if code != offsetsExitLogChanged || s.State != offsetstate.LogChanged {
+		t.Fatalf("offsets status: exit %d, state %s; want %d, log_changed", code, s.State, offsetsExitLogChanged)
+	}
+	if s.Lag != 4 || s.Drift != nil {
+		t.Fatalf("log_changed partition: lag %d, drift %v; want 4 (the new log's records) and no drift", s.Lag, s.Drift)
+	}
+	text, _ := b.kafkatx("offsets", "status", "--group", b.group, "--topic", b.topic)
+	if !strings.Contains(text, "4 (new log)") || strings.Contains(text, "-6") {
+		t.Fatalf("offsets status text does not give the new log's 4 records as its lag:\n%s", text)
+	}
+	if _, code := b.kafkatx("offsets", "reset", "--group", b.group, "--topic", b.topic, "--to-earliest", "--mode", "adopt", "--reason", "recreated", "--execute"); code != 0 {
+		t.Fatalf("adopt exited %d", code)
+	}
+	if e := b.q("SELECT replay_epoch FROM {{schema}}.watermarks"); e != 0 {
+		t.Fatalf("replay epoch %d after offsets reset --mode adopt, want 0: an adoption is no replay", e)
+	}
+}

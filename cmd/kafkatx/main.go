@@ -19,6 +19,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
+	"github.com/kafkatx/kafkatx/internal/pgstart"
 	"github.com/kafkatx/kafkatx/logging"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
@@ -191,6 +192,18 @@ func (g *Globals) logger() *zap.Logger { return logging.Must(g.LogLevel) }
 
 // pool connects to --database-url (or the URL in --database-url-file).
 func (g *Globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	return g.openPool(ctx, nil)
+}
+
+// servicePool is pool for a long-running command (relay): a server that is not ready yet
+// (starting up, in recovery, being promoted: 57P03; not listening) is waited for, for
+// pgstart.Within, logged on log; one-shot commands fail at once instead.
+func (g *Globals) servicePool(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, error) {
+	return g.openPool(ctx, log)
+}
+
+// openPool is pool, waiting for the server first when log is set (servicePool).
+func (g *Globals) openPool(ctx context.Context, log *zap.Logger) (*pgxpool.Pool, error) {
 	if g.DatabaseURLFile != "" {
 		u, err := readSecretFile(g.DatabaseURLFile)
 		if err != nil {
@@ -200,6 +213,15 @@ func (g *Globals) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	if g.DatabaseURL == "" {
 		return nil, errors.New("no database: pass --database-url or set DATABASE_URL")
+	}
+	if log != nil {
+		first, err := pg.ParseConfig(g.DatabaseURL)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		if err := pgstart.Await(ctx, first.ConnConfig, pgstart.Within, log); err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
 	}
 	// Through a transaction pooler: pgx's QueryExecModeExec (no named prepared statements).
 	cfg, _, err := pg.ParsePoolConfig(ctx, g.DatabaseURL)

@@ -59,6 +59,9 @@ func (c *OffsetsResetCmd) Validate() error {
 		return errors.New("a target is required: --to-offset N, --to-time RFC3339, --to-earliest, --to-latest or --to-database")
 	}
 	if !c.ToDatabase && c.Mode != string(offsets.ModeSkip) && c.Mode != string(offsets.ModeReplay) && c.Mode != string(offsets.ModeAdopt) {
+		if c.Mode != "" {
+			return fmt.Errorf("--mode %q: want skip, replay or adopt", c.Mode)
+		}
 		return errors.New("--mode skip|replay|adopt is required (except with --to-database)")
 	}
 	if c.ToDatabase && c.Mode != "" {

@@ -111,8 +111,12 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			if s.Stalled(c.StalledAfter, now) {
 				state += " STALLED"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", s.Topic, s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
-				s.LogStart, s.LogEnd, s.Lag, offsetsSigned(s.Drift), state, last)
+			lag := strconv.FormatInt(s.Lag, 10)
+			if s.State == offsetstate.LogChanged {
+				lag += " (new log)" // the watermark is an offset of the old log: not subtracted (offsets.PartitionStatus.Lag)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", s.Topic, s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
+				s.LogStart, s.LogEnd, lag, offsetsSigned(s.Drift), state, last)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

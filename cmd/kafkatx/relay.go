@@ -120,7 +120,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	kcfg = kafkalog.Route(log, kcfg) // librdkafka's lines through the JSON logger, not raw on stderr
-	pool, err := g.pool(ctx)
+	pool, err := g.servicePool(ctx, log)
 	if err != nil {
 		return err
 	}

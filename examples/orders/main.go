@@ -58,7 +58,7 @@ func run() int {
 	fs.IntVar(&o.poisonEvery, "poison-every", 0, "with --generate, make every K-th message a non-JSON poison pill")
 	fs.IntVar(&o.crashEvery, "crash-every", 0, "with --generate, make every K-th message a crash pill: a valid-looking order (its own id) with the header "+order.CrashPillHeader+", whose handling makes the process exit with status 3 at once, every time it is handled")
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
-	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (PostgreSQL's live-row estimate), so the relay is not left behind without bound; 0: no bound")
+	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (counted, not estimated), so the relay is not left behind without bound; 0: no bound")
 	fs.StringVar(&o.outboxMode, "outbox-mode", "", "how events and dead letters go through the outbox: wal (logical-decoding messages relayed from a replication slot) or table (rows; the default of a new schema). Stored with the schema: empty follows it, a value that conflicts with it exits 2")
 	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
 	if code, ok := flagcheck.Parse(fs, os.Args[1:]); !ok {
@@ -115,6 +115,9 @@ func (o options) checkEventsTopic() error {
 	if o.eventsTopic == "" {
 		return nil
 	}
+	if o.eventsTopic == o.Topic {
+		return fmt.Errorf("--events-topic %s: the same topic as --topic (each applied order's event would be consumed again as an order)", o.eventsTopic)
+	}
 	return flagcheck.Topic("events-topic", o.eventsTopic)
 }
 
@@ -127,6 +130,21 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		defer closeBroker()
 		o.Brokers = b
 		log.Warn("--in-process-broker: running on an in-process Kafka broker; nothing is read from or written to a real cluster", zap.String("brokers", b))
+	}
+	// The database first when this run consumes: a wrong password or a missing database is
+	// named within seconds, not after the topics' 30 s against unreachable brokers; a server
+	// not ready yet is waited for (service.Flags.OpenPools).
+	var pools *service.Pools
+	if !o.produceOnly {
+		if o.DatabaseURL == "" {
+			return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL " +
+				"(`eval \"$(scripts/dev-services env)\"` after `scripts/dev-services up` starts a local one)")
+		}
+		var err error
+		if pools, err = o.OpenPools(ctx, log); err != nil {
+			return err
+		}
+		defer pools.Close()
 	}
 	base := o.ClientConfig()
 	names := []string{o.Topic, o.Topic + ".dlq"}
@@ -149,15 +167,6 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	} else if o.produceOnly {
 		return errors.New("--produce-only needs --produce FILE or --generate N")
 	}
-	if o.DatabaseURL == "" {
-		return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL " +
-			"(`eval \"$(scripts/dev-services env)\"` after `scripts/dev-services up` starts a local one)")
-	}
-	pools, err := o.OpenPools(ctx, log)
-	if err != nil {
-		return err
-	}
-	defer pools.Close()
 	return consume(ctx, pools, o, log)
 }
 

@@ -192,13 +192,19 @@ func TestNoCanaryInAnyOutput(t *testing.T) {
 
 	t.Run("database", func(t *testing.T) {
 		for name, u := range map[string]string{"refused login": wrongPW, "unreachable": downPW, "unparsable": badURL} {
+			// The services wait up to 60 s for a database not listening yet (internal/pgstart):
+			// 15 s of their waiting logs is enough to look at.
+			limit := time.Minute
+			if name == "unreachable" {
+				limit = 15 * time.Second
+			}
 			out.add("kafkatx offsets status, "+name, run(t, nil, time.Minute, bin("cmd/kafkatx"), "--log-level", "debug",
 				"--database-url", u, "--brokers", brokers, "offsets", "status", "--group", group, "--topic", topic))
-			out.add("kafkatx relay, "+name, run(t, nil, time.Minute, bin("cmd/kafkatx"), "--log-level", "debug",
+			out.add("kafkatx relay, "+name, run(t, nil, limit, bin("cmd/kafkatx"), "--log-level", "debug",
 				"--database-url", u, "--brokers", brokers, "relay"))
 			out.add("kafkatx dlq list (DATABASE_URL), "+name, run(t, []string{"DATABASE_URL=" + u}, time.Minute, bin("cmd/kafkatx"), "--log-level", "debug",
 				"--brokers", brokers, "dlq", "list"))
-			out.add("orders, "+name, run(t, debug, time.Minute, bin("examples/orders"),
+			out.add("orders, "+name, run(t, debug, limit, bin("examples/orders"),
 				"--database-url", u, "--brokers", brokers, "--topic", topic, "--group", group, "--exit-when-idle", "2s"))
 		}
 		out.add("kafkatx --database-url-file, refused login", run(t, nil, time.Minute, bin("cmd/kafkatx"), "--log-level", "debug",

@@ -29,11 +29,10 @@ type Body[M any] struct {
 	Keyed func(M) idempotency.Message
 	// Claims claims business idempotency keys; nil when Config.Idempotency.Disabled.
 	Claims *Claims
-	// FromKafka converts a polled record for the handler (the loop's; nil in the kit).
-	FromKafka func(km *kafka.Message, attempt int) M
-	// Scoped, when set, gives each converted message its idempotency scope ("group/epoch"),
-	// from which the outbox ids of the records written for it are derived (outbox.Source).
-	Scoped func(m M, scope string)
+	// FromKafka converts the polled records of one try for the handler (the loop's; nil in
+	// the kit), each message given its idempotency scope ("group/epoch"), from which the
+	// outbox ids of the records written for it are derived (outbox.Source).
+	FromKafka func(kms []*kafka.Message, attempt int, scope string) []M
 	// Prepare, when set (Config.Prepare), runs on the messages before their transaction
 	// begins, outside any transaction: a slow call to another service that must not hold a
 	// pooled connection. Its answer is sorted as the handler's is.
@@ -181,27 +180,29 @@ func prepareOutcome(ctx context.Context, v Verdict) limit.Outcome {
 // prepare phase outside any transaction, then — when it succeeded — opens a transaction with
 // begin and runs Try in it. tx is that transaction (nil when none was opened), for the caller
 // to finish or roll back; err is begin's or the claim's database error.
-func (b *Body[M]) TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope string, kms []*kafka.Message, attempt int) (tx pgx.Tx, t Tried, err error) {
-	msgs := make([]M, len(kms))
-	for i, km := range kms {
-		msgs[i] = b.FromKafka(km, attempt)
-		if b.Scoped != nil {
-			b.Scoped(msgs[i], scope)
-		}
-	}
+func (b *Body[M]) TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope Scopes, kms []*kafka.Message, attempt int) (tx pgx.Tx, t Tried, err error) {
+	msgs := b.FromKafka(kms, attempt, scope.Sources)
 	if t = b.Prepared(ctx, msgs); t.Verdict != Done {
 		return nil, t, nil
 	}
 	if tx, err = begin(ctx); err != nil {
 		return nil, t, fmt.Errorf("begin: %w", err)
 	}
-	t, err = b.Try(ctx, tx, scope, msgs)
+	t, err = b.Try(ctx, tx, scope.Claims, msgs)
 	return tx, t, err
+}
+
+// Scopes are the two scopes of a partition's messages: Claims, of their business idempotency
+// keys ("group/epoch"), and Sources, of the outbox ids derived from them ("group/epoch/topic
+// id"; "group/epoch" when the topic id is unknown).
+type Scopes struct {
+	Claims  string
+	Sources string
 }
 
 // Runner is the part of Body the partition worker uses.
 type Runner interface {
-	TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope string, kms []*kafka.Message, attempt int) (pgx.Tx, Tried, error)
+	TryRecords(ctx context.Context, begin func(context.Context) (pgx.Tx, error), scope Scopes, kms []*kafka.Message, attempt int) (pgx.Tx, Tried, error)
 }
 
 // NewDeadLetter is the dead letter of a message given up on after attempt a: the message's

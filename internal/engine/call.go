@@ -239,10 +239,16 @@ func WriteDeadLetter(ctx context.Context, tx pgx.Tx, schema string, d *dlq.DeadL
 }
 
 // DeadLetterSource is the outbox source of dead letter d's record on its dead-letter topic: the
-// message's topic, partition and offset in the scope "group/epoch/dead-letter" — the handler's
-// own records use "group/epoch", so a dead letter's id never equals one of theirs.
+// message's topic, partition and offset in the scope "group/epoch/dead-letter", followed by
+// "/topic id" when d's log is known (dlq.InsertTx sets d.TopicID, so a new log's dead letter
+// at an old one's offset gets an id of its own) — the handler's own records use
+// "group/epoch[/topic id]", so a dead letter's id never equals one of theirs.
 func DeadLetterSource(d *dlq.DeadLetter) *outbox.Source {
-	return &outbox.Source{Scope: fmt.Sprintf("%s/%d/dead-letter", d.Group, d.ReplayEpoch), Topic: d.Topic, Partition: d.Partition, Offset: d.Offset}
+	scope := fmt.Sprintf("%s/%d/dead-letter", d.Group, d.ReplayEpoch)
+	if d.TopicID != "" {
+		scope += "/" + d.TopicID
+	}
+	return &outbox.Source{Scope: scope, Topic: d.Topic, Partition: d.Partition, Offset: d.Offset}
 }
 
 // Claimed is what ClaimKeys found in one transaction's messages.
@@ -267,16 +273,18 @@ func ClaimKeys(ctx context.Context, tx pgx.Tx, store idempotency.Store, scope st
 	skip := make(map[int]bool)
 	for i, m := range msgs {
 		k, ok, err := callKey(key, m)
-		var pe *Panic
-		if errors.As(err, &pe) {
-			return Claimed{}, i, pe, nil
-		}
-		if errors.Is(err, idempotency.ErrNotAChange) {
-			skip[i] = true
-			cl.NotChanges = append(cl.NotChanges, i)
-			continue
-		}
 		if err != nil {
+			// Only here: errors.As's target escapes to the heap, which cost an allocation per
+			// message when declared for every one.
+			var pe *Panic
+			if errors.As(err, &pe) {
+				return Claimed{}, i, pe, nil
+			}
+			if errors.Is(err, idempotency.ErrNotAChange) {
+				skip[i] = true
+				cl.NotChanges = append(cl.NotChanges, i)
+				continue
+			}
 			return Claimed{}, i, fmt.Errorf("idempotency key: %w", err), nil
 		}
 		if ok && len(k) > idempotency.MaxKeyBytes {

@@ -340,7 +340,7 @@ func (u *lane) batchTx(ctx context.Context, msgs []*kafka.Message, end int64) (t
 		defer u.p.gate.leave()
 	}
 	start := time.Now()
-	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.p.scope(), msgs, 1)
+	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(first(msgs)), u.p.scopes(), msgs, 1)
 	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
@@ -475,7 +475,7 @@ func (u *lane) oneTx(ctx context.Context, km *kafka.Message, attempt int, alone 
 		defer u.p.gate.leave()
 	}
 	start := time.Now()
-	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.p.scope(), []*kafka.Message{km}, attempt)
+	tx, t, err := u.p.body.TryRecords(ctx, u.trackBegin(int64(km.TopicPartition.Offset)), u.p.scopes(), []*kafka.Message{km}, attempt)
 	u.handlerEnded()
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))

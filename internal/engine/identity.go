@@ -163,6 +163,11 @@ const logCheckEvery = 5 * time.Second
 func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 	t := time.NewTicker(logCheckEvery)
 	defer t.Stop()
+	// seen is each partition's watermark read just before a check that still found the old
+	// log: every record below it was fetched before that check, so from the old log (ids
+	// never come back). A change found later may have let records [seen, watermark) of the
+	// new log through, and the report says so.
+	seen := map[offsetstore.TP]int64{}
 	for {
 		select {
 		case <-quit:
@@ -181,8 +186,19 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 			continue
 		}
 		tps := make([]offsetstore.TP, 0, len(rec))
+		before := make(map[offsetstore.TP]int64, len(rec))
+		l.mu.Lock()
 		for tp := range rec {
 			tps = append(tps, tp)
+			if f := l.parts[tp]; f != nil {
+				before[tp] = f.w.watermark.Load()
+			}
+		}
+		l.mu.Unlock()
+		for tp := range seen {
+			if _, ok := rec[tp]; !ok {
+				delete(seen, tp) // revoked: a new assignment checks the log again
+			}
 		}
 		ids, err := l.logIDs(context.Background(), kc, tps)
 		if err != nil {
@@ -191,6 +207,9 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 		for tp, r := range rec {
 			c := offsetstate.CompareLog(r, ids[tp.Topic])
 			if !c.Changed() {
+				if w, ok := before[tp]; ok {
+					seen[tp] = w
+				}
 				continue
 			}
 			l.mu.Lock()
@@ -200,13 +219,21 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 				continue
 			}
 			w := f.w.watermark.Load()
+			from, ok := seen[tp]
+			if !ok {
+				from = f.w.startedAt // no check since the assignment, whose own check saw the old log there
+			}
 			log := l.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition), zap.String("found_by", "running check"))
 			e := l.set.Halt(Halt{State: string(offsetstate.LogChanged), Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
-				Watermark: w, Committed: -1, LogStart: -1, LogEnd: -1, LogChange: c})
+				Watermark: w, Committed: -1, LogStart: -1, LogEnd: -1, LogChange: c, Running: true, AppliedFrom: from})
+			reason := "log changed while running: " + c.What() + "; stopped; nothing applied since the last check"
+			if from < w {
+				reason = fmt.Sprintf("log changed while running: %s; stopped; offsets [%d, %d) were applied after the last check that saw the old log and may be the new log's", c.What(), from, w)
+			}
 			log.Error("the log behind the watermark changed while the consumer ran ("+c.What()+"); stopping", zap.Int64("watermark", w),
-				zap.String("state", string(offsetstate.LogChanged)))
+				zap.Int64("applied_since_last_check_from", from), zap.String("state", string(offsetstate.LogChanged)))
 			_, _ = l.store.InsertEvent(context.Background(), l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
-				Kind: offsetstore.KindHalt, From: w, To: w, Actor: "kafkatx.consumer", Reason: "log changed while running: " + c.What() + "; stopped"})
+				Kind: offsetstore.KindHalt, From: from, To: w, Actor: "kafkatx.consumer", Reason: reason})
 			l.emit.LogChanged(tp, c, false)
 			l.failed.CompareAndSwap(nil, &e)
 			return

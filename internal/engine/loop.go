@@ -362,6 +362,12 @@ type Halt struct {
 	LogStart, LogEnd int64
 	// LogChange is set when State is offsetstate.LogChanged: the recorded and current ids.
 	LogChange offsetstate.LogChange
+	// Running is set when the running log check found the change (State LogChanged): the
+	// records [AppliedFrom, Watermark) were applied after the last check that still saw the
+	// old log, so some of them may be the new log's (none when AppliedFrom == Watermark).
+	// Found at an assignment or by a rewound fetch, nothing of the new log was applied.
+	Running     bool
+	AppliedFrom int64
 }
 
 // halted marks the error of a Halt, which ends Run instead of being retried.

@@ -71,12 +71,17 @@ type worker struct {
 
 	// Owned by the worker.
 	epoch int // replay epoch: scopes business idempotency keys
+	// logID is the topic id of the log the watermark is in ("" unknown): it scopes the outbox
+	// ids derived from the input (sourceScope), not the business keys (scope).
+	logID string
 	// doneAbove are offsets above the watermark already applied (store.Done), left by units
 	// that committed out of order (Concurrency > 1): they are skipped, never run again.
 	doneAbove map[int64]bool
 
 	attMu    sync.Mutex // guards attempts: the lanes of one partition share it
 	attempts map[int64]offsetstore.Attempt
+
+	startedAt int64 // the watermark the worker started at (the assignment checked the log there)
 
 	stopOnce  sync.Once
 	stopCh    chan struct{} // closed: finish the current transaction and return
@@ -95,6 +100,7 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 		skips:       make(chan recordless, 1),
 		inflightEnd: w.InflightEnd,
 		epoch:       w.ReplayEpoch,
+		logID:       w.TopicID,
 		attempts:    atts,
 		stopCh:      make(chan struct{}),
 		workCtx:     ctx,
@@ -111,6 +117,7 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 	}
 	p.dispatchedEnd.Store(w.Next)
 	p.watermark.Store(w.Next)
+	p.startedAt = w.Next
 	if d.commits != nil {
 		d.commits.setEpoch(tp, w.ReplayEpoch)
 	}
@@ -246,7 +253,7 @@ func (p *worker) refence() bool {
 	p.attMu.Lock()
 	p.attempts = atts
 	p.attMu.Unlock()
-	p.inflightEnd, p.epoch = w.InflightEnd, w.ReplayEpoch
+	p.inflightEnd, p.epoch, p.logID = w.InflightEnd, w.ReplayEpoch, w.TopicID
 	p.setDoneAbove(done)
 	if w.InflightEnd > w.Next {
 		p.sus = newSuspect(w.Next, w.InflightEnd)
@@ -270,6 +277,18 @@ func (p *worker) refence() bool {
 
 // scope is the idempotency scope of the partition's group and replay epoch.
 func (p *worker) scope() string { return fmt.Sprintf("%s/%d", p.group, p.epoch) }
+
+// scopes are the partition's idempotency scope and the scope of the outbox ids derived from
+// its messages: "group/epoch" and "group/epoch/topic id" (the log's topic id, so that after a
+// topic recreated and adopted the new log's message at a reused offset gets event ids of its
+// own, while a business key claimed in the old log still counts: docs/offsets.md).
+func (p *worker) scopes() Scopes {
+	s := p.scope()
+	if p.logID == "" {
+		return Scopes{Claims: s, Sources: s}
+	}
+	return Scopes{Claims: s, Sources: s + "/" + p.logID}
+}
 
 // messageBytes is what a held message counts against Config.MaxBufferedBytes: its key,
 // value and headers plus a fixed 256 bytes for the structures around them.

@@ -151,6 +151,9 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 				if err := l.store.FillLogIdentity(ctx, l.pool, l.group, tp, change.Current.Topic, change.Current.Cluster); err != nil {
 					return nil, err
 				}
+				if w.TopicID == "" {
+					w.TopicID = change.Current.Topic // the worker's outbox source scope (worker.scopes)
+				}
 			}
 		}
 		atts, err := l.store.Attempts(ctx, l.pool, l.group, tp, w.Next)

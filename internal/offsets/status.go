@@ -24,7 +24,10 @@ type PartitionStatus struct {
 	LogStart int64 `json:"log_start"`
 	LogEnd   int64 `json:"log_end"`
 	// Lag is LogEnd minus the watermark (or the committed offset when there is no
-	// watermark, or LogStart when neither exists), in messages.
+	// watermark, or LogStart when neither exists), in messages. When State is
+	// offsetstate.LogChanged the watermark counts offsets of another log, so it is not
+	// subtracted: Lag is LogEnd minus LogStart, the records the new log holds, none of which
+	// is applied (the consumer halts until the new log is adopted), and Drift is nil.
 	Lag int64 `json:"lag"`
 	// Drift is Committed minus Watermark (nil when either is missing): > 0 Kafka ahead,
 	// < 0 Kafka behind.
@@ -73,8 +76,9 @@ func (l *LogIdentity) Change() offsetstate.LogChange {
 // Stalled reports lag with no progress: records wait (Lag > 0) and the watermark has not
 // moved for at least d — a stuck handler, an open breaker, a condition waited out, or no
 // consumer running. Aligned offsets do not make a partition healthy.
+// A log_changed partition is not stalled: its state already says why nothing moves.
 func (s PartitionStatus) Stalled(d time.Duration, now time.Time) bool {
-	return s.Lag > 0 && s.WatermarkUpdatedAt != nil && now.Sub(*s.WatermarkUpdatedAt) >= d
+	return s.State != offsetstate.LogChanged && s.Lag > 0 && s.WatermarkUpdatedAt != nil && now.Sub(*s.WatermarkUpdatedAt) >= d
 }
 
 // Drifted reports whether the two sides disagree in a way the consumer would repair, audit
@@ -177,6 +181,8 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 			}
 		}
 		switch {
+		case s.State == offsetstate.LogChanged: // offsets of two logs: no difference means anything
+			s.Lag = s.LogEnd - s.LogStart
 		case hasW && hasK:
 			s.Drift = ptr(k - w.Next)
 			s.Lag = s.LogEnd - w.Next

@@ -18,11 +18,16 @@ const KindLogAdopted = "log_adopted"
 // FillLogIdentity records topicID and clusterID on the watermark row of tp where they are
 // not recorded yet (a row older than migration 009, or a first run); recorded ids are left
 // as they are — a different one is a changed log, which only AdoptLog replaces. An empty id
-// (the broker gave none) is not recorded.
+// (the broker gave none) is not recorded. The partition's dead letters of unknown log
+// (topic_id and cluster_id ”: written before the watermark had ids) are placed in the same
+// log in the same statement: they were read from the log the watermark counted in.
 func (s *Store) FillLogIdentity(ctx context.Context, q pg.Querier, group string, tp TP, topicID, clusterID string) error {
-	_, err := q.Exec(ctx, `UPDATE `+s.t.Watermarks+` SET topic_id = coalesce(topic_id, nullif($4, '')), cluster_id = coalesce(cluster_id, nullif($5, ''))
+	_, err := q.Exec(ctx, `WITH w AS (UPDATE `+s.t.Watermarks+` SET topic_id = coalesce(topic_id, nullif($4, '')), cluster_id = coalesce(cluster_id, nullif($5, ''))
 		WHERE group_id = $1 AND topic = $2 AND partition = $3
-		  AND ((topic_id IS NULL AND $4 <> '') OR (cluster_id IS NULL AND $5 <> ''))`,
+		  AND ((topic_id IS NULL AND $4 <> '') OR (cluster_id IS NULL AND $5 <> ''))
+		RETURNING coalesce(topic_id, '') AS topic_id, coalesce(cluster_id, '') AS cluster_id)
+		UPDATE `+s.t.DeadLetters+` d SET topic_id = w.topic_id, cluster_id = w.cluster_id FROM w
+		WHERE d.group_id = $1 AND d.topic = $2 AND d.partition = $3 AND d.topic_id = '' AND d.cluster_id = ''`,
 		group, tp.Topic, tp.Partition, topicID, clusterID)
 	if err != nil {
 		return fmt.Errorf("record the topic and cluster ids of %s: %w", tp, err)
@@ -32,8 +37,15 @@ func (s *Store) FillLogIdentity(ctx context.Context, q pg.Querier, group string,
 
 // AdoptLog moves the watermark of tp from `from` (an offset of the old log) to `to` (an
 // offset of the new one) with compare-and-set, starts the partition's history there
-// (first_offset = to), records the new log's ids, and drops the partition's attempt and
-// done rows (offsets of the old log), all in q's transaction. auditID is the log_adopted
+// (first_offset = to), records the new log's ids, and drops the
+// partition's attempt and done rows (offsets of the old log), all in q's transaction — every
+// row keyed by an offset of the old log is dropped or kept apart (migration 011): an old
+// attempt count never counts against the new log's message at its offset, an old done mark
+// never skips it. Dead letters stay, each naming its log (dlq.DeadLetter.TopicID). The replay
+// epoch stays: a business idempotency key claimed in the old log (scope "group/epoch") still
+// counts — the same event mirrored into another cluster, or re-published into the recreated
+// topic, is not applied twice — while the outbox ids derived from the new log's messages
+// differ from the old log's, being scoped by the topic id (engine: worker.scopes). auditID is the log_adopted
 // row that explains the move: the watermarks trigger (migration 004) is told through the
 // transaction-local setting kafkatx.audit_id, so a move back is not reported as unexplained.
 // It returns ErrFenced when the row is not at from.

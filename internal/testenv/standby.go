@@ -16,6 +16,14 @@ import (
 // a failover to a standby that asynchronous replication left behind.
 func (o *OwnPostgres) StartStandby(t testing.TB) *OwnPostgres {
 	t.Helper()
+	return o.StartStandbyWith(t, "")
+}
+
+// StartStandbyWith is StartStandby with conf appended to the standby's postgresql.conf (after
+// hot_standby = on, so "hot_standby = off" makes a standby that refuses every session with
+// 57P03 until it is promoted).
+func (o *OwnPostgres) StartStandbyWith(t testing.TB, conf string) *OwnPostgres {
+	t.Helper()
 	base := filepath.Dir(o.dir) + "-standby"
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		t.Fatal(err)
@@ -43,7 +51,7 @@ func (o *OwnPostgres) StartStandby(t testing.TB) *OwnPostgres {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = fmt.Fprintf(f, "\nport = %d\nunix_socket_directories = '%s'\nhot_standby = on\n", s.Port, base)
+	_, err = fmt.Fprintf(f, "\nport = %d\nunix_socket_directories = '%s'\nhot_standby = on\n%s\n", s.Port, base, conf)
 	f.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -79,3 +87,7 @@ func (o *OwnPostgres) Log() string {
 	b, _ := os.ReadFile(o.log)
 	return strings.TrimSpace(string(b))
 }
+
+// DataDir is the cluster's data directory, for tests that break it on purpose (removing a WAL
+// segment under pg_wal).
+func (o *OwnPostgres) DataDir() string { return o.dir }

@@ -16,6 +16,15 @@ import (
 	"github.com/kafkatx/kafkatx/retention"
 )
 
+// eventsChannelSize is the relay producer's go.events.channel.size. Its delivery reports go
+// to a channel per round, so its Events channel sees only client-level errors; and it never
+// uses the produce channel (go.produce.channel.size 1). confluent-kafka-go's defaults (1,000,000
+// each) allocate 23 MiB of pointer-holding Go heap per producer, which the garbage collector
+// scans in every cycle: in the order service's process (the relay in-process, a 128 MiB
+// memory limit) they doubled the collections of a 100,000-order drain, 16 against 10
+// (docs/benchmarks.md, "The drain's CPU per order").
+const eventsChannelSize = 1000
+
 // Config configures a Relay. A nil *Config is not accepted: Kafka's bootstrap.servers is
 // required. The zero value of every other field means its default.
 type Config struct {
@@ -23,9 +32,10 @@ type Config struct {
 	// settings such as security.protocol, sasl.* and ssl.* pass through). The relay sets, unless
 	// given here: enable.idempotence=true, acks=all, partitioner=murmur2_random (the Java
 	// client's partitioner, so keys land where Java producers put them), linger.ms=5,
-	// message.timeout.ms=60000 and go.delivery.report.fields=none (delivery reports carry no
-	// copy of the key and value). enable.idempotence=false, acks other than all/-1 and
-	// transactional.id are refused.
+	// message.timeout.ms=60000, go.delivery.report.fields=none (delivery reports carry no
+	// copy of the key and value), and go.events.channel.size=1000 and
+	// go.produce.channel.size=1 (see eventsChannelSize). enable.idempotence=false, acks other
+	// than all/-1 and transactional.id are refused.
 	Kafka kafka.ConfigMap
 
 	// Schema holds the outbox table. Defaults to "kafkatx".
@@ -71,6 +81,13 @@ type Config struct {
 	// Records not confirmed by then stay pending and are published again later (same outbox
 	// id). Defaults to 30s.
 	ShutdownTimeout time.Duration
+
+	// ReadTimeout bounds one read of pending rows (a round's fetch): a read still running
+	// after it is cancelled and the round fails as a database error would (logged, retried
+	// after Backoff, counted by readiness), instead of holding the relay silently — a plan
+	// gone bad, a lock held on the outbox. Defaults to 30s; a healthy read of a 1,000-row
+	// round takes 2–10 ms (docs/relay.md).
+	ReadTimeout time.Duration
 
 	// KeepPublished is how long a published row stays in the outbox table (state published)
 	// before the janitor deletes it, for inspection. Defaults to 0: the relay deletes a row as
@@ -143,6 +160,8 @@ func (c *Config) withDefaults() (*Config, error) {
 	publish.ProducerDefaults(out.Kafka) // partitioner=murmur2_random, linger.ms=5, go.delivery.report.fields=none
 	setDefault("message.timeout.ms", 60000)
 	setDefault("go.logs.channel.enable", false)
+	setDefault("go.events.channel.size", eventsChannelSize)
+	setDefault("go.produce.channel.size", 1)
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
 		out.Logger = zap.NewNop()
@@ -171,6 +190,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.MetricsInterval <= 0 {
 		out.MetricsInterval = 5 * time.Second
+	}
+	if out.ReadTimeout <= 0 {
+		out.ReadTimeout = 30 * time.Second
 	}
 	out.Janitor = out.Janitor.WithDefaults()
 	return &out, nil

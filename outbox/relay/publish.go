@@ -364,21 +364,11 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 	// it is an index condition there: written as o.id > $4 (or with OR) the planner scanned
 	// the primary key instead, or the transaction's rows still waiting for their mark (50 ms
 	// a round, against 2 ms).
-	rows, err := r.pool.Query(ctx, `SELECT c.commit_seq, o.txid, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
-		FROM `+r.commits+` c
-		CROSS JOIN LATERAL (
-			SELECT * FROM `+r.t.Outbox+` o
-			 WHERE o.txid = c.txid AND o.state = 'pending' AND o.topic <> ALL($2::text[])
-			   AND (o.txid, o.id) > (c.txid, CASE WHEN c.commit_seq = $3 THEN $4 ELSE 0 END)
-			   AND `+r.notBehindParked()+`
-			 ORDER BY o.id
-			 LIMIT $1
-		) o
-		WHERE c.commit_seq >= $3
-		ORDER BY c.commit_seq, o.id
-		LIMIT $1`, r.cfg.BatchSize, skipTopics, afterSeq, afterID)
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.ReadTimeout)
+	defer cancel()
+	rows, err := r.pool.Query(qctx, r.fetchSQL(), r.cfg.BatchSize, skipTopics, afterSeq, afterID)
 	if err != nil {
-		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+		return nil, r.readError(ctx, qctx, err)
 	}
 	out, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 		var w row
@@ -386,9 +376,36 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 		return w, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read pending outbox rows: %w", err)
+		return nil, r.readError(ctx, qctx, err)
 	}
 	return out, nil
+}
+
+// readError is fetch's error for err: one that names ReadTimeout when the read ran past it
+// (qctx's deadline, not the caller's ctx).
+func (r *Relay) readError(ctx, qctx context.Context, err error) error {
+	if ctx.Err() == nil && errors.Is(qctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("read pending outbox rows: no answer within ReadTimeout (%v); cancelled, read again after the backoff: %w", r.cfg.ReadTimeout, err)
+	}
+	return fmt.Errorf("read pending outbox rows: %w", err)
+}
+
+// fetchSQL is fetch's statement: $1 the most rows, $2 the topics to skip, $3 and $4 the row
+// to read after (0, 0: from the head).
+func (r *Relay) fetchSQL() string {
+	return `SELECT c.commit_seq, o.txid, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
+		FROM ` + r.commits + ` c
+		CROSS JOIN LATERAL (
+			SELECT * FROM ` + r.t.Outbox + ` o
+			 WHERE o.txid = c.txid AND o.state = 'pending' AND o.topic <> ALL($2::text[])
+			   AND (o.txid, o.id) > (c.txid, CASE WHEN c.commit_seq = $3 THEN $4 ELSE 0 END)
+			   AND ` + r.notBehindParked() + `
+			 ORDER BY o.id
+			 LIMIT $1
+		) o
+		WHERE c.commit_seq >= $3
+		ORDER BY c.commit_seq, o.id
+		LIMIT $1`
 }
 
 // mark records the round's outcomes in one round trip: delivered rows deleted (or marked

@@ -44,3 +44,38 @@ func TestReadyReportsARelayThatCannotRead(t *testing.T) {
 	}
 	waitFor(t, 60*time.Second, "ready again after a successful round", func() bool { return r.Ready(ctx) == nil })
 }
+
+// A read of pending rows that never answers (here: a lock held on outbox_commits; in the
+// field, a plan gone bad that ran for minutes with nothing logged) is cancelled after
+// Config.ReadTimeout and fails the round like any database error, so the relay says so —
+// Ready names it after NotReadyAfter — instead of holding silently; once the read answers
+// again the rows are published.
+func TestReadThatNeverAnswersIsCancelledAndReported(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	cfg := b.config(t)
+	cfg.ReadTimeout = 300 * time.Millisecond
+	r, _ := b.start(t, cfg)
+	b.write(t, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")})
+	waitFor(t, 30*time.Second, "the first record published", func() bool { return r.Stats().Published >= 1 })
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE `+pgx.Identifier{b.schema, "outbox_commits"}.Sanitize()+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "Ready reporting the read that does not answer", func() bool { return r.Ready(ctx) != nil })
+	if err := r.Ready(ctx); !strings.Contains(err.Error(), "ReadTimeout") {
+		t.Fatalf("Ready: %v; want it to name the read that ran past ReadTimeout", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.write(t, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v2")})
+	waitFor(t, 60*time.Second, "the record written after the lock published", func() bool { return r.Stats().Published >= 2 })
+	waitFor(t, 60*time.Second, "ready again", func() bool { return r.Ready(ctx) == nil })
+}

@@ -25,7 +25,7 @@ func newMetrics(reg prometheus.Registerer, r *Relay) (*metrics, error) {
 			func() float64 { return float64(r.Health().LagBytes) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kafkatx_walrelay_slot_safe_bytes", Help: "WAL that may still be written before max_slot_wal_keep_size invalidates the slot; -1 unlimited."},
 			func() float64 { return float64(r.Health().SafeBytes) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kafkatx_walrelay_slot_ready", Help: "1 while the slot exists and its wal_status is not lost."},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kafkatx_walrelay_slot_ready", Help: "1 while the relay can stream the slot: it exists, its wal_status is not lost, and no fatal error (such as its WAL removed on this server) stopped the relay."},
 			func() float64 {
 				if r.Health().Ready() {
 					return 1

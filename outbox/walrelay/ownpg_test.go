@@ -3,9 +3,13 @@ package walrelay
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
@@ -93,5 +97,67 @@ func TestTransactionSpillingPastLogicalDecodingWorkMem(t *testing.T) {
 	}
 	if spilled < 1 {
 		t.Fatalf("pg_stat_replication_slots.spill_txns = %d: the transaction did not spill, the test proves nothing", spilled)
+	}
+}
+
+// Issue "outages" 6: a slot whose WAL was removed on the server — the segment of its
+// restart_lsn deleted from pg_wal, so wal_status still reads reserved while the stream fails
+// with 58P01 — stopped the relay with the recovery, yet kafkatx_walrelay_slot_ready read 1.
+// It reads 0 (and Health().Ready() is false) for a slot the relay cannot stream. Own cluster.
+func TestSlotReadyReadsZeroForASlotWhoseWALWasRemoved(t *testing.T) {
+	brokers := testenv.Brokers(t)
+	o := testenv.StartOwnPostgres(t, "")
+	b := newBundleOn(t, brokers, o.URL)
+	b.write(t, "before", 5, 5)
+	ctx := context.Background()
+	var seg string
+	if err := b.pool.QueryRow(ctx, `SELECT pg_walfile_name(restart_lsn) FROM pg_replication_slots WHERE slot_name = $1`, b.slot).Scan(&seg); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ { // the current segment moves past the slot's
+		b.write(t, "more", 5, 5)
+		if _, err := b.pool.Exec(ctx, `SELECT pg_switch_wal()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(o.DataDir(), "pg_wal", seg)); err != nil {
+		t.Fatal(err)
+	}
+	var status string
+	if err := b.pool.QueryRow(ctx, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, b.slot).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	cfg := b.config(t)
+	cfg.Registerer = reg
+	r, _, done := b.start(t, cfg)
+	select {
+	case err := <-done:
+		var fe *FatalError
+		if !errors.As(err, &fe) || !strings.Contains(err.Error(), "cannot be streamed") {
+			t.Fatalf("relay ended with %v, want the FatalError of a slot that cannot be streamed", err)
+		}
+		done <- nil
+	case <-time.After(60 * time.Second):
+		t.Fatal("the relay did not stop on a slot whose WAL was removed")
+	}
+	if r.Health().Ready() {
+		t.Errorf("Health().Ready() is true for a slot the relay cannot stream (wal_status %s)", status)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "kafkatx_walrelay_slot_ready" {
+			found = true
+			if v := mf.GetMetric()[0].GetGauge().GetValue(); v != 0 {
+				t.Errorf("kafkatx_walrelay_slot_ready = %v for a slot whose WAL was removed (wal_status %s), want 0", v, status)
+			}
+		}
+	}
+	if !found {
+		t.Fatal("no kafkatx_walrelay_slot_ready metric")
 	}
 }

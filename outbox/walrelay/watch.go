@@ -26,10 +26,19 @@ type Health struct {
 	// max_slot_wal_keep_size (pg_replication_slots.safe_wal_size); -1 when unlimited.
 	SafeBytes int64
 	At        time.Time
+	// Stopped is the FatalError that stopped the relay (empty while it has not): the slot
+	// cannot be streamed by it — its WAL removed on this server (58P01, whatever wal_status
+	// reads), the slot lost at start, or the server lacking what WAL mode needs.
+	Stopped string
 }
 
-// Ready reports whether the slot can be streamed: it exists and its WAL is not lost.
-func (h Health) Ready() bool { return !h.Missing && h.WALStatus != "lost" && !h.At.IsZero() }
+// Ready reports whether the relay can stream the slot: it exists, its WAL is not lost, and no
+// FatalError stopped the relay. A slot reading wal_status unreserved (past
+// max_slot_wal_keep_size, its WAL removed only at the next checkpoint) still streams: ready,
+// with the warning of watchSlot.
+func (h Health) Ready() bool {
+	return !h.Missing && h.WALStatus != "lost" && h.Stopped == "" && !h.At.IsZero()
+}
 
 // fatal is the loud error for a slot that is missing or lost.
 func (h Health) fatal(slot string) error {
@@ -51,7 +60,11 @@ func (h Health) fatal(slot string) error {
 func (r *Relay) Health() Health {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.health
+	h := r.health
+	if p := r.stopped.Load(); p != nil {
+		h.Stopped = *p
+	}
+	return h
 }
 
 func (r *Relay) readSlot(ctx context.Context, slot string) (Health, error) {

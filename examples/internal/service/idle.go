@@ -87,6 +87,7 @@ func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl inP
 	defer t.Stop()
 	var lastWhy string
 	var nextCheck time.Time
+	draining := false // the outbox had rows to publish at the last ask
 	for {
 		select {
 		case <-ctx.Done():
@@ -109,11 +110,24 @@ func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl inP
 		if s.LastMessageAt.After(last) {
 			last = s.LastMessageAt
 		}
-		if s.InFlight > 0 || s.Waiting > 0 || time.Since(last) < o.ExitWhenIdle || time.Now().Before(nextCheck) {
+		if s.InFlight > 0 || s.Waiting > 0 || time.Since(last) < o.ExitWhenIdle {
 			continue
 		}
-		// Only now, when otherwise quiet: Kafka reachable, every partition caught up, the
-		// outbox empty. Asked at most once a second.
+		// Only now, when otherwise quiet: the outbox empty, Kafka reachable, every partition
+		// caught up — asked at most once a second, except that while the relay still drains
+		// the outbox its Pending (one query) is asked every tick and the Kafka check follows
+		// as soon as it answers no: the exit comes within a tick of the last publication,
+		// not up to a second after it.
+		if !draining && time.Now().Before(nextCheck) {
+			continue
+		}
+		pending, err := rl.Pending(ctx)
+		if draining = err == nil && pending; err != nil || pending {
+			if err != nil {
+				nextCheck = time.Now().Add(time.Second)
+			}
+			continue
+		}
 		nextCheck = time.Now().Add(time.Second)
 		why := ""
 		if rd := o.Consumer.Readiness(ctx); rd.KafkaError != "" {
@@ -129,7 +143,7 @@ func watchIdle(ctx context.Context, cancel context.CancelFunc, o Options, rl inP
 			continue
 		}
 		if pending, err := rl.Pending(ctx); err != nil || pending {
-			continue
+			continue // written while Kafka was asked: the relay has more to publish
 		}
 		o.Logger.Info("idle (caught up); exiting", zap.Duration("since_last_message", time.Since(last)))
 		cancel()

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/pgstart"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -43,6 +44,15 @@ const DefaultMaxOutboxRows = 100_000
 // when --session-database-url differs from --database-url. Errors are pgx's, never a
 // password. Close closes both.
 func (f *Flags) OpenPools(ctx context.Context, log *zap.Logger) (*Pools, error) {
+	first, err := pg.ParseConfig(f.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	// A server starting up, in recovery or being promoted (57P03), or not listening yet, is
+	// waited for (pgstart.Within); a refused login or a missing database is named at once.
+	if err := pgstart.Await(ctx, first.ConnConfig, pgstart.Within, log); err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
 	cfg, pooled, err := pg.ParsePoolConfig(ctx, f.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)

@@ -126,8 +126,8 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	type sum struct{ orders, cents int64 }
 	byCustomer := map[string]*sum{}
 	events := make([]outbox.Record, 0, n)
+	var id string // one variable for every row: Scan's target escapes to the heap
 	for rows.Next() {
-		var id string
 		if err := rows.Scan(&id); err != nil {
 			rows.Close()
 			return fmt.Errorf("insert orders: %w", err)
