@@ -147,7 +147,10 @@ type Config struct {
 	// CloseTimeout bounds how long Run waits for the Kafka client to close (leave the group,
 	// destroy the handle) once its workers stopped. librdkafka's close can wait forever after a
 	// fatal error (a fenced static member); past the timeout Run returns anyway and the client
-	// is left to the process's exit. Defaults to 10s.
+	// is left to the process's exit. It also bounds the synchronous offset commits: a
+	// revocation's or the shutdown's final commit waits at most half of it for Kafka's answer
+	// (a frozen broker may never give one), then goes on without it — the database watermark
+	// leads (docs/consumer.md, "A frozen broker"). Defaults to 10s.
 	CloseTimeout time.Duration
 
 	// OnKafkaAhead is the policy when Kafka's committed offset is ahead of the database
