@@ -19,7 +19,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
-	"github.com/kafkatx/kafkatx/internal/pgstart"
+	"github.com/kafkatx/kafkatx/pgstart"
 	"github.com/kafkatx/kafkatx/logging"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"

@@ -192,7 +192,7 @@ func TestNoCanaryInAnyOutput(t *testing.T) {
 
 	t.Run("database", func(t *testing.T) {
 		for name, u := range map[string]string{"refused login": wrongPW, "unreachable": downPW, "unparsable": badURL} {
-			// The services wait up to 60 s for a database not listening yet (internal/pgstart):
+			// The services wait up to 60 s for a database not listening yet (pgstart):
 			// 15 s of their waiting logs is enough to look at.
 			limit := time.Minute
 			if name == "unreachable" {

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/internal/pgstart"
+	"github.com/kafkatx/kafkatx/pgstart"
 	"github.com/kafkatx/kafkatx/pg"
 )
 

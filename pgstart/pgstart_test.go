@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/kafkatx/kafkatx/internal/pgstart"
+	"github.com/kafkatx/kafkatx/pgstart"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
