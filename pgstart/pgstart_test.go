@@ -10,8 +10,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/kafkatx/kafkatx/pgstart"
 	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/pgstart"
 )
 
 // Issue "outages" 2: a server in recovery answers 57P03 (cannot_connect_now) — a real

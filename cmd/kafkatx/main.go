@@ -19,10 +19,10 @@ import (
 
 	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
-	"github.com/kafkatx/kafkatx/pgstart"
 	"github.com/kafkatx/kafkatx/logging"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/pgstart"
 )
 
 // Globals are the flags every subcommand takes.

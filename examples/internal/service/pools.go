@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/pgstart"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/pgstart"
 )
 
 // Pools are a binary's database pools: Pool for its transactions (--database-url) and Session
