@@ -56,6 +56,7 @@ func (w Writer) WaitBelow(q pg.Querier, rows int64) func(context.Context) error 
 		for {
 			over, err := e.over(ctx)
 			if err != nil {
+				e.recycle.After(e.q, err) // a session opened under a short statement_timeout keeps it
 				return err
 			}
 			if !over {
@@ -82,9 +83,10 @@ const countInterval = time.Second
 // the rows written since. WAL mode: the slot's lag in bytes, read at most every
 // backpressureInterval.
 type liveRows struct {
-	q     pg.Querier
-	table string // quoted
-	bound int64
+	q       pg.Querier
+	recycle pg.TimeoutRecycler
+	table   string // quoted
+	bound   int64
 
 	mu        sync.Mutex
 	at        time.Time // seq (table mode) or lag (WAL mode) read

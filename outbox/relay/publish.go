@@ -384,6 +384,7 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 // readError is fetch's error for err: one that names ReadTimeout when the read ran past it
 // (qctx's deadline, not the caller's ctx).
 func (r *Relay) readError(ctx, qctx context.Context, err error) error {
+	r.recycle.After(r.pool, err) // a session opened under a short statement_timeout keeps it
 	if ctx.Err() == nil && errors.Is(qctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("read pending outbox rows: no answer within ReadTimeout (%v); cancelled, read again after the backoff: %w", r.cfg.ReadTimeout, err)
 	}

@@ -1,12 +1,16 @@
 package relay
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
@@ -78,4 +82,50 @@ func TestReadThatNeverAnswersIsCancelledAndReported(t *testing.T) {
 	b.write(t, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v2")})
 	waitFor(t, 60*time.Second, "the record written after the lock published", func() bool { return r.Stats().Published >= 2 })
 	waitFor(t, 60*time.Second, "ready again", func() bool { return r.Ready(ctx) == nil })
+}
+
+// A connection keeps the statement_timeout its session was opened with: after a database
+// default of 1 ms was set back, the relay's connections opened in that window kept failing
+// every read for as long as the pool kept them (a fresh user's attack: 74 s and counting,
+// until the backends were terminated). The relay recycles its pool's connections after a read
+// the session's statement_timeout cancelled, so the next ones take the default in force then.
+// Sessions here get the 1 ms while short is set, as ALTER DATABASE … SET does for new ones;
+// the relay starts inside that window with 5,000 rows to publish (a 1,000-row read takes
+// 2–10 ms, past 1 ms).
+func TestConnectionsOpenedUnderAShortStatementTimeoutAreRecycled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	ctx := context.Background()
+	var short atomic.Bool
+	pc, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if short.Load() {
+			_, err := c.Exec(ctx, `SET statement_timeout = '1ms'`)
+			return err
+		}
+		return nil
+	}
+	rp, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rp.Close)
+	recs := make([]outbox.Record, 5000)
+	for i := range recs {
+		recs[i] = outbox.Record{Topic: topic, Key: fmt.Appendf(nil, "k%d", i%50), Value: bytes.Repeat([]byte("v"), 200)}
+	}
+	b.write(t, recs...)
+	short.Store(true)
+	r, err := New(rp, b.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.run(t, r)
+	time.Sleep(3 * time.Second) // rounds fail: statement timeout
+	short.Store(false)          // the default set back; the sessions already open keep 1 ms
+	waitFor(t, 90*time.Second, "all 5,000 rows published after the default was set back", func() bool { return r.Stats().Published >= 5000 })
 }

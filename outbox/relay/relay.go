@@ -54,6 +54,7 @@ type testSignals struct {
 type Relay struct {
 	signals testSignals // set by tests only
 	pool    *pgxpool.Pool
+	recycle pg.TimeoutRecycler // after a read cancelled by the session's statement_timeout
 	cfg     *Config
 	log     *zap.Logger
 	t       tables.Names
