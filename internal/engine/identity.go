@@ -174,10 +174,16 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 			return
 		case <-t.C:
 		}
+		// The recorded log and the watermark of each assigned partition, read before the
+		// check's request (so every record below that watermark was fetched before it).
 		l.mu.Lock()
 		rec := make(map[offsetstore.TP]offsetstate.LogID, len(l.parts))
-		for tp := range l.parts {
+		before := make(map[offsetstore.TP]int64, len(l.parts))
+		tps := make([]offsetstore.TP, 0, len(l.parts))
+		for tp, f := range l.parts {
 			rec[tp] = l.recordedLog[tp]
+			before[tp] = f.w.watermark.Load()
+			tps = append(tps, tp)
 		}
 		l.mu.Unlock()
 		var unreachable bool // no admin request into an outage (a frozen broker answers them all at once)
@@ -185,16 +191,6 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 		if len(rec) == 0 || unreachable {
 			continue
 		}
-		tps := make([]offsetstore.TP, 0, len(rec))
-		before := make(map[offsetstore.TP]int64, len(rec))
-		l.mu.Lock()
-		for tp := range rec {
-			tps = append(tps, tp)
-			if f := l.parts[tp]; f != nil {
-				before[tp] = f.w.watermark.Load()
-			}
-		}
-		l.mu.Unlock()
 		for tp := range seen {
 			if _, ok := rec[tp]; !ok {
 				delete(seen, tp) // revoked: a new assignment checks the log again
@@ -207,9 +203,7 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 		for tp, r := range rec {
 			c := offsetstate.CompareLog(r, ids[tp.Topic])
 			if !c.Changed() {
-				if w, ok := before[tp]; ok {
-					seen[tp] = w
-				}
+				seen[tp] = before[tp]
 				continue
 			}
 			l.mu.Lock()
