@@ -232,11 +232,27 @@ type LogChangedError struct {
 	// consumer runs".
 	Running     bool
 	AppliedFrom int64
+	// MovedAway is set when the watermark row itself was moved onto another log while this
+	// consumer ran (its compare-and-set refused): RecordedTopicID/RecordedClusterID are then
+	// the log the row counts now — adopted by another consumer (one reading another cluster
+	// behind the same group and topic name, whose group Kafka does not show to this one) or
+	// by `kafkatx offsets reset --mode adopt` — and TopicID/ClusterID this consumer's own log
+	// (ClusterID "" when not read). Nothing of this consumer's log was applied under the
+	// other log's offsets.
+	MovedAway bool
 }
 
 func (e *LogChangedError) Error() string {
 	c := offsetstate.CompareLog(offsetstate.LogID{Cluster: e.RecordedClusterID, Topic: e.RecordedTopicID},
 		offsetstate.LogID{Cluster: e.ClusterID, Topic: e.TopicID})
+	if e.MovedAway {
+		return fmt.Sprintf("kafkatx: group %q %s[%d]: the watermark was moved onto another log while this consumer ran: it now counts topic id %s "+
+			"(cluster id %s) at %d, and this consumer reads topic id %s. Another consumer adopted that log — one reading another Kafka cluster "+
+			"behind the same group and topic name, or `kafkatx offsets reset --mode adopt` — so this one stopped, having applied nothing of its "+
+			"own log under the other log's offsets. One group's watermarks count one log: stop the consumers of one of the two clusters, "+
+			"or give them their own --group or schema",
+			e.Group, e.Topic, e.Partition, orUnknown(e.RecordedTopicID), orUnknown(e.RecordedClusterID), e.Watermark, orUnknown(e.TopicID))
+	}
 	if e.Running && e.AppliedFrom < e.Watermark {
 		return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed while the consumer ran: %s. The consumer stopped; "+
 			"offsets [%d, %d) were applied after the last check that still saw the old log and may be records of the new log: check them "+
@@ -258,11 +274,19 @@ func haltError(h engine.Halt) error {
 		c := h.LogChange
 		return &LogChangedError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark,
 			RecordedTopicID: c.Recorded.Topic, TopicID: c.Current.Topic, RecordedClusterID: c.Recorded.Cluster, ClusterID: c.Current.Cluster,
-			LogStart: h.LogStart, LogEnd: h.LogEnd, Running: h.Running, AppliedFrom: h.AppliedFrom}
+			LogStart: h.LogStart, LogEnd: h.LogEnd, Running: h.Running, AppliedFrom: h.AppliedFrom, MovedAway: h.MovedAway}
 	}
 	if h.State == string(offsetstate.WatermarkPastLogEnd) {
 		return &LogRangeError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd,
 			TopicID: h.LogChange.Recorded.Topic}
 	}
 	return &OffsetAheadError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, Committed: h.Committed}
+}
+
+// orUnknown is id, or "unknown" when empty.
+func orUnknown(id string) string {
+	if id == "" {
+		return "unknown"
+	}
+	return id
 }

@@ -240,7 +240,7 @@ func (p *worker) admit(m *kafka.Message, lanes []*lane, tr *tracker) error {
 	if off >= p.inflightEnd {
 		ahead := p.markAhead(off + 1)
 		if err := p.waits.untilDone(off, func() error {
-			return p.store.MarkInflight(p.workCtx, p.pool, p.group, p.tp, p.watermark.Load(), ahead)
+			return p.store.MarkInflight(p.workCtx, p.pool, p.group, p.tp, p.logID, p.watermark.Load(), ahead)
 		}); err != nil {
 			return err
 		}
@@ -280,7 +280,7 @@ func (p *worker) advanceTo(next int64) error {
 		if err := p.auditGap(ctx, tx, next); err != nil {
 			return err
 		}
-		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, w, next, p.inflightEnd)
+		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, p.logID, w, next, p.inflightEnd)
 		if err != nil {
 			return err
 		}

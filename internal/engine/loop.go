@@ -368,6 +368,10 @@ type Halt struct {
 	// Found at an assignment or by a rewound fetch, nothing of the new log was applied.
 	Running     bool
 	AppliedFrom int64
+	// MovedAway is set when the worker found its watermark row moved onto another log (a
+	// refused compare-and-set, then the row read back: movedAway): LogChange.Recorded is the
+	// row's log now, LogChange.Current the worker's own.
+	MovedAway bool
 }
 
 // halted marks the error of a Halt, which ends Run instead of being retried.

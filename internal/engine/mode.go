@@ -54,7 +54,7 @@ func (serialMode) mark(u *lane, first, end int64) error {
 		return nil
 	}
 	if err := u.waits.untilDone(first, func() error {
-		return u.p.store.MarkInflight(u.p.workCtx, u.p.pool, u.p.group, u.p.tp, u.p.watermark.Load(), want)
+		return u.p.store.MarkInflight(u.p.workCtx, u.p.pool, u.p.group, u.p.tp, u.p.logID, u.p.watermark.Load(), want)
 	}); err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func (m serialMode) finish(ctx context.Context, u *lane, tx pgx.Tx, f finish) er
 		}
 	}
 	inflightEnd := m.markAfter(u, end, f.ahead)
-	xid, err := u.p.store.AdvanceXID(ctx, tx, u.p.group, u.p.tp, u.p.watermark.Load(), end, inflightEnd)
+	xid, err := u.p.store.AdvanceXID(ctx, tx, u.p.group, u.p.tp, u.p.logID, u.p.watermark.Load(), end, inflightEnd)
 	if err != nil {
 		return err
 	}

@@ -74,6 +74,8 @@ type worker struct {
 	// logID is the topic id of the log the watermark is in ("" unknown): it scopes the outbox
 	// ids derived from the input (sourceScope), not the business keys (scope).
 	logID string
+	// logCluster is the cluster id of that log ("" unknown), for movedAway's report.
+	logCluster string
 	// doneAbove are offsets above the watermark already applied (store.Done), left by units
 	// that committed out of order (Concurrency > 1): they are skipped, never run again.
 	doneAbove map[int64]bool
@@ -101,6 +103,7 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 		inflightEnd: w.InflightEnd,
 		epoch:       w.ReplayEpoch,
 		logID:       w.TopicID,
+		logCluster:  w.ClusterID,
 		attempts:    atts,
 		stopCh:      make(chan struct{}),
 		workCtx:     ctx,
@@ -207,7 +210,7 @@ func (p *worker) clearInflight() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := p.store.MarkInflight(ctx, p.pool, p.group, p.tp, p.watermark.Load(), p.watermark.Load()); err != nil {
+	if err := p.store.MarkInflight(ctx, p.pool, p.group, p.tp, p.logID, p.watermark.Load(), p.watermark.Load()); err != nil {
 		p.log.Debug("clear the in-flight marker", zap.Error(err))
 		return
 	}
@@ -239,6 +242,10 @@ func (p *worker) refence() bool {
 		return err
 	})
 	if err != nil {
+		return false
+	}
+	if p.logID != "" && w.TopicID != "" && w.TopicID != p.logID {
+		p.movedAway(w)
 		return false
 	}
 	old := p.watermark.Load()
@@ -338,4 +345,29 @@ type lane struct {
 	mode  mode
 	idx   int
 	q     laneQueue // lanes.go; unused by the serial lane
+}
+
+// movedAway stops the consumer when the partition's watermark row, read back after a
+// refused compare-and-set, counts another log than the one this worker reads (w.TopicID is
+// not p.logID): another consumer moved it there while this one ran (AdoptLog: a consumer of
+// another cluster behind the same group and topic name, which Kafka's group does not show
+// to this one, or `kafkatx offsets reset --mode adopt`). Going on — seeking this worker's
+// log to the other log's offset, as a plain fence does — would apply records of this log
+// under offsets that now mean the other's, and the two consumers would fence each other
+// back and forth. Nothing of this log was applied under the other's offsets: every
+// compare-and-set names the worker's log (offsetstore.inLog). The halt is audited and
+// reported as a *kafkatx.LogChangedError with MovedAway.
+func (p *worker) movedAway(w offsetstore.Watermark) {
+	c := offsetstate.LogChange{Recorded: offsetstate.LogID{Cluster: w.ClusterID, Topic: w.TopicID},
+		Current: offsetstate.LogID{Cluster: p.logCluster, Topic: p.logID}, Topic: true}
+	e := p.set.Halt(Halt{State: string(offsetstate.LogChanged), Group: p.group, Topic: p.tp.Topic, Partition: p.tp.Partition,
+		Watermark: w.Next, Committed: -1, LogStart: -1, LogEnd: -1, LogChange: c, MovedAway: true})
+	p.log.Error("the watermark was moved onto another log while this consumer ran (another consumer adopted it); stopping",
+		zap.String("state", string(offsetstate.LogChanged)), zap.Int64("watermark", w.Next), zap.Int64("this_consumer_at", p.watermark.Load()),
+		zap.String("watermark_topic_id", w.TopicID), zap.String("watermark_cluster_id", w.ClusterID), zap.String("topic_id", p.logID))
+	_, _ = p.store.InsertEvent(context.WithoutCancel(p.workCtx), p.pool, offsetstore.Event{Group: p.group, Topic: p.tp.Topic, Partition: p.tp.Partition,
+		Kind: offsetstore.KindHalt, From: p.watermark.Load(), To: w.Next, Actor: "kafkatx.consumer",
+		Reason: fmt.Sprintf("the watermark was moved onto another log while this consumer ran (topic id %s, this consumer's %s); stopped; nothing of this consumer's log applied under it", w.TopicID, p.logID)})
+	p.emit.LogChanged(p.tp, c, false)
+	p.fail(&halted{err: e})
 }

@@ -353,7 +353,8 @@ func (l *Loop) follow(ctx context.Context, tp offsetstore.TP, w, k int64, reason
 		Kind: kind, From: w, To: k, Actor: "kafkatx.consumer", Reason: reason}); err != nil {
 		return "", err
 	}
-	if err := l.store.Advance(ctx, tx, l.group, tp, w, k, -1); err != nil {
+	// At the assignment, right after its log check: no log id to compare.
+	if err := l.store.Advance(ctx, tx, l.group, tp, "", w, k, -1); err != nil {
 		return "", err
 	}
 	if err := l.store.DeleteAttempts(ctx, tx, l.group, tp, w, k); err != nil {

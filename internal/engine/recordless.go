@@ -106,7 +106,7 @@ func (p *worker) passRecordless(s recordless) error {
 		if err := p.auditGap(ctx, tx, s.to); err != nil {
 			return err
 		}
-		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, s.from, s.to, p.inflightEnd)
+		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, p.logID, s.from, s.to, p.inflightEnd)
 		if err != nil {
 			return err
 		}

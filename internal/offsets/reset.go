@@ -477,7 +477,7 @@ func (o *Operator) applyStep(ctx context.Context, tx pgx.Tx, group string, s *St
 			return fmt.Errorf("the watermark moved from %d to %d since the plan (a consumer ran?); Kafka is at %d now: "+
 				"check `kafkatx offsets status` and run the command again", s.Watermark, next, s.Target)
 		}
-		if err := o.store.Advance(ctx, tx, group, s.TP, s.Watermark, s.Target, -1); err != nil {
+		if err := o.store.Advance(ctx, tx, group, s.TP, "", s.Watermark, s.Target, -1); err != nil {
 			return err
 		}
 		if err := o.store.DeleteAttempts(ctx, tx, group, s.TP, s.Watermark, s.Target); err != nil {
@@ -501,7 +501,7 @@ func (o *Operator) applyStep(ctx context.Context, tx pgx.Tx, group string, s *St
 			return fmt.Errorf("the watermark moved from %d to %d since the plan (a consumer ran?); Kafka is at %d now, "+
 				"which the consumer repairs by re-committing the watermark: run the command again", s.Watermark, next, s.Target)
 		}
-		if err := o.store.Advance(ctx, tx, group, s.TP, s.Watermark, s.Target, -1); err != nil {
+		if err := o.store.Advance(ctx, tx, group, s.TP, "", s.Watermark, s.Target, -1); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+o.t.Watermarks+` SET replay_epoch = replay_epoch + 1

@@ -107,17 +107,30 @@ func (s *Store) Init(ctx context.Context, q pg.Querier, group string, tp TP, sta
 // (a rebalance or a zombie), so the caller's transaction must roll back (invariant 6).
 var ErrFenced = errors.New("watermark fenced: another consumer advanced it")
 
+// inLog is the compare-and-set's second condition: the watermark row still counts the log
+// the caller reads, topic id $n ("" unknown to the caller; a row without a topic id is
+// unknown too, and FillLogIdentity records one at first contact). A row moved onto another
+// log under a running consumer — AdoptLog by a consumer of another cluster behind the same
+// group and topic name, whose group Kafka does not show to this one — no longer matches, even
+// at an offset that happens to equal the caller's: the caller is fenced (ErrFenced) instead of
+// applying its own log's records under the other log's offsets.
+func inLog(n int) string {
+	p := fmt.Sprintf("$%d::text", n)
+	return `(` + p + ` = '' OR topic_id IS NULL OR topic_id = ` + p + `)`
+}
+
 // Advance moves the watermark from `from` to `to` with compare-and-set, and sets the
-// in-flight marker to inflightEnd (≤ to clears it). It returns ErrFenced when the row is
-// not at from.
-func (s *Store) Advance(ctx context.Context, q pg.Querier, group string, tp TP, from, to, inflightEnd int64) error {
+// in-flight marker to inflightEnd (≤ to clears it). logID is the topic id of the log the
+// caller reads ("": not checked). It returns ErrFenced when the row is not at from, or
+// counts another log (inLog).
+func (s *Store) Advance(ctx context.Context, q pg.Querier, group string, tp TP, logID string, from, to, inflightEnd int64) error {
 	var ie *int64
 	if inflightEnd > to {
 		ie = &inflightEnd
 	}
 	tag, err := q.Exec(ctx, `UPDATE `+s.t.Watermarks+` SET next_offset = $5, inflight_end = $6, updated_at = now()
-		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
-		group, tp.Topic, tp.Partition, from, to, ie)
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4 AND `+inLog(7),
+		group, tp.Topic, tp.Partition, from, to, ie, logID)
 	if err != nil {
 		return fmt.Errorf("advance watermark %s %d→%d: %w", tp, from, to, err)
 	}
@@ -133,14 +146,14 @@ func (s *Store) Advance(ctx context.Context, q pg.Querier, group string, tp TP, 
 // of kafkatx cancels that COMMIT while it waits for a synchronous standby (docs/deployment.md,
 // "What a failover costs"): PostgreSQL disarms statement_timeout before the commit itself,
 // and pgx ends a cancelled context by closing the connection, sending no cancel request.
-func (s *Store) AdvanceXID(ctx context.Context, q pg.Querier, group string, tp TP, from, to, inflightEnd int64) (xid int64, err error) {
+func (s *Store) AdvanceXID(ctx context.Context, q pg.Querier, group string, tp TP, logID string, from, to, inflightEnd int64) (xid int64, err error) {
 	var ie *int64
 	if inflightEnd > to {
 		ie = &inflightEnd
 	}
 	err = q.QueryRow(ctx, `UPDATE `+s.t.Watermarks+` SET next_offset = $5, inflight_end = $6, updated_at = now()
-		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4 RETURNING txid_current()`,
-		group, tp.Topic, tp.Partition, from, to, ie).Scan(&xid)
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4 AND `+inLog(7)+` RETURNING txid_current()`,
+		group, tp.Topic, tp.Partition, from, to, ie, logID).Scan(&xid)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, ErrFenced
 	}
@@ -165,12 +178,12 @@ func TxStatus(ctx context.Context, q pg.Querier, xid int64) (string, error) {
 }
 
 // MarkInflight durably records that offsets [at, end) are about to be attempted, so that a
-// crash while they run counts as one attempt for each. It returns ErrFenced when the
-// watermark is not at `at`.
-func (s *Store) MarkInflight(ctx context.Context, q pg.Querier, group string, tp TP, at, end int64) error {
+// crash while they run counts as one attempt for each. logID is as Advance's. It returns
+// ErrFenced when the watermark is not at `at`, or counts another log.
+func (s *Store) MarkInflight(ctx context.Context, q pg.Querier, group string, tp TP, logID string, at, end int64) error {
 	tag, err := q.Exec(ctx, `UPDATE `+s.t.Watermarks+` SET inflight_end = $5
-		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4`,
-		group, tp.Topic, tp.Partition, at, end)
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND next_offset = $4 AND `+inLog(6),
+		group, tp.Topic, tp.Partition, at, end, logID)
 	if err != nil {
 		return fmt.Errorf("mark in-flight %s [%d, %d): %w", tp, at, end, err)
 	}

@@ -47,7 +47,7 @@ func TestCaughtUpWithRealOffsets(t *testing.T) {
 	if ok, why := check.caughtUp(ctx); ok || !strings.Contains(why, "watermark 3, log end 5") {
 		t.Fatalf("watermark 3 of 5: %v %q", ok, why)
 	}
-	if err := store.Advance(ctx, pool, group, tp, 3, 5, -1); err != nil {
+	if err := store.Advance(ctx, pool, group, tp, "", 3, 5, -1); err != nil {
 		t.Fatal(err)
 	}
 	if ok, why := check.caughtUp(ctx); !ok {
