@@ -37,7 +37,7 @@ func TestConsoleCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	common := []string{"--database-url", dbURL, "--brokers", brokers, "--schema", schema, "console", "--token-file", tokFile}
-	_, errOut, code := runCLI(t, bin, append(common, "--addr", freeAddr(t))...)
+	_, errOut, code := runCLI(t, bin, append(common, "--addr", testenv.FreeAddr(t))...)
 	if code != 2 || strings.Count(strings.TrimRight(errOut, "\n"), "\n") != 0 || !strings.Contains(errOut, "at least 16") {
 		t.Fatalf("a 5-byte token: exit %d, stderr %q: want 2 and one line", code, errOut)
 	}
@@ -46,7 +46,7 @@ func TestConsoleCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, readOnly := range []bool{false, true} {
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		args := append(common, "--addr", addr)
 		if readOnly {
 			args = append(args, "--read-only")

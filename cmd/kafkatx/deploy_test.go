@@ -79,7 +79,7 @@ func TestRelayFailoverBehindPgBouncer(t *testing.T) {
 		stderr *bytes.Buffer
 	}
 	start := func() *relayProc {
-		r := &relayProc{addr: freeAddr(t), stderr: &bytes.Buffer{}}
+		r := &relayProc{addr: testenv.FreeAddr(t), stderr: &bytes.Buffer{}}
 		r.cmd = exec.Command(cli, "relay", "--brokers", sb, "--kafka-config-file", cfgFile, "--database-url", pooled,
 			"--session-database-url", direct, "--health-addr", r.addr, "--standby-interval", "500ms", "--batch-size", "100")
 		r.cmd.Stderr = r.stderr

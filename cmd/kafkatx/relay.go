@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -13,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/flagcheck"
@@ -120,6 +118,16 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	kcfg = kafkalog.Route(log, kcfg) // librdkafka's lines through the JSON logger, not raw on stderr
+	// --health-addr answers from here: /healthz 200 while the database is waited for (a
+	// promotion takes up to pgstart.Within), /readyz 503 naming the wait.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	health, err := c.serveHealth(reg, log)
+	if err != nil {
+		return err
+	}
+	defer health.close()
+	health.stage("waiting for the database")
 	pool, err := g.servicePool(ctx, log)
 	if err != nil {
 		return err
@@ -135,6 +143,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err := requireSession(ctx, sp); err != nil {
 		return err
 	}
+	health.stage("applying the migrations")
 	if c.Migrate {
 		if _, err := migrations.Apply(ctx, sp, g.Schema); err != nil {
 			return err
@@ -150,8 +159,6 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err := c.refuseFlagsOf(mode); err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rl, err := relays.New(pool, relays.Options{Mode: mode, Kafka: kcfg, Schema: g.Schema, Logger: log, Registerer: reg,
 		Session: sp.Config().ConnConfig, Retention: c.retention(),
 		Table: relay.Config{BatchSize: c.BatchSize, PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval,
@@ -159,7 +166,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	return c.runRelay(ctx, rl, reg, c.readyz(rl), log, func() {
+	return c.runRelay(ctx, rl, health, c.readyz(rl), log, func() {
 		if w, ok := rl.(*walrelay.Relay); ok {
 			s := w.Stats()
 			log.Debug("where the stream's time went", zap.Duration("receive", s.Steps.Receive), zap.Duration("handle", s.Steps.Handle),
@@ -171,9 +178,9 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // runRelay runs rl until ctx ends, it fails, or (--exit-when-idle) its backlog stays empty;
-// with --health-addr it serves /healthz, readyz as /readyz and /metrics meanwhile. summary
-// prints the one-line JSON totals on stdout after rl has stopped.
-func (c *RelayCmd) runRelay(ctx context.Context, rl relays.Relay, reg *prometheus.Registry, readyz http.HandlerFunc, log *zap.Logger, summary func()) error {
+// health (--health-addr) answers /readyz with readyz meanwhile. summary prints the one-line
+// JSON totals on stdout after rl has stopped.
+func (c *RelayCmd) runRelay(ctx context.Context, rl relays.Relay, health *healthServer, readyz http.HandlerFunc, log *zap.Logger, summary func()) error {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -185,19 +192,7 @@ func (c *RelayCmd) runRelay(ctx context.Context, rl relays.Relay, reg *prometheu
 		defer close(done)
 		runErr = rl.Run(runCtx)
 	}()
-	if c.HealthAddr != "" {
-		srv, err := c.serveHealth(readyz, reg, done, log)
-		if err != nil {
-			stop()
-			wg.Wait()
-			return err
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(sctx)
-		}()
-	}
+	health.running(readyz, done)
 	if c.ExitWhenIdle > 0 {
 		wg.Add(1)
 		go func() {
@@ -238,33 +233,6 @@ func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) er
 		return fmt.Errorf("schema %q has no outbox table: run `kafkatx migrate up --schema %s` first (`kafkatx relay --migrate` does it too)", schema, shellQuote(schema))
 	}
 	return nil
-}
-
-// serveHealth serves /healthz (the relay is running), readyz as /readyz (the relay's own
-// notion of ready) and /metrics.
-func (c *RelayCmd) serveHealth(readyz http.HandlerFunc, reg *prometheus.Registry, done <-chan struct{}, log *zap.Logger) (*http.Server, error) {
-	ln, err := listen("health-addr", c.HealthAddr)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-done:
-			http.Error(w, "relay stopped\n", http.StatusServiceUnavailable)
-		default:
-			fmt.Fprintln(w, "ok")
-		}
-	})
-	mux.HandleFunc("/readyz", readyz)
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("health endpoint stopped", zap.Error(err))
-		}
-	}()
-	return srv, nil
 }
 
 // waitIdle reports true once the relay's backlog has been empty for d (checked about four

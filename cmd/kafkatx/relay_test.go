@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -34,16 +33,6 @@ func buildCLI(t *testing.T) string {
 	return bin
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // `kafkatx relay` publishes a row inserted with plain SQL within a second, serves /readyz and
 // /metrics, never prints a secret from its config file, and on SIGTERM exits 0 with its
 // summary line.
@@ -64,7 +53,7 @@ func TestRelayCommandPublishesPlainSQLRowsAndStopsOnSIGTERM(t *testing.T) {
 	if err := os.WriteFile(cfgFile, []byte("# test\nclient.id=relay-test\nsasl.password="+secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	cmd := exec.Command(cli, "relay", "--schema", schema, "--brokers", brokers, "--database-url", testenv.DatabaseURL(t),
 		"--kafka-config-file", cfgFile, "--health-addr", addr, "--log-level", "debug")
 	var stdout, stderr bytes.Buffer

@@ -246,15 +246,6 @@ func runIDOf(kv [2][]byte) string {
 	return airflow.RunID("", key)
 }
 
-func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func waitListen(t *testing.T, addr string) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -287,7 +278,7 @@ func TestRealAirflowEndToEnd(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", svcBin, "../dagservice").CombinedOutput(); err != nil {
 		t.Fatalf("build dagservice: %v\n%s", err, out)
 	}
-	svcAddr := freeAddr(t)
+	svcAddr := testenv.FreeAddr(t)
 	svcLog, _ := os.Create(filepath.Join(e.logDir, "dagservice.log"))
 	svc := exec.Command(svcBin, "--addr", svcAddr, "--database-url", e.dbURL, "--task-delay", "4s")
 	svc.Stderr = svcLog

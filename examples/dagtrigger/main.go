@@ -151,16 +151,26 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	// --metrics-addr answers while the topics and the database are waited for.
+	reg := prometheus.NewRegistry()
+	probes, err := service.StartProbes(o.MetricsAddr, reg)
+	if err != nil {
+		return err
+	}
+	defer probes.Close()
+	probes.Stage("creating the topics")
 	base := o.ClientConfig()
 	if err := topics.Ensure(ctx, log, base, []string{o.Topic, o.Topic + ".dlq"}, o.Partitions, 1, nil, 30*time.Second); err != nil {
 		return err
 	}
+	probes.Stage("waiting for the database")
 	pools, err := o.OpenPools(ctx, log)
 	if err != nil {
 		return err
 	}
 	defer pools.Close()
 	pool := pools.Pool
+	probes.Stage("applying the migrations")
 	// A session-level lock: on the session pool (--session-database-url).
 	if err := kafkatx.Migrate(ctx, pools.Session, o.Schema); err != nil {
 		return err
@@ -177,7 +187,6 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		ops:        ops,
 		fullBefore: o.deleteBefore == "full",
 	}
-	reg := prometheus.NewRegistry()
 	cfg := o.ConsumerConfig(log, reg)
 	cfg.UnavailableMaxWait = o.waitMax
 	// The Airflow call runs inside the consumer's transaction: the idle bound must outlast it.
@@ -193,7 +202,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	}
 	go logLimit(ctx, log, calls)
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
-		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
+		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr, Probes: probes})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{
 		"processed":       s.Processed,

@@ -135,16 +135,24 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	// named within seconds, not after the topics' 30 s against unreachable brokers; a server
 	// not ready yet is waited for (service.Flags.OpenPools).
 	var pools *service.Pools
+	var probes *service.Probes // --metrics-addr, answering while the database and topics are waited for
+	reg := prometheus.NewRegistry()
 	if !o.produceOnly {
 		if o.DatabaseURL == "" {
 			return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL " +
 				"(`eval \"$(scripts/dev-services env)\"` after `scripts/dev-services up` starts a local one)")
 		}
 		var err error
+		if probes, err = service.StartProbes(o.MetricsAddr, reg); err != nil {
+			return err
+		}
+		defer probes.Close()
+		probes.Stage("waiting for the database")
 		if pools, err = o.OpenPools(ctx, log); err != nil {
 			return err
 		}
 		defer pools.Close()
+		probes.Stage("creating the topics")
 	}
 	base := o.ClientConfig()
 	names := []string{o.Topic, o.Topic + ".dlq"}
@@ -167,11 +175,12 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	} else if o.produceOnly {
 		return errors.New("--produce-only needs --produce FILE or --generate N")
 	}
-	return consume(ctx, pools, o, log)
+	return consume(ctx, pools, probes, reg, o, log)
 }
 
-func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logger) error {
+func consume(ctx context.Context, pools *service.Pools, probes *service.Probes, reg *prometheus.Registry, o options, log *zap.Logger) error {
 	pool := pools.Pool
+	probes.Stage("applying the migrations")
 	// kafkatx's schema first: with the default search_path ("$user", public) a role named
 	// like that schema would otherwise see the example's tables move once it exists. Both
 	// migrations take a session-level lock: on the session pool.
@@ -206,7 +215,6 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 			_ = log.Sync()
 			os.Exit(3)
 		}}
-	reg := prometheus.NewRegistry()
 	ccfg := o.ConsumerConfig(log, reg)
 	ccfg.SkipMigrations = true // applied above, on the session pool
 	ccfg.Middleware = []kafkatx.Middleware{tr.tracer.Middleware}
@@ -217,7 +225,7 @@ func consume(ctx context.Context, pools *service.Pools, o options, log *zap.Logg
 	}
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
 		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, OutboxMode: mode,
-		ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr})
+		ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr, Probes: probes})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{"processed": s.Processed, "duplicates": s.Duplicates, "retries": s.Retries, "dead_lettered": s.DeadLettered})
 	fmt.Println(string(b))

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,7 +36,8 @@ func TestOrdersStartedWhileTheDatabaseIsInRecoveryWaitsForIt(t *testing.T) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, 120*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, bin, append(args, "--exit-when-idle", "2s")...)
+	addr := testenv.FreeAddr(t)
+	cmd := exec.CommandContext(cctx, bin, append(args, "--exit-when-idle", "2s", "--metrics-addr", addr)...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Start(); err != nil {
@@ -46,7 +50,24 @@ func TestOrdersStartedWhileTheDatabaseIsInRecoveryWaitsForIt(t *testing.T) {
 		t.Fatalf("orders exited (%v) while its database was in recovery; want it to wait\n%s", err, errOut.String())
 	case <-time.After(6 * time.Second):
 	}
+	// Probes answer while it waits: a liveness probe must not restart a process waiting out a
+	// promotion (before, nothing listened until the consumer existed: connection refused).
+	if code, body := probe(t, addr, "/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz while waiting for the database: %d %s, want 200", code, body)
+	}
+	if code, body := probe(t, addr, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, `"starting":true`) || !strings.Contains(body, "waiting for the database") {
+		t.Fatalf("/readyz while waiting for the database: %d %s, want 503 naming the wait", code, body)
+	}
 	standby.Promote(t)
+	var readyOnce atomic.Bool // the consumer's own readiness once it runs
+	go func() {
+		for cctx.Err() == nil && !readyOnce.Load() {
+			if code, _ := probeQuiet(addr, "/readyz"); code == http.StatusOK {
+				readyOnce.Store(true)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
 	var err error
 	select {
 	case err = <-done:
@@ -55,6 +76,9 @@ func TestOrdersStartedWhileTheDatabaseIsInRecoveryWaitsForIt(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatalf("orders: %v after the promotion\n%s", err, errOut.String())
+	}
+	if !readyOnce.Load() {
+		t.Fatalf("/readyz never answered 200 between the promotion and the idle exit\n%s", errOut.String())
 	}
 	if s := errOut.String(); !strings.Contains(s, "database not ready at start") || !strings.Contains(s, "57P03 cannot_connect_now") {
 		t.Fatalf("no warning naming 57P03 cannot_connect_now while it waited:\n%s", s)
@@ -105,4 +129,26 @@ func TestBadDatabaseURLIsNamedWithinSecondsWithNoBroker(t *testing.T) {
 			t.Errorf("%s: the output shows the URL or its password", c.name)
 		}
 	}
+}
+
+// probe GETs http://addr+path and returns the status and body; a request that fails fails t.
+func probe(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	code, body := probeQuiet(addr, path)
+	if code == 0 {
+		t.Fatalf("GET %s: %s", path, body)
+	}
+	return code, body
+}
+
+// probeQuiet is probe without a test: status 0 and the error's text when the request fails.
+func probeQuiet(addr, path string) (int, string) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

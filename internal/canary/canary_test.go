@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -138,16 +137,6 @@ func run(t *testing.T, env []string, limit time.Duration, bin string, args ...st
 	return out.String()
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func get(addr, path string) string {
 	resp, err := http.Get("http://" + addr + path)
 	if err != nil {
@@ -224,7 +213,7 @@ func TestNoCanaryInAnyOutput(t *testing.T) {
 		if err := os.WriteFile(file, []byte(props), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		var served string
 		stop := make(chan struct{})
 		go func() {
@@ -262,7 +251,7 @@ func TestNoCanaryInAnyOutput(t *testing.T) {
 		at := testenv.Topic(t, brokers, 1)
 		testenv.Produce(t, brokers, at, []kafka.Message{{Key: []byte(`{"id":1}`),
 			Value: []byte(`{"before":null,"after":{"id":1},"source":{"connector":"postgresql","db":"app","schema":"public","table":"c","lsn":100,"txId":7},"op":"c","ts_ms":1}`)}})
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		var served string
 		stop := make(chan struct{})
 		go func() {
@@ -278,7 +267,7 @@ func TestNoCanaryInAnyOutput(t *testing.T) {
 	})
 
 	t.Run("httpmw", func(t *testing.T) {
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		cmd := exec.Command(bin("examples/dagservice"), "--addr", addr, "--database-url", dsn)
 		cmd.Env = append(os.Environ(), debug...)
 		var logs bytes.Buffer

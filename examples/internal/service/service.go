@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -61,6 +60,10 @@ type Options struct {
 	// and /readyz (the consumer's Readiness as JSON: 200 when ready, else 503).
 	Registry    *prometheus.Registry
 	MetricsAddr string
+	// Probes, when set, is the --metrics-addr server the binary started before it waited for
+	// its database and topics (StartProbes); Run hands it the consumer's handler instead of
+	// listening on MetricsAddr itself.
+	Probes *Probes
 	// AuthFailureExit ends Run with an error once Kafka authentication or authorization has
 	// failed for this long without a success in between (Readiness.AuthErrorSince). Defaults
 	// to 30s; negative: never.
@@ -99,15 +102,13 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	o.Consumer.AddReadinessCheck("outbox relay", rl.Ready)
-	if o.MetricsAddr != "" {
-		srv := &http.Server{Addr: o.MetricsAddr, Handler: withOutboxSlot(Handler(o.Consumer, o.Registry), rl), ReadHeaderTimeout: 5 * time.Second}
-		ln, err := net.Listen("tcp", o.MetricsAddr)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
+	if o.Probes == nil {
+		if o.Probes, err = StartProbes(o.MetricsAddr, o.Registry); err != nil {
+			return err
 		}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
+		defer o.Probes.Close()
 	}
+	o.Probes.Serve(withOutboxSlot(Handler(o.Consumer, o.Registry), rl))
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -20,16 +19,6 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 func get(addr, path string) (int, string) {
 	resp, err := http.Get("http://" + addr + path)
@@ -71,7 +60,7 @@ func TestHealthAndReadinessEndpoints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addr := freeAddr(t)
+			addr := testenv.FreeAddr(t)
 			runCtx, cancel := context.WithCancel(ctx)
 			done := make(chan error, 1)
 			go func() {

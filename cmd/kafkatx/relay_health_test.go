@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+// `kafkatx relay --health-addr` started while its PostgreSQL is in recovery (a standby being
+// promoted: 57P03) answers probes while it waits — /healthz 200, /readyz 503 naming the wait —
+// so that a liveness probe does not restart it mid-failover (before, nothing listened until
+// the relay ran: connection refused), and once the standby is promoted it leads and /readyz
+// answers 200.
+func TestRelayCommandAnswersProbesWhileItWaitsForTheDatabase(t *testing.T) {
+	t.Parallel()
+	brokers := testenv.Brokers(t)
+	primary := testenv.StartOwnPostgres(t, "")
+	standby := primary.StartStandbyWith(t, "hot_standby = off")
+	cli := buildCLI(t)
+	addr := testenv.FreeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cli, "relay", "--migrate", "--brokers", brokers, "--database-url", standby.URL, "--health-addr", addr)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill() //nolint:errcheck
+	get := func(path string) (int, string) {
+		c := http.Client{Timeout: 2 * time.Second}
+		resp, err := c.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	time.Sleep(3 * time.Second) // pgstart waits for the standby
+	if code, body := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz while waiting for the database: %d %s, want 200\n%s", code, body, stderr.String())
+	}
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for the database") {
+		t.Fatalf("/readyz while waiting for the database: %d %s, want 503 naming the wait\n%s", code, body, stderr.String())
+	}
+	standby.Promote(t)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, body := get("/readyz")
+		if code == http.StatusOK && strings.Contains(body, `"leader":true`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz = %d %s 60 s after the promotion\n%s", code, body, stderr.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
