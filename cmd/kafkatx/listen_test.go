@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
@@ -20,6 +22,14 @@ func TestListenErrorsAreTheCommandsOwn(t *testing.T) {
 	bin := buildCLI(t)
 	db := testenv.DatabaseURL(t)
 	brokers := testenv.Brokers(t)
+	// A migrated schema of the test's own: the console checks its tables before it listens
+	// (this test relied on the relay case's --migrate of the default schema, which a relay
+	// that fails to listen first no longer does).
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	if _, err := migrations.Apply(context.Background(), pool, schema); err != nil {
+		t.Fatal(err)
+	}
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +52,7 @@ func TestListenErrorsAreTheCommandsOwn(t *testing.T) {
 		{[]string{"--database-url", db, "console", "--token-file", token, "--addr", taken.Addr().String()}, exitFailed, "--addr " + taken.Addr().String() + ": cannot listen"},
 		{[]string{"--database-url", db, "console", "--token-file", filepath.Join(t.TempDir(), "missing"), "--addr", "127.0.0.1:0"}, 0, ""},
 	} {
-		_, errOut, code := runCLI(t, bin, c.args...)
+		_, errOut, code := runCLI(t, bin, append([]string{"--schema", schema}, c.args...)...)
 		if strings.Contains(errOut, "database's own condition") {
 			t.Fatalf("kafkatx %q blames the database: %s", c.args, errOut)
 		}
