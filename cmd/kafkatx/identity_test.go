@@ -76,6 +76,16 @@ func TestOffsetsResetAdoptsARecreatedTopic(t *testing.T) {
 		!strings.Contains(adopted[0].Reason, oldID) || !strings.Contains(adopted[0].Reason, newID) || !strings.Contains(adopted[0].Reason, "topic recreated in staging") {
 		t.Fatalf("log_adopted audit rows %+v: want one, applied, [10, 0), naming both topic ids and the reason", adopted)
 	}
+	// The move between two logs is rendered as one, not as the range "[10, 0)" (backwards).
+	for _, args := range [][]string{{"offsets", "audit", "--group", b.group}, {"offsets", "status", "--group", b.group, "--topic", b.topic}} {
+		out, _ := b.kafkatx(args...)
+		if !strings.Contains(out, "log_adopted 10 of the old log -> 0 of the new") && !strings.Contains(out, "10 of the old log -> 0 of the new") {
+			t.Errorf("kafkatx %q does not render the adoption as a move between logs:\n%s", args, out)
+		}
+		if strings.Contains(out, "[10, 0)") {
+			t.Errorf("kafkatx %q renders the adoption as the range [10, 0):\n%s", args, out)
+		}
+	}
 	if _, code := b.kafkatx("offsets", "reset", "--group", b.group, "--topic", b.topic, "--to-earliest", "--mode", "adopt", "--reason", "again"); code != 1 {
 		t.Fatalf("adopting an unchanged log exited %d, want 1 (refused)", code)
 	}

@@ -99,10 +99,10 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		for _, s := range sts {
 			last := "-"
 			if e := s.LastEvent; e != nil {
-				last = fmt.Sprintf("%s [%d, %d) %s %s", e.Kind, e.From, e.To, e.Status, e.At.UTC().Format("2006-01-02T15:04:05Z"))
+				last = fmt.Sprintf("%s %s %s %s", e.Kind, eventSpan(e.Kind, e.From, e.To), e.Status, e.At.UTC().Format("2006-01-02T15:04:05Z"))
 			}
 			for _, p := range s.Pending {
-				last += fmt.Sprintf("; PENDING %s [%d, %d) id %d", p.Kind, p.From, p.To, p.ID)
+				last += fmt.Sprintf("; PENDING %s %s id %d", p.Kind, eventSpan(p.Kind, p.From, p.To), p.ID)
 			}
 			if s.DoneAbove > 0 {
 				last += fmt.Sprintf("; %d offsets done above the watermark (Config.Concurrency > 1)", s.DoneAbove)
