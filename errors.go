@@ -261,11 +261,15 @@ func (e *LogChangedError) Error() string {
 			"again: the handler's idempotency decides) or --to-offset N, or set Config.OnLogChange",
 			e.Group, e.Topic, e.Partition, c.What(), e.AppliedFrom, e.Watermark, shellWord(e.Group), shellWord(e.Topic))
 	}
+	logRange := "" // -1: not read (the running check reads ids only)
+	if e.LogStart >= 0 && e.LogEnd >= 0 {
+		logRange = fmt.Sprintf(" (log [%d, %d))", e.LogStart, e.LogEnd)
+	}
 	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed: %s. The watermark %d counts offsets of the old log "+
-		"and means nothing in the new one (log [%d, %d)): kafkatx will not start at it there (it would skip or mix up records) and processed nothing. "+
+		"and means nothing in the new one%s: kafkatx will not start at it there (it would skip or mix up records) and processed nothing. "+
 		"With the consumer stopped, adopt the new log from its start with `kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` "+
 		"(or --to-latest, --to-time), or set Config.OnLogChange",
-		e.Group, e.Topic, e.Partition, c.What(), e.Watermark, e.LogStart, e.LogEnd, shellWord(e.Group), shellWord(e.Topic))
+		e.Group, e.Topic, e.Partition, c.What(), e.Watermark, logRange, shellWord(e.Group), shellWord(e.Topic))
 }
 
 // haltError is the error Run returns for reconciliation's halt h.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -82,5 +83,39 @@ func TestControlErrorsAreRecognisedByTheirMethods(t *testing.T) {
 	}
 	if engine.IsUnavailable(io.EOF) || engine.PermanentCause(io.EOF) != nil || engine.PermanentCause(Unavailable(io.EOF)) != nil {
 		t.Error("a plain error or an Unavailable is taken for a control error it is not")
+	}
+}
+
+// A LogChangedError found by the running check has no log range (it reads ids only): its text
+// names no "log [-1, -1)". One found at an assignment names the new log's range. One whose
+// watermark was moved onto another log under the consumer (MovedAway) says so, not "the
+// topic was deleted and created again".
+func TestLogChangedErrorTexts(t *testing.T) {
+	base := LogChangedError{Group: "g", Topic: "t", Partition: 0, Watermark: 50, RecordedTopicID: "old-id", TopicID: "new-id"}
+	running := base
+	running.LogStart, running.LogEnd, running.Running, running.AppliedFrom = -1, -1, true, 50
+	assigned := base
+	assigned.LogStart, assigned.LogEnd = 0, 7
+	moved := base
+	moved.LogStart, moved.LogEnd, moved.MovedAway = -1, -1, true
+	for _, c := range []struct {
+		e           LogChangedError
+		want, avoid []string
+	}{
+		{running, []string{"old-id -> new-id", "processed nothing"}, []string{"[-1, -1)", "log ["}},
+		{assigned, []string{"old-id -> new-id", "(log [0, 7))"}, []string{"[-1, -1)"}},
+		{moved, []string{"moved onto another log", "topic id old-id", "reads topic id new-id", "--group"}, []string{"[-1, -1)", "deleted and created again"}},
+	} {
+		s := c.e.Error()
+		for _, w := range c.want {
+			if !strings.Contains(s, w) {
+				t.Errorf("%q does not say %q", s, w)
+			}
+		}
+		for _, a := range c.avoid {
+			if strings.Contains(s, a) {
+				t.Errorf("%q says %q", s, a)
+			}
+		}
 	}
 }
