@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -34,16 +33,7 @@ func TestRelayCommandAnswersProbesWhileItWaitsForTheDatabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill() //nolint:errcheck
-	get := func(path string) (int, string) {
-		c := http.Client{Timeout: 2 * time.Second}
-		resp, err := c.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return testenv.Get(addr, path) }
 	time.Sleep(3 * time.Second) // pgstart waits for the standby
 	if code, body := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz while waiting for the database: %d %s, want 200\n%s", code, body, stderr.String())

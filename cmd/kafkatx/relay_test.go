@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,15 +61,7 @@ func TestRelayCommandPublishesPlainSQLRowsAndStopsOnSIGTERM(t *testing.T) {
 	}
 	defer cmd.Process.Kill() //nolint:errcheck
 
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return testenv.Get(addr, path) }
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		code, body := get("/readyz")

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -62,7 +61,7 @@ func TestOrdersStartedWhileTheDatabaseIsInRecoveryWaitsForIt(t *testing.T) {
 	var readyOnce atomic.Bool // the consumer's own readiness once it runs
 	go func() {
 		for cctx.Err() == nil && !readyOnce.Load() {
-			if code, _ := probeQuiet(addr, "/readyz"); code == http.StatusOK {
+			if code, _ := testenv.Get(addr, "/readyz"); code == http.StatusOK {
 				readyOnce.Store(true)
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -131,24 +130,12 @@ func TestBadDatabaseURLIsNamedWithinSecondsWithNoBroker(t *testing.T) {
 	}
 }
 
-// probe GETs http://addr+path and returns the status and body; a request that fails fails t.
+// probe is testenv.Get; a request that fails fails t.
 func probe(t *testing.T, addr, path string) (int, string) {
 	t.Helper()
-	code, body := probeQuiet(addr, path)
+	code, body := testenv.Get(addr, path)
 	if code == 0 {
 		t.Fatalf("GET %s: %s", path, body)
 	}
 	return code, body
-}
-
-// probeQuiet is probe without a test: status 0 and the error's text when the request fails.
-func probeQuiet(addr, path string) (int, string) {
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + addr + path)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }

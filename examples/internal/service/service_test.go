@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,16 +18,6 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
-
-func get(addr, path string) (int, string) {
-	resp, err := http.Get("http://" + addr + path)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
 
 // /healthz answers while the process runs; /readyz is 200 once the consumer joined its group
 // and 503 with a JSON reason naming a subscribed topic that does not exist.
@@ -80,7 +69,7 @@ func TestHealthAndReadinessEndpoints(t *testing.T) {
 			var body string
 			deadline := time.Now().Add(60 * time.Second)
 			for time.Now().Before(deadline) {
-				code, body = get(addr, "/readyz")
+				code, body = testenv.Get(addr, "/readyz")
 				if code == want && (!tc.missing || strings.Contains(body, topic+"-missing")) && strings.Contains(body, `"joined":true`) {
 					break
 				}
@@ -93,10 +82,10 @@ func TestHealthAndReadinessEndpoints(t *testing.T) {
 			if tc.missing && (rd.Ready || len(rd.Reasons) == 0 || len(rd.MissingTopics) != 1) {
 				t.Fatalf("/readyz with a missing topic: %s", body)
 			}
-			if code, body := get(addr, "/healthz"); code != http.StatusOK {
+			if code, body := testenv.Get(addr, "/healthz"); code != http.StatusOK {
 				t.Fatalf("/healthz: %d %q", code, body)
 			}
-			if code, body := get(addr, "/metrics"); code != http.StatusOK || !strings.Contains(body, "kafkatx_") {
+			if code, body := testenv.Get(addr, "/metrics"); code != http.StatusOK || !strings.Contains(body, "kafkatx_") {
 				t.Fatalf("/metrics: %d", code)
 			}
 		})
