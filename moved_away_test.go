@@ -24,14 +24,17 @@ import (
 func TestWatermarkAdoptedByAnotherClustersConsumerStopsThisOne(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name string
-		at   int64 // the other log's start, where the adoption puts the watermark
-	}{{"at another offset", 3}, {"at this consumer's own offset", 10}} {
+		name  string
+		at    int64 // the other log's start, where the adoption puts the watermark
+		lanes int   // Config.Concurrency
+	}{{"at another offset", 3, 1}, {"at this consumer's own offset", 10, 1}, {"at another offset, 4 lanes", 3, 4}, {"at this consumer's own offset, 4 lanes", 10, 4}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 1)
 			produce(t, b.brokers, b.topic, values(10, 0, func(i int) string { return fmt.Sprint("mine-", i) }))
-			c, err := NewConsumer(b.pool, b.handler(), b.config(t))
+			cfg := b.config(t)
+			cfg.Concurrency = tc.lanes
+			c, err := NewConsumer(b.pool, b.handler(), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
