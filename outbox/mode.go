@@ -2,7 +2,7 @@ package outbox
 
 import (
 	"context"
-	"crypto/md5"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -93,20 +93,28 @@ func ReadSettings(ctx context.Context, q pg.Querier, schema string) (Settings, e
 	return s, nil
 }
 
-// SlotName is the replication slot of schema's WAL outbox in database: "kafkatx_<database>_<schema>",
-// lower-cased, every byte outside [a-z0-9_] replaced by "_", and, past PostgreSQL's 63-byte
-// limit, cut to 46 bytes followed by "_" and 16 hex digits of md5(database "/" schema). The
-// in-process relay and `kafkatx relay` derive the same name.
+// SlotName is the replication slot a new WAL outbox of schema in database gets:
+// "kafkatx_<database>_<schema>" lower-cased, every byte outside [a-z0-9_] replaced by "_",
+// cut to 50 bytes, then "_" and 12 hex digits of sha256(database NUL schema). The readable
+// part alone is not one-to-one — "tenant-a" and "tenant_a", "Orders" and "orders", database
+// "a_b" with schema "c" and database "a" with schema "b_c" read alike — and two schemas
+// sharing one slot lose events: each schema's relay confirms the slot past the other
+// schema's messages, which it skips. The hash of the exact names keeps them apart (and with
+// them the WAL relay's transactional.id and checkpoint key, derived from the slot name).
+// SetMode records the name in the schema's outbox settings and every relay reads it from
+// there, so a schema set up before this rule keeps its slot.
 func SlotName(database, schema string) string {
-	return identName("kafkatx_"+database+"_"+schema, database+"/"+schema)
+	return identName("kafkatx_"+database+"_"+schema, database+"\x00"+schema)
 }
 
-// PublicationName is the (empty) publication the WAL relay names in pgoutput's
-// publication_names: "kafkatx_outbox_<schema>", shaped as SlotName.
+// PublicationName is the (empty) publication a new WAL outbox of schema names in pgoutput's
+// publication_names: "kafkatx_outbox_<schema>", shaped as SlotName (the hash of schema).
 func PublicationName(schema string) string {
 	return identName("kafkatx_outbox_"+schema, schema)
 }
 
+// identName is s made an identifier of at most 63 bytes ([a-z0-9_]) that stays one to one:
+// its readable part, cut to 50 bytes, and "_" with 12 hex digits of sha256(hashOf).
 func identName(s, hashOf string) string {
 	b := []byte(strings.ToLower(s))
 	for i, c := range b {
@@ -114,11 +122,8 @@ func identName(s, hashOf string) string {
 			b[i] = '_'
 		}
 	}
-	if len(b) <= 63 {
-		return string(b)
-	}
-	sum := md5.Sum([]byte(hashOf))
-	return string(b[:46]) + "_" + hex.EncodeToString(sum[:])[:16]
+	sum := sha256.Sum256([]byte(hashOf))
+	return string(b[:min(len(b), 50)]) + "_" + hex.EncodeToString(sum[:])[:12]
 }
 
 // SetMode sets schema's outbox mode and marks it chosen (kafkatx migrate up --outbox-mode).
@@ -145,8 +150,23 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 		if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
 			return fmt.Errorf("outbox: set mode: %w", err)
 		}
-		s, p := SlotName(db, schema), PublicationName(schema)
+		// The names recorded with the schema stay (a slot may still hold its events); a
+		// schema that never had a slot gets new ones.
+		st, err := ReadSettings(ctx, pool, schema)
+		if err != nil {
+			return err
+		}
+		s, p := st.Slot, st.Publication
+		if s == "" {
+			s = SlotName(db, schema)
+		}
+		if p == "" {
+			p = PublicationName(schema)
+		}
 		slot, pub = &s, &p
+		if err := slotIsOurs(ctx, pool, db, schema, s); err != nil {
+			return err
+		}
 		var hasPub bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, p).Scan(&hasPub); err != nil {
 			return fmt.Errorf("outbox: look for publication %s: %w", p, err)
@@ -277,4 +297,52 @@ func CheckWALServer(ctx context.Context, q pg.Querier) error {
 func isDuplicate(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "42710"
+}
+
+// slotIsOurs refuses slot for schema of database when it is another outbox's: a slot of that
+// name in another database (its relay could not stream it here: "was not created in this
+// database"), one that is not pgoutput's, or one another schema of this database records as
+// its own (two schemas sharing a slot lose events: SlotName). A missing slot is ours to create.
+func slotIsOurs(ctx context.Context, pool *pgxpool.Pool, db, schema, slot string) error {
+	var slotDB, plugin *string
+	err := pool.QueryRow(ctx, `SELECT database, plugin FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&slotDB, &plugin)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("outbox: look for slot %s: %w", slot, err)
+	}
+	if err == nil {
+		switch {
+		case slotDB == nil || *slotDB != db:
+			return fmt.Errorf("outbox: replication slot %s already exists for database %s, not %s: it is another outbox's (or another tool's); "+
+				"drop it there if it is no longer used (kafkatx outbox drop-slot), or give this schema's outbox its own slot", slot, deref(slotDB), db)
+		case plugin == nil || *plugin != "pgoutput":
+			return fmt.Errorf("outbox: replication slot %s already exists with plugin %s, not pgoutput: it is not a kafkatx outbox's", slot, deref(plugin))
+		}
+	}
+	rows, err := pool.Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relname = 'outbox_settings' AND c.relkind = 'r' AND n.nspname <> $1`, schema)
+	if err != nil {
+		return fmt.Errorf("outbox: look for other outboxes: %w", err)
+	}
+	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("outbox: look for other outboxes: %w", err)
+	}
+	for _, other := range others {
+		st, err := ReadSettings(ctx, pool, other)
+		if err != nil {
+			continue // a schema this role may not read: its slot cannot be told
+		}
+		if st.Slot == slot {
+			return fmt.Errorf("outbox: replication slot %s is schema %s's (its outbox settings record it): two schemas sharing one slot lose each other's events; "+
+				"this schema %s cannot take it", slot, other, schema)
+		}
+	}
+	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "(none)"
+	}
+	return *s
 }
