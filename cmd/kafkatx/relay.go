@@ -34,6 +34,7 @@ type RelayCmd struct {
 	BatchSize       int           `name:"batch-size" default:"1000" help:"Rows read, produced and marked per round."`
 	PollInterval    time.Duration `name:"poll-interval" default:"1s" help:"Read the outbox this often when no NOTIFY arrives."`
 	StandbyInterval time.Duration `name:"standby-interval" default:"1s" help:"A standby relay tries to take over this often."`
+	LeaderTimeout   time.Duration `name:"leader-timeout" default:"60s" help:"PostgreSQL ends the leader's session once it stays silent this long (idle_session_timeout), so a frozen leader (SIGSTOP, a paused VM) gives the leadership to a standby; a running leader touches it 4 times as often. Keep it above 30s (the read timeout)."`
 	ShutdownTimeout time.Duration `name:"shutdown-timeout" default:"30s" help:"On SIGTERM, wait this long for in-flight deliveries."`
 	NoJanitor       bool          `name:"no-janitor" help:"Do not delete old rows (published outbox rows, attempts, resolved dead letters)."`
 	KeepPublished   time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
@@ -48,7 +49,7 @@ type RelayCmd struct {
 // a schema in WAL mode they are refused with exit status 2 once the mode is read, before
 // anything is published, never accepted and ignored. Retention flags (--no-janitor,
 // --attempts-retention, --dead-letter-retention) apply in both modes.
-var tableOnlyFlags = []string{"batch-size", "poll-interval", "standby-interval", "keep-published", "shutdown-timeout"}
+var tableOnlyFlags = []string{"batch-size", "poll-interval", "standby-interval", "leader-timeout", "keep-published", "shutdown-timeout"}
 
 // AfterApply records which flags the command line gave (kong calls it after parsing), so a
 // flag that means nothing in the schema's mode can be refused rather than ignored.
@@ -89,6 +90,7 @@ func (c *RelayCmd) Validate() error {
 		flagcheck.Int("batch-size", c.BatchSize, 1, 100_000),
 		flagcheck.Duration("poll-interval", c.PollInterval, 10*time.Millisecond, time.Hour),
 		flagcheck.Duration("standby-interval", c.StandbyInterval, 10*time.Millisecond, time.Hour),
+		flagcheck.Duration("leader-timeout", c.LeaderTimeout, time.Second, 24*time.Hour),
 		flagcheck.Duration("shutdown-timeout", c.ShutdownTimeout, 0, time.Hour),
 		flagcheck.Duration("keep-published", c.KeepPublished, 0, 365*24*time.Hour),
 		flagcheck.Duration("attempts-retention", c.AttemptsRet, time.Minute, 365*24*time.Hour),
@@ -161,7 +163,7 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	rl, err := relays.New(pool, relays.Options{Mode: mode, Kafka: kcfg, Schema: g.Schema, Logger: log, Registerer: reg,
 		Session: sp.Config().ConnConfig, Retention: c.retention(),
-		Table: relay.Config{BatchSize: c.BatchSize, PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval,
+		Table: relay.Config{BatchSize: c.BatchSize, PollInterval: c.PollInterval, StandbyInterval: c.StandbyInterval, LeaderTimeout: c.LeaderTimeout,
 			ShutdownTimeout: c.ShutdownTimeout, KeepPublished: c.KeepPublished}})
 	if err != nil {
 		return err

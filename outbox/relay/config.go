@@ -82,6 +82,19 @@ type Config struct {
 	// id). Defaults to 30s.
 	ShutdownTimeout time.Duration
 
+	// LeaderTimeout is how long the leader's session may stay silent before PostgreSQL ends
+	// it (idle_session_timeout on that session alone, PostgreSQL 14+), releasing the
+	// leadership lock to a standby: a leader frozen (SIGSTOP, a paused VM, a stuck process)
+	// otherwise holds the lock for as long as it is frozen, since its kernel still answers
+	// TCP keepalives, and nothing is published meanwhile. A running leader touches its
+	// session at least every LeaderTimeout/4 — around each round, in its backoff, while it
+	// waits for delivery reports — so it is not deposed; it should exceed ReadTimeout, the
+	// longest wait it does not touch the session in. A frozen leader that comes back finds its
+	// session ended and stands by; records it had already sent are published again (same
+	// outbox ids). Defaults to 60s (as PostgreSQL's wal_sender_timeout bounds the WAL relay's
+	// takeover); negative: off.
+	LeaderTimeout time.Duration
+
 	// ReadTimeout bounds one read of pending rows (a round's fetch): a read still running
 	// after it is cancelled and the round fails as a database error would (logged, retried
 	// after Backoff, counted by readiness), instead of holding the relay silently — a plan
@@ -193,6 +206,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	if out.ReadTimeout <= 0 {
 		out.ReadTimeout = 30 * time.Second
+	}
+	if out.LeaderTimeout == 0 {
+		out.LeaderTimeout = 60 * time.Second
 	}
 	out.Janitor = out.Janitor.WithDefaults()
 	return &out, nil

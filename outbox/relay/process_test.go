@@ -25,6 +25,7 @@ import (
 const (
 	envChild       = "KAFKATX_RELAY_CHILD" // "run" or "hang-before-mark"
 	envChildSchema = "KAFKATX_RELAY_CHILD_SCHEMA"
+	envChildLeader = "KAFKATX_RELAY_CHILD_LEADER_TIMEOUT" // Config.LeaderTimeout (time.ParseDuration)
 )
 
 func TestMain(m *testing.M) {
@@ -54,9 +55,10 @@ func childMain(mode string) int {
 		fmt.Println(s)
 		os.Stdout.Sync() //nolint:errcheck
 	}
+	leaderTimeout, _ := time.ParseDuration(os.Getenv(envChildLeader))
 	r, err := New(pool, &Config{Kafka: kafka.ConfigMap{"bootstrap.servers": os.Getenv(testenv.EnvBootstrap)},
 		Schema: os.Getenv(envChildSchema), Logger: log, PollInterval: 200 * time.Millisecond, StandbyInterval: 200 * time.Millisecond,
-		KeepPublished: time.Hour})
+		KeepPublished: time.Hour, LeaderTimeout: leaderTimeout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -94,11 +96,11 @@ type child struct {
 	lines chan string
 }
 
-func (b *testBundle) startChild(t *testing.T, mode string) *child {
+func (b *testBundle) startChild(t *testing.T, mode string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"="+mode, envChildSchema+"="+b.schema,
-		testenv.EnvBootstrap+"="+b.brokers)
+	cmd.Env = append(append(os.Environ(), envChild+"="+mode, envChildSchema+"="+b.schema,
+		testenv.EnvBootstrap+"="+b.brokers), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -164,6 +166,15 @@ func (c *child) printed(prefix string, d time.Duration) bool {
 		case <-deadline:
 			return false
 		}
+	}
+}
+
+// signal sends sig to the child (SIGSTOP freezes it: its sockets stay open and its kernel
+// still answers TCP keepalives; SIGCONT resumes it).
+func (c *child) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -277,8 +277,14 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 	// wait at most ShutdownTimeout, then leave the rest pending (published again later).
 	var giveUp <-chan time.Time
 	done := ctx.Done()
+	tick := time.NewTicker(r.keepaliveEvery()) // the leadership session is touched meanwhile
+	defer tick.Stop()
 	for inFlight > 0 {
 		select {
+		case <-tick.C:
+			if err := r.keepalive(ctx); err != nil && ctx.Err() == nil {
+				r.deposedWhileProducing(p, err)
+			}
 		case e := <-reports:
 			m, ok := e.(*kafka.Message)
 			if !ok {

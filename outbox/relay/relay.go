@@ -63,6 +63,8 @@ type Relay struct {
 	hooks   hookSet // the Prometheus hook, then Config.Hooks
 	c       counters
 	running atomic.Bool
+	// leading is the leadership session while this relay leads (lead's goroutine only).
+	leading *leaderSession
 	contact atomic.Int64 // unix nanoseconds of the last successful database round trip
 	// failSince is when the rounds started failing (unix nanoseconds; 0: the last one
 	// succeeded), failErr the last failure: Ready.
@@ -268,6 +270,12 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+r.channel); err != nil {
 		return fmt.Errorf("listen %s: %w", r.channel, err)
 	}
+	if err := r.armLeaderTimeout(ctx, conn); err != nil {
+		return err
+	}
+	sess := &leaderSession{conn: conn, at: time.Now()}
+	r.leading = sess
+	defer func() { r.leading = nil }()
 	r.log.Info("relay is the leader; publishing", zap.String("schema", r.cfg.Schema))
 	r.leadership(true)
 	defer r.leadership(false)
@@ -297,7 +305,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	// round), so a deposed leader — its session ended, or left on an old primary after a
 	// switchover — publishes nothing read after it was deposed. A round that produced
 	// nothing did not check: the next loop checks first, so an idle leader notices too.
-	fence := func(ctx context.Context) error { return requireWritable(ctx, conn) }
+	fence := sess.fence
 	wait := time.Duration(0)
 	fenced := false
 	for ctx.Err() == nil {
@@ -345,7 +353,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 		}
 		if err != nil || res.retry {
 			wait = max(r.cfg.InitialBackoff, min(wait*2, r.cfg.MaxBackoff))
-			if !sleep(ctx, wait) {
+			if !r.sleepLeading(ctx, wait) && ctx.Err() != nil {
 				return nil
 			}
 		} else {
@@ -354,7 +362,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 		if err == nil && res.full {
 			continue // more rows wait: go on at once
 		}
-		wctx, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
+		wctx, cancel := context.WithTimeout(ctx, min(r.cfg.PollInterval, r.keepaliveEvery())) // the loop fences before the next round
 		_, err = conn.WaitForNotification(wctx)
 		cancel()
 		if err != nil && !pgconn.Timeout(err) && !errors.Is(err, context.DeadlineExceeded) {
