@@ -68,7 +68,8 @@ func Thousands(n int) string {
 // Parse parses args with fs (made with flag.ContinueOnError) the way the binaries report
 // usage errors: -h or --help prints the usage to stderr and returns (0, false); a bad flag or
 // value prints one line, "<fs.Name()>: <what> (see <fs.Name()> --help)", instead of the whole
-// usage, and returns (2, false); success returns (0, true).
+// usage, and returns (2, false), as does an argument that is not a flag (the binaries take
+// flags only); success returns (0, true).
 func Parse(fs *flag.FlagSet, args []string) (code int, ok bool) {
 	usage := fs.Usage
 	fs.SetOutput(io.Discard)
@@ -77,6 +78,11 @@ func Parse(fs *flag.FlagSet, args []string) (code int, ok bool) {
 	fs.SetOutput(os.Stderr)
 	fs.Usage = usage
 	switch {
+	case err == nil && fs.NArg() > 0:
+		// The binaries take flags only: a stray word (a value whose flag was dropped, a typo'd
+		// "-- flag") would otherwise be ignored while the run goes on without it.
+		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q: this command takes flags only (see %s --help)\n", fs.Name(), fs.Arg(0), fs.Name())
+		return 2, false
 	case err == nil:
 		return 0, true
 	case errors.Is(err, flag.ErrHelp):

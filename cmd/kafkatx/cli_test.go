@@ -36,6 +36,10 @@ func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
 		{"nope"},
 		{"--schema", "", "migrate", "print"},
 		{"--schema", strings.Repeat("s", 64), "migrate", "print"},
+		// A fresh-eyes attack: these reached the database or the broker before being refused.
+		{"--database-url", "postgres://127.0.0.1:1/x", "dlq", "show", "0"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "dlq", "show", "--", "-1"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--security-protocol", "bogus", "relay"},
 	} {
 		out, errOut, code := runCLI(t, bin, args...)
 		if code != 2 {

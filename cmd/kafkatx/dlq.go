@@ -123,6 +123,15 @@ type DLQShowCmd struct {
 	Output    string `default:"text" enum:"text,json" help:"text or json."`
 }
 
+// Validate refuses an id no dead letter has (ids are positive) before the database is asked
+// (exit 2), as outbox release and dlq replay do.
+func (c *DLQShowCmd) Validate() error {
+	if c.ID <= 0 {
+		return fmt.Errorf("dead letter ID %d: dead letter ids are positive (from `kafkatx dlq list`)", c.ID)
+	}
+	return nil
+}
+
 func (c *DLQShowCmd) Run(ctx context.Context, g *Globals) error {
 	pool, err := g.outboxPool(ctx)
 	if err != nil {

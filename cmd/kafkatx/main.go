@@ -79,6 +79,11 @@ func (c *CLI) Validate() error {
 			return err
 		}
 	}
+	switch strings.ToLower(c.SecurityProtocol) {
+	case "", "plaintext", "ssl", "sasl_plaintext", "sasl_ssl":
+	default:
+		return fmt.Errorf("--security-protocol %q: want plaintext, ssl, sasl_plaintext or sasl_ssl", c.SecurityProtocol)
+	}
 	return flagcheck.Schema("schema", c.Schema)
 }
 

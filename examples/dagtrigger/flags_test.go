@@ -18,6 +18,17 @@ func TestBadFlagValuesExit2WithOneLine(t *testing.T) {
 		&[]string{"--airflow-timeout", "0s"}:                        "--airflow-timeout 0s: want 100ms to 10m0s",
 		&[]string{"--airflow-wait-max", "-1m"}:                      "--airflow-wait-max -1m0s",
 		&[]string{"--key-retention", "soon"}:                        "key-retention",
+		// A fresh-eyes attack: refused before anything connects (they exited 1 after, or
+		// were accepted: a DAG id with ".." was resolved into another API path).
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "ü/../x"}:                                          "--dag-id",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", ".."}:                                              "only dots",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "ftp://x", "--dag-id", "d"}:                                                          "--airflow-url \"ftp://x\"",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "not a url", "--dag-id", "d"}:                                                        "--airflow-url",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--cdc-ops", "x"}:                             "--cdc-ops: unknown op",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--cdc-ops", ""}:                              "--cdc-ops names no op",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--cdc-delete-before", "x"}:                   "--cdc-delete-before",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--airflow-token-file", "/nonexistent/token"}: "--airflow-token-file",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "stray"}:                                      "unexpected argument \"stray\"",
 	} {
 		testenv.RequireUsageError(t, bin, *args, nil, want)
 	}

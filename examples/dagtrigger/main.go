@@ -23,6 +23,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -88,6 +89,11 @@ func run() int {
 		o.Check(),
 		flagcheck.NonEmpty("airflow-url", o.airflowURL, "the Airflow API server's base URL, http://host:8080"),
 		flagcheck.NonEmpty("dag-id", o.dagID, "the DAG to start one run of per event"),
+		checkAirflowURL(o.airflowURL),
+		checkDAGID(o.dagID),
+		checkOps(o.cdcOps),
+		checkDeleteBefore(o.deleteBefore),
+		checkTokenFile(o.tokenFile),
 	); err != nil {
 		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
 		return 2
@@ -257,4 +263,56 @@ func parseOps(s string) (map[string]bool, error) {
 		return nil, errors.New("--cdc-ops names no op")
 	}
 	return ops, nil
+}
+
+// checkAirflowURL refuses an --airflow-url that is not an http(s) URL with a host, before
+// anything connects (exit 2).
+func checkAirflowURL(s string) error {
+	if s == "" {
+		return nil // NonEmpty says so
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("--airflow-url %q: want the Airflow API server's http(s) base URL, http://host:8080", s)
+	}
+	return nil
+}
+
+// checkDAGID refuses a --dag-id Airflow cannot hold or that would not stay one segment of the
+// API's URL (airflow.ValidateDAGID).
+func checkDAGID(id string) error {
+	if id == "" {
+		return nil // NonEmpty says so
+	}
+	if err := airflow.ValidateDAGID(id); err != nil {
+		return fmt.Errorf("--dag-id: %w", err)
+	}
+	return nil
+}
+
+// checkOps refuses a --cdc-ops parseOps would refuse.
+func checkOps(s string) error {
+	_, err := parseOps(s)
+	return err
+}
+
+// checkDeleteBefore refuses a --cdc-delete-before other than key or full.
+func checkDeleteBefore(s string) error {
+	if s != "key" && s != "full" {
+		return fmt.Errorf("--cdc-delete-before %q: want key or full", s)
+	}
+	return nil
+}
+
+// checkTokenFile refuses an --airflow-token-file that cannot be read, before anything
+// connects (the token is read again at each use: a rotated file is followed).
+func checkTokenFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--airflow-token-file: %w", err)
+	}
+	return f.Close()
 }

@@ -30,6 +30,8 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--in-process-broker", "--partitions", "0"}, want: "--partitions 0"},
 		{args: []string{"--in-process-broker", "--batch-size", "lots"}, want: "batch-size"},
 		{args: []string{"--in-process-broker", "--on-log-change", "follow"}, want: "--on-log-change \"follow\": want halt, adopt-earliest or adopt-latest"},
+		// A fresh-eyes attack: a stray word ("--batch-size 10 5000") was ignored.
+		{args: []string{"--in-process-broker", "--batch-size", "10", "5000"}, want: "unexpected argument \"5000\""},
 	} {
 		testenv.RequireUsageError(t, bin, tc.args, []string{"KAFKA_BOOTSTRAP_SERVERS=", tc.env}, tc.want)
 	}

@@ -283,7 +283,15 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	if t.DAGID == "" {
 		return Result{}, errors.New("airflow: Trigger.DAGID is required")
 	}
+	if err := ValidateDAGID(t.DAGID); err != nil {
+		return Result{}, err
+	}
 	runID := t.RunID
+	if runID != "" {
+		if err := validRunIDSegment(runID); err != nil {
+			return Result{}, err
+		}
+	}
 	if runID == "" {
 		if t.Key == "" {
 			return Result{}, errors.New("airflow: Trigger needs a Key or a RunID")
@@ -308,9 +316,11 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("airflow: encode request: %w", err)
 	}
-	endpoint := c.base.JoinPath("api", "v2", "dags", t.DAGID, "dagRuns")
+	// The ids as escaped path segments: JoinPath takes escaped text and resolves ".." (both
+	// ids are checked above).
+	endpoint := c.base.JoinPath("api", "v2", "dags", url.PathEscape(t.DAGID), "dagRuns")
 	attempts := 0
-	st := &settler{c: c, run: endpoint.JoinPath(runID)}
+	st := &settler{c: c, run: endpoint.JoinPath(url.PathEscape(runID))}
 	bo := &backoff.ExponentialBackOff{InitialInterval: c.cfg.InitialBackoff, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: c.cfg.MaxBackoff}
 	created, err := backoff.Retry(ctx, func() (bool, error) {
 		attempts++
