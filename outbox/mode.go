@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"crypto/md5"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -158,7 +159,9 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 		}
 		s, p := st.Slot, st.Publication
 		if s == "" {
-			s = SlotName(db, schema)
+			if s, p, err = newNames(ctx, pool, db, schema); err != nil {
+				return err
+			}
 		}
 		if p == "" {
 			p = PublicationName(schema)
@@ -318,26 +321,77 @@ func slotIsOurs(ctx context.Context, pool *pgxpool.Pool, db, schema, slot string
 			return fmt.Errorf("outbox: replication slot %s already exists with plugin %s, not pgoutput: it is not a kafkatx outbox's", slot, deref(plugin))
 		}
 	}
+	other, err := recordedBy(ctx, pool, schema, slot)
+	if err != nil {
+		return err
+	}
+	if other != "" {
+		return fmt.Errorf("outbox: replication slot %s is schema %s's (its outbox settings record it): two schemas sharing one slot lose each other's events; "+
+			"this schema %s cannot take it", slot, other, schema)
+	}
+	return nil
+}
+
+// recordedBy returns the schema other than schema whose outbox settings record slot, or "".
+// Schemas this role may not read are passed over: their slots cannot be told.
+func recordedBy(ctx context.Context, pool *pgxpool.Pool, schema, slot string) (string, error) {
 	rows, err := pool.Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relname = 'outbox_settings' AND c.relkind = 'r' AND n.nspname <> $1`, schema)
 	if err != nil {
-		return fmt.Errorf("outbox: look for other outboxes: %w", err)
+		return "", fmt.Errorf("outbox: look for other outboxes: %w", err)
 	}
 	others, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("outbox: look for other outboxes: %w", err)
+		return "", fmt.Errorf("outbox: look for other outboxes: %w", err)
 	}
 	for _, other := range others {
-		st, err := ReadSettings(ctx, pool, other)
-		if err != nil {
-			continue // a schema this role may not read: its slot cannot be told
-		}
-		if st.Slot == slot {
-			return fmt.Errorf("outbox: replication slot %s is schema %s's (its outbox settings record it): two schemas sharing one slot lose each other's events; "+
-				"this schema %s cannot take it", slot, other, schema)
+		if st, err := ReadSettings(ctx, pool, other); err == nil && st.Slot == slot {
+			return other, nil
 		}
 	}
-	return nil
+	return "", nil
+}
+
+// newNames chooses the slot and publication of a schema that records none: SlotName and
+// PublicationName, unless a slot of the name the rule before them gave
+// ("kafkatx_<database>_<schema>" without the hash: legacyName) already exists in this
+// database for pgoutput and no other schema records it — one declared ahead of the set-up, as
+// a Patroni permanent slot by that name is (docs/outbox-wal.md, "Deployment") — which is then
+// taken with the publication of the same rule.
+func newNames(ctx context.Context, pool *pgxpool.Pool, db, schema string) (slot, pub string, err error) {
+	legacy := legacyName("kafkatx_"+db+"_"+schema, db+"/"+schema)
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database() AND plugin = 'pgoutput')`,
+		legacy).Scan(&exists); err != nil {
+		return "", "", fmt.Errorf("outbox: look for slot %s: %w", legacy, err)
+	}
+	if exists {
+		other, err := recordedBy(ctx, pool, schema, legacy)
+		if err != nil {
+			return "", "", err
+		}
+		if other == "" {
+			return legacy, legacyName("kafkatx_outbox_"+schema, schema), nil
+		}
+	}
+	return SlotName(db, schema), PublicationName(schema), nil
+}
+
+// legacyName is the names' rule before the hash (kept to find a slot declared by it): s
+// lower-cased, other bytes "_", past 63 bytes cut to 46 and followed by "_" and 16 hex digits
+// of md5(hashOf).
+func legacyName(s, hashOf string) string {
+	b := []byte(strings.ToLower(s))
+	for i, c := range b {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			b[i] = '_'
+		}
+	}
+	if len(b) <= 63 {
+		return string(b)
+	}
+	sum := md5.Sum([]byte(hashOf))
+	return string(b[:46]) + "_" + hex.EncodeToString(sum[:])[:16]
 }
 
 func deref(s *string) string {

@@ -90,3 +90,56 @@ func TestSetModeRefusesAnotherOutboxsSlot(t *testing.T) {
 		t.Fatalf("SetMode with another database's slot: %v; want a refusal naming the database", err)
 	}
 }
+
+// A slot declared ahead of the set-up under the name the rule before the hash gave
+// ("kafkatx_<database>_<schema>": a Patroni permanent slot, as docs/outbox-wal.md and
+// scripts/dev-services up patroni declare it) is taken with its publication, not left to pin
+// WAL beside a new one; a second schema whose names read alike gets its own.
+func TestSetModeTakesOldNamedSlot(t *testing.T) {
+	ctx := context.Background()
+	dsn := testenv.Database(t)
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var db string
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	old := strings.ToLower("kafkatx_" + db + "_kafkatx")
+	if len(old) > 63 {
+		t.Fatalf("test database name %s too long for the old rule's plain form", db)
+	}
+	if _, err := pool.Exec(ctx, `CREATE PUBLICATION kafkatx_outbox_kafkatx`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, old); err != nil {
+		t.Fatal(err)
+	}
+	var slots []string
+	t.Cleanup(func() {
+		for _, s := range append(slots, old) {
+			_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, s)
+		}
+	})
+	for _, s := range []string{"kafkatx", "KafkaTX"} {
+		if _, err := migrations.Apply(ctx, pool, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := outbox.SetMode(ctx, pool, s, outbox.ModeWAL); err != nil {
+			t.Fatalf("schema %s: %v", s, err)
+		}
+		st, err := outbox.ReadSettings(ctx, pool, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, st.Slot)
+	}
+	if slots[0] != old {
+		t.Fatalf("schema kafkatx took slot %s, want the one declared ahead, %s", slots[0], old)
+	}
+	if slots[1] == old || slots[1] != outbox.SlotName(db, "KafkaTX") {
+		t.Fatalf("schema KafkaTX took slot %s, want its own (%s)", slots[1], outbox.SlotName(db, "KafkaTX"))
+	}
+}
