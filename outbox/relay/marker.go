@@ -46,7 +46,20 @@ func (m *marker) wait() error {
 	if m.running == nil {
 		return nil
 	}
-	d := <-m.running
+	// The leader touches its session while it waits: a mark may wait for row locks a frozen
+	// former leader's mark still holds (until its idle_in_transaction_session_timeout ends
+	// it), and a leader silent that long would be deposed by its own LeaderTimeout.
+	tick := time.NewTicker(m.r.keepaliveEvery())
+	defer tick.Stop()
+	var d markDone
+	for waiting := true; waiting; {
+		select {
+		case d = <-m.running:
+			waiting = false
+		case <-tick.C:
+			_ = m.r.keepalive(context.Background()) // a deposition shows at the next fence
+		}
+	}
 	m.running = nil
 	if d.err == nil {
 		m.carryRows, m.carryResults, m.carried = nil, nil, nil

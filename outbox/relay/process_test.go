@@ -23,7 +23,7 @@ import (
 
 // Environment of the relay child process (the test binary run again, see TestMain).
 const (
-	envChild       = "KAFKATX_RELAY_CHILD" // "run" or "hang-before-mark"
+	envChild       = "KAFKATX_RELAY_CHILD" // "run", "hang-before-mark" or "stop-in-mark"
 	envChildSchema = "KAFKATX_RELAY_CHILD_SCHEMA"
 	envChildLeader = "KAFKATX_RELAY_CHILD_LEADER_TIMEOUT" // Config.LeaderTimeout (time.ParseDuration)
 )
@@ -62,6 +62,15 @@ func childMain(mode string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
+	}
+	if mode == "stop-in-mark" {
+		var once sync.Once
+		r.signals.inMark = func() {
+			once.Do(func() {
+				say("IN MARK")
+				time.Sleep(time.Hour) // the mark's transaction stays open; the test freezes the process
+			})
+		}
 	}
 	if mode == "hang-before-mark" {
 		r.signals.beforeMark = func(results []result) {

@@ -473,6 +473,12 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		// they are published again with the same kafkatx-outbox-id, as after a relay crash between
 		// produce and mark. So the round does not wait for the WAL flush (one fsync per round).
 		b.Queue(`SET LOCAL synchronous_commit = off`)
+		if r.cfg.LeaderTimeout > 0 {
+			// A leader frozen inside its mark (between the batch and COMMIT) holds the rows'
+			// locks; the next leader's mark of the same rows would wait for them as long as it
+			// stays frozen. PostgreSQL ends such a transaction after LeaderTimeout.
+			b.Queue(fmt.Sprintf(`SET LOCAL idle_in_transaction_session_timeout = %d`, r.cfg.LeaderTimeout.Milliseconds()))
+		}
 		if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 && !byID {
 			r.deleteRanges(b, rows, results, delivered)
 		} else if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
@@ -509,7 +515,15 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	defer cancel()
 	var err error
 	for try := 1; try <= 5; try++ {
-		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(mctx, newBatch()).Close() }); err == nil {
+		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error {
+			if err := tx.SendBatch(mctx, newBatch()).Close(); err != nil {
+				return err
+			}
+			if r.signals.inMark != nil {
+				r.signals.inMark()
+			}
+			return nil
+		}); err == nil {
 			break
 		}
 		if errors.Is(err, errRangeWider) && !byID {

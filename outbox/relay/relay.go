@@ -48,6 +48,9 @@ import (
 // which a crash publishes a record twice.
 type testSignals struct {
 	beforeMark func([]result)
+	// inMark runs inside the mark's transaction, after its statements and before COMMIT:
+	// the rows' locks are held.
+	inMark func()
 }
 
 // Relay publishes one schema's outbox. Create it with New and start it with Run.
