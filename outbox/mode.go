@@ -117,12 +117,7 @@ func PublicationName(schema string) string {
 // identName is s made an identifier of at most 63 bytes ([a-z0-9_]) that stays one to one:
 // its readable part, cut to 50 bytes, and "_" with 12 hex digits of sha256(hashOf).
 func identName(s, hashOf string) string {
-	b := []byte(strings.ToLower(s))
-	for i, c := range b {
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
-			b[i] = '_'
-		}
-	}
+	b := identBytes(s)
 	sum := sha256.Sum256([]byte(hashOf))
 	return string(b[:min(len(b), 50)]) + "_" + hex.EncodeToString(sum[:])[:12]
 }
@@ -377,16 +372,23 @@ func newNames(ctx context.Context, pool *pgxpool.Pool, db, schema string) (slot,
 	return SlotName(db, schema), PublicationName(schema), nil
 }
 
-// legacyName is the names' rule before the hash (kept to find a slot declared by it): s
-// lower-cased, other bytes "_", past 63 bytes cut to 46 and followed by "_" and 16 hex digits
-// of md5(hashOf).
-func legacyName(s, hashOf string) string {
+// identBytes is s lower-cased with every byte outside [a-z0-9_] replaced by "_": the
+// readable part of both naming rules.
+func identBytes(s string) []byte {
 	b := []byte(strings.ToLower(s))
 	for i, c := range b {
 		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
 			b[i] = '_'
 		}
 	}
+	return b
+}
+
+// legacyName is the names' rule before the hash (kept to find a slot declared by it): s
+// lower-cased, other bytes "_", past 63 bytes cut to 46 and followed by "_" and 16 hex digits
+// of md5(hashOf).
+func legacyName(s, hashOf string) string {
+	b := identBytes(s)
 	if len(b) <= 63 {
 		return string(b)
 	}
