@@ -57,8 +57,11 @@ func frozenBroker(t *testing.T, static bool) {
 		testenv.FreezeBroker(t, b.brokers, freeze)
 		produce(t, b.brokers, b.topic, values(perRound, -1, func(i int) string { return fmt.Sprintf("r%d-%d", round, i) }))
 		after := applied() + 300
-		waitFor(t, 90*time.Second, fmt.Sprintf("round %d: the drain goes on after the broker resumed (readiness %v)", round,
-			r.c.Readiness(context.Background()).Reasons), func() bool { return applied() >= after })
+		// The readiness at the deadline, not at the call: a failure here once printed the
+		// "brokers are down" of the first instant after the resume, which said nothing.
+		waitForThen(t, 90*time.Second, fmt.Sprintf("round %d: the drain goes on after the broker resumed", round),
+			func() bool { return applied() >= after },
+			func() string { return fmt.Sprintf("readiness now %v", r.c.Readiness(context.Background()).Reasons) })
 		select {
 		case err := <-r.done:
 			t.Fatalf("round %d: Run returned after the freeze: %v", round, err)

@@ -230,6 +230,18 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// waitForThen is waitFor, naming detail() — evaluated at the deadline — when it times out.
+func waitForThen(t *testing.T, timeout time.Duration, what string, cond func() bool, detail func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; %s", timeout, what, detail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // committedOffsets returns the group's committed offsets per partition of the topic.
 func (b *testBundle) committedOffsets(t *testing.T, partitions int) map[int32]int64 {
 	t.Helper()

@@ -54,3 +54,45 @@ func TestRelayCommandAnswersProbesWhileItWaitsForTheDatabase(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// `kafkatx relay` whose brokers are all unreachable answered /readyz 200 while its outbox was
+// empty (a fresh-eyes attack: nothing written would have been published). /readyz is 503 with
+// a reason naming Kafka once the brokers have been down for relay.NotReadyAfter, and 200 again
+// once one answers.
+func TestRelayCommandIsNotReadyWhileKafkaIsUnreachable(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	brokers := testenv.Brokers(t)
+	kafkaAddr, healthAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	cli := buildCLI(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cli, "relay", "--migrate", "--schema", schema, "--brokers", kafkaAddr,
+		"--database-url", testenv.DatabaseURL(t), "--health-addr", healthAddr)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill() //nolint:errcheck
+	waitBody := func(what string, ok func(code int, body string) bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			code, body := testenv.Get(healthAddr, "/readyz")
+			if ok(code, body) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz = %d %s; want %s\n%s", code, body, what, stderr.String())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	waitBody("503 naming Kafka", func(code int, body string) bool {
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "Kafka unreachable since") && strings.Contains(body, `"leader":true`)
+	})
+	testenv.Forward(t, kafkaAddr, strings.Split(brokers, ",")[0])
+	waitBody("200 once a broker answers", func(code int, body string) bool { return code == http.StatusOK })
+}

@@ -39,10 +39,12 @@ func (c *RelayCmd) mode(ctx context.Context, sp *pgxpool.Pool, schema string) (o
 
 // readyz is /readyz of rl: in table mode, the leader's last contact with the database is
 // recent (within 3 poll or standby intervals, at least 5 s); in WAL mode, the relay streams
-// and its slot is ready (walrelay.Health). The body is the relay's figures as JSON.
+// and its slot is ready (walrelay.Health); in both, the relay's own Ready (its rounds or
+// stream have not failed, its brokers are not all down, for NotReadyAfter), whose error is
+// the body's "reason". The body is the relay's figures as JSON.
 func (c *RelayCmd) readyz(rl relays.Relay) http.HandlerFunc {
 	stale := max(5*time.Second, 3*c.PollInterval, 3*c.StandbyInterval)
-	return func(w http.ResponseWriter, _ *http.Request) {
+	return func(w http.ResponseWriter, req *http.Request) {
 		var body map[string]any
 		ready := true
 		switch r := rl.(type) {
@@ -56,6 +58,10 @@ func (c *RelayCmd) readyz(rl relays.Relay) http.HandlerFunc {
 			age := time.Since(s.LastContact)
 			body = map[string]any{"leader": s.Leader, "published": s.Published, "parked": s.Parked, "last_database_contact_seconds": age.Seconds()}
 			ready = age <= stale
+		}
+		if err := rl.Ready(req.Context()); err != nil {
+			ready = false
+			body["reason"] = err.Error()
 		}
 		out, _ := json.Marshal(body)
 		w.Header().Set("Content-Type", "application/json")

@@ -32,3 +32,34 @@ func Get(addr, path string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// Forward listens on addr (127.0.0.1:PORT) and copies each connection to and from target
+// until the test ends: a broker that "comes back" at an address a client was given. A Kafka
+// client learns the broker's advertised address from the first answer and connects there
+// directly afterwards.
+func Forward(t testing.TB, addr, target string) {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("forward %s: %v", addr, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.DialTimeout("tcp", target, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				go func() { _, _ = io.Copy(u, c); u.Close() }()
+				_, _ = io.Copy(c, u)
+			}()
+		}
+	}()
+}

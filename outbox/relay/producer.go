@@ -7,12 +7,16 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 )
 
-// producer is the leader's idempotent producer and the goroutine that drains its events.
+// producer is the leader's idempotent producer, the goroutine that drains its events, and
+// whether its brokers answer (reach: the relay's Ready).
 type producer struct {
 	p     *kafka.Producer
 	fatal atomic.Bool
+	reach *publish.Reach
 	wg    sync.WaitGroup
 	once  sync.Once
 }
@@ -23,7 +27,7 @@ func newProducer(cfg kafka.ConfigMap, log *zap.Logger) (*producer, error) {
 		// librdkafka's message names the setting, never its value.
 		return nil, fmt.Errorf("relay: create producer: %w", err)
 	}
-	p := &producer{p: kp}
+	p := &producer{p: kp, reach: publish.NewReach(kp)}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -31,6 +35,7 @@ func newProducer(cfg kafka.ConfigMap, log *zap.Logger) (*producer, error) {
 		for e := range kp.Events() {
 			switch ev := e.(type) {
 			case kafka.Error:
+				p.reach.Observe(ev)
 				if ev.IsFatal() {
 					p.fatal.Store(true)
 					log.Error("producer fatal error", zap.Error(ev))
@@ -49,6 +54,7 @@ func newProducer(cfg kafka.ConfigMap, log *zap.Logger) (*producer, error) {
 // closes, ending the drain goroutine).
 func (p *producer) close() {
 	p.once.Do(func() {
+		p.reach.Stop()
 		if p.p.Len() > 0 {
 			p.p.Flush(1000)
 		}

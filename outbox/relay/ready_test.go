@@ -129,3 +129,32 @@ func TestConnectionsOpenedUnderAShortStatementTimeoutAreRecycled(t *testing.T) {
 	short.Store(false)          // the default set back; the sessions already open keep 1 ms
 	waitFor(t, 90*time.Second, "all 5,000 rows published after the default was set back", func() bool { return r.Stats().Published >= 5000 })
 }
+
+// A leader whose brokers are all unreachable was ready as long as its rounds did not fail:
+// with an empty outbox (or one it could read and not publish) /readyz of `kafkatx relay`
+// answered 200 while nothing written could be published. Ready now reports it once
+// librdkafka has reported every broker down for NotReadyAfter, and clears when one answers.
+func TestReadyReportsALeaderThatCannotReachKafka(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	addr := testenv.FreeAddr(t) // nothing listens there yet
+	cfg := b.config(t)
+	cfg.Kafka["bootstrap.servers"] = addr
+	cfg.Kafka["reconnect.backoff.max.ms"] = 1000
+	r, _ := b.start(t, cfg)
+	ctx := context.Background()
+	waitFor(t, 30*time.Second, "leadership", func() bool { return r.Stats().Leader })
+	start := time.Now()
+	waitFor(t, 60*time.Second, "Ready reporting the unreachable brokers", func() bool { return r.Ready(ctx) != nil })
+	if waited := time.Since(start); waited < NotReadyAfter-time.Second {
+		t.Fatalf("not ready after %s; want about NotReadyAfter (%s) of the brokers being down", waited, NotReadyAfter)
+	}
+	if err := r.Ready(ctx); !strings.Contains(err.Error(), "Kafka unreachable since") {
+		t.Fatalf("Ready: %v; want it to name Kafka unreachable", err)
+	}
+	testenv.Forward(t, addr, strings.Split(b.brokers, ",")[0]) // the broker "comes back"
+	waitFor(t, 60*time.Second, "ready once a broker answers", func() bool { return r.Ready(ctx) == nil })
+	b.write(t, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")})
+	waitFor(t, 60*time.Second, "the record published", func() bool { return r.Stats().Published >= 1 })
+}

@@ -73,6 +73,9 @@ type Relay struct {
 	// succeeded), failErr the last failure: Ready.
 	failSince atomic.Int64
 	failErr   atomic.Pointer[string]
+	// prod is the leader's producer while this relay leads (nil otherwise): Ready reads
+	// whether its brokers are all down.
+	prod atomic.Pointer[producer]
 	// fullRoundAt: unix nanoseconds when the leader's last round read a full batch; 0 when
 	// the last round did not (Pending).
 	fullRoundAt atomic.Int64
@@ -169,23 +172,30 @@ func (r *Relay) failing(err error) {
 }
 
 // NotReadyAfter is how long the relay's rounds (or its database session) may fail in a row,
-// with no success between, before Ready reports it.
+// with no success between, or a leader's brokers all be down, before Ready reports it.
 const NotReadyAfter = 10 * time.Second
 
-// Ready returns nil unless the relay has failed every round (or its database session) for
-// NotReadyAfter or longer with no success between — it cannot read or publish the outbox —
-// and then an error naming since when and the last failure. For a readiness probe of the
-// process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from any goroutine.
+// Ready returns nil unless the relay cannot publish, and then an error naming since when and
+// why: it has failed every round (or its database session) for NotReadyAfter or longer with
+// no success between — it cannot read or mark the outbox — or, while it leads, librdkafka has
+// reported every broker down for NotReadyAfter with none answering since (also when the
+// outbox is empty: nothing written now would be published). A standby is ready. For a
+// readiness probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from
+// any goroutine.
 func (r *Relay) Ready(context.Context) error {
-	n := r.failSince.Load()
-	if n == 0 || time.Since(time.Unix(0, n)) < NotReadyAfter {
-		return nil
+	if n := r.failSince.Load(); n != 0 && time.Since(time.Unix(0, n)) >= NotReadyAfter {
+		msg := ""
+		if p := r.failErr.Load(); p != nil {
+			msg = *p
+		}
+		return fmt.Errorf("the outbox relay cannot publish: every round has failed since %s: %s", time.Unix(0, n).UTC().Format(time.RFC3339), msg)
 	}
-	msg := ""
-	if p := r.failErr.Load(); p != nil {
-		msg = *p
+	if p := r.prod.Load(); p != nil {
+		if err := p.reach.NotReady(NotReadyAfter); err != nil {
+			return fmt.Errorf("the outbox relay cannot publish: %w", err)
+		}
 	}
-	return fmt.Errorf("the outbox relay cannot publish: every round has failed since %s: %s", time.Unix(0, n).UTC().Format(time.RFC3339), msg)
+	return nil
 }
 
 // Run campaigns for the outbox's leadership and, while it holds it, publishes; it returns
@@ -288,7 +298,8 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	if err != nil {
 		return err
 	}
-	defer func() { p.close() }()
+	r.prod.Store(p)
+	defer func() { r.prod.Store(nil); p.close() }()
 	r.topics = newTopics()
 	defer r.marker.finish(r.cfg.ShutdownTimeout)
 	defer r.ahead.drop()
@@ -323,6 +334,7 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 			if p, err = newProducer(r.cfg.Kafka, r.log); err != nil {
 				return err
 			}
+			r.prod.Store(p)
 			r.topics = newTopics()
 		}
 		res, err := r.round(ctx, p, fence)

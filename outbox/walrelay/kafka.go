@@ -35,6 +35,7 @@ type kafkaSide struct {
 	failure            *deliveryFailure // the first failed delivery of the open transaction
 	failed             []position       // every failed record's position (reports on)
 	fatal              atomic.Pointer[kafka.Error]
+	reach              *publish.Reach // whether the brokers answer (Relay.Ready)
 }
 
 type deliveryFailure struct {
@@ -83,7 +84,7 @@ func newKafka(ctx context.Context, cfg Config, slot, key string, reports bool, b
 		return nil, fmt.Errorf("walrelay: create producer: %w", err)
 	}
 	k := &kafkaSide{cfg: cfg, p: p, key: []byte(key), reports: reports, log: log, topics: map[string]int{}, checked: map[string]time.Time{},
-		limits: map[string]publish.Limits{}, batch: batch}
+		limits: map[string]publish.Limits{}, batch: batch, reach: publish.NewReach(p)}
 	k.wg.Add(1)
 	go k.drain()
 	ictx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -126,9 +127,11 @@ func (k *kafkaSide) drain() {
 				k.mu.Unlock()
 			} else if _, ok := ev.Opaque.(*position); ok {
 				k.acked.Add(1)
+				k.reach.Up()
 			}
 			k.reported.Add(1)
 		case kafka.Error:
+			k.reach.Observe(ev)
 			if ev.IsFatal() {
 				k.fatal.Store(&ev)
 				k.log.Error("producer fatal error", zap.Error(ev))
@@ -140,6 +143,7 @@ func (k *kafkaSide) drain() {
 }
 
 func (k *kafkaSide) close() {
+	k.reach.Stop()
 	k.p.Close()
 	k.wg.Wait()
 }

@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/retention"
 )
@@ -38,6 +39,8 @@ type Relay struct {
 	m    *metrics
 
 	streaming atomic.Bool
+	// reach is the streaming producer's (nil when not streaming): Ready.
+	reach atomic.Pointer[publish.Reach]
 	// failSince is when the relay last stopped streaming on an error with no stream since
 	// (unix nanoseconds; 0: streaming, or not failed), failErr that error: Ready.
 	failSince atomic.Int64
@@ -182,10 +185,17 @@ const maxQuickRestarts = 4
 const NotReadyAfter = 10 * time.Second
 
 // Ready returns nil unless the relay has not streamed for NotReadyAfter or longer because
-// every try failed, and then an error naming since when and the last failure. For a readiness
+// every try failed, or streams while librdkafka has reported every broker down for
+// NotReadyAfter with none answering since (also with nothing to publish: nothing written now
+// would be), and then an error naming since when and the last failure. For a readiness
 // probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from any
 // goroutine.
 func (r *Relay) Ready(context.Context) error {
+	if k := r.reach.Load(); k != nil && r.streaming.Load() {
+		if err := k.NotReady(NotReadyAfter); err != nil {
+			return fmt.Errorf("the outbox's WAL relay cannot publish: %w", err)
+		}
+	}
 	n := r.failSince.Load()
 	if n == 0 || r.streaming.Load() || time.Since(time.Unix(0, n)) < NotReadyAfter {
 		return nil
@@ -301,6 +311,8 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		return err
 	}
 	defer k.close()
+	r.reach.Store(k.reach)
+	defer r.reach.Store(nil)
 	ck, err := readCheckpoint(ctx, r.cfg, k.key)
 	if err != nil {
 		return err
