@@ -2,6 +2,8 @@ package flagcheck_test
 
 import (
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -31,6 +33,13 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 	}()
 	addr := ln.Addr().String()
 	env := []string{"DATABASE_URL=postgres://u:p@" + addr + "/db?connect_timeout=1", "KAFKA_BOOTSTRAP_SERVERS=" + addr}
+	// A librdkafka setting it refuses, in a properties file beside a secret: named by property,
+	// never by value (they exited 1 from the first client, a second fresh-eyes attack).
+	badProps := filepath.Join(t.TempDir(), "bad.properties")
+	if err := os.WriteFile(badProps, []byte("sasl.password=s3cret\nsecurity.protocol=bogus-s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	refused := `Invalid value "…" for configuration property "security.protocol"`
 	long64 := strings.Repeat("s", 64)
 	longTopic := strings.Repeat("t", 250)
 
@@ -55,6 +64,7 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 		{[]string{"--max-attempts", "1001"}, "--max-attempts 1001: want 1 to 1,000"},
 		{[]string{"--exit-when-idle=-1m"}, "--exit-when-idle -1m0s: a duration must not be negative"},
 		{[]string{"--exit-when-idle", "1000h"}, "--exit-when-idle 1000h0m0s: want 0s to 24h0m0s"},
+		{[]string{"--kafka-config-file", badProps}, refused},
 	}
 	binaries := []struct {
 		pkg  string
@@ -78,6 +88,9 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 			{[]string{"--schema", long64, "dlq", "list"}, "is 64 bytes: PostgreSQL identifiers are at most 63"},
 			{[]string{"-X", "nonsense", "dlq", "list"}, "--kafka-config (-X) nonsense: want key=value"},
 			{[]string{"-X", "=v", "dlq", "list"}, "want key=value"},
+			{[]string{"-X", "security.protocol=bogus-s3cret", "dlq", "list"}, refused},
+			{[]string{"--kafka-config-file", badProps, "relay"}, refused},
+			{[]string{"-X", "no.such.property=s3cret", "console", "--token-file", "/dev/null"}, `No such configuration property: "no.such.property"`},
 			{[]string{"offsets", "status", "--group", ""}, "--group is empty"},
 			{[]string{"offsets", "status", "--group", "g", "--topic", ""}, "--topic is empty"},
 			{[]string{"offsets", "status", "--group", "g", "--stalled-after=-1m"}, "--stalled-after -1m0s: a duration must not be negative"},

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -31,6 +33,10 @@ func runCLI(t *testing.T, bin string, args ...string) (stdout, stderr string, co
 func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
 	t.Parallel()
 	bin := buildCLI(t)
+	badProps := filepath.Join(t.TempDir(), "bad.properties")
+	if err := os.WriteFile(badProps, []byte("sasl.password=s3cret\nsession.timeout.ms=s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"offsets", "reset", "--bogus"},
 		{"nope"},
@@ -40,10 +46,18 @@ func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
 		{"--database-url", "postgres://127.0.0.1:1/x", "dlq", "show", "0"},
 		{"--database-url", "postgres://127.0.0.1:1/x", "dlq", "show", "--", "-1"},
 		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--security-protocol", "bogus", "relay"},
+		// The same kind through -X and --kafka-config-file: librdkafka refused them when the
+		// first client was made, exit 1 (a second fresh-eyes attack).
+		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "-X", "security.protocol=bogus", "relay"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "-X", "no.such.property=1", "offsets", "status", "--group", "g"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--kafka-config-file", badProps, "console"},
 	} {
 		out, errOut, code := runCLI(t, bin, args...)
 		if code != 2 {
 			t.Fatalf("kafkatx %q: exit %d, want 2 (usage)", args, code)
+		}
+		if strings.Contains(errOut, "s3cret") {
+			t.Fatalf("kafkatx %q: stderr shows a value of the config file: %q", args, errOut)
 		}
 		if lines := strings.Count(strings.TrimRight(errOut, "\n"), "\n") + 1; lines != 1 || out != "" || !strings.Contains(errOut, "--help") {
 			t.Fatalf("kafkatx %q: want one line on stderr pointing to --help, got stdout %q stderr %q", args, out, errOut)

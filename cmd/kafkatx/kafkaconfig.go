@@ -11,14 +11,42 @@ import (
 )
 
 // kafkaConfig builds the librdkafka settings every subcommand uses: bootstrap servers and
-// client.id, then the properties file, then -X properties, then the security flags. Values
-// are never printed.
+// client.id, then kafkaSettings over them. Values are never printed.
 func (g *Globals) kafkaConfig(clientID string) (kafka.ConfigMap, error) {
 	brokers, err := g.requireBrokers()
 	if err != nil {
 		return nil, err
 	}
+	settings, err := g.kafkaSettings()
+	if err != nil {
+		return nil, &exitError{code: exitUsage, err: err}
+	}
 	cfg := kafka.ConfigMap{"bootstrap.servers": brokers, "client.id": clientID}
+	for k, v := range settings { // the file and -X may set these two as well
+		cfg[k] = v
+	}
+	return cfg, nil
+}
+
+// checkKafkaSettings has librdkafka check the settings the flags give (kafkaprops.Check), at
+// parse time: a property it does not know, a value it refuses, an unreadable file or a bad
+// line is a usage error before anything connects (it was exit status 1 from the first
+// client). Nothing to check when no Kafka setting is given.
+func (g *Globals) checkKafkaSettings() error {
+	if g.KafkaConfigFile == "" && len(g.KafkaConfig) == 0 && g.SecurityProtocol == "" && g.SASLMechanism == "" &&
+		g.SASLUsername == "" && g.SASLPasswordFile == "" {
+		return nil
+	}
+	cfg, err := g.kafkaSettings()
+	if err != nil {
+		return err
+	}
+	return kafkaprops.Check(cfg)
+}
+
+// kafkaSettings is the properties file, then -X properties, then the security flags.
+func (g *Globals) kafkaSettings() (kafka.ConfigMap, error) {
+	cfg := kafka.ConfigMap{}
 	if g.KafkaConfigFile != "" {
 		if err := kafkaprops.Read(g.KafkaConfigFile, cfg); err != nil {
 			return nil, err

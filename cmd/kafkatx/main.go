@@ -141,6 +141,9 @@ func main() {
 	if err == nil {
 		err = checkGiven(kctx)
 	}
+	if err == nil {
+		err = cli.Globals.checkKafkaSettings()
+	}
 	if err != nil {
 		// One line and where to read more, not the whole help.
 		cmd := ""

@@ -24,6 +24,7 @@ func BuildBinary(t testing.TB, name string) string {
 // RequireUsageError runs bin with args (env added to the environment) and fails t unless it
 // exits 2 (the binaries' usage error) with nothing on stdout and exactly one line on stderr
 // that contains want: the project's rule for a bad flag value (issue "a user's first week" 5).
+// No output may contain "s3cret", the tests' stand-in for a secret in a file or value.
 func RequireUsageError(t testing.TB, bin string, args, env []string, want string) {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
@@ -36,6 +37,9 @@ func RequireUsageError(t testing.TB, bin string, args, env []string, want string
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
 		t.Errorf("%s %q: %v, want exit 2", name, args, err)
 		return
+	}
+	if strings.Contains(out.String()+errOut.String(), "s3cret") {
+		t.Errorf("%s %q: the output shows a secret: stdout %q stderr %q", name, args, out.String(), errOut.String())
 	}
 	if lines := strings.Split(strings.TrimSpace(errOut.String()), "\n"); len(lines) != 1 || out.Len() != 0 || !strings.Contains(lines[0], want) {
 		t.Errorf("%s %q: want one line with %q, got stdout %q stderr %q", name, args, want, out.String(), errOut.String())

@@ -131,8 +131,10 @@ func (f *Flags) checkMetricsAddr() error {
 	return flagcheck.Addr("metrics-addr", f.MetricsAddr)
 }
 
-// LoadKafkaConfigFile reads --kafka-config-file (once; later calls reuse it). Errors name
-// the file and line, never a value.
+// LoadKafkaConfigFile reads --kafka-config-file (once; later calls reuse it) and has
+// librdkafka check the consumer's settings with it (kafkaprops.Check): a property it does not
+// know or a value it refuses is an error here, the usage error, rather than at the first
+// client. Errors name the file and line or the property, never a value.
 func (f *Flags) LoadKafkaConfigFile() error {
 	if f.kafkaProps != nil || f.KafkaConfigFile == "" {
 		return nil
@@ -142,6 +144,10 @@ func (f *Flags) LoadKafkaConfigFile() error {
 		return err
 	}
 	f.kafkaProps = props
+	if err := kafkaprops.Check(f.KafkaConfig()); err != nil {
+		f.kafkaProps = nil
+		return fmt.Errorf("kafka config file %s: %w", f.KafkaConfigFile, err)
+	}
 	return nil
 }
 

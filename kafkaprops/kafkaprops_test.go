@@ -1,0 +1,37 @@
+package kafkaprops
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
+// A setting librdkafka refuses is an error naming the property and never the value (which
+// may be a secret); settings it accepts — consumer ones included — are not.
+func TestCheckNamesTheRefusedPropertyNotItsValue(t *testing.T) {
+	for _, c := range []struct {
+		cfg  kafka.ConfigMap
+		want string // "" accepted
+	}{
+		{kafka.ConfigMap{"bootstrap.servers": "127.0.0.1:1", "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
+			"sasl.username": "u", "sasl.password": "s3cret-pw", "group.id": "g", "auto.offset.reset": "earliest", "go.logs.channel.enable": true}, ""},
+		{kafka.ConfigMap{"security.protocol": "bogus-s3cret"}, `"security.protocol"`},
+		{kafka.ConfigMap{"no.such.property": "s3cret"}, `"no.such.property"`},
+		{kafka.ConfigMap{"session.timeout.ms": "s3cret"}, `"session.timeout.ms"`},
+		{kafka.ConfigMap{"auto.offset.reset": "s3cret"}, `"auto.offset.reset"`},
+		{kafka.ConfigMap{"linger.ms": "-5"}, `"queue.buffering.max.ms"`}, // librdkafka names linger.ms's alias
+	} {
+		err := Check(c.cfg)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("Check(%v): %v", c.cfg, err)
+		case c.want != "" && err == nil:
+			t.Errorf("Check(%v) accepted it", c.cfg)
+		case c.want != "" && !strings.Contains(err.Error(), c.want):
+			t.Errorf("Check: %v; want it to name %s", err, c.want)
+		case c.want != "" && (strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "-5")):
+			t.Errorf("Check: %v shows the value", err)
+		}
+	}
+}
