@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"sort"
 	"strings"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -41,12 +42,14 @@ func Read(path string, cfg kafka.ConfigMap) error {
 
 // Check asks librdkafka whether it accepts every setting of cfg, as a client made from it
 // would: a property it does not know, or a value it refuses (not among a property's choices,
-// out of range, not a number) is an error naming the property — the usage error of a bad
-// --kafka-config-file, -X or security flag, reported before anything connects (a client made
-// later failed at run time, exit status 1). It makes a producer without bootstrap servers (so
-// nothing connects) and closes it; consumer properties are checked too. Properties the Go
-// client handles itself (go.*) are left out. The error never shows a value: cfg may hold
-// secrets (sasl.password, ssl.key.password), and librdkafka quotes the value it refuses.
+// out of range, not a number, an unsupported SASL mechanism) is an error naming the property
+// — the usage error of a bad --kafka-config-file, -X or security flag, reported before
+// anything connects (a client made later failed at run time, exit status 1). It makes a
+// producer without bootstrap servers (so nothing connects) and closes it; consumer properties
+// are checked too. Properties the Go client handles itself (go.*) are left out. The error is
+// one line and never shows a value: cfg may hold secrets (sasl.password, ssl.key.password, or
+// one put where it does not belong), and librdkafka's messages quote the value they refuse;
+// every value of cfg of 3 bytes or more, and a number named out of range, reads "…".
 func Check(cfg kafka.ConfigMap) error {
 	probe := kafka.ConfigMap{"log_level": 0} // no lines for the probe's own warnings
 	for k, v := range cfg {
@@ -59,33 +62,32 @@ func Check(cfg kafka.ConfigMap) error {
 	// their values are still checked.
 	p, err := kafka.NewProducer(&probe)
 	if err != nil {
-		return fmt.Errorf("kafka settings: %s", redact(err.Error()))
+		return fmt.Errorf("kafka settings: %s", Redact(err.Error(), cfg))
 	}
 	p.Close()
 	return nil
 }
 
-// quoted matches librdkafka's quoted strings (property names and refused values),
-// propertyName the name in "... property \"NAME\"" or "property: \"NAME\"".
-var (
-	quoted       = regexp.MustCompile(`"[^"]*"`)
-	propertyName = regexp.MustCompile(`property:? ("[^"]*")`)
-	// a number out of range: `property "NAME" value -5 is outside allowed range 0..900000`
-	unquotedValue = regexp.MustCompile(`value \S+ is`)
-)
+// outOfRange matches a number librdkafka names out of range: `property "NAME" value -5 is
+// outside allowed range 0..900000`.
+var outOfRange = regexp.MustCompile(`value \S+ is`)
 
-// redact keeps the quoted property name of a librdkafka configuration error (`property
-// "NAME"`) and replaces every other quoted string — the refused value — with "…".
-func redact(msg string) string {
-	name := ""
-	if m := propertyName.FindStringSubmatch(msg); m != nil {
-		name = m[1]
-	}
-	msg = quoted.ReplaceAllStringFunc(msg, func(q string) string {
-		if q == name {
-			return q
+// Redact returns msg on one line with every value of cfg of 3 bytes or more (as text), and a
+// number named out of range, replaced by "…"; property names (cfg's keys) stay. For messages
+// about cfg that may quote a value: librdkafka's configuration errors and warnings.
+func Redact(msg string, cfg kafka.ConfigMap) string {
+	msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", " ; ")), " ")
+	var values []string
+	for k, v := range cfg {
+		s := fmt.Sprint(v)
+		if len(s) >= 3 && s != k {
+			values = append(values, s)
 		}
-		return `"…"`
-	})
-	return unquotedValue.ReplaceAllString(msg, "value … is")
+	}
+	// Longest first: a value inside another is replaced within the longer one's "…".
+	sort.Slice(values, func(i, j int) bool { return len(values[i]) > len(values[j]) })
+	for _, v := range values {
+		msg = strings.ReplaceAll(msg, v, "…")
+	}
+	return outOfRange.ReplaceAllString(msg, "value … is")
 }

@@ -21,6 +21,11 @@ func TestCheckNamesTheRefusedPropertyNotItsValue(t *testing.T) {
 		{kafka.ConfigMap{"session.timeout.ms": "s3cret"}, `"session.timeout.ms"`},
 		{kafka.ConfigMap{"auto.offset.reset": "s3cret"}, `"auto.offset.reset"`},
 		{kafka.ConfigMap{"linger.ms": "-5"}, `"queue.buffering.max.ms"`}, // librdkafka names linger.ms's alias
+		// A second fresh-eyes attack: values outside quotes, and a property name in them.
+		{kafka.ConfigMap{"security.protocol": "sasl_plaintext", "sasl.mechanism": "s3cret-mech"}, "SASL mechanism"},
+		{kafka.ConfigMap{"partitioner": "s3cret"}, `"partitioner"`},
+		{kafka.ConfigMap{"enable.idempotence": "s3cret"}, `"enable.idempotence"`},
+		{kafka.ConfigMap{"message.max.bytes": "100"}, `"message.max.bytes"`},
 	} {
 		err := Check(c.cfg)
 		switch {
@@ -32,6 +37,8 @@ func TestCheckNamesTheRefusedPropertyNotItsValue(t *testing.T) {
 			t.Errorf("Check: %v; want it to name %s", err, c.want)
 		case c.want != "" && (strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "-5")):
 			t.Errorf("Check: %v shows the value", err)
+		case c.want != "" && strings.Contains(err.Error(), "\n"):
+			t.Errorf("Check: %q is not one line", err)
 		}
 	}
 }
