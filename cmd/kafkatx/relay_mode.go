@@ -57,7 +57,9 @@ func (c *RelayCmd) readyz(rl relays.Relay) http.HandlerFunc {
 			s := r.Stats()
 			age := time.Since(s.LastContact)
 			body = map[string]any{"leader": s.Leader, "published": s.Published, "parked": s.Parked, "last_database_contact_seconds": age.Seconds()}
-			ready = age <= stale
+			if ready = age <= stale; !ready {
+				body["reason"] = fmt.Sprintf("no database round trip for %.0f s (more than %s)", age.Seconds(), stale)
+			}
 		}
 		if err := rl.Ready(req.Context()); err != nil {
 			ready = false

@@ -279,6 +279,9 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 	done := ctx.Done()
 	tick := time.NewTicker(r.keepaliveEvery()) // the leadership session is touched meanwhile
 	defer tick.Stop()
+	if inFlight > 0 {
+		defer p.reach.Await()() // Ready: a broker that does not answer (frozen, cut off)
+	}
 	for inFlight > 0 {
 		select {
 		case <-tick.C:
@@ -291,6 +294,7 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 				continue
 			}
 			inFlight--
+			p.reach.Up()
 			i := m.Opaque.(int)
 			tp := topicPartition{rows[i].topic, m.TopicPartition.Partition}
 			sent[tp]++

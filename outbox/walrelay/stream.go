@@ -399,7 +399,12 @@ func (s *stream) commit(ctx context.Context) error {
 	hook("before-kafka-commit")
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	tc := time.Now()
+	awaited := s.k.reach.Await() // Ready: a broker that does not answer (frozen, cut off)
 	err = s.k.p.CommitTransaction(cctx)
+	awaited()
+	if err == nil {
+		s.k.reach.Up()
+	}
 	cancel()
 	s.r.steps.commit.Add(int64(time.Since(tc)))
 	if err != nil {

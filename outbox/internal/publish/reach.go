@@ -21,10 +21,13 @@ const ProbeEvery = 2 * time.Second
 type Reach struct {
 	p    metadataGetter
 	down atomic.Int64 // unix nanoseconds of the first report since the last answer; 0: none
-	msg  atomic.Pointer[string]
-	quit chan struct{}
-	wg   sync.WaitGroup
-	once sync.Once
+	// awaiting: unix nanoseconds since when the relay waits for an answer (delivery reports,
+	// a transaction's commit) with none arriving; 0 when it does not wait (Await).
+	awaiting atomic.Int64
+	msg      atomic.Pointer[string]
+	quit     chan struct{}
+	wg       sync.WaitGroup
+	once     sync.Once
 }
 
 type metadataGetter interface {
@@ -45,17 +48,41 @@ func (r *Reach) Observe(e kafka.Error) {
 	if e.Code() != kafka.ErrAllBrokersDown {
 		return
 	}
-	msg := e.Error()
-	r.msg.Store(&msg)
-	r.down.CompareAndSwap(0, time.Now().UnixNano())
+	// The outage's first message: librdkafka repeats the event with counts that change while
+	// it reconnects ("2/2 brokers are down", then "0/2 …").
+	if r.down.CompareAndSwap(0, time.Now().UnixNano()) {
+		msg := e.Error()
+		r.msg.Store(&msg)
+	}
 }
 
-// Up records that a broker answered (a delivery report).
-func (r *Reach) Up() { r.down.Store(0) }
+// Up records that a broker answered (a delivery report, a committed transaction): the
+// outage, if any, is over and a wait's clock starts again.
+func (r *Reach) Up() {
+	r.down.Store(0)
+	if r.awaiting.Load() != 0 {
+		r.awaiting.Store(time.Now().UnixNano())
+	}
+}
 
-// NotReady returns nil unless every broker has been reported down for at least after with no
-// answer since, and then an error "Kafka unreachable since T: librdkafka's message".
+// Await records that the relay waits for Kafka's answer from now until the returned func is
+// called; NotReady reports a wait in which nothing answered (Up) for its after. A broker that
+// is frozen or cut off keeps its connections open, so librdkafka reports no broker down for
+// as long as its request timeouts: the unanswered wait is what shows it (a second fresh-eyes
+// attack: a WAL relay's /readyz answered 200 through a 40 s broker freeze). One waiter at a
+// time (the relay's publishing goroutine).
+func (r *Reach) Await() (done func()) {
+	r.awaiting.Store(time.Now().UnixNano())
+	return func() { r.awaiting.Store(0) }
+}
+
+// NotReady returns nil unless a wait (Await) has had no answer for at least after ("Kafka has
+// not answered since T …"), or every broker has been reported down for at least after with no
+// answer since ("Kafka unreachable since T: librdkafka's message").
 func (r *Reach) NotReady(after time.Duration) error {
+	if w := r.awaiting.Load(); w != 0 && time.Since(time.Unix(0, w)) >= after {
+		return fmt.Errorf("Kafka has not answered since %s (delivery reports or a transaction's commit awaited)", time.Unix(0, w).UTC().Format(time.RFC3339))
+	}
 	n := r.down.Load()
 	if n == 0 || time.Since(time.Unix(0, n)) < after {
 		return nil

@@ -59,3 +59,28 @@ func TestReachReportsBrokersDownUntilOneAnswers(t *testing.T) {
 		t.Fatalf("NotReady after a delivery: %v", err)
 	}
 }
+
+// A wait with no answer (a frozen broker keeps its connections: librdkafka reports nothing
+// down for as long as its request timeouts) is reported after its after; an answer restarts
+// the clock, the end of the wait clears it.
+func TestReachReportsAWaitWithNoAnswer(t *testing.T) {
+	r := &Reach{p: &answers{}, quit: make(chan struct{})}
+	done := r.Await()
+	time.Sleep(30 * time.Millisecond)
+	err := r.NotReady(20 * time.Millisecond)
+	if err == nil || !strings.Contains(err.Error(), "Kafka has not answered since") {
+		t.Fatalf("NotReady after an unanswered wait: %v", err)
+	}
+	r.Up() // a delivery report
+	if err := r.NotReady(20 * time.Millisecond); err != nil {
+		t.Fatalf("NotReady right after an answer: %v", err)
+	}
+	time.Sleep(30 * time.Millisecond)
+	if r.NotReady(20*time.Millisecond) == nil {
+		t.Fatal("the clock did not run again after the answer")
+	}
+	done()
+	if err := r.NotReady(20 * time.Millisecond); err != nil {
+		t.Fatalf("NotReady after the wait ended: %v", err)
+	}
+}
