@@ -44,14 +44,14 @@ KAFKA2_PKGS ?= . ./outbox/relay/
 # The tests that SIGKILL the development broker (ten times each), alone: every other test of a
 # parallel run would meet the outage too. About 25 minutes (the broker's restart dominates).
 # The broker runs with its SASL_SSL listener (secure): the canary's broker kill produces over it.
-OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed|TestNoSecretWhenTheBrokerDiesMidProduce|TestStaticMemberRidesOutAFrozenBroker|TestDynamicMemberRidesOutAFrozenBroker|TestReadyReportsAFrozenBroker)$$
+OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed|TestNoSecretWhenTheBrokerDiesMidProduce|TestStaticMemberRidesOutAFrozenBroker|TestDynamicMemberRidesOutAFrozenBroker|TestReadyReportsAFrozenBroker|TestStopWithTheBrokerFrozenIsBounded)$$
 
 ## test-outages: run $(OUTAGE_TESTS) (KAFKATX_BROKER_KILL_TESTS=1), which kill and restart, or freeze (SIGSTOP), the broker
 test-outages: services-up
 	scripts/dev-services up secure
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}" KAFKATX_BROKER_KILL_TESTS=1; \
-	$(GO) test $(GOTESTFLAGS) -timeout 60m -run '$(OUTAGE_TESTS)' . ./internal/canary/ ./outbox/walrelay/
+	$(GO) test $(GOTESTFLAGS) -timeout 60m -run '$(OUTAGE_TESTS)' . ./internal/canary/ ./outbox/relay/ ./outbox/walrelay/
 
 ## test-kafka2: run $(KAFKA2_TESTS) against a second broker of another Kafka line
 ## (scripts/dev-services up kafka2: Apache Kafka $$KAFKA2_VERSION, default 4.1.2), then stop it

@@ -17,6 +17,7 @@ type producer struct {
 	p     *kafka.Producer
 	fatal atomic.Bool
 	reach *publish.Reach
+	log   *zap.Logger
 	wg    sync.WaitGroup
 	once  sync.Once
 }
@@ -27,7 +28,7 @@ func newProducer(cfg kafka.ConfigMap, log *zap.Logger) (*producer, error) {
 		// librdkafka's message names the setting, never its value.
 		return nil, fmt.Errorf("relay: create producer: %w", err)
 	}
-	p := &producer{p: kp, reach: publish.NewReach(kp)}
+	p := &producer{p: kp, reach: publish.NewReach(kp), log: log}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -58,7 +59,11 @@ func (p *producer) close() {
 		if p.p.Len() > 0 {
 			p.p.Flush(1000)
 		}
-		p.p.Close()
+		if !publish.CloseBounded(p.p) {
+			p.log.Warn("the Kafka producer did not close within publish.CloseWait; left to finish in the background (a broker that does not answer)",
+				zap.Duration("waited", publish.CloseWait))
+			return
+		}
 		p.wg.Wait()
 	})
 }

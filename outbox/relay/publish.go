@@ -282,11 +282,21 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 	if inFlight > 0 {
 		defer p.reach.Await()() // Ready: a broker that does not answer (frozen, cut off)
 	}
+	// Stopping, a broker that answers nothing for publish.CloseWait is not waited for the
+	// rest of ShutdownTimeout: frozen or cut off, it would hold the stop for all of it.
+	lastAnswer := time.Now()
+	var quiet <-chan time.Time
 	for inFlight > 0 {
 		select {
 		case <-tick.C:
 			if err := r.keepalive(ctx); err != nil && ctx.Err() == nil {
 				r.deposedWhileProducing(p, err)
+			}
+		case <-quiet:
+			if time.Since(lastAnswer) >= publish.CloseWait {
+				r.log.Warn("shutdown: Kafka has not answered for publish.CloseWait; rows whose delivery reports are missing stay pending and will be published again",
+					zap.Int("rows", inFlight), zap.Duration("waited", time.Since(lastAnswer).Round(time.Millisecond)))
+				return
 			}
 		case e := <-reports:
 			m, ok := e.(*kafka.Message)
@@ -294,6 +304,7 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 				continue
 			}
 			inFlight--
+			lastAnswer = time.Now()
 			p.reach.Up()
 			i := m.Opaque.(int)
 			tp := topicPartition{rows[i].topic, m.TopicPartition.Partition}
@@ -308,6 +319,9 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 			t := time.NewTimer(r.cfg.ShutdownTimeout)
 			defer t.Stop()
 			giveUp = t.C
+			q := time.NewTicker(250 * time.Millisecond)
+			defer q.Stop()
+			quiet = q.C
 		case <-giveUp:
 			r.log.Warn("shutdown: delivery reports still missing; those rows stay pending and will be published again",
 				zap.Int("rows", inFlight))

@@ -144,7 +144,11 @@ func (k *kafkaSide) drain() {
 
 func (k *kafkaSide) close() {
 	k.reach.Stop()
-	k.p.Close()
+	if !publish.CloseBounded(k.p) {
+		k.log.Warn("the Kafka producer did not close within publish.CloseWait; left to finish in the background (a broker that does not answer)",
+			zap.Duration("waited", publish.CloseWait))
+		return
+	}
 	k.wg.Wait()
 }
 

@@ -43,6 +43,8 @@ type stream struct {
 	txSkip   bool
 	txOurs   int
 
+	done <-chan struct{} // run's ctx.Done(): the relay is stopping (stopping)
+
 	// the open Kafka transaction
 	kOpen       bool
 	kRecords    int
@@ -98,6 +100,7 @@ var errRestart = errors.New("walrelay: a record was refused; publishing the tran
 var errBatchSize = errors.New("walrelay: lowering the producer's batch.size to a topic's max.message.bytes")
 
 func (s *stream) run(ctx context.Context) error {
+	s.done = ctx.Done()
 	nextStatus := time.Now().Add(s.r.cfg.StatusInterval)
 	for {
 		if s.r.wantReply.Swap(false) {
@@ -400,6 +403,9 @@ func (s *stream) commit(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	tc := time.Now()
 	awaited := s.k.reach.Await() // Ready: a broker that does not answer (frozen, cut off)
+	// librdkafka's commit takes a deadline, not a cancellation: a stop waits for a commit in
+	// progress (60 s at most). It cannot be left behind: closing the producer while it runs
+	// aborts the process (rd_kafka_txn_op_req0: "rk_ops queue disabled").
 	err = s.k.p.CommitTransaction(cctx)
 	awaited()
 	if err == nil {
@@ -426,6 +432,16 @@ func (s *stream) commit(ctx context.Context) error {
 
 // abortOpen aborts the open Kafka transaction, if any, and returns err — or errRestart when a
 // record in it was refused (recorded so the next stream parks it).
+// stopping reports whether the relay is being stopped (run's context is done).
+func (s *stream) stopping() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (s *stream) abortOpen(err error) error {
 	if !s.kOpen {
 		return err
@@ -434,7 +450,13 @@ func (s *stream) abortOpen(err error) error {
 	if s.k.reports {
 		s.k.waitReported(5 * time.Second)
 	}
-	actx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// A stop does not wait the full 30 s for a broker that does not answer: the transaction
+	// left open is aborted by the next producer's InitTransactions (the zombie fence).
+	abortWait := 30 * time.Second
+	if s.stopping() {
+		abortWait = publish.CloseWait
+	}
+	actx, cancel := context.WithTimeout(context.Background(), abortWait)
 	defer cancel()
 	if aerr := s.k.p.AbortTransaction(actx); aerr != nil {
 		s.r.log.Warn("abort Kafka transaction", zap.Error(aerr))

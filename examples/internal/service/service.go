@@ -112,6 +112,18 @@ func Run(ctx context.Context, o Options) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	// A stop (SIGTERM: ctx) stops the relay at once, beside the consumer, rather than after
+	// the consumer's Run returned: both wait for Kafka (delivery reports, the last offset
+	// commit), and one after the other they added up when it did not answer. Rows committed
+	// after the relay stopped are published by the next run. An exit when idle or a relay
+	// error stops it after the consumer (the defer below).
+	go func() {
+		select {
+		case <-ctx.Done():
+			stopRelay()
+		case <-relayCtx.Done():
+		}
+	}()
 	relayDone := make(chan error, 1)
 	var relayErr atomic.Pointer[error]
 	go func() {

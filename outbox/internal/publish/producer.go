@@ -1,6 +1,10 @@
 package publish
 
-import "github.com/confluentinc/confluent-kafka-go/v2/kafka"
+import (
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
 
 // Partitioner is both relays' default librdkafka partitioner: murmur2 for keyed records, as
 // the Java client's default partitioner (so a key lands on the same partition whichever
@@ -18,5 +22,25 @@ func ProducerDefaults(kc kafka.ConfigMap) {
 		if _, ok := kc[k]; !ok {
 			kc[k] = v
 		}
+	}
+}
+
+// CloseWait is how long a relay waits for its producer to close (CloseBounded).
+const CloseWait = 5 * time.Second
+
+// CloseBounded closes p and waits at most CloseWait for it: librdkafka's close waits for its
+// broker threads, and with a broker frozen or cut off mid-request it did not return until the
+// broker answered again — a SIGTERMed relay or service stayed up for as long as the outage (a
+// second fresh-eyes attack: 40–60 s and more). A close that takes longer is left to finish in
+// the background (or to the process's exit) and CloseBounded returns false; what the producer
+// had not delivered stays unmarked and is published again, as after a crash.
+func CloseBounded(p *kafka.Producer) bool {
+	done := make(chan struct{})
+	go func() { p.Close(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(CloseWait):
+		return false
 	}
 }
