@@ -65,6 +65,7 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 		{[]string{"--exit-when-idle=-1m"}, "--exit-when-idle -1m0s: a duration must not be negative"},
 		{[]string{"--exit-when-idle", "1000h"}, "--exit-when-idle 1000h0m0s: want 0s to 24h0m0s"},
 		{[]string{"--kafka-config-file", badProps}, refused},
+		{[]string{"--topic", strings.Repeat("t", 246)}, "--topic is 246 characters: its dead-letter topic <topic>.dlq would pass Kafka's limit of 249"},
 	}
 	binaries := []struct {
 		pkg  string
@@ -75,7 +76,8 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 			bad{[]string{"--events-topic", "a b"}, "--events-topic 'a b': Kafka topic names"},
 			bad{[]string{"--topic", "orders", "--events-topic", "orders"}, "--events-topic orders: the same topic as --topic"})},
 		{"github.com/kafkatx/kafkatx/examples/dagtrigger", []string{"--topic", "t", "--airflow-url", "http://" + addr, "--dag-id", "d"}, append(consuming,
-			bad{[]string{"--airflow-timeout", "-1s"}, "--airflow-timeout -1s: a duration must not be negative"})},
+			bad{[]string{"--airflow-timeout", "-1s"}, "--airflow-timeout -1s: a duration must not be negative"},
+			bad{[]string{"--airflow-username", "u", "--airflow-password-file", "/nonexistent/pw"}, "--airflow-password-file: open /nonexistent/pw"})},
 		{"github.com/kafkatx/kafkatx/examples/dagservice", nil, []bad{
 			{[]string{"--schema", ""}, "--schema is empty"},
 			{[]string{"--schema", long64}, "is 64 bytes: PostgreSQL identifiers are at most 63"},

@@ -51,6 +51,8 @@ func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
 		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "-X", "security.protocol=bogus", "relay"},
 		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "-X", "no.such.property=1", "offsets", "status", "--group", "g"},
 		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--kafka-config-file", badProps, "console"},
+		{"--database-url-file", "/nonexistent/url", "dlq", "list"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--sasl-mechanism", "s3cret", "relay"},
 	} {
 		out, errOut, code := runCLI(t, bin, args...)
 		if code != 2 {

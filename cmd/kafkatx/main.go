@@ -84,6 +84,12 @@ func (c *CLI) Validate() error {
 	default:
 		return fmt.Errorf("--security-protocol %q: want plaintext, ssl, sasl_plaintext or sasl_ssl", c.SecurityProtocol)
 	}
+	// librdkafka checks the mechanism only under a SASL protocol, and then names the value.
+	switch strings.ToUpper(c.SASLMechanism) {
+	case "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI":
+	default:
+		return errors.New("--sasl-mechanism: want PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or GSSAPI")
+	}
 	return flagcheck.Schema("schema", c.Schema)
 }
 
@@ -143,6 +149,12 @@ func main() {
 	}
 	if err == nil {
 		err = cli.Globals.checkKafkaSettings()
+	}
+	if err == nil && cli.Globals.DatabaseURLFile != "" {
+		// An unreadable file is a usage error, as --sasl-password-file's (it was exit 1).
+		if _, ferr := readSecretFile(cli.Globals.DatabaseURLFile); ferr != nil {
+			err = fmt.Errorf("--database-url-file: %w", ferr)
+		}
 	}
 	if err != nil {
 		// One line and where to read more, not the whole help.

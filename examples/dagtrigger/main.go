@@ -93,7 +93,8 @@ func run() int {
 		checkDAGID(o.dagID),
 		checkOps(o.cdcOps),
 		checkDeleteBefore(o.deleteBefore),
-		checkTokenFile(o.tokenFile),
+		checkTokenFile("airflow-token-file", o.tokenFile),
+		checkTokenFile("airflow-password-file", o.passwordFile),
 	); err != nil {
 		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
 		return 2
@@ -304,15 +305,16 @@ func checkDeleteBefore(s string) error {
 	return nil
 }
 
-// checkTokenFile refuses an --airflow-token-file that cannot be read, before anything
-// connects (the token is read again at each use: a rotated file is followed).
-func checkTokenFile(path string) error {
+// checkTokenFile refuses a secret file (--airflow-token-file, --airflow-password-file) that
+// cannot be read, before anything connects (the file is read again at each use: a rotated
+// file is followed). The password file was accepted unread (a second fresh-eyes attack).
+func checkTokenFile(flag, path string) error {
 	if path == "" {
 		return nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("--airflow-token-file: %w", err)
+		return fmt.Errorf("--%s: %w", flag, err)
 	}
 	return f.Close()
 }

@@ -108,6 +108,12 @@ func (f *Flags) Check() error {
 	); err != nil {
 		return err
 	}
+	// The dead letters go to <topic>.dlq (kafkatx.DeadLetterSuffixDefault), which Kafka must
+	// accept too: a 246-character --topic was created, and then its dead-letter topic refused
+	// (exit 1 after connecting; a second fresh-eyes attack).
+	if dlq := f.Topic + kafkatx.DeadLetterSuffixDefault; flagcheck.Topic("topic", dlq) != nil {
+		return fmt.Errorf("--topic is %d characters: its dead-letter topic %s%s would pass Kafka's limit of 249", len(f.Topic), "<topic>", kafkatx.DeadLetterSuffixDefault)
+	}
 	if _, err := kafkatx.ParseLogChangePolicy(f.OnLogChange); err != nil {
 		return fmt.Errorf("--on-log-change %w", err)
 	}
