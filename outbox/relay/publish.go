@@ -472,9 +472,6 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	if len(pubIDs)+len(parkIDs)+len(retryIDs) == 0 {
 		return nil
 	}
-	if p := r.prod.Load(); p != nil && len(pubIDs) > 0 {
-		p.reach.Up() // a delivery report: a broker answers
-	}
 	// Delivered rows are deleted by range (deleteRanges), or by id once a range held a row
 	// that was not delivered (byID).
 	byID := false

@@ -60,8 +60,10 @@ func (r *Reach) Observe(e kafka.Error) {
 // outage, if any, is over and a wait's clock starts again.
 func (r *Reach) Up() {
 	r.down.Store(0)
-	if r.awaiting.Load() != 0 {
-		r.awaiting.Store(time.Now().UnixNano())
+	// Only a wait still in progress (a report may come from another goroutine as the wait
+	// ends: a plain store would leave a finished wait's clock running).
+	if w := r.awaiting.Load(); w != 0 {
+		r.awaiting.CompareAndSwap(w, time.Now().UnixNano())
 	}
 }
 
