@@ -42,7 +42,9 @@ KAFKA2_TESTS ?= ^(TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase|T
 KAFKA2_PKGS ?= . ./outbox/relay/
 
 # The tests that SIGKILL the development broker (ten times each), alone: every other test of a
-# parallel run would meet the outage too. About 25 minutes (the broker's restart dominates).
+# parallel run would meet the outage too. One package at a time (-p 1): a package's test that
+# starts while another package's test has the broker down fails at once (CI: the relays'
+# frozen-broker tests started during the main package's broker restarts). About 25 minutes (the broker's restart dominates).
 # The broker runs with its SASL_SSL listener (secure): the canary's broker kill produces over it.
 OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed|TestNoSecretWhenTheBrokerDiesMidProduce|TestStaticMemberRidesOutAFrozenBroker|TestDynamicMemberRidesOutAFrozenBroker|TestReadyReportsAFrozenBroker|TestStopWithTheBrokerFrozenIsBounded)$$
 
@@ -51,7 +53,7 @@ test-outages: services-up
 	scripts/dev-services up secure
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}" KAFKATX_BROKER_KILL_TESTS=1; \
-	$(GO) test $(GOTESTFLAGS) -timeout 60m -run '$(OUTAGE_TESTS)' . ./internal/canary/ ./outbox/relay/ ./outbox/walrelay/
+	$(GO) test $(GOTESTFLAGS) -p 1 -timeout 60m -run '$(OUTAGE_TESTS)' . ./internal/canary/ ./outbox/relay/ ./outbox/walrelay/
 
 ## test-kafka2: run $(KAFKA2_TESTS) against a second broker of another Kafka line
 ## (scripts/dev-services up kafka2: Apache Kafka $$KAFKA2_VERSION, default 4.1.2), then stop it
