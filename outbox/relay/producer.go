@@ -59,10 +59,8 @@ func (p *producer) close() {
 		if p.p.Len() > 0 {
 			p.p.Flush(1000)
 		}
-		if !publish.CloseBounded(p.p) {
-			p.log.Warn("the Kafka producer did not close within publish.CloseWait; left to finish in the background (a broker that does not answer)",
-				zap.Duration("waited", publish.CloseWait))
-			return
+		if !publish.CloseBounded(p.p, p.log) {
+			return // its events goroutine ends when the close does
 		}
 		p.wg.Wait()
 	})

@@ -144,10 +144,8 @@ func (k *kafkaSide) drain() {
 
 func (k *kafkaSide) close() {
 	k.reach.Stop()
-	if !publish.CloseBounded(k.p) {
-		k.log.Warn("the Kafka producer did not close within publish.CloseWait; left to finish in the background (a broker that does not answer)",
-			zap.Duration("waited", publish.CloseWait))
-		return
+	if !publish.CloseBounded(k.p, k.log) {
+		return // drain ends when the close does
 	}
 	k.wg.Wait()
 }

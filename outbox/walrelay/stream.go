@@ -430,8 +430,6 @@ func (s *stream) commit(ctx context.Context) error {
 	return s.sendStatus(false)
 }
 
-// abortOpen aborts the open Kafka transaction, if any, and returns err — or errRestart when a
-// record in it was refused (recorded so the next stream parks it).
 // stopping reports whether the relay is being stopped (run's context is done).
 func (s *stream) stopping() bool {
 	select {
@@ -442,6 +440,8 @@ func (s *stream) stopping() bool {
 	}
 }
 
+// abortOpen aborts the open Kafka transaction, if any, and returns err — or errRestart when a
+// record in it was refused (recorded so the next stream parks it).
 func (s *stream) abortOpen(err error) error {
 	if !s.kOpen {
 		return err

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
 )
 
 // Partitioner is both relays' default librdkafka partitioner: murmur2 for keyed records, as
@@ -32,15 +33,17 @@ const CloseWait = 5 * time.Second
 // broker threads, and with a broker frozen or cut off mid-request it did not return until the
 // broker answered again — a SIGTERMed relay or service stayed up for as long as the outage (a
 // second fresh-eyes attack: 40–60 s and more). A close that takes longer is left to finish in
-// the background (or to the process's exit) and CloseBounded returns false; what the producer
-// had not delivered stays unmarked and is published again, as after a crash.
-func CloseBounded(p *kafka.Producer) bool {
+// the background (or to the process's exit), logged on log, and CloseBounded returns false;
+// what the producer had not delivered stays unmarked and is published again, as after a crash.
+func CloseBounded(p *kafka.Producer, log *zap.Logger) bool {
 	done := make(chan struct{})
 	go func() { p.Close(); close(done) }()
 	select {
 	case <-done:
 		return true
 	case <-time.After(CloseWait):
+		log.Warn("the Kafka producer did not close within publish.CloseWait; left to finish in the background (a broker that does not answer)",
+			zap.Duration("waited", CloseWait))
 		return false
 	}
 }
