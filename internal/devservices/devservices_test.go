@@ -80,7 +80,23 @@ func setup(t *testing.T) *devServices {
 		}
 	}
 	d := &devServices{t: t, repo: repo}
-	t.Cleanup(func() { d.run("down", "kafka") })
+	// `down` with no service named stops all the copy started: `up kafka secure` starts
+	// PostgreSQL too (an extra needs both), which `down kafka` left running after the test
+	// (a PostgreSQL under /var/tmp/kafkatx-dev-<hash of the temporary path> per run).
+	t.Cleanup(func() {
+		base := d.state("pg.base")
+		d.run("down")
+		if base == "" {
+			return
+		}
+		if b, err := os.ReadFile(filepath.Join(base, "data", "postmaster.pid")); err == nil && pidAlive(strings.SplitN(string(b), "\n", 2)[0]) {
+			t.Errorf("the copy's PostgreSQL (%s) is still running after down", base)
+		}
+		// As root the cluster lives outside the temporary repository, under /var/tmp.
+		if dir := filepath.Dir(base); strings.HasPrefix(dir, "/var/tmp/kafkatx-dev-") {
+			_ = os.RemoveAll(dir)
+		}
+	})
 	return d
 }
 
@@ -260,4 +276,13 @@ func endOffset(t *testing.T, bootstrap, topic string) int64 {
 		time.Sleep(time.Second)
 	}
 	return high
+}
+
+// pidAlive reports whether the process with the decimal pid s exists.
+func pidAlive(s string) bool {
+	var p int
+	if _, err := fmt.Sscan(s, &p); err != nil || p <= 0 {
+		return false
+	}
+	return syscall.Kill(p, 0) == nil
 }
