@@ -40,6 +40,16 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused := `Invalid value "…" for configuration property "security.protocol"`
+	// A producer setting the outbox relays refuse (the examples run one in-process): refused
+	// before anything connects, as librdkafka's own refusals are (exit 1 after connecting before).
+	acksProps := filepath.Join(t.TempDir(), "acks.properties")
+	if err := os.WriteFile(acksProps, []byte("sasl.password=s3cret\nacks=1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	idemProps := filepath.Join(t.TempDir(), "idempotence.properties")
+	if err := os.WriteFile(idemProps, []byte("enable.idempotence=false\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	long64 := strings.Repeat("s", 64)
 	longTopic := strings.Repeat("t", 250)
 
@@ -66,6 +76,8 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 		{[]string{"--exit-when-idle", "1000h"}, "--exit-when-idle 1000h0m0s: want 0s to 24h0m0s"},
 		{[]string{"--kafka-config-file", badProps}, refused},
 		{[]string{"--topic", strings.Repeat("t", 246)}, "--topic is 246 characters: its dead-letter topic <topic>.dlq would pass Kafka's limit of 249"},
+		{[]string{"--kafka-config-file", acksProps}, "acks=1 is refused: the outbox relay publishes with acks=all"},
+		{[]string{"--kafka-config-file", idemProps}, "enable.idempotence=false is refused"},
 	}
 	binaries := []struct {
 		pkg  string
@@ -91,7 +103,12 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 			{[]string{"-X", "nonsense", "dlq", "list"}, "--kafka-config (-X) nonsense: want key=value"},
 			{[]string{"-X", "=v", "dlq", "list"}, "want key=value"},
 			{[]string{"-X", "security.protocol=bogus-s3cret", "dlq", "list"}, refused},
-			{[]string{"--kafka-config-file", badProps, "relay"}, refused},
+			{[]string{"--kafka-config-file", badProps, "relay"}, "--kafka-config-file " + badProps + ": kafka settings: " + refused},
+			{[]string{"--kafka-config-file", acksProps, "relay"}, "acks=1 is refused: the outbox relay publishes with acks=all"},
+			{[]string{"-X", "request.required.acks=0", "relay"}, "request.required.acks=0 is refused"},
+			{[]string{"-X", "acks=s3cret", "relay"}, `Invalid value for configuration property "request.required.acks"`},
+			{[]string{"-X", "enable.idempotence=false", "relay"}, "enable.idempotence=false is refused"},
+			{[]string{"-X", "transactional.id=s3cret-tx", "relay"}, "transactional.id is refused"},
 			{[]string{"-X", "no.such.property=s3cret", "console", "--token-file", "/dev/null"}, `No such configuration property: "no.such.property"`},
 			{[]string{"offsets", "status", "--group", ""}, "--group is empty"},
 			{[]string{"offsets", "status", "--group", "g", "--topic", ""}, "--topic is empty"},

@@ -14,7 +14,8 @@ import (
 )
 
 // Read adds the key=value lines of the file at path to cfg (later lines win; blank lines and
-// lines starting with # or ! are skipped; keys and values are trimmed). Errors name the file
+// lines starting with # or ! are skipped; keys and values are trimmed; a UTF-8 byte-order
+// mark at the start of the file is skipped). Errors name the file
 // and line, never a value: the file may hold secrets such as sasl.password.
 func Read(path string, cfg kafka.ConfigMap) error {
 	f, err := os.Open(path)
@@ -24,7 +25,12 @@ func Read(path string, cfg kafka.ConfigMap) error {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
+		line := sc.Text()
+		if n == 1 {
+			// A byte-order mark (files saved by some Windows editors) is not part of the first key.
+			line = strings.TrimPrefix(line, "\ufeff")
+		}
+		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "!") {
 			continue
 		}

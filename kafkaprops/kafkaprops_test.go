@@ -1,6 +1,8 @@
 package kafkaprops
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,5 +42,25 @@ func TestCheckNamesTheRefusedPropertyNotItsValue(t *testing.T) {
 		case c.want != "" && strings.Contains(err.Error(), "\n"):
 			t.Errorf("Check: %q is not one line", err)
 		}
+	}
+}
+
+// A properties file saved with a UTF-8 byte-order mark (Windows editors) read as a first key
+// "\ufeffbootstrap.servers", which librdkafka refused as an unknown property whose name looked
+// like the right one.
+func TestReadSkipsAByteOrderMark(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "bom.properties")
+	if err := os.WriteFile(path, []byte("\ufeffsecurity.protocol=plaintext\n# \ufeff not at the start: kept\nclient.id=x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := kafka.ConfigMap{}
+	if err := Read(path, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok := cfg["security.protocol"]; !ok || v != "plaintext" {
+		t.Fatalf("security.protocol after a byte-order mark: %v (%v), want plaintext; keys %v", v, ok, cfg)
+	}
+	if err := Check(cfg); err != nil {
+		t.Fatalf("Check after Read: %v", err)
 	}
 }

@@ -31,7 +31,8 @@ func (g *Globals) kafkaConfig(clientID string) (kafka.ConfigMap, error) {
 // checkKafkaSettings has librdkafka check the settings the flags give (kafkaprops.Check), at
 // parse time: a property it does not know, a value it refuses, an unreadable file or a bad
 // line is a usage error before anything connects (it was exit status 1 from the first
-// client). Nothing to check when no Kafka setting is given.
+// client); a refused setting of the file is named with the file's path. Nothing to check when
+// no Kafka setting is given.
 func (g *Globals) checkKafkaSettings() error {
 	if g.KafkaConfigFile == "" && len(g.KafkaConfig) == 0 && g.SecurityProtocol == "" && g.SASLMechanism == "" &&
 		g.SASLUsername == "" && g.SASLPasswordFile == "" {
@@ -40,6 +41,16 @@ func (g *Globals) checkKafkaSettings() error {
 	cfg, err := g.kafkaSettings()
 	if err != nil {
 		return err
+	}
+	if g.KafkaConfigFile != "" {
+		// The file's own settings first, so a refusal of one of them names the file.
+		file := kafka.ConfigMap{}
+		if err := kafkaprops.Read(g.KafkaConfigFile, file); err != nil {
+			return err
+		}
+		if err := kafkaprops.Check(file); err != nil {
+			return fmt.Errorf("--kafka-config-file %s: %w", g.KafkaConfigFile, err)
+		}
 	}
 	return kafkaprops.Check(cfg)
 }

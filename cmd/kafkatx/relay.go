@@ -119,6 +119,11 @@ func (c *RelayCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	// Settings both relays refuse (acks=1, enable.idempotence=false, transactional.id) are the
+	// usage error, before anything connects: relays.New refused them only after the database.
+	if err := relays.CheckKafka(kcfg); err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
 	kcfg = kafkalog.Route(log, kcfg) // librdkafka's lines through the JSON logger, not raw on stderr
 	// --health-addr answers from here: /healthz 200 while the database is waited for (a
 	// promotion takes up to pgstart.Within), /readyz 503 naming the wait.

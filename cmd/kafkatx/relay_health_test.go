@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox/walrelay"
 )
 
 // `kafkatx relay --health-addr` started while its PostgreSQL is in recovery (a standby being
@@ -95,4 +96,58 @@ func TestRelayCommandIsNotReadyWhileKafkaIsUnreachable(t *testing.T) {
 	})
 	testenv.Forward(t, kafkaAddr, strings.Split(brokers, ",")[0])
 	waitBody("200 once a broker answers", func(code int, body string) bool { return code == http.StatusOK })
+}
+
+// In WAL mode a second `kafkatx relay` waits for the slot the first streams. Its /readyz
+// answered 503 with no reason, then after 10 s "cannot publish", for as long as the first ran:
+// a standby read as a failure (a rollout of two replicas never completed). Now a standby is
+// ready with "standby":true, as a table relay's standby is, past walrelay.NotReadyAfter too.
+func TestWALRelayStandbyIsReady(t *testing.T) {
+	t.Parallel()
+	bin := buildCLI(t)
+	dsn := testenv.Database(t)
+	brokers := testenv.Brokers(t)
+	t.Cleanup(func() {
+		_, _, _ = runCLI(t, bin, "--database-url", dsn, "outbox", "drop-slot", "--force")
+	})
+	if out, stderr, code := runCLI(t, bin, "--database-url", dsn, "migrate", "up", "--outbox-mode", "wal"); code != 0 {
+		t.Fatalf("migrate up --outbox-mode wal: exit %d, %q %q", code, out, stderr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	start := func() (string, *bytes.Buffer) {
+		addr := testenv.FreeAddr(t)
+		cmd := exec.CommandContext(ctx, bin, "relay", "--brokers", brokers, "--database-url", dsn, "--health-addr", addr)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return addr, &stderr
+	}
+	waitFor := func(addr string, stderr *bytes.Buffer, want string) string {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			code, body := testenv.Get(addr, "/readyz")
+			if code == http.StatusOK && strings.Contains(body, want) {
+				return body
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz = %d %s, want 200 with %s\n%s", code, body, want, stderr.String())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	first, firstErr := start()
+	waitFor(first, firstErr, `"streaming":true`)
+	second, secondErr := start()
+	waitFor(second, secondErr, `"standby":true`)
+	time.Sleep(walrelay.NotReadyAfter + 2*time.Second)
+	if code, body := testenv.Get(second, "/readyz"); code != http.StatusOK || !strings.Contains(body, `"standby":true`) || strings.Contains(body, `"reason"`) {
+		t.Fatalf("the standby's /readyz %s after it started: %d %s, want 200, standby, no reason\n%s", walrelay.NotReadyAfter+2*time.Second, code, body, secondErr.String())
+	}
+	if code, body := testenv.Get(first, "/readyz"); code != http.StatusOK || strings.Contains(body, `"reason"`) {
+		t.Fatalf("the streaming relay's /readyz: %d %s, want 200 without a reason", code, body)
+	}
 }

@@ -3,7 +3,6 @@ package relay
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -35,7 +34,8 @@ type Config struct {
 	// message.timeout.ms=60000, go.delivery.report.fields=none (delivery reports carry no
 	// copy of the key and value), and go.events.channel.size=1000 and
 	// go.produce.channel.size=1 (see eventsChannelSize). enable.idempotence=false, acks other
-	// than all/-1 and transactional.id are refused.
+	// than all/-1 and transactional.id are refused (New's error; the rule is both relays'
+	// and relays.CheckKafka applies it before anything connects).
 	Kafka kafka.ConfigMap
 
 	// Schema holds the outbox table. Defaults to "kafkatx".
@@ -144,22 +144,8 @@ func (c *Config) withDefaults() (*Config, error) {
 	if v, ok := out.Kafka["bootstrap.servers"]; !ok || fmt.Sprint(v) == "" {
 		return nil, errors.New(`relay: Config.Kafka needs "bootstrap.servers"`)
 	}
-	if v, ok := out.Kafka["enable.idempotence"]; ok && !strings.EqualFold(fmt.Sprint(v), "true") {
-		return nil, errors.New("relay: Config.Kafka enable.idempotence=false is refused: the relay needs the idempotent producer (no duplicates or reordering on retries)")
-	}
-	if v, ok := out.Kafka["transactional.id"]; ok && fmt.Sprint(v) != "" {
-		// A transactional producer refuses every produce outside a transaction, and the
-		// relay runs none: a row's "exactly once" comes from its outbox id, not from Kafka
-		// transactions. Refused here rather than failing every round.
-		return nil, errors.New("relay: Config.Kafka transactional.id is refused: the relay publishes with an idempotent, non-transactional producer " +
-			"(consumers deduplicate by the kafkatx-outbox-id header)")
-	}
-	for _, k := range []string{"acks", "request.required.acks"} {
-		if v, ok := out.Kafka[k]; ok {
-			if s := strings.ToLower(fmt.Sprint(v)); s != "all" && s != "-1" {
-				return nil, fmt.Errorf("relay: Config.Kafka %s=%s is refused: the relay publishes with acks=all", k, s)
-			}
-		}
+	if err := publish.RefuseSettings(out.Kafka); err != nil {
+		return nil, fmt.Errorf("relay: Config.Kafka %w", err)
 	}
 	setDefault := func(k string, v kafka.ConfigValue) {
 		if _, ok := out.Kafka[k]; !ok {

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/outbox/walrelay"
 	"github.com/kafkatx/kafkatx/retention"
@@ -65,6 +66,18 @@ type Options struct {
 	// Registerer, session connection and retention from the fields above.
 	Table relay.Config
 	WAL   walrelay.Config
+}
+
+// CheckKafka returns an error naming the first setting of kc that both relays refuse
+// (enable.idempotence other than true, acks other than all/-1, a transactional.id), or nil.
+// relay.New and walrelay.New refuse the same settings; this checks them before anything
+// connects, for a command line's usage error (kafkatx relay and the examples exit 2). The
+// error names the property, never a value that could be a secret.
+func CheckKafka(kc kafka.ConfigMap) error {
+	if err := publish.RefuseSettings(kc); err != nil {
+		return fmt.Errorf("kafka settings: %w", err)
+	}
+	return nil
 }
 
 // New returns the relay of o.Mode; an unknown mode is an error.

@@ -16,7 +16,8 @@ type Config struct {
 	// Kafka is the producer's base configuration (bootstrap.servers and security settings).
 	// The relay sets transactional.id (TransactionalIDPrefix + slot name), enable.idempotence
 	// and acks=all, and, unless given, partitioner=murmur2_random (the Java client's, as the
-	// table relay) and linger.ms=5.
+	// table relay) and linger.ms=5. As the table relay, New refuses enable.idempotence other
+	// than true, acks other than all/-1 and a transactional.id (relays.CheckKafka).
 	Kafka kafka.ConfigMap
 	// Schema holds kafkatx's tables and names the slot. Defaults to "kafkatx".
 	Schema string

@@ -39,6 +39,9 @@ type Relay struct {
 	m    *metrics
 
 	streaming atomic.Bool
+	// standby: the last try found the slot streamed by another relay (SQLSTATE 55006), a
+	// healthy state as a table relay's standby is: Ready, Stats.
+	standby atomic.Bool
 	// reach is the streaming producer's (nil when not streaming): Ready.
 	reach atomic.Pointer[publish.Reach]
 	// failSince is when the relay last stopped streaming on an error with no stream since
@@ -90,6 +93,9 @@ type Stats struct {
 	Parked       int64 // records parked (refused by the broker or undecodable)
 	Transactions int64 // Kafka transactions committed
 	Streaming    bool
+	// Standby: not streaming because another relay streams the slot (its last try got
+	// SQLSTATE 55006); it takes over when that one stops. Ready while it waits.
+	Standby bool
 }
 
 // New checks cfg and returns a relay.
@@ -103,6 +109,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	}
 	if _, ok := cfg.Kafka["bootstrap.servers"]; !ok {
 		return nil, errors.New("walrelay: Config.Kafka has no bootstrap.servers")
+	}
+	if err := publish.RefuseSettings(cfg.Kafka); err != nil {
+		return nil, fmt.Errorf("walrelay: Config.Kafka %w", err)
 	}
 	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With(zap.String("relay", "wal"), zap.String("schema", cfg.Schema)),
 		refuse: map[position]string{}, isolate: map[position]bool{}}
@@ -118,7 +127,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 func (r *Relay) Stats() Stats {
 	return Stats{Steps: StepTimes{Receive: time.Duration(r.steps.receive.Load()), Handle: time.Duration(r.steps.handle.Load()),
 		QueueFull: time.Duration(r.steps.queueFull.Load()), Commit: time.Duration(r.steps.commit.Load())},
-		Published: r.published.Load(), Parked: r.parked.Load(), Transactions: r.transactions.Load(), Streaming: r.streaming.Load()}
+		Published: r.published.Load(), Parked: r.parked.Load(), Transactions: r.transactions.Load(), Streaming: r.streaming.Load(),
+		Standby: r.standby.Load()}
 }
 
 // FatalError is Run's error when the relay cannot go on without an operator: the slot is
@@ -144,7 +154,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
+		var pe *pgconn.PgError
+		inUse := errors.As(err, &pe) && pe.Code == "55006"
+		r.standby.Store(inUse)
+		switch {
+		case inUse:
+			// Another relay streams the slot, so the schema's events are being published:
+			// waiting for it is not a failure (a second replica of a service running its relay
+			// in-process was reported not ready for as long as the first ran).
+			r.failSince.Store(0)
+		case err != nil:
 			r.failSince.CompareAndSwap(0, time.Now().UnixNano())
 			msg := err.Error()
 			r.failErr.Store(&msg)
@@ -162,8 +181,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		quick = 0
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "55006" {
+		if inUse {
 			r.log.Info("the slot is in use by another relay (or a walsender not yet gone); waiting", zap.String("detail", pe.Message))
 		} else if err != nil {
 			r.log.Warn("WAL relay: reconnecting", zap.Error(err))
@@ -185,7 +203,8 @@ const maxQuickRestarts = 4
 const NotReadyAfter = 10 * time.Second
 
 // Ready returns nil unless the relay has not streamed for NotReadyAfter or longer because
-// every try failed, or streams while librdkafka has reported every broker down for
+// every try failed (waiting while another relay streams the slot is not a failure: a standby
+// is ready, as a table relay's is), or streams while librdkafka has reported every broker down for
 // NotReadyAfter with none answering since (also with nothing to publish: nothing written now
 // would be), and then an error naming since when and the last failure. For a readiness
 // probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from any
@@ -330,6 +349,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	st := &stream{r: r, conn: conn, k: k, prefix: outbox.WALPrefix(schema), ckpt: cov.through, slot: s.Slot,
 		src: sourceHash(sys.SystemID, sys.DBName, schema), sysID: sys.SystemID, tl: tl}
 	r.streaming.Store(true)
+	r.standby.Store(false)
 	r.failSince.Store(0)
 	if !r.logged.Swap(true) || tl.current != r.timeline.Swap(tl.current) {
 		r.log.Info("streaming", zap.String("slot", s.Slot), zap.String("publication", s.Publication),

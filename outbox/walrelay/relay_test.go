@@ -120,17 +120,22 @@ func TestSIGKILLAtEachPointPublishesEachRecordOnce(t *testing.T) {
 	}
 }
 
-// Two relays on one slot: the second waits (55006) while the first streams, takes over when
-// it stops, and together they publish each record once.
+// Two relays on one slot: the second waits (55006) while the first streams, ready as a
+// standby, takes over when it stops, and together they publish each record once.
 func TestSecondRelayWaitsForTheSlotAndTakesOver(t *testing.T) {
 	b := newBundle(t)
 	r1, stop1, done1 := b.start(t, b.config(t))
 	waitStreaming(t, r1)
 	r2, _, _ := b.start(t, b.config(t))
 	b.write(t, "x", 500, 10)
-	time.Sleep(2 * time.Second)
-	if r2.Stats().Streaming {
-		t.Fatal("the second relay streams while the first holds the slot")
+	// Past NotReadyAfter: a standby is ready (it was reported "cannot publish" after 10 s,
+	// which made a second replica of a service running its relay in-process not ready).
+	time.Sleep(NotReadyAfter + time.Second)
+	if s := r2.Stats(); s.Streaming || !s.Standby {
+		t.Fatalf("the second relay while the first holds the slot: streaming %v, standby %v; want a standby", s.Streaming, s.Standby)
+	}
+	if err := r2.Ready(context.Background()); err != nil {
+		t.Fatalf("the standby relay is not ready: %v", err)
 	}
 	stop1()
 	<-done1

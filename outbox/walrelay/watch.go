@@ -37,7 +37,23 @@ type Health struct {
 // max_slot_wal_keep_size, its WAL removed only at the next checkpoint) still streams: ready,
 // with the warning of watchSlot.
 func (h Health) Ready() bool {
-	return !h.Missing && h.WALStatus != "lost" && h.Stopped == "" && !h.At.IsZero()
+	return h.NotReady() == ""
+}
+
+// NotReady is why the relay cannot stream the slot, one line for a readiness probe's body, or
+// "" when it can (Ready).
+func (h Health) NotReady() string {
+	switch {
+	case h.Stopped != "":
+		return h.Stopped
+	case h.Missing:
+		return fmt.Sprintf("replication slot %s does not exist", h.Slot)
+	case h.WALStatus == "lost":
+		return fmt.Sprintf("replication slot %s was invalidated (wal_status lost)", h.Slot)
+	case h.At.IsZero():
+		return "the replication slot has not been read yet (the relay is starting)"
+	}
+	return ""
 }
 
 // fatal is the loud error for a slot that is missing or lost.

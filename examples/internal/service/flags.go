@@ -16,6 +16,7 @@ import (
 	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/kafkaprops"
 	"github.com/kafkatx/kafkatx/logging"
+	"github.com/kafkatx/kafkatx/outbox/relays"
 )
 
 // Flags are the command-line options every consuming example takes (docs/examples.md, "Every
@@ -140,7 +141,9 @@ func (f *Flags) checkMetricsAddr() error {
 // LoadKafkaConfigFile reads --kafka-config-file (once; later calls reuse it) and has
 // librdkafka check the consumer's settings with it (kafkaprops.Check): a property it does not
 // know or a value it refuses is an error here, the usage error, rather than at the first
-// client. Errors name the file and line or the property, never a value.
+// client; so is a producer setting the in-process relay refuses (relays.CheckKafka: acks
+// other than all, enable.idempotence=false, transactional.id). Errors name the file and line
+// or the property, never a value.
 func (f *Flags) LoadKafkaConfigFile() error {
 	if f.kafkaProps != nil || f.KafkaConfigFile == "" {
 		return nil
@@ -151,6 +154,11 @@ func (f *Flags) LoadKafkaConfigFile() error {
 	}
 	f.kafkaProps = props
 	if err := kafkaprops.Check(f.KafkaConfig()); err != nil {
+		f.kafkaProps = nil
+		return fmt.Errorf("kafka config file %s: %w", f.KafkaConfigFile, err)
+	}
+	// The in-process relay's producer starts from the same file (ClientConfig).
+	if err := relays.CheckKafka(f.ClientConfig()); err != nil {
 		f.kafkaProps = nil
 		return fmt.Errorf("kafka config file %s: %w", f.KafkaConfigFile, err)
 	}
