@@ -5,6 +5,7 @@ package topics
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -29,10 +30,23 @@ func Ensure(ctx context.Context, log *zap.Logger, kafkaConfig kafka.ConfigMap, n
 	for _, n := range names {
 		specs = append(specs, kafka.TopicSpecification{Topic: n, NumPartitions: partitions, ReplicationFactor: replication, Config: extra})
 	}
+	// The client's errors come as events of its producer: keep the last authentication
+	// failure, so that a wrong password or certificate is named instead of a deadline.
+	var authErr atomic.Pointer[kafka.Error]
+	go func() {
+		for ev := range p.Events() { // closed by p.Close
+			if e, ok := ev.(kafka.Error); ok && authFailure(e.Code()) {
+				authErr.Store(&e)
+			}
+		}
+	}()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	res, err := admin.CreateTopics(ctx, specs, kafka.SetAdminOperationTimeout(timeout))
 	if err != nil {
+		if e := authErr.Load(); e != nil {
+			return fmt.Errorf("create topics %v on the Kafka cluster at %v: authentication failed (check the SASL or TLS settings): %v", names, kafkaConfig["bootstrap.servers"], *e)
+		}
 		return fmt.Errorf("create topics %v on the Kafka cluster at %v (is it reachable?): %w", names, kafkaConfig["bootstrap.servers"], err)
 	}
 	for _, r := range res {
@@ -41,4 +55,14 @@ func Ensure(ctx context.Context, log *zap.Logger, kafkaConfig kafka.ConfigMap, n
 		}
 	}
 	return nil
+}
+
+// authFailure reports whether code is an authentication failure: SASL (a wrong mechanism,
+// user or password) or TLS (a certificate the client or the broker refuses).
+func authFailure(code kafka.ErrorCode) bool {
+	switch code {
+	case kafka.ErrAuthentication, kafka.ErrSaslAuthenticationFailed, kafka.ErrSsl:
+		return true
+	}
+	return false
 }
