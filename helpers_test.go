@@ -221,25 +221,13 @@ func (b *testBundle) q(t *testing.T, sql string, args ...any) int64 {
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.WaitFor(t, timeout, what, cond)
 }
 
 // waitForThen is waitFor, naming detail() — evaluated at the deadline — when it times out.
 func waitForThen(t *testing.T, timeout time.Duration, what string, cond func() bool, detail func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; %s", timeout, what, detail())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.WaitFor(t, timeout, what, cond, detail)
 }
 
 // committedOffsets returns the group's committed offsets per partition of the topic.

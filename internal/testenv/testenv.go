@@ -515,3 +515,20 @@ func AddPartitions(t testing.TB, brokers, topic string, total int) {
 		t.Fatalf("testenv: topic %s: %v", topic, err)
 	}
 }
+
+// WaitFor polls cond every 50 ms until it holds, and fails the test when timeout passes
+// first, naming what was awaited and, when given, detail() evaluated at the deadline.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool, detail ...func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			msg := ""
+			for _, d := range detail {
+				msg += "; " + d()
+			}
+			t.Fatalf("timed out after %s waiting for %s%s", timeout, what, msg)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -141,16 +141,10 @@ func (b *testBundle) outboxIDs(t *testing.T) map[int64]string {
 	return out
 }
 
-// waitFor polls cond every 50ms until it holds or timeout passes.
+// waitFor polls cond every 50ms until it holds or timeout passes (testenv.WaitFor).
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.WaitFor(t, timeout, what, cond)
 }
 
 // topicCount returns the number of records in topic (sum of high minus low watermarks).

@@ -2,6 +2,7 @@ package walrelay
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -22,15 +23,10 @@ func TestReadyReportsAFrozenBroker(t *testing.T) {
 	r, _, _ := b.start(t, b.config(t))
 	ctx := context.Background()
 	b.write(t, "before", 100, 10)
+	ready := func() string { return fmt.Sprintf("Ready: %v", r.Ready(ctx)) }
 	wait := func(d time.Duration, what string, cond func() bool) {
 		t.Helper()
-		end := time.Now().Add(d)
-		for !cond() {
-			if time.Now().After(end) {
-				t.Fatalf("timed out after %s waiting for %s (Ready: %v)", d, what, r.Ready(ctx))
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		testenv.WaitFor(t, d, what, cond, ready)
 	}
 	wait(60*time.Second, "the first records published", func() bool { return r.Stats().Published >= 100 })
 	resume := testenv.StopBroker(t, b.brokers)
