@@ -68,10 +68,41 @@ func Check(cfg kafka.ConfigMap) error {
 	// their values are still checked.
 	p, err := kafka.NewProducer(&probe)
 	if err != nil {
-		return fmt.Errorf("kafka settings: %s", Redact(err.Error(), cfg))
+		return fmt.Errorf("kafka settings: %s", nameAliases(Redact(err.Error(), cfg), cfg))
 	}
 	p.Close()
 	return nil
+}
+
+// aliases maps librdkafka's canonical property names, which its errors use, to their alias
+// (CONFIGURATION.md: "Alias for"): an error about a value set under the alias names the other.
+var aliases = map[string]string{
+	"request.required.acks":                 "acks",
+	"queue.buffering.max.ms":                "linger.ms",
+	"message.send.max.retries":              "retries",
+	"compression.codec":                     "compression.type",
+	"max.in.flight.requests.per.connection": "max.in.flight",
+	"metadata.broker.list":                  "bootstrap.servers",
+	"sasl.mechanisms":                       "sasl.mechanism",
+	"message.timeout.ms":                    "delivery.timeout.ms",
+}
+
+// nameAliases adds " (set as ALIAS)" after each canonical property msg quotes that cfg does
+// not hold but holds under its alias.
+func nameAliases(msg string, cfg kafka.ConfigMap) string {
+	for prop, alias := range aliases {
+		q := `"` + prop + `"`
+		if !strings.Contains(msg, q) {
+			continue
+		}
+		if _, ok := cfg[prop]; ok {
+			continue
+		}
+		if _, ok := cfg[alias]; ok {
+			msg = strings.ReplaceAll(msg, q, q+" (set as "+alias+")")
+		}
+	}
+	return msg
 }
 
 // outOfRange matches a number librdkafka names out of range: `property "NAME" value -5 is
@@ -82,7 +113,7 @@ var outOfRange = regexp.MustCompile(`value \S+ is`)
 // number named out of range, replaced by "…"; property names (cfg's keys) stay. For messages
 // about cfg that may quote a value: librdkafka's configuration errors and warnings.
 func Redact(msg string, cfg kafka.ConfigMap) string {
-	msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", " ; ")), " ")
+	msg = strings.TrimSuffix(strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", " ; ")), " "), " ;")
 	var values []string
 	for k, v := range cfg {
 		s := fmt.Sprint(v)

@@ -64,3 +64,24 @@ func TestReadSkipsAByteOrderMark(t *testing.T) {
 		t.Fatalf("Check after Read: %v", err)
 	}
 }
+
+// librdkafka names a refused value by its canonical property (request.required.acks for a
+// bad acks): the error adds the name the settings used.
+func TestCheckNamesTheAliasUsed(t *testing.T) {
+	for _, c := range []struct {
+		cfg  kafka.ConfigMap
+		want string
+	}{
+		{kafka.ConfigMap{"acks": "s3cret"}, `"request.required.acks" (set as acks)`},
+		{kafka.ConfigMap{"linger.ms": "-5"}, `"queue.buffering.max.ms" (set as linger.ms)`},
+		{kafka.ConfigMap{"compression.type": "s3cret"}, `"compression.codec" (set as compression.type)`},
+	} {
+		err := Check(c.cfg)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("Check(%v) = %v, want an error with %q and no value", c.cfg, err, c.want)
+		}
+	}
+	if err := Check(kafka.ConfigMap{"request.required.acks": "bogus-x"}); err == nil || strings.Contains(err.Error(), "set as") {
+		t.Errorf("the canonical name set: %v, want an error without an alias note", err)
+	}
+}
