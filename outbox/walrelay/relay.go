@@ -156,7 +156,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		var pe *pgconn.PgError
 		inUse := errors.As(err, &pe) && pe.Code == "55006"
-		r.standby.Store(inUse)
+		wasStandby := r.standby.Swap(inUse)
 		switch {
 		case inUse:
 			// Another relay streams the slot, so the schema's events are being published:
@@ -181,9 +181,11 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		quick = 0
-		if inUse {
+		switch {
+		case inUse && !wasStandby: // once when it starts waiting, not at every retry
 			r.log.Info("the slot is in use by another relay (or a walsender not yet gone); waiting", zap.String("detail", pe.Message))
-		} else if err != nil {
+		case inUse:
+		case err != nil:
 			r.log.Warn("WAL relay: reconnecting", zap.Error(err))
 		}
 		select {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kafkatx/kafkatx/outbox"
 )
@@ -126,7 +128,10 @@ func TestSecondRelayWaitsForTheSlotAndTakesOver(t *testing.T) {
 	b := newBundle(t)
 	r1, stop1, done1 := b.start(t, b.config(t))
 	waitStreaming(t, r1)
-	r2, _, _ := b.start(t, b.config(t))
+	cfg2 := b.config(t)
+	core, logs := observer.New(zap.InfoLevel)
+	cfg2.Logger = zap.New(core)
+	r2, _, _ := b.start(t, cfg2)
 	b.write(t, "x", 500, 10)
 	// Past NotReadyAfter: a standby is ready (it was reported "cannot publish" after 10 s,
 	// which made a second replica of a service running its relay in-process not ready).
@@ -136,6 +141,14 @@ func TestSecondRelayWaitsForTheSlotAndTakesOver(t *testing.T) {
 	}
 	if err := r2.Ready(context.Background()); err != nil {
 		t.Fatalf("the standby relay is not ready: %v", err)
+	}
+	// It retried every RetryInterval (100 ms here): one line when it started waiting, not one
+	// per retry, and no "reconnecting" warning for a slot another relay streams.
+	if n := logs.FilterMessageSnippet("in use by another relay").Len(); n != 1 {
+		t.Errorf("%d lines about the slot in use over %s of waiting, want 1", n, NotReadyAfter+time.Second)
+	}
+	if n := logs.FilterMessageSnippet("reconnecting").Len(); n != 0 {
+		t.Errorf("%d reconnecting warnings from a standby, want 0", n)
 	}
 	stop1()
 	<-done1
