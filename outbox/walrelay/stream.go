@@ -407,11 +407,26 @@ func (s *stream) commit(ctx context.Context) error {
 	// progress (60 s at most). It cannot be left behind: closing the producer while it runs
 	// aborts the process (rd_kafka_txn_op_req0: "rk_ops queue disabled").
 	err = s.k.p.CommitTransaction(cctx)
+	cancel()
+	// A retriable failure (librdkafka: the API timeout passed while the commit still flushes,
+	// a broker down) leaves the commit running inside librdkafka with its outcome unknown: it
+	// may still commit. librdkafka's contract is to call CommitTransaction again until it
+	// succeeds or fails for good; an abort is refused meanwhile ("Conflicting
+	// commit_transaction API call is already in progress"). Abandoning the producer then and
+	// streaming again from the checkpoint published the transaction twice when it did commit
+	// after all (a fresh-eyes attack: broker SIGKILLs mid-commit, 2 of 4 runs with duplicates
+	// under read_committed). So wait for the outcome, as long as the relay is not stopping.
+	for err != nil && retriable(err) && !s.stopping() {
+		s.r.log.Warn("the Kafka transaction's commit has not finished; waiting for its outcome (its records may already be committed)",
+			zap.Int("records", s.kRecords), zap.Error(err))
+		cctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+		err = s.k.p.CommitTransaction(cctx)
+		cancel()
+	}
 	awaited()
 	if err == nil {
 		s.k.reach.Up()
 	}
-	cancel()
 	s.r.steps.commit.Add(int64(time.Since(tc)))
 	if err != nil {
 		if !s.k.reports {
@@ -573,4 +588,11 @@ func (s *stream) isolated(at position) bool {
 	s.r.mu.Lock()
 	defer s.r.mu.Unlock()
 	return s.r.isolate[at]
+}
+
+// retriable reports whether err is a librdkafka error the same call may be retried on
+// (kafka.Error.IsRetriable): for CommitTransaction, an outcome not known yet.
+func retriable(err error) bool {
+	var ke kafka.Error
+	return errors.As(err, &ke) && ke.IsRetriable() && !ke.IsFatal() && !ke.TxnRequiresAbort()
 }

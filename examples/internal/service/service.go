@@ -102,13 +102,16 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	o.Consumer.AddReadinessCheck("outbox relay", rl.Ready)
+	if check := slotReady(rl); check != nil {
+		o.Consumer.AddReadinessCheck("outbox slot", check)
+	}
 	if o.Probes == nil {
 		if o.Probes, err = StartProbes(o.MetricsAddr, o.Registry); err != nil {
 			return err
 		}
 		defer o.Probes.Close()
 	}
-	o.Probes.Serve(withOutboxSlot(Handler(o.Consumer, o.Registry), rl))
+	o.Probes.Serve(Handler(o.Consumer, o.Registry))
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))

@@ -1,35 +1,32 @@
 package service
 
 import (
-	"encoding/json"
-	"net/http"
+	"context"
+	"fmt"
 
 	"github.com/kafkatx/kafkatx/outbox/walrelay"
 )
 
-// withOutboxSlot makes /readyz answer 503 while the in-process WAL relay does not stream or
-// its slot is missing or lost (walrelay.Health), with the slot's figures in the JSON body;
-// otherwise (and for every other path, or a table relay) h answers.
-func withOutboxSlot(h http.Handler, rl inProcessRelay) http.Handler {
+// slotReady is the readiness check of an in-process WAL relay's slot (nil for a table relay):
+// an error while the relay neither streams the slot nor stands by while another relay streams
+// it (walrelay.Stats.Standby: a second replica of the service), or the slot is missing or lost
+// (walrelay.Health), naming why and the slot's figures. It goes through the consumer's
+// readiness (kafkatx.Consumer.AddReadinessCheck), so /readyz keeps the consumer's JSON shape.
+func slotReady(rl inProcessRelay) func(context.Context) error {
 	w, ok := rl.(*walrelay.Relay)
 	if !ok {
-		return h
+		return nil
 	}
-	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/readyz" {
-			h.ServeHTTP(rw, r)
-			return
-		}
+	return func(context.Context) error {
 		hl, st := w.Health(), w.Stats()
-		if st.Streaming && hl.Ready() {
-			h.ServeHTTP(rw, r)
-			return
+		why := hl.NotReady()
+		if why == "" && !st.Streaming && !st.Standby {
+			why = "not streaming the replication slot yet (the stream is being opened)"
 		}
-		body, _ := json.Marshal(map[string]any{"ready": false, "reason": "the outbox's WAL relay is not streaming from its slot",
-			"slot": hl.Slot, "slot_missing": hl.Missing, "wal_status": hl.WALStatus, "slot_retained_bytes": hl.RetainedBytes,
-			"slot_lag_bytes": hl.LagBytes, "slot_safe_bytes": hl.SafeBytes})
-		rw.Header().Set("Content-Type", "application/json")
-		rw.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = rw.Write(append(body, '\n'))
-	})
+		if why == "" {
+			return nil
+		}
+		return fmt.Errorf("the outbox's WAL relay: %s (slot %s, wal_status %q, retained %d bytes, lag %d bytes)",
+			why, hl.Slot, hl.WALStatus, hl.RetainedBytes, hl.LagBytes)
+	}
 }
