@@ -258,7 +258,7 @@ func (e *LogChangedError) Error() string {
 			"offsets [%d, %d) were applied after the last check that still saw the old log and may be records of the new log: check them "+
 			"(kafkatx offsets audit shows this halt with the range). Then, with the consumer stopped, adopt the new log with "+
 			"`kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` (that runs those offsets of the new log "+
-			"again: the handler's idempotency decides) or --to-offset N, or set Config.OnLogChange",
+			"again: the handler's idempotency decides) or --to-offset N, or set Config.OnLogChange (--on-log-change in the examples)",
 			e.Group, e.Topic, e.Partition, c.What(), e.AppliedFrom, e.Watermark, shellWord(e.Group), shellWord(e.Topic))
 	}
 	logRange := "" // -1: not read (the running check reads ids only)
@@ -268,7 +268,7 @@ func (e *LogChangedError) Error() string {
 	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed: %s. The watermark %d counts offsets of the old log "+
 		"and means nothing in the new one%s: kafkatx will not start at it there (it would skip or mix up records) and processed nothing. "+
 		"With the consumer stopped, adopt the new log from its start with `kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` "+
-		"(or --to-latest, --to-time), or set Config.OnLogChange",
+		"(or --to-latest, --to-time), or set Config.OnLogChange (--on-log-change in the examples)",
 		e.Group, e.Topic, e.Partition, c.What(), e.Watermark, logRange, shellWord(e.Group), shellWord(e.Topic))
 }
 

@@ -86,6 +86,8 @@ func TestEveryBinaryRefusesBadValuesAlike(t *testing.T) {
 	}{
 		{"github.com/kafkatx/kafkatx/examples/orders", nil, append(consuming,
 			bad{[]string{"--events-topic", "a b"}, "--events-topic 'a b': Kafka topic names"},
+			bad{[]string{"--poison-every", "-1"}, "--poison-every (-1) must not be negative"},
+			bad{[]string{"--generate", "-1"}, "--generate (-1) must not be negative"},
 			bad{[]string{"--topic", "orders", "--events-topic", "orders"}, "--events-topic orders: the same topic as --topic"})},
 		{"github.com/kafkatx/kafkatx/examples/dagtrigger", []string{"--topic", "t", "--airflow-url", "http://" + addr, "--dag-id", "d"}, append(consuming,
 			bad{[]string{"--airflow-timeout", "-1s"}, "--airflow-timeout -1s: a duration must not be negative"},

@@ -121,10 +121,24 @@ func Redact(msg string, cfg kafka.ConfigMap) string {
 			values = append(values, s)
 		}
 	}
+	// Property names stay whole, even where a value is part of one ("ssl" of
+	// security.protocol=ssl inside "ssl.key.location"): each is swapped for a placeholder
+	// while the values are replaced.
+	keys := make([]string, 0, len(cfg))
+	for k := range cfg {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return len(keys[i]) > len(keys[j]) })
+	for i, k := range keys {
+		msg = strings.ReplaceAll(msg, k, fmt.Sprintf("\x00%d\x00", i))
+	}
 	// Longest first: a value inside another is replaced within the longer one's "…".
 	sort.Slice(values, func(i, j int) bool { return len(values[i]) > len(values[j]) })
 	for _, v := range values {
 		msg = strings.ReplaceAll(msg, v, "…")
+	}
+	for i, k := range keys {
+		msg = strings.ReplaceAll(msg, fmt.Sprintf("\x00%d\x00", i), k)
 	}
 	return outOfRange.ReplaceAllString(msg, "value … is")
 }

@@ -85,3 +85,13 @@ func TestCheckNamesTheAliasUsed(t *testing.T) {
 		t.Errorf("the canonical name set: %v, want an error without an alias note", err)
 	}
 }
+
+// A value that is part of a property name ("ssl" of security.protocol=ssl) no longer cuts the
+// name: the error read "….key.location failed" (a fresh-eyes attack).
+func TestRedactKeepsPropertyNamesWhole(t *testing.T) {
+	cfg := kafka.ConfigMap{"security.protocol": "ssl", "ssl.key.location": "/nonexistent-s3cret"}
+	got := Redact(`ssl.key.location failed: /nonexistent-s3cret: No such file`, cfg)
+	if want := `ssl.key.location failed: …: No such file`; got != want {
+		t.Fatalf("Redact = %q, want %q", got, want)
+	}
+}

@@ -199,11 +199,19 @@ func main() {
 // conditionHint names the database's own condition behind err (internal/pgerr's Server class,
 // docs/failures.md), or returns "": the command did nothing wrong and can be run again once
 // the condition ends.
+//
+// A login the server refuses (SQLSTATE class 28: a wrong password, no such role, pg_hba) or a
+// database that does not exist (3D000) is the same class for a consumer — no message's doing —
+// but does not end by itself: the hint says to check the connection settings instead.
 func conditionHint(err error) string {
-	if c := pgerr.Describe(err); c.Class == pgerr.Server {
-		return fmt.Sprintf("this is the database's own condition (%s), not the command's: run it again when it ends", c)
+	c := pgerr.Describe(err)
+	switch {
+	case c.Class != pgerr.Server:
+		return ""
+	case strings.HasPrefix(c.SQLState, "28") || c.SQLState == "3D000":
+		return fmt.Sprintf("the database refused the connection (%s): check --database-url (user, password, database name) or the server's pg_hba.conf; the command did nothing", c)
 	}
-	return ""
+	return fmt.Sprintf("this is the database's own condition (%s), not the command's: run it again when it ends", c)
 }
 
 // logger builds the stderr logger of a subcommand: console lines on a terminal, JSON

@@ -86,8 +86,11 @@ func run() int {
 	case !validMode(o.outboxMode):
 		fmt.Fprintf(os.Stderr, "orders: --outbox-mode %q: want wal or table; see --help\n", o.outboxMode)
 		return 2
-	case o.generate < 0 || o.poisonEvery < 0:
-		fmt.Fprintf(os.Stderr, "orders: --generate (%d) and --poison-every (%d) must not be negative; see --help\n", o.generate, o.poisonEvery)
+	case o.generate < 0:
+		fmt.Fprintf(os.Stderr, "orders: --generate (%d) must not be negative; see --help\n", o.generate)
+		return 2
+	case o.poisonEvery < 0:
+		fmt.Fprintf(os.Stderr, "orders: --poison-every (%d) must not be negative (0: no poison pills); see --help\n", o.poisonEvery)
 		return 2
 	case o.crashEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --crash-every (%d) must not be negative (0: no crash pills); see --help\n", o.crashEvery)
