@@ -140,7 +140,7 @@ func TestWALRelayStandbyIsReady(t *testing.T) {
 		}
 	}
 	first, firstErr := start()
-	waitFor(first, firstErr, `"streaming":true`)
+	waitFor(first, firstErr, `"leader":true`)
 	second, secondErr := start()
 	waitFor(second, secondErr, `"standby":true`)
 	time.Sleep(walrelay.NotReadyAfter + 2*time.Second)

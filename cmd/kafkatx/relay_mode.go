@@ -50,7 +50,7 @@ func (c *RelayCmd) readyz(rl relays.Relay) http.HandlerFunc {
 		switch r := rl.(type) {
 		case *walrelay.Relay:
 			h, s := r.Health(), r.Stats()
-			body = map[string]any{"streaming": s.Streaming, "standby": s.Standby, "slot": h.Slot, "wal_status": h.WALStatus,
+			body = map[string]any{"leader": s.Streaming, "streaming": s.Streaming, "standby": s.Standby, "slot": h.Slot, "wal_status": h.WALStatus,
 				"slot_retained_bytes": h.RetainedBytes, "slot_lag_bytes": h.LagBytes, "slot_safe_bytes": h.SafeBytes, "published": s.Published, "parked": s.Parked}
 			// A standby (another relay streams the slot) is ready, as a table relay's standby is.
 			ready = (s.Streaming || s.Standby) && h.Ready()
