@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 
@@ -38,31 +39,45 @@ func (g *Globals) checkKafkaSettings() error {
 		g.SASLUsername == "" && g.SASLPasswordFile == "" {
 		return nil
 	}
-	cfg, err := g.kafkaSettings()
+	file, err := g.fileSettings()
 	if err != nil {
 		return err
 	}
+	// The file's own settings first, so a refusal of one of them names the file.
 	if g.KafkaConfigFile != "" {
-		// The file's own settings first, so a refusal of one of them names the file.
-		file := kafka.ConfigMap{}
-		if err := kafkaprops.Read(g.KafkaConfigFile, file); err != nil {
-			return err
-		}
 		if err := kafkaprops.Check(file); err != nil {
 			return fmt.Errorf("--kafka-config-file %s: %w", g.KafkaConfigFile, err)
 		}
+	}
+	cfg, err := g.flagSettingsOver(maps.Clone(file))
+	if err != nil {
+		return err
 	}
 	return kafkaprops.Check(cfg)
 }
 
 // kafkaSettings is the properties file, then -X properties, then the security flags.
 func (g *Globals) kafkaSettings() (kafka.ConfigMap, error) {
+	cfg, err := g.fileSettings()
+	if err != nil {
+		return nil, err
+	}
+	return g.flagSettingsOver(cfg)
+}
+
+// fileSettings is --kafka-config-file's properties (none without the flag).
+func (g *Globals) fileSettings() (kafka.ConfigMap, error) {
 	cfg := kafka.ConfigMap{}
 	if g.KafkaConfigFile != "" {
 		if err := kafkaprops.Read(g.KafkaConfigFile, cfg); err != nil {
 			return nil, err
 		}
 	}
+	return cfg, nil
+}
+
+// flagSettingsOver sets, in cfg, the -X properties, then the security flags, and returns it.
+func (g *Globals) flagSettingsOver(cfg kafka.ConfigMap) (kafka.ConfigMap, error) {
 	for _, kv := range g.KafkaConfig {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || strings.TrimSpace(k) == "" {
