@@ -39,9 +39,10 @@ func (c *RelayCmd) mode(ctx context.Context, sp *pgxpool.Pool, schema string) (o
 
 // readyz is /readyz of rl: in table mode, the leader's last contact with the database is
 // recent (within 3 poll or standby intervals, at least 5 s); in WAL mode, the relay streams
-// the slot or stands by while another streams it, and the slot is ready (walrelay.Health); in both, the relay's own Ready (its rounds or
-// stream have not failed, its brokers are not all down, for NotReadyAfter), whose error is
-// the body's "reason". The body is the relay's figures as JSON.
+// the slot or stands by while another streams it, and the slot is ready
+// (walrelay.Relay.NotReady); in both, the relay's own Ready (its rounds or stream have not
+// failed, its brokers are not all down, for NotReadyAfter), whose error is the body's
+// "reason". The body is the relay's figures as JSON.
 func (c *RelayCmd) readyz(rl relays.Relay) http.HandlerFunc {
 	stale := max(5*time.Second, 3*c.PollInterval, 3*c.StandbyInterval)
 	return func(w http.ResponseWriter, req *http.Request) {
@@ -53,12 +54,9 @@ func (c *RelayCmd) readyz(rl relays.Relay) http.HandlerFunc {
 			body = map[string]any{"leader": s.Streaming, "streaming": s.Streaming, "standby": s.Standby, "slot": h.Slot, "wal_status": h.WALStatus,
 				"slot_retained_bytes": h.RetainedBytes, "slot_lag_bytes": h.LagBytes, "slot_safe_bytes": h.SafeBytes, "published": s.Published, "parked": s.Parked}
 			// A standby (another relay streams the slot) is ready, as a table relay's standby is.
-			ready = (s.Streaming || s.Standby) && h.Ready()
-			switch why := h.NotReady(); {
-			case why != "":
+			if why := r.NotReady(); why != "" {
+				ready = false
 				body["reason"] = why
-			case !ready:
-				body["reason"] = "not streaming the replication slot yet (the stream is being opened)"
 			}
 		case *relay.Relay:
 			s := r.Stats()

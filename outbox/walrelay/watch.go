@@ -56,6 +56,20 @@ func (h Health) NotReady() string {
 	return ""
 }
 
+// NotReady is why the relay neither streams its slot nor stands by while another relay
+// streams it (Stats.Standby), or why the slot cannot be streamed (Health.NotReady): one line
+// for a readiness probe, "" when ready on both counts. kafkatx relay's /readyz and the
+// examples' in-process relay both ask it.
+func (r *Relay) NotReady() string {
+	if why := r.Health().NotReady(); why != "" {
+		return why
+	}
+	if s := r.Stats(); !s.Streaming && !s.Standby {
+		return "not streaming the replication slot yet (the stream is being opened)"
+	}
+	return ""
+}
+
 // fatal is the loud error for a slot that is missing or lost.
 func (h Health) fatal(slot string) error {
 	switch {
