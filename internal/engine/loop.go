@@ -47,8 +47,8 @@ type Loop struct {
 	// Owned by Run. kc and commits are the current Kafka client's (openClient; a rejoin
 	// replaces them).
 	kc      *kafka.Consumer
-	commits *committer         // the Kafka commit after the database commit
-	mu      sync.Mutex         // guards parts for Snapshot
+	commits *committer // the Kafka commit after the database commit
+	mu      sync.Mutex // guards parts for Snapshot
 	parts   map[offsetstore.TP]*fetch
 	resyncs chan resyncRequest // fenced workers ask the poll loop to drop and seek their partition (resync)
 	fatal   error
