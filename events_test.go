@@ -49,6 +49,19 @@ func (h *everyHook) OnHandlerStuck(e HandlerStuck)                   { h.add(e) 
 func (h *everyHook) OnPartitionStalled(e PartitionStalled)           { h.add(e) }
 func (h *everyHook) OnLogChanged(e LogChanged)                       { h.add(e) }
 
+// eventsOf returns the events of type E h received so far.
+func eventsOf[E any](h *everyHook) []E {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []E
+	for _, e := range h.events {
+		if v, ok := e.(E); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // metricsText is everything reg holds, as text.
 func metricsText(t *testing.T, reg *prometheus.Registry) string {
 	t.Helper()
