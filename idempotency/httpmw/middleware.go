@@ -89,7 +89,7 @@ WHERE scope = $1 AND key = $2 AND expires_at > now()`, t)
 		m.lockSQL = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)), set_config('idle_in_transaction_session_timeout', $2, true)"
 	}
 	m.storeSQL = fmt.Sprintf(`INSERT INTO %[1]s AS r (scope, key, fingerprint, method, request_uri, status, headers, body, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, COALESCE(now() + $9::bigint * interval '1 microsecond', 'infinity'))
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, COALESCE(now() + $9::bigint * interval '1 microsecond', 'infinity'))
 ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, method = EXCLUDED.method,
   request_uri = EXCLUDED.request_uri, status = EXCLUDED.status, headers = EXCLUDED.headers,
   body = EXCLUDED.body, created_at = now(), expires_at = EXCLUDED.expires_at
@@ -245,7 +245,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if respBody == nil {
 		respBody = []byte{} // bytea NOT NULL: an empty body is not NULL
 	}
-	tag, err := tx.Exec(cctx, m.storeSQL, scope, key, fp, r.Method, r.URL.RequestURI(), rec.status, hj, respBody,
+	// The headers go as a string with a ::jsonb cast: a []byte argument is bytea to pgx, and in
+	// the exec and simple_protocol query modes (a transaction pooler's) it reached the jsonb
+	// column as bytea's hex text (docs/deployment.md, "Query exec modes").
+	tag, err := tx.Exec(cctx, m.storeSQL, scope, key, fp, r.Method, r.URL.RequestURI(), rec.status, string(hj), respBody,
 		m.cfg.retentionMicros())
 	if err != nil {
 		if conflictCode(err) {
