@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -11,12 +12,22 @@ import (
 )
 
 // Migrate applies kafkatx's embedded migrations to schema ("" means "kafkatx") under an
-// advisory lock; it is safe to run from several processes at once and to run again.
+// advisory lock; it is safe to run from several processes at once and to run again. The lock
+// is session-level: through a transaction pooler it fails with an error wrapping
+// pg.ErrTransactionPooled that names the remedy (MigrateRemedy).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	schema = pg.SchemaOr(schema)
 	_, err := migrations.Apply(ctx, pool, schema)
+	if errors.Is(err, pg.ErrTransactionPooled) {
+		return fmt.Errorf("%w; %s", err, MigrateRemedy)
+	}
 	return err
 }
+
+// MigrateRemedy is what Migrate's refusal through a transaction pooler tells a library
+// caller to do.
+const MigrateRemedy = "apply the migrations over a URL that reaches PostgreSQL directly or through a session pooler " +
+	"(`kafkatx migrate up --database-url URL`, or Migrate on a pool of that URL) and run the consumer with Config.SkipMigrations"
 
 // MigrationSQL returns the SQL that Migrate applies, for teams that run their own
 // migration tool (goose, atlas, tern).

@@ -253,7 +253,7 @@ func (r *Relay) session(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("leadership session: %w", err)
+		return fmt.Errorf("leadership session: %w; set relay.Config.Session to a connection that reaches PostgreSQL directly or through a session pooler", err)
 	}
 	standbyLogged := false
 	for {
