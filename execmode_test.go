@@ -29,13 +29,16 @@ import (
 //     FailMessage dead letter published through the outbox, outbox records written by the
 //     handler, watermark advances, Kafka offset commits and their marks, log identity;
 //   - the table relay: reads the outbox, publishes, marks rows published;
-//   - dlq: List, Get, Search, Summarize, Audit, ReplayTx, DiscardAllTx;
-//   - outbox: Parked, ParkedSummary; idempotency.Store: ClaimTx, ClaimManyTx, Done, Forget;
+//   - dlq: List, Get, Search, Summarize, Audit, ReplayTx, ReplayAllTx, DiscardAllTx;
+//   - outbox: Parked, ParkedSummary, ReleaseAllTx, DiscardAllTx, WaitBelow (backpressure);
+//   - idempotency: Store.ClaimTx, ClaimManyTx, Done, Forget; Janitor.Sweep;
 //   - retention.Cleaner.Clean (every table it sweeps);
 //   - offsets (the `kafkatx offsets` commands): Status, Account, Events, PlanReset and
 //     ExecuteReset (a skip).
 //
-// The HTTP middleware's statements have their own test per mode (idempotency/httpmw).
+// The HTTP middleware, the console and kafkatxtest have their own test per mode
+// (TestStoreAndReplayInEveryQueryExecMode, TestConsoleInEveryQueryExecMode,
+// TestKitInEveryQueryExecMode).
 func TestLibrarySQLInEveryQueryExecMode(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
@@ -137,7 +140,7 @@ func execModeScenario(t *testing.T, b *testBundle, out, mode string) {
 	if found, err := dlq.Search(ctx, pool, b.schema, dlq.Query{Filter: dlq.Filter{Group: group}, Text: "poison", Prefix: 16}); err != nil || len(found) != 1 {
 		t.Fatalf("dlq.Search: %d found, %v; want 1", len(found), err)
 	}
-	sel := dlq.Selection{Group: group, Since: time.Now().Add(-time.Hour)}
+	sel := dlq.Selection{Group: group, Since: time.Now().Add(-time.Hour), MaxID: 1 << 40} // ids are bigint
 	if sums, err := dlq.Summarize(ctx, pool, b.schema, sel); err != nil || len(sums) != 1 {
 		t.Fatalf("dlq.Summarize: %v, %v", sums, err)
 	}
@@ -155,6 +158,13 @@ func execModeScenario(t *testing.T, b *testBundle, out, mode string) {
 	if a, err := dlq.Audit(ctx, pool, b.schema, id); err != nil || len(a) != 1 {
 		t.Fatalf("dlq.Audit: %v, %v; want the replay", a, err)
 	}
+	inTx(t, ctx, pool, func(tx pgx.Tx) error {
+		n, err := dlq.ReplayAllTx(ctx, tx, b.schema, dlq.Selection{Group: group, Again: true, MaxID: id}, dlq.Replay{ToTopic: out, Reason: "again", Actor: "test", Again: true})
+		if err == nil && n != 1 {
+			err = fmt.Errorf("replayed %d again, want 1", n)
+		}
+		return err
+	})
 
 	// Outbox and idempotency keys.
 	if _, err := w.Parked(ctx, pool, 10); err != nil {
@@ -162,6 +172,16 @@ func execModeScenario(t *testing.T, b *testBundle, out, mode string) {
 	}
 	if _, err := w.ParkedSummary(ctx, pool, outbox.ParkedSelection{Topic: out}); err != nil {
 		t.Fatalf("outbox parked summary: %v", err)
+	}
+	inTx(t, ctx, pool, func(tx pgx.Tx) error {
+		if _, err := w.ReleaseAllTx(ctx, tx, outbox.ParkedSelection{Topic: out, MaxID: 1 << 40}, "exec mode", "test"); err != nil {
+			return err
+		}
+		_, err := w.DiscardAllTx(ctx, tx, outbox.ParkedSelection{Topic: out}, "exec mode", "test")
+		return err
+	})
+	if err := w.WaitBelow(pool, 1<<40)(ctx); err != nil {
+		t.Fatalf("outbox backpressure: %v", err)
 	}
 	s := idempotency.Store{Schema: b.schema, Retention: time.Hour}
 	scope := "exec-mode/" + mode
@@ -180,6 +200,10 @@ func execModeScenario(t *testing.T, b *testBundle, out, mode string) {
 	}
 	if forgot, err := s.Forget(ctx, pool, scope, `back\slash`); err != nil || !forgot {
 		t.Fatalf("idempotency Forget: %v %v", forgot, err)
+	}
+
+	if _, err := idempotency.NewJanitor(pool, &idempotency.JanitorConfig{Schema: b.schema}).Sweep(ctx); err != nil {
+		t.Fatalf("idempotency janitor: %v", err)
 	}
 
 	// Retention.
