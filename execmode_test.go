@@ -25,7 +25,7 @@ import (
 // wants json became bytea's hex text there. One schema and one topic serve every mode; each
 // mode runs the same scenario with its own consumer group on a pool in that mode:
 //
-//   - the loop, batched: business idempotency keys claimed (one duplicate skipped), a
+//   - the loop, batched, in two lanes (Config.Concurrency): business idempotency keys claimed (one duplicate skipped), a
 //     FailMessage dead letter published through the outbox, outbox records written by the
 //     handler, watermark advances, Kafka offset commits and their marks, log identity;
 //   - the table relay: reads the outbox, publishes, marks rows published;
@@ -72,6 +72,7 @@ func execModeScenario(t *testing.T, b *testBundle, out, mode string) {
 	cfg := b.config(t)
 	cfg.Kafka["group.id"] = group
 	cfg.Batch.Size = 10
+	cfg.Concurrency = 2 // lanes: done_offsets marks and their watermark folding
 	cfg.Idempotency.Key = idempotency.FromHeader("biz")
 	cfg.DeadLetter.Topic = func(string) string { return out }
 	c, err := NewBatchConsumer(pool, func(ctx context.Context, tx pgx.Tx, msgs []*Message) error {
