@@ -28,7 +28,8 @@ import (
 //   - the loop, batched, in two lanes (Config.Concurrency): business idempotency keys claimed (one duplicate skipped), a
 //     FailMessage dead letter published through the outbox, outbox records written by the
 //     handler, watermark advances, Kafka offset commits and their marks, log identity;
-//   - the table relay: reads the outbox, publishes, marks rows published;
+//   - readiness (the consumer's checks of its database);
+//   - the table relay: reads the outbox, publishes, marks rows published; Backlog, Pending, Clean;
 //   - dlq: List, Get, Search, Summarize, Audit, ReplayTx, ReplayAllTx, DiscardAllTx;
 //   - outbox: Parked, ParkedSummary, ReleaseAllTx, DiscardAllTx, WaitBelow (backpressure);
 //   - idempotency: Store.ClaimTx, ClaimManyTx, Done, Forget; Janitor.Sweep;
@@ -94,6 +95,7 @@ func execModeScenario(t *testing.T, b *testBundle, out, mode string) {
 	waitFor(t, 60*time.Second, "the loop past offset 5", func() bool {
 		return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks WHERE group_id = $1", group) == 6
 	})
+	waitFor(t, 30*time.Second, "the consumer ready", func() bool { return c.Readiness(ctx).Ready })
 	st := c.Stats()
 	if err := r.stop(t); err != nil {
 		t.Fatalf("the loop stopped with %v", err)
@@ -123,6 +125,12 @@ func execModeScenario(t *testing.T, b *testBundle, out, mode string) {
 	waitFor(t, 60*time.Second, "the relay marking every outbox row", func() bool { return pending() == 0 })
 	if _, _, err := rl.Backlog(ctx); err != nil {
 		t.Fatalf("relay backlog: %v", err)
+	}
+	if _, err := rl.Pending(ctx); err != nil {
+		t.Fatalf("relay pending: %v", err)
+	}
+	if err := rl.Clean(ctx); err != nil {
+		t.Fatalf("relay clean: %v", err)
 	}
 	rcancel()
 	if err := <-rdone; err != nil && !errors.Is(err, context.Canceled) {
