@@ -8,7 +8,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 )
 
-// Issue 48, defect 6: `--events-topic ”` is no usage error — orders runs and writes no
+// Issue 48, defect 6: an empty --events-topic is no usage error — orders runs and writes no
 // events (the benchmarks' orders-noevents relies on it) — and docs/examples.md says so; a
 // name Kafka refuses still is one.
 func TestEmptyEventsTopicIsNoEvents(t *testing.T) {
