@@ -120,11 +120,13 @@ func TestEveryPrintedRecoveryStepRecovers(t *testing.T) {
 		steps:   []string{"kafkatx migrate up --schema S", "kafkatx relay --migrate"},
 		follow:  1,
 	}, {
-		name:    "no tables: offsets status",
-		state:   func(t *testing.T, schema string) {},
-		failing: func(schema string) []string { return []string{"--schema", schema, "offsets", "status", "--group", "g48"} },
-		steps:   []string{"kafkatx migrate up --schema S"},
-		exit:    offsetsExitUnknown,
+		name:  "no tables: offsets status",
+		state: func(t *testing.T, schema string) {},
+		failing: func(schema string) []string {
+			return []string{"--schema", schema, "offsets", "status", "--group", "g48"}
+		},
+		steps: []string{"kafkatx migrate up --schema S"},
+		exit:  offsetsExitUnknown,
 	}, {
 		name: "table mode chosen: relay --outbox-mode wal",
 		state: func(t *testing.T, schema string) {
@@ -179,7 +181,9 @@ func TestEveryPrintedRecoveryStepRecovers(t *testing.T) {
 		failing: relay,
 		steps:   []string{"kafkatx outbox drop-slot --force --schema S", "kafkatx migrate up --outbox-mode wal --schema S"},
 		// The step the relay printed before: it exited 0 keeping the slot.
-		also: func(schema string) []string { return []string{"--schema", schema, "migrate", "up", "--outbox-mode", "wal"} },
+		also: func(schema string) []string {
+			return []string{"--schema", schema, "migrate", "up", "--outbox-mode", "wal"}
+		},
 	}} {
 		t.Run(c.name, func(t *testing.T) {
 			schema := "r48_" + strings.NewReplacer(" ", "_", ":", "", "'", "", "(", "", ")", "", "-", "_").Replace(strings.ToLower(c.name))
