@@ -184,6 +184,35 @@ func TestEveryPrintedRecoveryStepRecovers(t *testing.T) {
 		also: func(schema string) []string {
 			return []string{"--schema", schema, "migrate", "up", "--outbox-mode", "wal"}
 		},
+	}, {
+		// Invalidated by max_slot_wal_keep_size (wal_status lost).
+		name: "slot invalidated (wal_status lost)",
+		state: func(t *testing.T, schema string) {
+			walSchema(t, schema)
+			slot := slotOf(t, schema)
+			sqlExec(t, `ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
+			sqlExec(t, `SELECT pg_reload_conf()`)
+			defer func() {
+				sqlExec(t, `ALTER SYSTEM RESET max_slot_wal_keep_size`)
+				sqlExec(t, `SELECT pg_reload_conf()`)
+			}()
+			sqlExec(t, `CREATE TABLE IF NOT EXISTS filler (g int)`)
+			status := ""
+			for i := 0; i < 8 && status != "lost"; i++ {
+				sqlExec(t, `INSERT INTO filler SELECT generate_series(1, 100)`)
+				sqlExec(t, `SELECT pg_switch_wal()`)
+				sqlExec(t, `CHECKPOINT`)
+				if err := pool.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&status); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if status != "lost" {
+				t.Fatalf("slot wal_status %q past max_slot_wal_keep_size, want lost", status)
+			}
+		},
+		failing: relay,
+		steps:   []string{"kafkatx outbox drop-slot --force --schema S", "kafkatx migrate up --outbox-mode wal --schema S"},
+		also:    func(schema string) []string { return []string{"--schema", schema, "migrate", "up", "--outbox-mode", "wal"} },
 	}} {
 		t.Run(c.name, func(t *testing.T) {
 			schema := "r48_" + strings.NewReplacer(" ", "_", ":", "", "'", "", "(", "", ")", "", "-", "_").Replace(strings.ToLower(c.name))
@@ -191,6 +220,8 @@ func TestEveryPrintedRecoveryStepRecovers(t *testing.T) {
 			if len(schema) > 40 {
 				schema = schema[:40]
 			}
+			// The cluster has 4 replication slots (testenv): each case frees its own.
+			defer sqlExec(t, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE NOT active`)
 			c.state(t, schema)
 			_, stderr, code := runWith(t, bin, env, c.failing(schema)...)
 			if code == 0 {
