@@ -212,7 +212,9 @@ func TestEveryPrintedRecoveryStepRecovers(t *testing.T) {
 		},
 		failing: relay,
 		steps:   []string{"kafkatx outbox drop-slot --force --schema S", "kafkatx migrate up --outbox-mode wal --schema S"},
-		also:    func(schema string) []string { return []string{"--schema", schema, "migrate", "up", "--outbox-mode", "wal"} },
+		also: func(schema string) []string {
+			return []string{"--schema", schema, "migrate", "up", "--outbox-mode", "wal"}
+		},
 	}} {
 		t.Run(c.name, func(t *testing.T) {
 			schema := "r48_" + strings.NewReplacer(" ", "_", ":", "", "'", "", "(", "", ")", "", "-", "_").Replace(strings.ToLower(c.name))
