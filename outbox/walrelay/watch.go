@@ -210,9 +210,14 @@ func slotLostWhy(why string, drop bool, slot, schema string, ck checkpoint, tl t
 		}
 		replayFrom = "--to-time " + ck.At.Add(-time.Second).UTC().Format(time.RFC3339)
 	}
-	return &FatalError{fmt.Errorf("walrelay: replication slot %s %s; server timeline %d. Lost: the events of the transactions committed %s until the slot was lost "+
-		"(writers refuse to emit without it, so none later). Recover: %s (a new slot; writers resume), then process those inputs again: "+
+	until := "until the slot was lost (writers refuse to emit without it, so none later)"
+	if drop {
+		// The slot exists: writers still emit into WAL it can never deliver.
+		until = "until the slot is dropped (writers still emit while it exists: drop it at once)"
+	}
+	return &FatalError{fmt.Errorf("walrelay: replication slot %s %s; server timeline %d. Lost: the events of the transactions committed %s %s. "+
+		"Recover: %s (a new slot; writers resume), then process those inputs again: "+
 		"kafkatx offsets reset --group GROUP --topic TOPIC %s --mode replay --execute (the handlers run again in a new replay epoch; when their effects must not repeat, "+
 		"republish from the services' own tables instead: docs/outbox-wal.md, Recovery). Keep the slot across failovers: a Patroni permanent slot or PostgreSQL 17 failover slots (docs/deployment.md)",
-		slot, why, tl.current, since, outbox.RecoverSlotSteps(schema, drop), replayFrom)}
+		slot, why, tl.current, since, until, outbox.RecoverSlotSteps(schema, drop), replayFrom)}
 }
