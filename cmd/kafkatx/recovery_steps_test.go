@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
@@ -256,4 +257,42 @@ func TestEveryPrintedRecoveryStepRecovers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The kind of issue 48, 3 in the consumer's halts: the printed `kafkatx offsets reset` named no
+// --schema, so followed literally it acted on the default schema, not the consumer's. The
+// command a *kafkatx.LogChangedError prints (a recreated topic), run as printed with only its
+// reason filled in, lets the consumer start again on the new log.
+func TestHaltsPrintedResetRecovers(t *testing.T) {
+	b := offsetsSetup(t)
+	b.produce("a", "b", "c")
+	b.runUntil(3)
+	testenv.RecreateTopic(t, b.brokers, b.topic, 1)
+	b.produce("x", "y")
+	s := b.start()
+	var err error
+	select {
+	case err = <-s.done:
+		s.done = nil
+	case <-time.After(90 * time.Second):
+		t.Fatal("the consumer did not halt on the recreated topic")
+	}
+	var lce *kafkatx.LogChangedError
+	if !errors.As(err, &lce) {
+		t.Fatalf("Run returned %v, want a *kafkatx.LogChangedError", err)
+	}
+	steps := printedStep.FindAllString(err.Error(), -1)
+	if len(steps) != 1 {
+		t.Fatalf("the halt prints %d commands %q, want 1: %v", len(steps), steps, err)
+	}
+	step := strings.TrimSuffix(steps[0], "`")
+	if !strings.Contains(step, "--reason TEXT") {
+		t.Fatalf("printed step %q has no --reason TEXT for the operator to fill in", step)
+	}
+	args := strings.Fields(strings.TrimPrefix(strings.Replace(step, "--reason TEXT", "--reason recreated", 1), "kafkatx "))
+	env := []string{"DATABASE_URL=" + b.dbURL, "KAFKA_BOOTSTRAP_SERVERS=" + b.brokers}
+	if out, stderr, code := runWith(t, b.cli, env, args...); code != 0 {
+		t.Fatalf("printed step %q: exit %d\n%s\n%s", step, code, out, tailString(stderr, 2000))
+	}
+	b.runUntil(2) // the new log's two records
 }
