@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -297,11 +298,21 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 		return -1, err
 	}
 	var t Tried
-	if err := u.waits.untilDone(first, func() (err error) {
+	if err := u.waits.untilCharged(first, func() (err error) {
 		t, err = u.batchTx(ctx, msgs, end)
 		return err
 	}); err != nil {
-		return -1, err
+		var ik *errIdleKilled
+		if !errors.As(err, &ik) {
+			return -1, err
+		}
+		// A batch of one: its message's failure. Of more, which message holds the transaction
+		// idle is unknown: they run again one per transaction (Split), each counted afresh.
+		t = Tried{Verdict: Failed, Failed: 0, Cause: ik}
+		if len(msgs) > 1 {
+			u.waits.idleReset()
+			t.Failed = Unattributed
+		}
 	}
 	switch {
 	case t.Verdict != Failed:
@@ -458,10 +469,13 @@ func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr,
 				zap.Int64("offset", off), zap.Duration("bound", u.p.set.StuckAfter))
 		}
 	}
-	err = u.waits.untilDone(off, func() (err error) {
+	err = u.waits.untilCharged(off, func() (err error) {
 		herr, err = u.oneTx(ctx, km, n, alone) // the same try each time: database trouble is not an attempt
 		return err
 	})
+	if ik := (*errIdleKilled)(nil); errors.As(err, &ik) {
+		herr, err = ik, nil // its transaction ended by 25P03 every time it runs: the message's failure
+	}
 	a.Offset, a.Attempts = off, n
 	return herr, err
 }

@@ -290,7 +290,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		return err
 	}
 	if s.Slot == "" {
-		return &FatalError{fmt.Errorf("walrelay: schema %s never was in WAL mode (no slot): run kafkatx migrate up --outbox-mode wal --schema %s", schema, schema)}
+		return &FatalError{fmt.Errorf("walrelay: schema %s never was in WAL mode (no slot): run %s", schema, outbox.RecoverSlotSteps(schema, false))}
 	}
 	if s.Mode != outbox.ModeWAL {
 		r.log.Warn("the outbox is in table mode; the WAL relay publishes what its slot still holds", zap.String("slot", s.Slot))
@@ -321,14 +321,14 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if fe := h.fatal(s.Slot); fe != nil {
+	if fe := h.fatal(s.Slot, schema); fe != nil {
 		// The slot is gone (a failover to a node without a copy of it, a drop) or invalidated:
 		// say from which checkpoint on this server's history the events are missing.
 		ck, cerr := readCheckpoint(ctx, r.cfg, []byte(key))
 		if cerr != nil {
 			return fe
 		}
-		return slotLost(h, s.Slot, ck, tl)
+		return slotLost(h, s.Slot, schema, ck, tl)
 	}
 	err = pglogrepl.StartReplication(ctx, conn, s.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
@@ -397,7 +397,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		}
 	default:
 	}
-	return slotUnreadable(err, s.Slot, ck, tl)
+	return slotUnreadable(err, s.Slot, schema, ck, tl)
 }
 
 // preflight says exactly what is missing: the server's version, wal_level, the role's
@@ -411,7 +411,7 @@ func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 		return fmt.Errorf("walrelay: look for publication %s: %w", s.Publication, err)
 	}
 	if !pub {
-		return &FatalError{fmt.Errorf("walrelay: publication %s does not exist in this database: run kafkatx migrate up --outbox-mode wal (it creates it, empty)", s.Publication)}
+		return &FatalError{fmt.Errorf("walrelay: publication %s does not exist in this database: run %s (it creates it, empty)", s.Publication, outbox.RecoverSlotSteps(r.cfg.Schema, false))}
 	}
 	return nil
 }
