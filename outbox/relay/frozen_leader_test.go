@@ -39,18 +39,18 @@ func TestFrozenLeaderIsDeposedAndTheStandbyPublishes(t *testing.T) {
 		b.write(t, recs...)
 	}
 	write(0, 100)
-	waitCount(t, b.brokers, topic, 100, 20*time.Second)
+	waitCount(t, b.brokers, topic, 100, 60*time.Second)
 
 	frozen := time.Now()
 	a.signal(t, syscall.SIGSTOP)
 	defer a.signal(t, syscall.SIGCONT)
 	write(100, 200)
-	sb.expect(t, "LEADER", leaderTimeout+15*time.Second)
+	sb.expect(t, "LEADER", leaderTimeout+60*time.Second)
 	takeover := time.Since(frozen)
-	waitCount(t, b.brokers, topic, 300, 20*time.Second)
+	waitCount(t, b.brokers, topic, 300, 60*time.Second)
 	a.signal(t, syscall.SIGCONT)
 	write(300, 100)
-	waitCount(t, b.brokers, topic, 400, 20*time.Second)
+	waitCount(t, b.brokers, topic, 400, 60*time.Second)
 	if a.printed("LEADER", time.Second) {
 		t.Fatal("the resumed leader leads again beside the new one")
 	}
@@ -94,7 +94,7 @@ func TestLeaderFrozenInsideItsMarkDoesNotHoldTheNextLeader(t *testing.T) {
 	b.write(t, recs...)
 	a.expect(t, "IN MARK", 20*time.Second) // published, rows deleted, the transaction open
 	a.signal(t, syscall.SIGSTOP)
-	sb.expect(t, "LEADER", leaderTimeout+15*time.Second)
+	sb.expect(t, "LEADER", leaderTimeout+60*time.Second)
 	led := time.Now()
 	deadline := led.Add(3*leaderTimeout + 10*time.Second)
 	for {

@@ -281,7 +281,7 @@ func TestStandbyTakesOverWhenTheLeaderIsKilled(t *testing.T) {
 		b.write(t, recs...)
 	}
 	write(0, 200)
-	waitCount(t, b.brokers, topic, 200, 20*time.Second)
+	waitCount(t, b.brokers, topic, 200, 60*time.Second)
 	if sb.printed("LEADER", 500*time.Millisecond) {
 		t.Fatal("the standby became leader while the first relay was alive")
 	}
@@ -297,7 +297,7 @@ func TestStandbyTakesOverWhenTheLeaderIsKilled(t *testing.T) {
 	sb.expect(t, "LEADER", 10*time.Second)
 	takeover := time.Since(killed)
 	write(200, 200)
-	waitCount(t, b.brokers, topic, 400, 20*time.Second)
+	waitCount(t, b.brokers, topic, 400, 60*time.Second)
 	seen := map[string]bool{}
 	for _, m := range readAll(t, b.brokers, topic) {
 		id, _ := header(m, outbox.HeaderOutboxID)
