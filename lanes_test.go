@@ -76,7 +76,9 @@ func TestLanesRunKeysConcurrentlyInKeyOrder(t *testing.T) {
 	cfg := b.config(t)
 	cfg.Concurrency = 8
 	cfg.Batch.Size = 1
-	cfg.Retry = RetryPolicy{InitialBackoff: 1500 * time.Millisecond, MaxBackoff: 1500 * time.Millisecond, Multiplier: 1}
+	// Backoffs long beside the other keys' work, so that "before the failing key's last try"
+	// holds on a loaded machine too, and is only broken by a backoff that holds them.
+	cfg.Retry = RetryPolicy{InitialBackoff: 5 * time.Second, MaxBackoff: 5 * time.Second, Multiplier: 1}
 	start := time.Now()
 	r := b.start(t, h, cfg)
 	waitFor(t, 60*time.Second, "80 effects", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 80 })
@@ -96,12 +98,12 @@ func TestLanesRunKeysConcurrentlyInKeyOrder(t *testing.T) {
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.done_offsets"); n != 0 {
 		t.Errorf("%d done_offsets rows left below the watermark", n)
 	}
-	// The failing key's two backoffs (3 s) hold only its lane: the 70 messages of the other
-	// keys finish before it is retried for the last time.
-	if othersDoneAt.IsZero() || !othersDoneAt.Before(failedAt.Add(1500*time.Millisecond)) {
+	// The failing key's two backoffs (10 s) hold only its lane: the 70 messages of the other
+	// keys finish before it is retried for the last time (its last failure plus a backoff).
+	if othersDoneAt.IsZero() || !othersDoneAt.Before(failedAt.Add(cfg.Retry.InitialBackoff)) {
 		t.Errorf("the other keys finished at %v, the failing key's last failure at %v: a backoff held them", othersDoneAt.Sub(start), failedAt.Sub(start))
 	}
-	t.Logf("80 messages of 8 keys at 40 ms each with Concurrency 8: %s (serial: 3.2 s plus 3 s of backoff)", took)
+	t.Logf("80 messages of 8 keys at 40 ms each with Concurrency 8: %s (serial: 3.2 s plus 10 s of backoff)", took)
 	if took > 5500*time.Millisecond {
 		t.Errorf("took %s: the keys did not run concurrently (serial: 6.2 s)", took)
 	}
