@@ -26,7 +26,7 @@ func TestFrozenLeaderIsDeposedAndTheStandbyPublishes(t *testing.T) {
 	const leaderTimeout = 3 * time.Second
 	env := envChildLeader + "=" + leaderTimeout.String()
 	a := b.startChild(t, "run", env)
-	a.expect(t, "LEADER", 30*time.Second)
+	a.expect(t, "LEADER", 60*time.Second)
 	sb := b.startChild(t, "run", env)
 	if sb.printed("LEADER", 2*time.Second) {
 		t.Fatal("the second relay became leader while the first was alive")
@@ -81,7 +81,7 @@ func TestLeaderFrozenInsideItsMarkDoesNotHoldTheNextLeader(t *testing.T) {
 	const leaderTimeout = 3 * time.Second
 	env := envChildLeader + "=" + leaderTimeout.String()
 	a := b.startChild(t, "stop-in-mark", env)
-	a.expect(t, "LEADER", 30*time.Second)
+	a.expect(t, "LEADER", 60*time.Second)
 	sb := b.startChild(t, "run", env)
 	if sb.printed("LEADER", time.Second) {
 		t.Fatal("the second relay became leader while the first was alive")
@@ -92,7 +92,7 @@ func TestLeaderFrozenInsideItsMarkDoesNotHoldTheNextLeader(t *testing.T) {
 		recs = append(recs, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", i%5)), Value: []byte(fmt.Sprintf("v%d", i))})
 	}
 	b.write(t, recs...)
-	a.expect(t, "IN MARK", 20*time.Second) // published, rows deleted, the transaction open
+	a.expect(t, "IN MARK", 60*time.Second) // published, rows deleted, the transaction open
 	a.signal(t, syscall.SIGSTOP)
 	sb.expect(t, "LEADER", leaderTimeout+60*time.Second)
 	led := time.Now()
