@@ -86,7 +86,10 @@ func (c *Consumer) Stats() Stats {
 // error occurs. In order, it:
 //
 //  1. applies kafkatx's embedded migrations to Config.Schema under an advisory lock (or,
-//     with Config.SkipMigrations, only checks that they are applied);
+//     with Config.SkipMigrations, only checks that they are applied); a database that is not
+//     ready — restarting, out of connection slots, not accepting connections, its sessions
+//     ended meanwhile (pgstart.NotYet) — is waited for, for pgstart.Within (60 s), logged at
+//     warn level (pgstart.Retry), as the loop rides out an outage once it runs;
 //  2. creates the librdkafka consumer and subscribes to Config.Topics;
 //  3. on each assignment reconciles the database watermark with Kafka's committed offset
 //     (docs/offsets.md) and starts one worker per partition;
@@ -96,7 +99,8 @@ func (c *Consumer) Stats() Stats {
 //
 // It returns nil after a clean shutdown, or:
 //   - *MigrationsMissingError: Config.SkipMigrations is set and the schema lacks versions;
-//   - an error wrapping the migration, consumer-creation or subscription failure;
+//   - an error wrapping the migration, consumer-creation or subscription failure (a
+//     database not ready for pgstart.Within says that it waited);
 //   - *OffsetAheadError: Kafka's offset is ahead of the watermark under AheadHalt;
 //   - *LogRangeError: a watermark is past its partition's log end (topic recreated or
 //     truncated);
@@ -113,7 +117,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("kafkatx: Consumer.Run called twice")
 	}
-	if err := prepareSchema(ctx, c.pool, c.set.Schema, c.skipMig); err != nil {
+	if err := prepareSchema(ctx, c.pool, c.set.Schema, c.skipMig, c.set.Logger.With(zap.String("group", c.set.Group))); err != nil {
 		return err
 	}
 	return c.loop.Run(ctx)

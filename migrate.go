@@ -6,9 +6,11 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/pgstart"
 )
 
 // Migrate applies kafkatx's embedded migrations to schema ("" means "kafkatx") under an
@@ -37,15 +39,19 @@ func MigrationSQL(schema string) string {
 }
 
 // prepareSchema applies the migrations to schema, or with skip checks them
-// (Config.SkipMigrations).
-func prepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, skip bool) error {
-	if !skip {
-		if err := Migrate(ctx, pool, schema); err != nil {
-			return fmt.Errorf("kafkatx: %w", err)
+// (Config.SkipMigrations). A database that is not ready (pgstart.NotYet: restarting, out of
+// connection slots, not accepting connections, sessions ended under it) is waited for, for
+// pgstart.Within, logged on log (pgstart.Retry); any other error is returned at once.
+func prepareSchema(ctx context.Context, pool *pgxpool.Pool, schema string, skip bool, log *zap.Logger) error {
+	var missing []int
+	err := pgstart.Retry(ctx, pgstart.Within, log, func(ctx context.Context) error {
+		if !skip {
+			return Migrate(ctx, pool, schema)
 		}
-		return nil
-	}
-	missing, err := migrations.Missing(ctx, pool, schema)
+		var err error
+		missing, err = migrations.Missing(ctx, pool, schema)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("kafkatx: %w", err)
 	}

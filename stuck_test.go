@@ -52,7 +52,7 @@ func TestStuckHandlerIsReportedAndCloseFinishes(t *testing.T) {
 	if s := rd.Stuck[0]; s.Partition != 0 || s.Offset != 0 || !strings.Contains(strings.Join(rd.Reasons, " "), "offset 0") {
 		t.Fatalf("readiness: %+v", rd)
 	}
-	waitFor(t, 10*time.Second, "kafkatx_partition_stuck 1", func() bool {
+	waitFor(t, 60*time.Second, "kafkatx_partition_stuck 1", func() bool {
 		return testutil.CollectAndCount(mustGauge(t, reg, "kafkatx_partition_stuck")) == 1 &&
 			testutil.ToFloat64(mustGauge(t, reg, "kafkatx_partition_stuck")) == 1
 	})
