@@ -115,3 +115,48 @@ func executableFormat(head []byte) string {
 	}
 	return ""
 }
+
+// Issue 43: the library, cmd/ and examples/ are modules of their own, and `make test` covers
+// each through the Makefile's MODULES (scripts/go-modules); a module missing from it would go
+// untested, its tests passing by not running. MODULES names every go.mod the repository
+// tracks outside testdata.
+func TestMakefileModulesAreTheRepositorysModules(t *testing.T) {
+	mk, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for _, line := range strings.Split(string(mk), "\n") {
+		if v, ok := strings.CutPrefix(line, "MODULES ?= "); ok {
+			listed = strings.Fields(v)
+		}
+	}
+	if listed == nil {
+		t.Fatal("Makefile: no line MODULES ?= ...")
+	}
+	var found []string
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", ".dev", "testdata", "node_modules":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Name() == "go.mod" {
+			found = append(found, filepath.ToSlash(filepath.Dir(path)))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(listed)
+	slices.Sort(found)
+	if !slices.Equal(listed, found) {
+		t.Errorf("Makefile's MODULES %v, want the directories holding a go.mod outside testdata: %v", listed, found)
+	}
+}

@@ -109,7 +109,7 @@ func main() {
 	fs.StringVar(&o.scale, "scale", "", "also run the scale-out: comma-separated counts of examples/orders processes in one group (e.g. 1,2,3), each drained without and with events (off by default)")
 	fs.IntVar(&o.scaleMessages, "scale-messages", 300000, "orders in the scale-out's backlog")
 	fs.IntVar(&o.scalePartitions, "scale-partitions", 6, "partitions of the scale-out's topics")
-	fs.StringVar(&o.ordersBin, "orders-bin", "", "examples/orders binary for -scale (default: go build ./examples/orders, from the repository root)")
+	fs.StringVar(&o.ordersBin, "orders-bin", "", "examples/orders binary for -scale (default: go build github.com/kafkatx/kafkatx/examples/orders, run inside examples/, its module)")
 	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,kafkatx-5000,orders,relay,backlog,e2e,e2e-backlog,soak,scale); default all that are on")
 	fs.StringVar(&o.profileDir, "cpuprofile-dir", "", "write a CPU profile (pprof) of each phase's drain to DIR/<phase>.pprof")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database and topics")
