@@ -1,6 +1,6 @@
 // Command bench measures kafkatx against the PostgreSQL ceiling for the same writes and a
 // naive hand-written loop, on the real broker and PostgreSQL, in one run (issue 6,
-// docs/benchmarks.md). `make bench` runs it; `go run ./internal/bench -h` lists the flags.
+// docs/benchmarks.md). `make bench` runs it; `go -C examples run ./internal/bench -h` lists the flags.
 //
 // Phases, each in its own child process (so that its peak RSS is its own):
 //  1. ceiling: PostgreSQL alone doing the order service's writes on 2 connections — through
