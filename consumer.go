@@ -66,7 +66,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 		return nil, err
 	}
 	c := &Consumer{pool: pool, set: set, skipMig: d.SkipMigrations, metrics: prom}
-	emit := &emitter{group: set.Group, log: set.Logger.With(zap.String("group", set.Group)), hooks: hooks, stats: &c.stats, metrics: prom}
+	emit := &emitter{group: set.Group, log: set.Logger.With(zap.String("group", set.Group)), hooks: hooks, stats: &c.stats}
 	body := newBody(withGroup(chained, set.Group), d.Idempotency, set.Schema)
 	body.Prepare, body.PrepareLimit = d.Prepare, d.PrepareLimit
 	c.loop = engine.New(pool, body, set, emit)
@@ -76,23 +76,10 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 // Stats returns a snapshot of the consumer's counters. Safe to call from any goroutine.
 func (c *Consumer) Stats() Stats {
 	snap := c.loop.Snapshot()
-	return Stats{
-		Processed:         c.stats.processed.Load(),
-		Duplicates:        c.stats.duplicates.Load(),
-		Retries:           c.stats.retries.Load(),
-		DeadLettered:      c.stats.deadLettered.Load(),
-		SkippedOffsets:    c.stats.skipped.Load(),
-		RolledBackOffsets: c.stats.rolledBack.Load(),
-		Pauses:            c.stats.pauses.Load(),
-		NotChanges:        c.stats.notChanges.Load(),
-		Unavailable:       c.stats.unavailable.Load(),
-		FirstAssignedAt:   snap.FirstAssigned,
-		LastMessageAt:     snap.LastMessage,
-		Assigned:          snap.Assigned,
-		InFlight:          snap.InFlight,
-		HeldBack:          snap.HeldBack,
-		Waiting:           len(snap.Waiting),
-	}
+	s := c.stats.load()
+	s.FirstAssignedAt, s.LastMessageAt = snap.FirstAssigned, snap.LastMessage
+	s.Assigned, s.InFlight, s.HeldBack, s.Waiting = snap.Assigned, snap.InFlight, snap.HeldBack, len(snap.Waiting)
+	return s
 }
 
 // Run joins the consumer group and processes messages until ctx is cancelled or a fatal

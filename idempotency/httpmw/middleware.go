@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/internal/tables"
 )
@@ -76,6 +77,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 		return nil, errors.New("httpmw: nil *pgxpool.Pool")
 	}
 	c := cfg.withDefaults()
+	if c.MaxKeyLength > idempotency.MaxKeyBytes {
+		return nil, fmt.Errorf("httpmw: Config.MaxKeyLength %d is more than idempotency.MaxKeyBytes (%d)", c.MaxKeyLength, idempotency.MaxKeyBytes)
+	}
 	t := tables.For(c.Schema).IdempotencyResponses
 	m := &Middleware{pool: pool, cfg: c, log: c.Logger}
 	m.selectSQL = fmt.Sprintf(`SELECT fingerprint, status, headers, body FROM %s
@@ -158,6 +162,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	scope := m.cfg.Scope(r)
 	if !utf8.ValidString(scope) || bytes.IndexByte([]byte(scope), 0) >= 0 {
 		m.log.Error("Config.Scope returned invalid UTF-8 or a NUL byte")
+		problem(w, http.StatusInternalServerError, "The request was not completed.")
+		return
+	}
+	if len(scope) > idempotency.MaxScopeBytes {
+		// The scope is in the stored responses' primary key, which PostgreSQL bounds.
+		m.log.Error("Config.Scope returned more than idempotency.MaxScopeBytes", zap.Int("bytes", len(scope)), zap.Int("max", idempotency.MaxScopeBytes))
 		problem(w, http.StatusInternalServerError, "The request was not completed.")
 		return
 	}

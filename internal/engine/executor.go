@@ -25,9 +25,11 @@ import (
 //	lane.runBatch        in-flight marker, then one optimistic transaction for the batch
 //	lane.batchTx         Body (claims, handler, verdict), then the lane's mode's finish
 //	lane.runOne          a message alone: durable attempt, oneTx, backoff, dead letter
-//	serialMode.finish    gap audit, attempts cleared, watermark compare-and-set (mode.go), then
-//	worker.commit        the PostgreSQL COMMIT (a lost answer settled from txid_status)
-//	worker.committed     the new watermark to the committer (committer.go), which commits it to Kafka
+//	serialMode.finish    the serial lane's end: the watermark's advance (mode.go)
+//	worker.advance       gap audit, rows cleared, watermark compare-and-set, the PostgreSQL
+//	                     COMMIT (worker.commit: a lost answer settled from txid_status), the new
+//	                     watermark to the committer (committer.go), which commits it to Kafka;
+//	                     every advance after a batch ends here (advance.go)
 //
 // Every wait on the way (database retries, Unavailable, Backpressure, backoff) is in waits.go.
 
@@ -576,26 +578,24 @@ func (p *worker) auditGap(ctx context.Context, tx pgx.Tx, first int64) error {
 	return err
 }
 
-// commit commits tx, transaction xid, that moves the watermark to end. A COMMIT whose answer
-// is lost — the connection cut, or ctx ended (pgx then closes the connection and sends no
-// cancel) — may have committed, may not, or may still be committing (waiting for a
-// synchronous standby, during which the transaction reads as in progress). The outcome is
-// settled from the database's own record before anything else happens: txid_status(xid),
-// asked on another connection, until it answers committed (done: nothing runs again) or
-// aborted (the caller runs the transaction again, not an attempt); while it answers in
-// progress the partition waits. When the server no longer knows xid, a watermark at end
-// means committed (docs/design.md, "Compare-and-set"). The wait ends when the worker is asked
-// to stop, the outcome then left to the partition's next owner, whose compare-and-set on the
-// watermark cannot apply the messages twice.
-func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
+// commit commits tx, transaction xid. A COMMIT whose answer is lost — the connection cut, or
+// ctx ended (pgx then closes the connection and sends no cancel) — may have committed, may
+// not, or may still be committing (waiting for a synchronous standby, during which the
+// transaction reads as in progress). The outcome is settled from the database's own record
+// before anything else happens (settle): txid_status(xid), asked on another connection, until
+// it answers committed (done: nothing runs again) or aborted (the caller runs the transaction
+// again, not an attempt); while it answers in progress the partition waits. recorded reads
+// the offsets' rows the transaction wrote — a watermark at its end (advance), done rows (a
+// lane's unit) — and tells when the server no longer knows xid (docs/design.md,
+// "Compare-and-set"). The wait ends when the worker is asked to stop, the outcome then left
+// to the partition's next owner, whose compare-and-set on the watermark cannot apply the
+// messages twice.
+func (p *worker) commit(ctx context.Context, tx pgx.Tx, xid int64, recorded func() bool) error {
 	err := tx.Commit(ctx)
 	if err == nil {
 		return nil
 	}
-	return p.settle(ctx, err, xid, func() bool {
-		ws, rerr := p.store.Watermarks(context.WithoutCancel(ctx), p.pool, p.group, []offsetstore.TP{p.tp})
-		return rerr == nil && ws[p.tp].Next == end
-	})
+	return p.settle(ctx, err, xid, recorded)
 }
 
 // settle decides the outcome of a COMMIT of transaction xid that answered err (see commit):
@@ -643,14 +643,6 @@ func (p *worker) settle(ctx context.Context, err error, xid int64, recorded func
 			return fmt.Errorf("commit outcome unknown when the partition stopped (xid %d): %w", xid, err)
 		}
 	}
-}
-
-// committed records a database commit that moved the watermark to next and hands the new
-// watermark to the Kafka committer (committer.go), the last step of a message's path.
-func (p *worker) committed(next int64) {
-	p.watermark.Store(next)
-	p.commits.enqueue(p.tp, next)
-	p.lastCommit.Store(time.Now().UnixNano())
 }
 
 // first is the offset of msgs' first message.

@@ -164,7 +164,7 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		if err != nil {
 			return nil, err
 		}
-		p := newWorker(&l.deps, l.log, tp, w, atts, done)
+		p := l.newWorker(tp, w, atts, done)
 		newParts = append(newParts, p)
 		topic := tp.Topic
 		starts = append(starts, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(start)})

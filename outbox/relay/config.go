@@ -72,8 +72,10 @@ type Config struct {
 	MaxBackoff     time.Duration
 
 	// UnknownTopicTimeout is how long rows for a topic that does not exist wait (set aside,
-	// so other topics flow) before they are parked. Matches librdkafka's
-	// topic.metadata.propagation.max.ms default. Defaults to 30s.
+	// so other topics flow) before they are parked, from when this leader first found the
+	// topic missing: room for a topic just created to show in the brokers' metadata. Defaults
+	// to 10s (30s before issue 48: a record for a missing topic stayed pending, out of sight of
+	// kafkatx outbox parked and the console, for half a minute; the WAL relay parks at once).
 	UnknownTopicTimeout time.Duration
 
 	// ShutdownTimeout bounds how long Run waits for the delivery reports of records already
@@ -182,7 +184,7 @@ func (c *Config) withDefaults() (*Config, error) {
 		out.MaxBackoff = 30 * time.Second
 	}
 	if out.UnknownTopicTimeout <= 0 {
-		out.UnknownTopicTimeout = 30 * time.Second
+		out.UnknownTopicTimeout = 10 * time.Second
 	}
 	if out.ShutdownTimeout <= 0 {
 		out.ShutdownTimeout = 30 * time.Second

@@ -48,6 +48,10 @@ type Relay struct {
 	// (unix nanoseconds; 0: streaming, or not failed), failErr that error: Ready.
 	failSince atomic.Int64
 	failErr   atomic.Pointer[string]
+	// parkFail is the last failure to store a record as a parked row (nil once a park or a
+	// Kafka commit succeeded since): the stream stops at that record and starts again at it,
+	// so streaming alone does not say the relay publishes. Ready.
+	parkFail atomic.Pointer[parkFailure]
 	// stopped is the FatalError that ended Run, for Health (nil while it has not).
 	stopped   atomic.Pointer[string]
 	caughtUp  atomic.Uint64 // everything committed before this LSN is published (or not ours)
@@ -210,8 +214,14 @@ const NotReadyAfter = 10 * time.Second
 // NotReadyAfter with none answering since (also with nothing to publish: nothing written now
 // would be), and then an error naming since when and the last failure. For a readiness
 // probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from any
-// goroutine.
+// goroutine. A record the relay cannot store as a parked row (PostgreSQL refuses the row)
+// stops every stream at it: after NotReadyAfter of that, Ready names the record and the
+// refusal, however often the stream starts again.
 func (r *Relay) Ready(context.Context) error {
+	if f := r.parkFail.Load(); f != nil && time.Since(f.since) >= NotReadyAfter {
+		return fmt.Errorf("the outbox's WAL relay cannot publish past the record at commit LSN %s, position %d (topic %s) since %s: it cannot be stored as a parked row: %s",
+			f.at.commit, f.at.pos, f.topic, f.since.UTC().Format(time.RFC3339), f.err)
+	}
 	if k := r.reach.Load(); k != nil && r.streaming.Load() {
 		if err := k.NotReady(NotReadyAfter); err != nil {
 			return fmt.Errorf("the outbox's WAL relay cannot publish: %w", err)
@@ -410,4 +420,21 @@ func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 func (r *Relay) Totals() map[string]int64 {
 	s := r.Stats()
 	return map[string]int64{"published": s.Published, "parked": s.Parked, "transactions": s.Transactions}
+}
+
+// parkFailure is a record the relay could not store as a parked row: Ready.
+type parkFailure struct {
+	at         position
+	topic, err string
+	since      time.Time // the first failure at this record
+}
+
+// parkFailed records that parking the record at at failed with err, keeping the time of the
+// first failure at the same record.
+func (r *Relay) parkFailed(at position, topic string, err error) {
+	f := &parkFailure{at: at, topic: pg.SanitizeText(topic, 300), err: pg.SanitizeText(err.Error(), 512), since: time.Now()}
+	if old := r.parkFail.Load(); old != nil && old.at == at {
+		f.since = old.since
+	}
+	r.parkFail.Store(f)
 }
