@@ -38,7 +38,7 @@ func Topic(name, v string) error {
 	case v == "":
 		return fmt.Errorf("--%s is empty: want a Kafka topic name", name)
 	case v == "." || v == "..":
-		return fmt.Errorf("--%s %s: Kafka refuses the topic names . and ..", name, Quote(v))
+		return fmt.Errorf("--%s %s: Kafka refuses . and .. as topic names", name, Quote(v))
 	case len(v) > MaxTopicLength:
 		return fmt.Errorf("--%s is %d characters: Kafka topic names are at most %d", name, len(v), MaxTopicLength)
 	}
