@@ -7,6 +7,13 @@ GO ?= go
 # stays well inside CI's budget on 2 cores.
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
 PKGS ?= ./...
+# The repository's Go modules (each its own go.mod): the library, the kafkatx command with its
+# console (cmd), the examples. Targets run go through scripts/go-modules, which runs it in each
+# module; package paths (PKGS, KAFKA2_PKGS, the outage packages) are the repository's, each run
+# in the module that holds it, ./... in every module.
+MODULES ?= . cmd examples
+export MODULES
+GOMODS := GO=$(GO) scripts/go-modules
 # Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
 DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
@@ -31,7 +38,7 @@ test: services-up browser
 	scripts/dev-services up $(TEST_SERVICES)
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}"; \
-	$(GO) test $(GOTESTFLAGS) $(PKGS)
+	$(GOMODS) test $(GOTESTFLAGS) -- $(PKGS)
 	$(MAKE) --no-print-directory test-kafka2
 	$(MAKE) --no-print-directory test-outages
 
@@ -53,7 +60,7 @@ test-outages: services-up
 	scripts/dev-services up secure
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}" KAFKATX_BROKER_KILL_TESTS=1; \
-	$(GO) test $(GOTESTFLAGS) -p 1 -timeout 60m -run '$(OUTAGE_TESTS)' . ./internal/canary/ ./outbox/relay/ ./outbox/walrelay/
+	$(GOMODS) test $(GOTESTFLAGS) -p 1 -timeout 60m -run '$(OUTAGE_TESTS)' -- . ./internal/canary/ ./outbox/relay/ ./outbox/walrelay/
 
 ## test-kafka2: run $(KAFKA2_TESTS) against a second broker of another Kafka line
 ## (scripts/dev-services up kafka2: Apache Kafka $$KAFKA2_VERSION, default 4.1.2), then stop it
@@ -62,10 +69,10 @@ test-kafka2: services-up
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}" KAFKA_BOOTSTRAP_SERVERS="$$KAFKA2_BOOTSTRAP_SERVERS"; \
 	echo "test-kafka2: Apache Kafka $$KAFKA2_VERSION at $$KAFKA_BOOTSTRAP_SERVERS"; \
-	$(GO) test $(GOTESTFLAGS) -run '$(KAFKA2_TESTS)' $(KAFKA2_PKGS)
+	$(GOMODS) test $(GOTESTFLAGS) -run '$(KAFKA2_TESTS)' -- $(KAFKA2_PKGS)
 	scripts/dev-services down kafka2
 
-## browser: headless Chromium for the console's real-browser test (console/browser_test.go):
+## browser: headless Chromium for the console's real-browser test (cmd/kafkatx/console/browser_test.go):
 ## Debian's chromium package, apt-get installed once when missing (scripts/install-browser)
 browser:
 	scripts/install-browser >/dev/null
@@ -87,17 +94,19 @@ services-status:
 demo:
 	scripts/demo $(DEMO_DATA)
 
-## lint: static checks (go vet and staticcheck, pinned)
+## lint: static checks in every module (go vet and staticcheck, pinned), and every go.mod and
+## go.sum as `go mod tidy` leaves them
 lint:
-	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(GOMODS) vet ./...
+	$(GOMODS) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(GOMODS) mod tidy -diff
 
 ## bench: kafkatx's throughput, latency and memory against the PostgreSQL ceiling for the same
 ## writes and a naive loop, and the whole pipeline (consume, apply, publish) as examples/orders
 ## runs it, in one run on this machine (docs/benchmarks.md). Not a CI test. Flags through
 ## BENCHFLAGS, e.g. BENCHFLAGS='-backlog 1000000 -cpuprofile-dir /tmp/prof' or
-## BENCHFLAGS='-soak 10m -e2e-backlog 1000000 -scale 1,2,3' (run from the repository root).
+## BENCHFLAGS='-soak 10m -e2e-backlog 1000000 -scale 1,2,3' (run in examples/, its module).
 .PHONY: bench
 bench: services-up
 	eval "$$(scripts/dev-services env)"; \
-	$(GO) run ./examples/internal/bench $(BENCHFLAGS)
+	$(GO) -C examples run ./internal/bench $(BENCHFLAGS)

@@ -3,7 +3,7 @@ package kafkatx
 import (
 	"fmt"
 
-	"github.com/kafkatx/kafkatx/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 )
 
 // Bound is the range Config.validate allows one of Config's numeric fields, inclusive. Zero
@@ -33,7 +33,7 @@ var (
 // caller's word for it (Config's field, or a flag such as "--concurrency").
 func (b Bound) Check(name string, v int) error {
 	if v < b.Min || v > b.Max {
-		return fmt.Errorf("%s %d: want %s to %s", name, v, flagcheck.Thousands(b.Min), flagcheck.Thousands(b.Max))
+		return fmt.Errorf("%s %d: want %s to %s", name, v, msgfmt.Thousands(b.Min), msgfmt.Thousands(b.Max))
 	}
 	return nil
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kafkatx/kafkatx/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -260,7 +260,7 @@ func EnsureMode(ctx context.Context, pool *pgxpool.Pool, schema string, want Mod
 // refuses to keep such a slot). Every message that prints them takes them from here, and
 // TestEveryPrintedRecoveryStepRecovers (cmd/kafkatx) follows each literally.
 func RecoverSlotSteps(schema string, drop bool) string {
-	q := flagcheck.Quote(pg.SchemaOr(schema))
+	q := msgfmt.Quote(pg.SchemaOr(schema))
 	up := "kafkatx migrate up --outbox-mode wal --schema " + q
 	if !drop {
 		return up

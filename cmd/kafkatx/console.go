@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/console"
+	"github.com/kafkatx/kafkatx/cmd/kafkatx/console"
 )
 
 // ConsoleCmd serves the operator console (package console) over HTTP.

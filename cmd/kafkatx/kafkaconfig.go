@@ -8,7 +8,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/kafkatx/kafkatx/kafkaprops"
+	"github.com/kafkatx/kafkatx/cmd/kafkaprops"
 )
 
 // kafkaConfig builds the librdkafka settings every subcommand uses: bootstrap servers and

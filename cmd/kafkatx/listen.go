@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/kafkatx/kafkatx/flagcheck"
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 )
 
 // listen opens the TCP listener of an address flag (--addr, --health-addr). A value that is

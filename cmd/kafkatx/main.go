@@ -17,9 +17,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/flagcheck"
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
+	"github.com/kafkatx/kafkatx/cmd/logging"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
-	"github.com/kafkatx/kafkatx/logging"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/pgstart"

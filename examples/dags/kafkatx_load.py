@@ -1,7 +1,7 @@
 """kafkatx_load: a DAG that is only triggered, never run: the target of dagtrigger's load tests.
 
 It is paused when Airflow first parses it, so the runs that examples/dagtrigger's tests against
-a real Airflow start (`go test -run RealAirflowLoad ./examples/dagtrigger/`) stay queued: what
+a real Airflow start (`go -C examples test -run RealAirflowLoad ./dagtrigger/`) stay queued: what
 is measured is the REST API's create (POST /api/v2/dags/kafkatx_load/dagRuns), not the
 scheduler running tasks on the same two cores.
 """

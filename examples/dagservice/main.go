@@ -28,8 +28,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/examples/internal/service"
-	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/httpmw"
 	"github.com/kafkatx/kafkatx/pg"

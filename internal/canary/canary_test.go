@@ -89,8 +89,9 @@ func build(t *testing.T, dir, pkg string) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-o", bin, "./"+pkg)
-	cmd.Dir = root
+	// In the package's directory: cmd/... and examples/... are modules of their own.
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = filepath.Join(root, filepath.FromSlash(pkg))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", pkg, err, out)
 	}

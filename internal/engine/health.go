@@ -11,7 +11,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/kafkatx/kafkatx/kafkalog"
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 )
 
 // health is the state Readiness reads, written by the poll loop, the rebalance callback and

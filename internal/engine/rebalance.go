@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/kafkatx/kafkatx/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 	"sync"
 	"time"
 
@@ -264,7 +264,7 @@ func (l *Loop) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.
 		log.Warn("Kafka committed offset behind the database watermark (a lost commit, or a rewind with Kafka's own tools); starting at the watermark and re-committing it: nothing runs again. To run the range again, use the replay command",
 			zap.Int64("committed", k), zap.Int64("watermark", w.Next),
 			zap.String("replay_command", fmt.Sprintf("%s --to-offset %d --mode replay --reason '...' --execute",
-				offsetstate.ResetCommand(l.set.Schema, l.group, tp.Topic, tp.Partition, flagcheck.Quote), k)))
+				offsetstate.ResetCommand(l.set.Schema, l.group, tp.Topic, tp.Partition, msgfmt.Quote), k)))
 		if err := audit(offsetstore.KindKafkaBehind, k, w.Next, "Kafka commit lost or rewound; database leads"); err != nil {
 			return w, err
 		}

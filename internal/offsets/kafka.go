@@ -9,10 +9,10 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/logid"
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
-	"github.com/kafkatx/kafkatx/kafkalog"
 )
 
 // Kafka is the broker side of the offset commands: consumer-group offsets, log offsets and

@@ -9,7 +9,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/kafkatx/kafkatx/kafkaprops"
+	"github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
 // Environment variables of the deployment services (scripts/dev-services up secure pgbouncer).

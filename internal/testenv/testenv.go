@@ -401,14 +401,15 @@ func ConsumerGroupsTool(t testing.TB) string {
 }
 
 // RepoRoot walks up from the working directory (a package directory under go test) to the
-// directory holding go.mod.
+// repository's root: the directory whose go.mod is the library's (module
+// github.com/kafkatx/kafkatx), past the go.mod of a nested module (cmd, examples).
 func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modfileDeclares(b, "github.com/kafkatx/kafkatx") {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
@@ -540,4 +541,15 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool,
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// modfileDeclares reports whether the go.mod text b declares module path.
+func modfileDeclares(b []byte, path string) bool {
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`) == path
+		}
+	}
+	return false
 }

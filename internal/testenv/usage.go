@@ -48,11 +48,24 @@ func RequireUsageError(t testing.TB, bin string, args, env []string, want string
 }
 
 // BuildPackage builds the command of the package at import path pkg (such as
-// "github.com/kafkatx/kafkatx/cmd/kafkatx") into the test's temporary directory.
+// "github.com/kafkatx/kafkatx/cmd/kafkatx" or "github.com/kafkatx/kafkatx/examples/orders")
+// into the test's temporary directory. It builds in the package's directory of this
+// repository, so the nearest go.mod decides the module (the library, cmd or examples), as a
+// user's `go build` there does.
 func BuildPackage(t testing.TB, pkg string) string {
 	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, ok := strings.CutPrefix(pkg, "github.com/kafkatx/kafkatx/")
+	if !ok {
+		t.Fatalf("BuildPackage(%q): not a package of this repository", pkg)
+	}
 	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = filepath.Join(root, filepath.FromSlash(rel))
+	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build %s: %v\n%s", pkg, err, out)
 	}
 	return bin

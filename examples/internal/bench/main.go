@@ -1,6 +1,6 @@
 // Command bench measures kafkatx against the PostgreSQL ceiling for the same writes and a
 // naive hand-written loop, on the real broker and PostgreSQL, in one run (issue 6,
-// docs/benchmarks.md). `make bench` runs it; `go run ./internal/bench -h` lists the flags.
+// docs/benchmarks.md). `make bench` runs it; `go -C examples run ./internal/bench -h` lists the flags.
 //
 // Phases, each in its own child process (so that its peak RSS is its own):
 //  1. ceiling: PostgreSQL alone doing the order service's writes on 2 connections — through
@@ -109,7 +109,7 @@ func main() {
 	fs.StringVar(&o.scale, "scale", "", "also run the scale-out: comma-separated counts of examples/orders processes in one group (e.g. 1,2,3), each drained without and with events (off by default)")
 	fs.IntVar(&o.scaleMessages, "scale-messages", 300000, "orders in the scale-out's backlog")
 	fs.IntVar(&o.scalePartitions, "scale-partitions", 6, "partitions of the scale-out's topics")
-	fs.StringVar(&o.ordersBin, "orders-bin", "", "examples/orders binary for -scale (default: go build ./examples/orders, from the repository root)")
+	fs.StringVar(&o.ordersBin, "orders-bin", "", "examples/orders binary for -scale (default: go build github.com/kafkatx/kafkatx/examples/orders, run inside examples/, its module)")
 	fs.StringVar(&o.only, "only", "", "comma-separated phases to run (ceiling,naive,kafkatx-1,kafkatx-100,kafkatx-1000,kafkatx-5000,orders,relay,backlog,e2e,e2e-backlog,soak,scale); default all that are on")
 	fs.StringVar(&o.profileDir, "cpuprofile-dir", "", "write a CPU profile (pprof) of each phase's drain to DIR/<phase>.pprof")
 	fs.BoolVar(&o.keep, "keep", false, "keep the database and topics")

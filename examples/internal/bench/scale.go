@@ -68,11 +68,12 @@ func (b *bench) scaleOut(ctx context.Context) error {
 		}
 		defer os.RemoveAll(dir)
 		bin = filepath.Join(dir, "orders")
-		progress("scale: go build -o %s ./examples/orders", bin)
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./examples/orders")
+		// By import path: examples/ is a module of its own, and the bench runs inside it.
+		progress("scale: go build -o %s github.com/kafkatx/kafkatx/examples/orders", bin)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kafkatx/kafkatx/examples/orders")
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("build examples/orders (run the bench from the repository root, or pass -orders-bin): %w", err)
+			return fmt.Errorf("build examples/orders (run the bench inside examples/, its module: make bench; or pass -orders-bin): %w", err)
 		}
 	}
 	logs, err := os.MkdirTemp("", "kafkatx-bench-scale-")

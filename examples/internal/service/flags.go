@@ -13,9 +13,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
-	"github.com/kafkatx/kafkatx/flagcheck"
-	"github.com/kafkatx/kafkatx/kafkaprops"
-	"github.com/kafkatx/kafkatx/logging"
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
+	"github.com/kafkatx/kafkatx/cmd/kafkaprops"
+	"github.com/kafkatx/kafkatx/cmd/logging"
 	"github.com/kafkatx/kafkatx/outbox/relays"
 )
 

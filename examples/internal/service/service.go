@@ -21,7 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx"
-	"github.com/kafkatx/kafkatx/kafkalog"
+	"github.com/kafkatx/kafkatx/cmd/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relays"
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/kafkalog"
+	"github.com/kafkatx/kafkatx/cmd/kafkalog"
 )
 
 // Ensure creates each named topic with partitions partitions and the given replication

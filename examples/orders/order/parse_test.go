@@ -80,7 +80,7 @@ func BenchmarkParse(b *testing.B) {
 }
 
 // FuzzParseIsNoMoreLenientThanEncodingJSON: whatever Parse accepts, encoding/json reads as
-// the same order (go test -fuzz FuzzParse ./examples/orders/order/).
+// the same order (go -C examples test -fuzz FuzzParse ./orders/order/).
 func FuzzParseIsNoMoreLenientThanEncodingJSON(f *testing.F) {
 	f.Add([]byte(`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":9.99}`))
 	f.Add([]byte(`{"order_id":"A\u00e9\n","customer":"c\"","item":"","quantity":1,"price":0.10,"x":[null]}`))

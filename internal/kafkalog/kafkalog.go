@@ -1,5 +1,7 @@
 // Package kafkalog routes librdkafka's log lines into zap, structured (facility, syslog
-// level, client name), instead of raw text on stderr.
+// level, client name), instead of raw text on stderr: the rules for the library's clients (the
+// engine's, internal/offsets') and, through the command module's package of the same name
+// (github.com/kafkatx/kafkatx/cmd/kafkalog), for the kafkatx command's and the examples'.
 package kafkalog
 
 import (

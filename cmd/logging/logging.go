@@ -3,7 +3,8 @@
 // message, fields) when stderr is a terminal, one JSON object per line otherwise (a file, a
 // pipe, a log collector), with ISO 8601 timestamps in both. KAFKATX_LOG_FORMAT=console or
 // json decides instead of the terminal test. Stack traces are added only to panics, not to
-// every error line.
+// every error line. A package of the command's module (github.com/kafkatx/kafkatx/cmd), not of
+// the library: public so that a copy of an example builds outside this repository.
 package logging
 
 import (

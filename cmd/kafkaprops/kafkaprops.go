@@ -1,50 +1,26 @@
 // Package kafkaprops reads librdkafka properties files: the --kafka-config-file of kafkatx's
-// binaries (security.protocol, sasl.*, ssl.*, ...).
+// binaries (security.protocol, sasl.*, ssl.*, ...), and checks the settings with librdkafka
+// before anything connects. A package of the command's module (github.com/kafkatx/kafkatx/cmd),
+// not of the library: public so that a copy of an example builds outside this repository.
 package kafkaprops
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"regexp"
 	"sort"
 	"strings"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	libprops "github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
 // Read adds the key=value lines of the file at path to cfg (later lines win; blank lines and
 // lines starting with # or ! are skipped; keys and values are trimmed; a UTF-8 byte-order
-// mark at the start of the file is skipped). Errors name the file
-// and line, never a value: the file may hold secrets such as sasl.password.
-func Read(path string, cfg kafka.ConfigMap) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("kafka config file: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		if n == 1 {
-			// A byte-order mark (files saved by some Windows editors) is not part of the first key.
-			line = strings.TrimPrefix(line, "\ufeff")
-		}
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, "!") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok || strings.TrimSpace(k) == "" {
-			return fmt.Errorf("kafka config file %s line %d: want key=value", path, n)
-		}
-		cfg[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("kafka config file %s: %w", path, err)
-	}
-	return nil
-}
+// mark at the start of the file is skipped). Errors name the file and line, never a value:
+// the file may hold secrets such as sasl.password. The library's rule (its tests read the
+// same files): internal/kafkaprops.Read.
+func Read(path string, cfg kafka.ConfigMap) error { return libprops.Read(path, cfg) }
 
 // Check asks librdkafka whether it accepts every setting of cfg, as a client made from it
 // would: a property it does not know, or a value it refuses (not among a property's choices,

@@ -4,7 +4,8 @@
 // them later: numbers and durations out of range (the ranges of kafkatx.Config's fields come
 // from kafkatx's Bound table), empty names, schema names PostgreSQL would truncate, topic
 // names Kafka refuses, unparsable addresses, key=value pairs without "=". The binaries exit 2
-// (the usage status) on its errors, before anything connects. It is public so that a copy of
+// (the usage status) on its errors, before anything connects. A package of the command's module
+// (github.com/kafkatx/kafkatx/cmd), not of the library: public so that a copy of
 // an example builds outside this repository.
 package flagcheck
 
@@ -14,8 +15,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"time"
+
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 )
 
 // Int returns an error unless lo <= v <= hi: "--name v: want lo to hi".
@@ -49,21 +51,8 @@ func First(errs ...error) error {
 }
 
 // Thousands writes n with thousands separators (100,000), as the docs and every bound's
-// message do.
-func Thousands(n int) string {
-	s := strconv.Itoa(n)
-	neg := n < 0
-	if neg {
-		s = s[1:]
-	}
-	for i := len(s) - 3; i > 0; i -= 3 {
-		s = s[:i] + "," + s[i:]
-	}
-	if neg {
-		return "-" + s
-	}
-	return s
-}
+// message do (msgfmt.Thousands, the library's rule).
+func Thousands(n int) string { return msgfmt.Thousands(n) }
 
 // Parse parses args with fs (made with flag.ContinueOnError) the way the binaries report
 // usage errors: -h or --help prints the usage to stderr and returns (0, false); a bad flag or

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 )
 
 // MaxIdentifierBytes is PostgreSQL's longest identifier (NAMEDATALEN - 1 = 63 bytes); the
@@ -36,7 +38,7 @@ func Topic(name, v string) error {
 	case v == "":
 		return fmt.Errorf("--%s is empty: want a Kafka topic name", name)
 	case v == "." || v == "..":
-		return fmt.Errorf("--%s %s: Kafka refuses the topic names . and ..", name, Quote(v))
+		return fmt.Errorf("--%s %s: Kafka refuses . and .. as topic names", name, Quote(v))
 	case len(v) > MaxTopicLength:
 		return fmt.Errorf("--%s is %d characters: Kafka topic names are at most %d", name, len(v), MaxTopicLength)
 	}
@@ -101,20 +103,8 @@ func keyOnly(v string) string {
 }
 
 // Quote returns s as one shell word: as is when it is plain ([A-Za-z0-9_.,:/@%+=-]), else in
-// single quotes; empty as ”.
-func Quote(s string) string {
-	plain := s != ""
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("_.,:/@%+=-", r)) {
-			plain = false
-			break
-		}
-	}
-	if plain {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
+// single quotes; empty as ” (msgfmt.Quote, the library's rule).
+func Quote(s string) string { return msgfmt.Quote(s) }
 
 // JoinNegative returns args with each "--flag -N" (a long flag without "=" followed by a
 // negative number) written "--flag=-N", so that a parser which takes "-N" for a short flag
