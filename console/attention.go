@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // needsAttention lists the offset audit kinds and statuses an operator must not miss: a
@@ -54,7 +53,7 @@ func (h *Handler) attentionOf(ctx context.Context, groups []string) (map[tpKey][
 		}
 	}
 	rows, err := h.cfg.Pool.Query(ctx, `SELECT group_id, topic, partition, kind, status, count(*), max(at)
-		FROM `+pgx.Identifier{h.cfg.Schema, "offset_audit"}.Sanitize()+`
+		FROM `+tables.For(h.cfg.Schema).OffsetAudit+`
 		WHERE group_id = ANY($1) AND at > now() - $2::interval AND (kind = ANY($3) OR status = ANY($4))
 		GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 7 DESC`, groups, fmt.Sprintf("%d seconds", int(AttentionWindow.Seconds())), kinds, statuses)
 	if err != nil {

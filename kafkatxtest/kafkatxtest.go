@@ -41,10 +41,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -123,7 +123,7 @@ func New(t testing.TB, opts *Options) *Kit {
 	if k.pool == nil {
 		k.pool = connect(ctx, t, k.schema)
 	}
-	quoted := pgx.Identifier{k.schema}.Sanitize()
+	quoted := tables.For(k.schema).QuotedSchema
 	if _, err := k.pool.Exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
 		t.Fatalf("kafkatxtest: create schema %s: %v", k.schema, err)
 	}
@@ -152,7 +152,7 @@ func connect(ctx context.Context, t testing.TB, schema string) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("kafkatxtest: parse %s: %v", EnvDatabaseURL, err) // pgx's error names no password
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize() + ", public"
+	cfg.ConnConfig.RuntimeParams["search_path"] = tables.For(schema).QuotedSchema + ", public"
 	cfg.MaxConns = 16 // each open Tx holds one
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/kafkalog"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
@@ -233,7 +234,7 @@ func requireSession(ctx context.Context, sp *pgxpool.Pool) error {
 // checkOutboxTable fails with a helpful message when the outbox table is missing.
 func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	var ok bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.outbox') IS NOT NULL`, schema).Scan(&ok); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tables.For(schema).Outbox).Scan(&ok); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
 	if !ok {
