@@ -263,7 +263,7 @@ func (h *Handler) partitionsPage(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, a := range row.Attention {
 			k := a.Kind
-			if a.Status == "abandoned" {
+			if a.Status == offsetstore.StatusAbandoned {
 				k += " (abandoned)"
 			}
 			if byKind[k] == 0 {
