@@ -36,7 +36,9 @@ func TestKitGivesTheLoopsOutboxIDs(t *testing.T) {
 		return err
 	}
 	handler := func(schema string) kafkatx.Handler {
-		return func(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error { return records(ctx, tx, schema, nil, m) }
+		return func(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
+			return records(ctx, tx, schema, nil, m)
+		}
 	}
 	batchHandler := func(schema string) kafkatx.BatchHandler {
 		return func(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Message) error {
