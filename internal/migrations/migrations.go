@@ -148,7 +148,7 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 func Missing(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error) {
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", tables.For(schema).Migrations).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("migrations: look for %s.schema_migrations: %w", schema, err)
+		return nil, fmt.Errorf("migrations: look for %s: %w", tables.For(schema).Migrations, err)
 	}
 	applied := map[int]bool{}
 	if exists {
