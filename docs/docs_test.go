@@ -577,3 +577,30 @@ func offsetVocabularyProblems(design string, states map[string]bool) []string {
 	sort.Strings(problems)
 	return problems
 }
+
+// TestGuaranteeRowNamesExist checks that the API names README.md's guarantee rows cite
+// (Config.Transaction, Config.CloseTimeout, ...) exist; their tests are TestCitedTestsExist's.
+// Names without a capital letter there are Kafka properties, tables and SQL settings.
+func TestGuaranteeRowNamesExist(t *testing.T) {
+	ix := parseModule(t)
+	for _, b := range brokenGuaranteeNames(ix, read(t, "README.md"), t) {
+		t.Errorf("README.md's guarantee rows name %s", b)
+	}
+	if got := brokenGuaranteeNames(ix, "## Guarantees\n| a | `Config.CloseTimeoutX`, `group.instance.id` | `TestX` |\n", t); len(got) != 1 {
+		t.Errorf("the check found %v, want Config.CloseTimeoutX alone", got)
+	}
+}
+
+func brokenGuaranteeNames(ix *index, readme string, t *testing.T) []string {
+	var broken []string
+	for _, m := range backticks.FindAllStringSubmatch(section(t, readme, "Guarantees"), -1) {
+		n := m[1]
+		if strings.HasPrefix(n, "Test") || strings.ToLower(n) == n || strings.ContainsAny(n, "-=") {
+			continue
+		}
+		if why := ix.check(n); why != "" {
+			broken = append(broken, fmt.Sprintf("%s (%s)", n, why))
+		}
+	}
+	return broken
+}
