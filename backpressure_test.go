@@ -71,13 +71,13 @@ func TestBackpressureHoldsPartitionsBeforeTheirTransactions(t *testing.T) {
 		rd := r2.c.Readiness(context.Background())
 		return len(rd.BackpressureFailing) > 0 && !rd.Ready && strings.Contains(strings.Join(rd.Reasons, "; "), "Config.Backpressure cannot answer")
 	})
-	time.Sleep(time.Second)
-	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects`); n != 40 || mode.Load() < 3 {
-		t.Fatalf("%d effects after a second of a failing check (%d calls); want 40 (held) and the check called again", n, mode.Load())
+	waitFor(t, 60*time.Second, "the failing check called again", func() bool { return mode.Load() >= 3 })
+	if n := b.q(t, `SELECT count(*) FROM {{schema}}.effects`); n != 40 {
+		t.Fatalf("%d effects after %d calls of a failing check; want 40 (held)", n, mode.Load())
 	}
 	broken.Store(false)
 	waitFor(t, 30*time.Second, "all 60 applied once the throttle answers", func() bool { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 60 })
-	waitFor(t, 10*time.Second, "no failing check reported", func() bool { return len(r2.c.Readiness(context.Background()).BackpressureFailing) == 0 })
+	waitFor(t, 60*time.Second, "no failing check reported", func() bool { return len(r2.c.Readiness(context.Background()).BackpressureFailing) == 0 })
 	if err := r2.stop(t); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,8 @@ func TestConfigValidateRefusesOutOfBounds(t *testing.T) {
 		{func(c *Config) { c.Retry.MaxAttempts = 1001 }, "kafkatx: Config.Retry.MaxAttempts 1001: want 1 to 1,000"},
 		{func(c *Config) { c.Batch.Size = 100_001 }, "kafkatx: Config.Batch.Size 100001: want 1 to 100,000"},
 		{func(c *Config) { c.MaxUnits = -3 }, "kafkatx: Config.MaxUnits -3"},
+		// Issue 48: the group id is in B-tree keys (watermarks, dead letters, idempotency scopes).
+		{func(c *Config) { c.Kafka["group.id"] = strings.Repeat("g", MaxGroupIDBytes+1) }, "group.id is 501 bytes, more than MaxGroupIDBytes (500)"},
 	} {
 		cfg := base()
 		c.set(cfg)
@@ -35,6 +37,7 @@ func TestConfigValidateRefusesOutOfBounds(t *testing.T) {
 		func(*Config) {},
 		func(c *Config) { c.Concurrency, c.Retry.MaxAttempts, c.Batch.Size, c.MaxUnits = 1, 1, 1, 1 },
 		func(c *Config) { c.Concurrency, c.Retry.MaxAttempts, c.Batch.Size = 1024, 1000, 100_000 },
+		func(c *Config) { c.Kafka["group.id"] = strings.Repeat("g", MaxGroupIDBytes) },
 	} {
 		cfg := base()
 		set(cfg)

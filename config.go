@@ -94,7 +94,8 @@ func (p AheadPolicy) String() string {
 // *Config is not accepted because Kafka and Topics are required.
 type Config struct {
 	// Kafka is passed to librdkafka as is (bootstrap.servers and group.id are required;
-	// security settings such as sasl.* and ssl.* pass through). kafkatx sets
+	// group.id is at most MaxGroupIDBytes; security settings such as sasl.* and ssl.* pass
+	// through). kafkatx sets
 	// enable.auto.commit=false and enable.auto.offset.store=false and refuses either set to
 	// true. Unless set here: group.protocol=classic, partition.assignment.strategy=
 	// cooperative-sticky (classic only), auto.offset.reset=earliest, isolation.level=
@@ -403,6 +404,13 @@ var consumerProtocolRefused = []struct{ key, instead string }{
 	{"group.protocol.type", "it belongs to the classic protocol"},
 }
 
+// MaxGroupIDBytes is the longest consumer group id (Config.Kafka's group.id) NewConsumer
+// accepts, in bytes. The group id is part of the primary or unique key of kafkatx's
+// watermarks, attempts, dead letters, done offsets and console samples, and of the
+// idempotency scope "<group>/<replay epoch>" (idempotency.MaxScopeBytes), all of which must
+// stay within PostgreSQL's B-tree entry limit (about 2,700 bytes); Kafka itself sets none.
+const MaxGroupIDBytes = 500
+
 // validate checks what NewConsumer cannot default: c itself, Topics, the required Kafka
 // settings, and the librdkafka settings kafkatx refuses.
 func (c *Config) validate() error {
@@ -419,6 +427,9 @@ func (c *Config) validate() error {
 		if v, ok := c.Kafka[k]; !ok || fmt.Sprint(v) == "" {
 			return fmt.Errorf("kafkatx: Config.Kafka needs %q", k)
 		}
+	}
+	if n := len(fmt.Sprint(c.Kafka["group.id"])); n > MaxGroupIDBytes {
+		return fmt.Errorf("kafkatx: Config.Kafka group.id is %d bytes, more than MaxGroupIDBytes (%d)", n, MaxGroupIDBytes)
 	}
 	for _, k := range refusedTrue {
 		if v, ok := c.Kafka[k]; ok && strings.EqualFold(fmt.Sprint(v), "true") {
@@ -633,7 +644,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe,
 		StuckAfter: stuckAfter(d.Transaction), StallAfter: d.StallAfter, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,
 		MaxValueBytes: d.MaxValueBytes, MaxBufferedBytes: d.MaxBufferedBytes, Backpressure: d.Backpressure,
-		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: haltError,
+		DeadLetterTopic: dlqTopic, HaltOnAhead: d.OnKafkaAhead == AheadHalt, Halt: func(h engine.Halt) error { return haltError(d.Schema, h) },
 		AdoptNewLog: d.OnLogChange.adoptNewLog(),
 	}, nil
 }

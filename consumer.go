@@ -66,7 +66,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 		return nil, err
 	}
 	c := &Consumer{pool: pool, set: set, skipMig: d.SkipMigrations, metrics: prom}
-	emit := &emitter{group: set.Group, log: set.Logger.With(zap.String("group", set.Group)), hooks: hooks, stats: &c.stats, metrics: prom}
+	emit := &emitter{group: set.Group, log: set.Logger.With(zap.String("group", set.Group)), hooks: hooks, stats: &c.stats}
 	body := newBody(withGroup(chained, set.Group), d.Idempotency, set.Schema)
 	body.Prepare, body.PrepareLimit = d.Prepare, d.PrepareLimit
 	c.loop = engine.New(pool, body, set, emit)
@@ -76,30 +76,20 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 // Stats returns a snapshot of the consumer's counters. Safe to call from any goroutine.
 func (c *Consumer) Stats() Stats {
 	snap := c.loop.Snapshot()
-	return Stats{
-		Processed:         c.stats.processed.Load(),
-		Duplicates:        c.stats.duplicates.Load(),
-		Retries:           c.stats.retries.Load(),
-		DeadLettered:      c.stats.deadLettered.Load(),
-		SkippedOffsets:    c.stats.skipped.Load(),
-		RolledBackOffsets: c.stats.rolledBack.Load(),
-		Pauses:            c.stats.pauses.Load(),
-		NotChanges:        c.stats.notChanges.Load(),
-		Unavailable:       c.stats.unavailable.Load(),
-		FirstAssignedAt:   snap.FirstAssigned,
-		LastMessageAt:     snap.LastMessage,
-		Assigned:          snap.Assigned,
-		InFlight:          snap.InFlight,
-		HeldBack:          snap.HeldBack,
-		Waiting:           len(snap.Waiting),
-	}
+	s := c.stats.load()
+	s.FirstAssignedAt, s.LastMessageAt = snap.FirstAssigned, snap.LastMessage
+	s.Assigned, s.InFlight, s.HeldBack, s.Waiting = snap.Assigned, snap.InFlight, snap.HeldBack, len(snap.Waiting)
+	return s
 }
 
 // Run joins the consumer group and processes messages until ctx is cancelled or a fatal
 // error occurs. In order, it:
 //
 //  1. applies kafkatx's embedded migrations to Config.Schema under an advisory lock (or,
-//     with Config.SkipMigrations, only checks that they are applied);
+//     with Config.SkipMigrations, only checks that they are applied); a database that is not
+//     ready — restarting, out of connection slots, not accepting connections, its sessions
+//     ended meanwhile (pgstart.NotYet) — is waited for, for pgstart.Within (60 s), logged at
+//     warn level (pgstart.Retry), as the loop rides out an outage once it runs;
 //  2. creates the librdkafka consumer and subscribes to Config.Topics;
 //  3. on each assignment reconciles the database watermark with Kafka's committed offset
 //     (docs/offsets.md) and starts one worker per partition;
@@ -109,7 +99,8 @@ func (c *Consumer) Stats() Stats {
 //
 // It returns nil after a clean shutdown, or:
 //   - *MigrationsMissingError: Config.SkipMigrations is set and the schema lacks versions;
-//   - an error wrapping the migration, consumer-creation or subscription failure;
+//   - an error wrapping the migration, consumer-creation or subscription failure (a
+//     database not ready for pgstart.Within says that it waited);
 //   - *OffsetAheadError: Kafka's offset is ahead of the watermark under AheadHalt;
 //   - *LogRangeError: a watermark is past its partition's log end (topic recreated or
 //     truncated);
@@ -126,7 +117,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("kafkatx: Consumer.Run called twice")
 	}
-	if err := prepareSchema(ctx, c.pool, c.set.Schema, c.skipMig); err != nil {
+	if err := prepareSchema(ctx, c.pool, c.set.Schema, c.skipMig, c.set.Logger.With(zap.String("group", c.set.Group))); err != nil {
 		return err
 	}
 	return c.loop.Run(ctx)

@@ -197,14 +197,14 @@ func TestSecuredListenerRefusalsAreOneClearError(t *testing.T) {
 			start := time.Now()
 			r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }, cfg)
 			var rd Readiness
-			waitFor(t, 20*time.Second, "the refusal in Readiness", func() bool {
+			waitFor(t, 60*time.Second, "the refusal in Readiness", func() bool {
 				rd = r.c.Readiness(context.Background())
 				return rd.AuthError != ""
 			})
 			if rd.Ready || !strings.Contains(rd.AuthError, tc.wantInErr) {
 				t.Fatalf("Readiness after %s: ready=%v auth_error=%q, want not ready naming %q", time.Since(start).Round(time.Millisecond), rd.Ready, rd.AuthError, tc.wantInErr)
 			}
-			waitFor(t, 5*time.Second, "an error-level log line", func() bool {
+			waitFor(t, 60*time.Second, "an error-level log line", func() bool {
 				return strings.Contains(buf.String(), `"level":"error"`) && strings.Contains(buf.String(), tc.wantInErr)
 			})
 			if err := r.stop(t); err != nil {

@@ -151,6 +151,8 @@ func (e *MigrationsMissingError) Error() string {
 // `kafkatx offsets reset --to-earliest --mode replay`, or skip to its end with `--to-latest
 // --mode skip`.
 type LogRangeError struct {
+	// Schema holds the consumer's tables (Config.Schema), named in the printed command.
+	Schema           string
 	Group            string
 	Topic            string
 	Partition        int32
@@ -168,9 +170,15 @@ func (e *LogRangeError) Error() string {
 	}
 	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log now ends at offset %d (log start %d), below the database watermark %d: records [%d, %d) that kafkatx processed are no longer in it; "+
 		"%s. kafkatx cannot tell which records at those offsets are new, so it processed nothing. With the consumer stopped, process the log again from its start with "+
-		"`kafkatx offsets reset --group %s --topic %s --partition %d --to-earliest --mode replay --reason TEXT --execute` "+
+		"`%s --to-earliest --mode replay --reason TEXT --execute` "+
 		"or skip to its end with `--to-latest --mode skip`",
-		e.Group, e.Topic, e.Partition, e.LogEnd, e.LogStart, e.Watermark, e.LogEnd, e.Watermark, what, shellWord(e.Group), shellWord(e.Topic), e.Partition)
+		e.Group, e.Topic, e.Partition, e.LogEnd, e.LogStart, e.Watermark, e.LogEnd, e.Watermark, what, resetCommand(e.Schema, e.Group, e.Topic, e.Partition))
+}
+
+// resetCommand is offsetstate.ResetCommand with shellWord: the start of the `kafkatx offsets
+// reset` a halt's error prints, naming the consumer's schema.
+func resetCommand(schema, group, topic string, partition int32) string {
+	return offsetstate.ResetCommand(schema, group, topic, partition, shellWord)
 }
 
 // shellWord quotes s for a command suggested in an error: as is when plain, else in single
@@ -186,6 +194,7 @@ func shellWord(s string) string {
 // ahead of the database watermark (a database restored from an older backup, or an offset
 // moved with Kafka's own tools).
 type OffsetAheadError struct {
+	Schema    string // Config.Schema, named in the printed commands
 	Group     string
 	Topic     string
 	Partition int32
@@ -195,8 +204,10 @@ type OffsetAheadError struct {
 
 func (e *OffsetAheadError) Error() string {
 	return fmt.Sprintf("kafkatx: group %q %s[%d]: Kafka committed offset %d is ahead of the database watermark %d; policy is halt: "+
-		"nothing processed. Align with `kafkatx offsets reset --to-database` or skip with `--mode skip`",
-		e.Group, e.Topic, e.Partition, e.Committed, e.Watermark)
+		"nothing processed. With the consumer stopped, align Kafka to the database with `%s --to-database --reason TEXT --execute` "+
+		"(the records [%d, %d) run), or skip them with `%s --to-offset %d --mode skip --reason TEXT --execute`",
+		e.Group, e.Topic, e.Partition, e.Committed, e.Watermark, resetCommand(e.Schema, e.Group, e.Topic, e.Partition),
+		e.Watermark, e.Committed, resetCommand(e.Schema, e.Group, e.Topic, e.Partition), e.Committed)
 }
 
 // NotReadyError is Ready's error: the Readiness that was not ready.
@@ -215,6 +226,7 @@ func (e *NotReadyError) Error() string {
 // `kafkatx offsets reset --mode adopt` (from its earliest offset, latest, or a time), or set
 // Config.OnLogChange. An id that is "" was not known.
 type LogChangedError struct {
+	Schema    string // Config.Schema, named in the printed command
 	Group     string
 	Topic     string
 	Partition int32
@@ -256,9 +268,9 @@ func (e *LogChangedError) Error() string {
 		return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed while the consumer ran: %s. The consumer stopped; "+
 			"offsets [%d, %d) were applied after the last check that still saw the old log and may be records of the new log: check them "+
 			"(kafkatx offsets audit shows this halt with the range). Then, with the consumer stopped, adopt the new log with "+
-			"`kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` (that runs those offsets of the new log "+
+			"`%s --mode adopt --to-earliest --reason TEXT --execute` (that runs those offsets of the new log "+
 			"again: the handler's idempotency decides) or --to-offset N, or set Config.OnLogChange (--on-log-change in the examples)",
-			e.Group, e.Topic, e.Partition, c.What(), e.AppliedFrom, e.Watermark, shellWord(e.Group), shellWord(e.Topic))
+			e.Group, e.Topic, e.Partition, c.What(), e.AppliedFrom, e.Watermark, resetCommand(e.Schema, e.Group, e.Topic, -1))
 	}
 	logRange := "" // -1: not read (the running check reads ids only)
 	if e.LogStart >= 0 && e.LogEnd >= 0 {
@@ -266,24 +278,25 @@ func (e *LogChangedError) Error() string {
 	}
 	return fmt.Sprintf("kafkatx: group %q %s[%d]: the log behind the watermark changed: %s. The watermark %d counts offsets of the old log "+
 		"and means nothing in the new one%s: kafkatx will not start at it there (it would skip or mix up records) and processed nothing. "+
-		"With the consumer stopped, adopt the new log from its start with `kafkatx offsets reset --group %s --topic %s --mode adopt --to-earliest --reason TEXT --execute` "+
+		"With the consumer stopped, adopt the new log from its start with `%s --mode adopt --to-earliest --reason TEXT --execute` "+
 		"(or --to-latest, --to-time), or set Config.OnLogChange (--on-log-change in the examples)",
-		e.Group, e.Topic, e.Partition, c.What(), e.Watermark, logRange, shellWord(e.Group), shellWord(e.Topic))
+		e.Group, e.Topic, e.Partition, c.What(), e.Watermark, logRange, resetCommand(e.Schema, e.Group, e.Topic, -1))
 }
 
-// haltError is the error Run returns for reconciliation's halt h.
-func haltError(h engine.Halt) error {
+// haltError is the error Run returns for reconciliation's halt h of the consumer whose tables
+// are in schema.
+func haltError(schema string, h engine.Halt) error {
 	if h.State == string(offsetstate.LogChanged) {
 		c := h.LogChange
-		return &LogChangedError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark,
+		return &LogChangedError{Schema: schema, Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark,
 			RecordedTopicID: c.Recorded.Topic, TopicID: c.Current.Topic, RecordedClusterID: c.Recorded.Cluster, ClusterID: c.Current.Cluster,
 			LogStart: h.LogStart, LogEnd: h.LogEnd, Running: h.Running, AppliedFrom: h.AppliedFrom, MovedAway: h.MovedAway}
 	}
 	if h.State == string(offsetstate.WatermarkPastLogEnd) {
-		return &LogRangeError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd,
+		return &LogRangeError{Schema: schema, Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, LogStart: h.LogStart, LogEnd: h.LogEnd,
 			TopicID: h.LogChange.Recorded.Topic}
 	}
-	return &OffsetAheadError{Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, Committed: h.Committed}
+	return &OffsetAheadError{Schema: schema, Group: h.Group, Topic: h.Topic, Partition: h.Partition, Watermark: h.Watermark, Committed: h.Committed}
 }
 
 // orUnknown is id, or "unknown" when empty.

@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,17 +14,16 @@ import (
 
 // The one place where the loop records what happened: the engine's Emitter. Each event moves
 // its Stats counter and calls the hooks that want it (Config.Hooks, after kafkatx's own
-// Prometheus hook in metrics.go), so Stats, the metrics and users' hooks never disagree. A new
-// event is a method here, on engine.Emitter, and an interface in hooks.go; a new metric for an
-// event is a change to metrics.go alone.
+// Prometheus hook in metrics.go), so Stats, the metrics and users' hooks never disagree: the
+// metrics see an event only through its public hook. A new event is a method here, on
+// engine.Emitter, and an interface in hooks.go (TestEveryEventReachesHooksStatsAndMetrics
+// fails on an Emitter method that reaches no hook); a new metric for an event is a change to
+// metrics.go alone.
 type emitter struct {
 	group string
 	log   *zap.Logger
 	hooks hookSet
 	stats *counters
-	// metrics is kafkatx's Prometheus hook, for the events no public hook carries (the
-	// breaker); nil in tests that build an emitter without one.
-	metrics *promHook
 }
 
 // callHooks calls call for each hook of hs, recovering (and logging) a hook's panic so that
@@ -140,25 +140,26 @@ func (e *emitter) PartitionLag(tp offsetstore.TP, w, high int64) {
 }
 
 func (e *emitter) BreakerChanged(open bool, s engine.BreakerState) {
-	e.stats.breakerOpen.Store(open)
 	if open {
 		e.stats.breakerOpens.Add(1)
 	}
-	if e.metrics != nil {
-		e.metrics.breakerChanged(e.group, open)
+	ev := BreakerChanged{Group: e.group, Open: open, Since: s.Since, Signature: s.Signature, SQLState: s.SQLState,
+		Example: s.Example, Messages: s.Messages}
+	for _, tp := range s.Held {
+		ev.Partitions = append(ev.Partitions, tp.String())
 	}
+	sort.Strings(ev.Partitions)
+	callHooks(e, e.hooks.breaker, func(h HookBreakerChanged) { h.OnBreakerChanged(ev) })
 }
 
 func (e *emitter) HandlerStuck(tp offsetstore.TP, offset int64, since time.Time, stuck bool) {
-	if e.metrics != nil {
-		e.metrics.handlerStuck(e.group, tp, stuck)
-	}
+	ev := HandlerStuck{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, Offset: offset, Since: since, Stuck: stuck}
+	callHooks(e, e.hooks.stuck, func(h HookHandlerStuck) { h.OnHandlerStuck(ev) })
 }
 
 func (e *emitter) PartitionStalled(tp offsetstore.TP, watermark, logEnd int64, stalled bool) {
-	if e.metrics != nil {
-		e.metrics.partitionStalled(e.group, tp, stalled)
-	}
+	ev := PartitionStalled{Group: e.group, Topic: tp.Topic, Partition: tp.Partition, Watermark: watermark, LogEnd: logEnd, Stalled: stalled}
+	callHooks(e, e.hooks.stalled, func(h HookPartitionStalled) { h.OnPartitionStalled(ev) })
 }
 
 func (e *emitter) PartitionPaused(tp offsetstore.TP, bytes int64) {
@@ -168,7 +169,8 @@ func (e *emitter) PartitionPaused(tp offsetstore.TP, bytes int64) {
 }
 
 func (e *emitter) LogChanged(tp offsetstore.TP, c offsetstate.LogChange, adopted bool) {
-	if e.metrics != nil {
-		e.metrics.logChanged(e.group, tp, adopted)
-	}
+	ev := LogChanged{Group: e.group, Topic: tp.Topic, Partition: tp.Partition,
+		RecordedTopicID: c.Recorded.Topic, TopicID: c.Current.Topic, RecordedClusterID: c.Recorded.Cluster, ClusterID: c.Current.Cluster,
+		Adopted: adopted}
+	callHooks(e, e.hooks.logChanged, func(h HookLogChanged) { h.OnLogChanged(ev) })
 }

@@ -200,6 +200,25 @@ func (r *running) stop(t *testing.T) error {
 	}
 }
 
+// waitFor is waitFor while the consumer runs: it fails at once, with Run's result, when Run
+// returns before cond holds — a consumer that ended early is not waited for until the
+// timeout (a Run that gave up on a database outage at its start once looked like a slow
+// drain for 120 s).
+func (r *running) waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	testenv.WaitFor(t, timeout, what, func() bool {
+		select {
+		case err, ok := <-r.done:
+			if ok {
+				r.done <- err // stop still reads it
+			}
+			t.Fatalf("Run returned (%v) while waiting for %s", err, what)
+		default:
+		}
+		return cond()
+	})
+}
+
 // exec runs a statement, with {{schema}} replaced as in q.
 func (b *testBundle) exec(t *testing.T, sql string, args ...any) {
 	t.Helper()

@@ -259,6 +259,85 @@ type PartitionPaused struct {
 	Bytes     int64
 }
 
+// HookBreakerChanged is called when the breaker (Config.Breaker) opens — messages of the
+// consumer failed alike with no success between, and the partitions they hold pause and probe
+// — and when it closes again.
+type HookBreakerChanged interface {
+	OnBreakerChanged(BreakerChanged)
+}
+
+// BreakerChanged describes the breaker when it opened (Open) or closed: since when it was
+// open, what the failures share (Signature, SQLState), one failure's text (Example, sanitized,
+// at most 512 bytes), how many distinct messages failed alike, and the partitions it held
+// ("topic[partition]"), as Readiness.Breaker reports them.
+type BreakerChanged struct {
+	Group      string
+	Open       bool
+	Since      time.Time
+	Signature  string
+	SQLState   string
+	Example    string
+	Messages   int
+	Partitions []string
+}
+
+// HookHandlerStuck is called when a partition's handler call runs past its bound
+// (Config.Transaction's statement plus idle-in-transaction timeouts, Stuck true), and when
+// such a call returns (Stuck false).
+type HookHandlerStuck interface {
+	OnHandlerStuck(HandlerStuck)
+}
+
+// HandlerStuck describes the handler call of the transaction starting at Offset, running
+// since Since.
+type HandlerStuck struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Offset    int64
+	Since     time.Time
+	Stuck     bool
+}
+
+// HookPartitionStalled is called when a partition with lag (its log end past its watermark)
+// has not moved its watermark for Config.StallAfter, whatever the cause (Stalled true), and
+// when it moves again (Stalled false).
+type HookPartitionStalled interface {
+	OnPartitionStalled(PartitionStalled)
+}
+
+// PartitionStalled describes a partition's watermark and log end offset when it stalled or
+// moved again.
+type PartitionStalled struct {
+	Group     string
+	Topic     string
+	Partition int32
+	Watermark int64
+	LogEnd    int64
+	Stalled   bool
+}
+
+// HookLogChanged is called when the log behind a partition's watermark is another one (the
+// topic deleted and recreated, another cluster behind the same bootstrap address; found at an
+// assignment or by the running check) and the consumer halted on it (*LogChangedError) or
+// adopted the new log (Config.OnLogChange, Adopted), and when the watermark row was moved onto
+// another log under the running consumer (*LogChangedError with MovedAway).
+type HookLogChanged interface {
+	OnLogChanged(LogChanged)
+}
+
+// LogChanged names the log the watermark was recorded in (RecordedTopicID,
+// RecordedClusterID) and the one the consumer reads (TopicID, ClusterID); an id is "" when
+// not known.
+type LogChanged struct {
+	Group                        string
+	Topic                        string
+	Partition                    int32
+	RecordedTopicID, TopicID     string
+	RecordedClusterID, ClusterID string
+	Adopted                      bool
+}
+
 // hookSet is Config.Hooks sorted by interface once, so that an event costs one loop over
 // the hooks that want it.
 type hookSet struct {
@@ -276,6 +355,10 @@ type hookSet struct {
 	available      []HookDependencyAvailable
 	lag            []HookPartitionLag
 	paused         []HookPartitionPaused
+	breaker        []HookBreakerChanged
+	stuck          []HookHandlerStuck
+	stalled        []HookPartitionStalled
+	logChanged     []HookLogChanged
 }
 
 // newHookSet sorts hooks; a hook that implements none of the Hook* interfaces is an error
@@ -339,6 +422,22 @@ func newHookSet(own []Hook, user []Hook) (hookSet, error) {
 		}
 		if v, ok := h.(HookPartitionPaused); ok {
 			s.paused = append(s.paused, v)
+			n++
+		}
+		if v, ok := h.(HookBreakerChanged); ok {
+			s.breaker = append(s.breaker, v)
+			n++
+		}
+		if v, ok := h.(HookHandlerStuck); ok {
+			s.stuck = append(s.stuck, v)
+			n++
+		}
+		if v, ok := h.(HookPartitionStalled); ok {
+			s.stalled = append(s.stalled, v)
+			n++
+		}
+		if v, ok := h.(HookLogChanged); ok {
+			s.logChanged = append(s.logChanged, v)
 			n++
 		}
 		if n == 0 {

@@ -106,7 +106,7 @@ func TestHooksSeeTheLoopsEvents(t *testing.T) {
 	waitFor(t, 30*time.Second, "the watermarks at the ends", func() bool {
 		return b.q(t, "SELECT coalesce(sum(next_offset), 0) FROM {{schema}}.watermarks WHERE group_id = $1", b.group) == 50
 	})
-	time.Sleep(1500 * time.Millisecond) // at least one lag tick
+	waitFor(t, 60*time.Second, "a lag tick", func() bool { defer h.lock()(); return h.lag > 0 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}

@@ -240,8 +240,8 @@ func TestTopicRecreatedWhileRunningIsFoundByTheRunningCheck(t *testing.T) {
 	produce(t, b.brokers, b.topic, values(15, 0, func(i int) string { return fmt.Sprint("new-", i) }))
 	select {
 	case err = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("Run still running 60 s after the topic was recreated; %d applications", b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"))
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("Run still running 5 minutes after the topic was recreated; %d applications", b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"))
 	}
 	var lce *LogChangedError
 	if !errors.As(err, &lce) || lce.TopicID == lce.RecordedTopicID {
@@ -271,18 +271,20 @@ func TestTopicRecreatedWhileRunningNamesWhatTheWindowApplied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a hang's ceiling
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 	waitFor(t, 60*time.Second, "watermark 10", func() bool { return b.q(t, "SELECT coalesce(max(next_offset), 0) FROM {{schema}}.watermarks") == 10 })
-	time.Sleep(6 * time.Second) // a running check sees the old log at watermark 10
+	// A running check sees the old log at watermark 10 (a loaded machine may miss it: the
+	// range reported then starts lower, which the checks below accept).
+	time.Sleep(6 * time.Second)
 	testenv.RecreateTopic(t, b.brokers, b.topic, 1)
 	produce(t, b.brokers, b.topic, values(400, 0, func(i int) string { return fmt.Sprint("new-", i) }))
 	select {
 	case err = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("Run still running 60 s after the topic was recreated; %d applications", b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"))
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("Run still running 5 minutes after the topic was recreated; %d applications", b.q(t, "SELECT sum(applied) FROM {{schema}}.effects"))
 	}
 	var lce *LogChangedError
 	if !errors.As(err, &lce) || lce.TopicID == lce.RecordedTopicID {

@@ -111,7 +111,7 @@ func (b *testBundle) groupType(t *testing.T) kafka.ConsumerGroupType {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	res, err := a.DescribeConsumerGroups(ctx, []string{b.group})
 	if err != nil || len(res.ConsumerGroupDescriptions) != 1 {
@@ -128,7 +128,7 @@ func (b *testBundle) consumerSessionTimeout(t *testing.T) time.Duration {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	md, err := a.GetMetadata(nil, false, 10000)
 	if err != nil || len(md.Brokers) == 0 {

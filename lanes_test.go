@@ -36,6 +36,7 @@ func TestLanesRunKeysConcurrentlyInKeyOrder(t *testing.T) {
 	produce(t, b.brokers, b.topic, recs)
 	var mu sync.Mutex
 	inFlight := map[string]int{}
+	keysInFlight, maxKeysInFlight := 0, 0 // distinct keys in their handler at once
 	last := map[string]int64{}
 	var problems []string
 	var failedAt, othersDoneAt time.Time
@@ -44,6 +45,10 @@ func TestLanesRunKeysConcurrentlyInKeyOrder(t *testing.T) {
 		k := string(m.Key)
 		mu.Lock()
 		inFlight[k]++
+		if inFlight[k] == 1 {
+			keysInFlight++
+			maxKeysInFlight = max(maxKeysInFlight, keysInFlight)
+		}
 		if inFlight[k] > 1 {
 			problems = append(problems, fmt.Sprintf("two messages of %s in flight (offset %d)", k, m.Offset))
 		}
@@ -51,7 +56,13 @@ func TestLanesRunKeysConcurrentlyInKeyOrder(t *testing.T) {
 			problems = append(problems, fmt.Sprintf("%s: offset %d after %d", k, m.Offset, l))
 		}
 		mu.Unlock()
-		defer func() { mu.Lock(); inFlight[k]--; mu.Unlock() }()
+		defer func() {
+			mu.Lock()
+			if inFlight[k]--; inFlight[k] == 0 {
+				keysInFlight--
+			}
+			mu.Unlock()
+		}()
 		time.Sleep(40 * time.Millisecond)
 		if string(m.Value) == "fail-twice" && m.Attempt < 3 {
 			mu.Lock()
@@ -76,7 +87,9 @@ func TestLanesRunKeysConcurrentlyInKeyOrder(t *testing.T) {
 	cfg := b.config(t)
 	cfg.Concurrency = 8
 	cfg.Batch.Size = 1
-	cfg.Retry = RetryPolicy{InitialBackoff: 1500 * time.Millisecond, MaxBackoff: 1500 * time.Millisecond, Multiplier: 1}
+	// Backoffs long beside the other keys' work, so that "before the failing key's last try"
+	// holds on a loaded machine too, and is only broken by a backoff that holds them.
+	cfg.Retry = RetryPolicy{InitialBackoff: 5 * time.Second, MaxBackoff: 5 * time.Second, Multiplier: 1}
 	start := time.Now()
 	r := b.start(t, h, cfg)
 	waitFor(t, 60*time.Second, "80 effects", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 80 })
@@ -96,14 +109,16 @@ func TestLanesRunKeysConcurrentlyInKeyOrder(t *testing.T) {
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.done_offsets"); n != 0 {
 		t.Errorf("%d done_offsets rows left below the watermark", n)
 	}
-	// The failing key's two backoffs (3 s) hold only its lane: the 70 messages of the other
-	// keys finish before it is retried for the last time.
-	if othersDoneAt.IsZero() || !othersDoneAt.Before(failedAt.Add(1500*time.Millisecond)) {
+	// The failing key's two backoffs (10 s) hold only its lane: the 70 messages of the other
+	// keys finish before it is retried for the last time (its last failure plus a backoff).
+	if othersDoneAt.IsZero() || !othersDoneAt.Before(failedAt.Add(cfg.Retry.InitialBackoff)) {
 		t.Errorf("the other keys finished at %v, the failing key's last failure at %v: a backoff held them", othersDoneAt.Sub(start), failedAt.Sub(start))
 	}
-	t.Logf("80 messages of 8 keys at 40 ms each with Concurrency 8: %s (serial: 3.2 s plus 3 s of backoff)", took)
-	if took > 5500*time.Millisecond {
-		t.Errorf("took %s: the keys did not run concurrently (serial: 6.2 s)", took)
+	t.Logf("80 messages of 8 keys at 40 ms each with Concurrency 8: %s (serial: 3.2 s plus 10 s of backoff), up to %d keys in their handlers at once", took, maxKeysInFlight)
+	// Concurrency shown by what ran at once, not by a duration a loaded machine stretches: each
+	// handler holds its key for 40 ms, so lanes that run side by side overlap.
+	if maxKeysInFlight < 2 {
+		t.Errorf("never two keys in their handlers at once (took %s): the keys did not run concurrently", took)
 	}
 }
 

@@ -212,8 +212,9 @@ func TestFrozenConsumerInsideItsTransactionDoesNotStallTheGroup(t *testing.T) {
 	cfg := b.config(t)
 	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyHot(ctx, tx, b.schema, m) }, cfg)
 	// The frozen process's session timeout (6 s) hands its partitions over; its locks go
-	// with its session after the 10 s idle bound. 25 s is far below the freeze.
-	waitFor(t, 25*time.Second, "the other consumer to apply every message while one is frozen", func() bool {
+	// with its session after the 10 s idle bound. The freeze lasts until the SIGCONT below;
+	// processStopped checks that it still held, so the ceiling only catches a hang.
+	waitFor(t, 120*time.Second, "the other consumer to apply every message while one is frozen", func() bool {
 		return b.q(t, "SELECT n FROM {{schema}}.hot") == 2*perPartition
 	})
 	if !processStopped(a.Process.Pid) {
@@ -332,7 +333,7 @@ func TestMissingTopicIsLoggedByNameAndNotReady(t *testing.T) {
 	missing := b.topic + "-missing"
 	cfg.Topics = []string{b.topic, missing}
 	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return nil }, cfg)
-	waitFor(t, 10*time.Second, "an error line naming the missing topic", func() bool {
+	waitFor(t, 60*time.Second, "an error line naming the missing topic", func() bool {
 		for _, e := range logs.FilterLevelExact(zapcore.ErrorLevel).All() {
 			if e.ContextMap()["topic"] == missing {
 				return true
@@ -362,7 +363,7 @@ func TestAssignmentsAreLoggedAtInfoAndTheConsumerIsReady(t *testing.T) {
 	cfg.Logger = zap.New(core)
 	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) }, cfg)
 	waitFor(t, 60*time.Second, "10 effects", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 10 })
-	waitFor(t, 10*time.Second, "ready", func() bool { return r.c.Ready(context.Background()) == nil })
+	waitFor(t, 60*time.Second, "ready", func() bool { return r.c.Ready(context.Background()) == nil })
 	var assigned []string
 	for _, e := range logs.FilterMessage("partitions assigned").All() {
 		for _, f := range e.Context {

@@ -5,13 +5,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/promreg"
 )
 
-// promHook is the consumer's Prometheus metrics, kept as one of its hooks (hooks.go): every
-// metric is moved here from the loop's events and nowhere else, so adding a metric is a
-// change to this file alone. Names follow the Prometheus naming guide; docs/consumer.md lists
+// promHook is the consumer's Prometheus metrics, kept as one of its hooks (hooks.go), the
+// first in the hook set: every metric is moved here from the public hooks' events and nowhere
+// else, so adding a metric is a change to this file alone (TestEveryEventReachesHooksStatsAndMetrics
+// checks that every event of the engine reaches it, or says why it has no metric). Names follow the Prometheus naming guide; docs/consumer.md lists
 // them.
 type promHook struct {
 	processed    *prometheus.CounterVec
@@ -32,19 +32,6 @@ type promHook struct {
 	stalled      *prometheus.GaugeVec
 	logChanges   *prometheus.CounterVec
 }
-
-var (
-	_ HookBatchCommitted        = (*promHook)(nil)
-	_ HookRedeliveryDropped     = (*promHook)(nil)
-	_ HookRetryScheduled        = (*promHook)(nil)
-	_ HookDeadLettered          = (*promHook)(nil)
-	_ HookPartitionReconciled   = (*promHook)(nil)
-	_ HookOffsetsSkipped        = (*promHook)(nil)
-	_ HookRollbackReplayed      = (*promHook)(nil)
-	_ HookDependencyUnavailable = (*promHook)(nil)
-	_ HookDependencyAvailable   = (*promHook)(nil)
-	_ HookPartitionLag          = (*promHook)(nil)
-)
 
 // newPromHook creates the consumer's collectors and registers them with reg (nil: none). A
 // collector reg already holds is shared; any other refusal is returned.
@@ -95,43 +82,6 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 
 func partitionLabel(p int32) string { return strconv.Itoa(int(p)) }
 
-// handlerStuck sets kafkatx_partition_stuck for tp.
-func (m *promHook) handlerStuck(group string, tp offsetstore.TP, stuck bool) {
-	v := 0.0
-	if stuck {
-		v = 1
-	}
-	m.stuck.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
-}
-
-// partitionStalled sets kafkatx_partition_stalled for tp.
-func (m *promHook) partitionStalled(group string, tp offsetstore.TP, stalled bool) {
-	v := 0.0
-	if stalled {
-		v = 1
-	}
-	m.stalled.WithLabelValues(group, tp.Topic, partitionLabel(tp.Partition)).Set(v)
-}
-
-// logChanged counts a changed log found on assignment, halted on or adopted.
-func (m *promHook) logChanged(group string, tp offsetstore.TP, adopted bool) {
-	action := "halt"
-	if adopted {
-		action = "adopt"
-	}
-	m.logChanges.WithLabelValues(group, tp.Topic, action).Inc()
-}
-
-// breakerChanged sets kafkatx_breaker_open and counts an opening.
-func (m *promHook) breakerChanged(group string, open bool) {
-	if open {
-		m.breakerOpen.WithLabelValues(group).Set(1)
-		m.breakerOpens.WithLabelValues(group).Inc()
-		return
-	}
-	m.breakerOpen.WithLabelValues(group).Set(0)
-}
-
 func (m *promHook) OnBatchCommitted(e BatchCommitted) {
 	if e.Processed > 0 {
 		m.processed.WithLabelValues(e.Group, e.Topic).Add(float64(e.Processed))
@@ -180,4 +130,37 @@ func (m *promHook) OnDependencyAvailable(e DependencyAvailable) {
 
 func (m *promHook) OnPartitionLag(e PartitionLag) {
 	m.lag.WithLabelValues(e.Group, e.Topic, partitionLabel(e.Partition)).Set(float64(e.Lag))
+}
+
+func (m *promHook) OnBreakerChanged(e BreakerChanged) {
+	if e.Open {
+		m.breakerOpen.WithLabelValues(e.Group).Set(1)
+		m.breakerOpens.WithLabelValues(e.Group).Inc()
+		return
+	}
+	m.breakerOpen.WithLabelValues(e.Group).Set(0)
+}
+
+func (m *promHook) OnHandlerStuck(e HandlerStuck) {
+	m.stuck.WithLabelValues(e.Group, e.Topic, partitionLabel(e.Partition)).Set(oneIf(e.Stuck))
+}
+
+func (m *promHook) OnPartitionStalled(e PartitionStalled) {
+	m.stalled.WithLabelValues(e.Group, e.Topic, partitionLabel(e.Partition)).Set(oneIf(e.Stalled))
+}
+
+func (m *promHook) OnLogChanged(e LogChanged) {
+	action := "halt"
+	if e.Adopted {
+		action = "adopt"
+	}
+	m.logChanges.WithLabelValues(e.Group, e.Topic, action).Inc()
+}
+
+// oneIf is a 0/1 gauge's value.
+func oneIf(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

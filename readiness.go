@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/kafkatx/kafkatx/internal/engine"
 )
 
 // Readiness is a snapshot of what Consumer.Ready checks: is the consumer able to do its job
@@ -288,6 +290,11 @@ func conditionReason(ws []WaitingPartition) string {
 	}
 	if first == nil {
 		return ""
+	}
+	if strings.HasPrefix(first.Condition, "25P03") {
+		return fmt.Sprintf("the database ended the transaction of %s[%d] offset %d: %s (Config.Transaction.IdleTimeout: the handler held it idle past the bound) since %s, "+
+			"on %d partition(s); it runs again, not an attempt, unless the same offset's transaction is ended %d times in a row: then each end is an attempt of that message (docs/failures.md)",
+			first.Topic, first.Partition, first.Offset, first.Condition, first.Since.UTC().Format(time.RFC3339), n, engine.IdleEndsToCharge)
 	}
 	return fmt.Sprintf("the database's own condition %s since %s: %d partition(s) wait it out, spending no attempt (docs/failures.md)",
 		first.Condition, first.Since.UTC().Format(time.RFC3339), n)

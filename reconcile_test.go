@@ -93,7 +93,7 @@ func TestKafkaBehindOrMissingResumesFromTheWatermark(t *testing.T) {
 			cfg.Logger = zap.New(core)
 			b.runUntilWatermark(t, b.handler(), cfg, 15)
 			if tc.kind == "kafka_behind" { // issue 36: the consumer's own line quotes the replay command
-				want := fmt.Sprintf("kafkatx offsets reset --group %s --topic %s --partition 0 --to-offset 2 --mode replay", b.group, b.topic)
+				want := fmt.Sprintf("kafkatx offsets reset --schema %s --group %s --topic %s --partition 0 --to-offset 2 --mode replay", b.schema, b.group, b.topic)
 				found := false
 				for _, e := range logs.FilterMessageSnippet("behind the database watermark").All() {
 					found = found || strings.Contains(fmt.Sprint(e.ContextMap()["replay_command"]), want)

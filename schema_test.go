@@ -54,9 +54,10 @@ func TestSkipMigrationsChecksInsteadOfApplying(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	if err := c.Run(ctx); err != nil {
+	// Past the check Run runs (its poll loop started); stopped then, it returns nil.
+	r := run(t, c)
+	r.waitFor(t, 60*time.Second, "Run past the migrations check", func() bool { return c.loop.Health().Running })
+	if err := r.stop(t); err != nil {
 		t.Fatalf("Run on a migrated schema with SkipMigrations: %v", err)
 	}
 }

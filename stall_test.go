@@ -22,6 +22,8 @@ func TestWatchdogReportsAPartitionWithLagAndNoProgress(t *testing.T) {
 	cfg := b.config(t)
 	cfg.StallAfter = 2 * time.Second
 	cfg.Registerer = prometheus.NewRegistry()
+	hook := &everyHook{}
+	cfg.Hooks = []Hook{hook}
 	release := make(chan struct{})
 	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
 		if string(m.Value) == "wait" {
@@ -51,11 +53,18 @@ func TestWatchdogReportsAPartitionWithLagAndNoProgress(t *testing.T) {
 	if got := testutil.ToFloat64(r.c.metrics.stalled.WithLabelValues(b.group, b.topic, "0")); got != 1 {
 		t.Fatalf("kafkatx_partition_stalled = %v, want 1", got)
 	}
+	stalled := PartitionStalled{Group: b.group, Topic: b.topic, Watermark: 0, LogEnd: 6, Stalled: true}
+	if got := eventsOf[PartitionStalled](hook); len(got) != 1 || got[0] != stalled {
+		t.Fatalf("HookPartitionStalled got %+v, want [%+v]", got, stalled)
+	}
 	close(release)
 	waitFor(t, 30*time.Second, "all 6 applied and the report cleared", func() bool {
 		return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 6 && len(r.c.Readiness(context.Background()).Stalled) == 0
 	})
 	if got := testutil.ToFloat64(r.c.metrics.stalled.WithLabelValues(b.group, b.topic, "0")); got != 0 {
 		t.Fatalf("kafkatx_partition_stalled = %v after progress, want 0", got)
+	}
+	if got := eventsOf[PartitionStalled](hook); len(got) != 2 || got[1].Stalled || got[1].Watermark == 0 {
+		t.Fatalf("HookPartitionStalled got %+v, want the stall and then its end past watermark 0", got)
 	}
 }

@@ -47,6 +47,9 @@ type Stats struct {
 	// Waiting is the number of assigned partitions now waiting for a dependency their handler
 	// reported Unavailable (their messages count in InFlight).
 	Waiting int
+	// BreakerOpens counts the times the breaker opened (Config.Breaker; HookBreakerChanged);
+	// Readiness.Breaker says whether it is open now.
+	BreakerOpens int64
 	// HeldBack is the number of assigned partitions now waiting in Config.Backpressure before
 	// a transaction (their messages count in InFlight).
 	HeldBack int
@@ -55,8 +58,21 @@ type Stats struct {
 // counters are the Stats counters the emitter moves.
 type counters struct {
 	processed, duplicates, retries, deadLettered, skipped, pauses, notChanges atomic.Int64
-	rolledBack                                                                atomic.Int64
-	unavailable                                                               atomic.Int64
-	breakerOpen                                                               atomic.Bool
-	breakerOpens                                                              atomic.Int64
+	rolledBack, unavailable, breakerOpens                                     atomic.Int64
+}
+
+// load is the counters' part of Stats.
+func (c *counters) load() Stats {
+	return Stats{
+		Processed:         c.processed.Load(),
+		Duplicates:        c.duplicates.Load(),
+		Retries:           c.retries.Load(),
+		DeadLettered:      c.deadLettered.Load(),
+		SkippedOffsets:    c.skipped.Load(),
+		RolledBackOffsets: c.rolledBack.Load(),
+		Pauses:            c.pauses.Load(),
+		NotChanges:        c.notChanges.Load(),
+		Unavailable:       c.unavailable.Load(),
+		BreakerOpens:      c.breakerOpens.Load(),
+	}
 }

@@ -33,6 +33,8 @@ func TestStuckHandlerIsReportedAndCloseFinishes(t *testing.T) {
 	cfg := b.config(t)
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
+	hook := &everyHook{}
+	cfg.Hooks = []Hook{hook}
 	cfg.Transaction.StatementTimeout, cfg.Transaction.IdleTimeout = time.Second, time.Second
 	cfg.ShutdownTimeout, cfg.CloseTimeout = time.Second, 2*time.Second
 	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
@@ -50,10 +52,13 @@ func TestStuckHandlerIsReportedAndCloseFinishes(t *testing.T) {
 	if s := rd.Stuck[0]; s.Partition != 0 || s.Offset != 0 || !strings.Contains(strings.Join(rd.Reasons, " "), "offset 0") {
 		t.Fatalf("readiness: %+v", rd)
 	}
-	waitFor(t, 10*time.Second, "kafkatx_partition_stuck 1", func() bool {
+	waitFor(t, 60*time.Second, "kafkatx_partition_stuck 1", func() bool {
 		return testutil.CollectAndCount(mustGauge(t, reg, "kafkatx_partition_stuck")) == 1 &&
 			testutil.ToFloat64(mustGauge(t, reg, "kafkatx_partition_stuck")) == 1
 	})
+	if got := eventsOf[HandlerStuck](hook); len(got) != 1 || got[0].Topic != b.topic || got[0].Offset != 0 || !got[0].Stuck || got[0].Since.IsZero() {
+		t.Fatalf("HookHandlerStuck got %+v, want one stuck call on offset 0", got)
+	}
 	start := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- r.stop(t) }()

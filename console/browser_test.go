@@ -139,7 +139,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	waitText := func(sel, want string) {
 		t.Helper()
 		got := ""
-		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		for end := time.Now().Add(60 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 			if s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel), chromedp.AtLeast(0))); err == nil {
 				if got = strings.TrimSpace(s); got == want {
 					return

@@ -62,7 +62,7 @@ const bulkBatch = 1000
 
 const selectionWhere = `(status = 'new' OR ($1 AND status = 'replayed')) AND ($2 = '' OR group_id = $2) AND ($3 = '' OR topic = $3)
 	AND ($4 = '' OR error_class = $4) AND ($5::timestamptz IS NULL OR last_failure_at >= $5)
-	AND ($6::timestamptz IS NULL OR last_failure_at < $6) AND ($7 = 0 OR id <= $7)`
+	AND ($6::timestamptz IS NULL OR last_failure_at < $6) AND ($7::bigint = 0 OR id <= $7::bigint)`
 
 func (s Selection) args() []any {
 	var since, until *time.Time

@@ -215,6 +215,20 @@ func (ix *index) check(name string) string {
 	case strings.Contains(name, "_") && strings.ToLower(name) == name:
 		return "" // a table, column or SQL function
 	}
+	if strings.HasPrefix(name, "Test") && ident.MatchString(name) {
+		if !ix.tests[name] {
+			return "no test " + name
+		}
+		return ""
+	}
+	if p, ok := strings.CutSuffix(name, "*"); ok && ident.MatchString(p) {
+		for n := range ix.names {
+			if strings.HasPrefix(n, p) {
+				return ""
+			}
+		}
+		return "no name starts with " + p
+	}
 	seg := strings.Split(name, ".")
 	for _, s := range seg {
 		if !ident.MatchString(s) {

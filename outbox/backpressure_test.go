@@ -27,7 +27,7 @@ func TestWaitBelowFollowsTheOutboxsOpenRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	over := w.WaitBelow(b.pool, 10)
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		c, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		err := over(c)
@@ -97,7 +97,7 @@ func TestWaitBelowCountsBeforeWaitingOnIdsHandedOut(t *testing.T) {
 		}
 	}
 	write(1000, false) // 1,000 ids handed out, no row
-	c, cancel := context.WithTimeout(ctx, 5*time.Second)
+	c, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if err := wait(c); err != nil {
 		t.Fatalf("WaitBelow(300) after 1,000 ids rolled back over an empty outbox: %v, want nil", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
@@ -183,6 +184,14 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 			if _, err := pool.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, s); err != nil && !isDuplicate(err) {
 				return fmt.Errorf("outbox: create replication slot %s (needs the REPLICATION attribute and a free slot of max_replication_slots): %w", s, err)
 			}
+		} else if why, err := SlotUnstreamable(ctx, pool, s, p); err != nil {
+			return err
+		} else if why != "" {
+			// Keeping it would report success on a slot no relay can stream: the relay would
+			// stop again with the same error. Dropping it is the operator's call (what it
+			// holds is lost), so say the step instead of taking it.
+			return fmt.Errorf("outbox: set mode wal: replication slot %s %s: no relay can stream it. Recover: %s",
+				s, why, RecoverSlotSteps(schema, true))
 		}
 	}
 	t := tables.For(schema).Outbox
@@ -238,11 +247,61 @@ func EnsureMode(ctx context.Context, pool *pgxpool.Pool, schema string, want Mod
 		}
 		if !ok {
 			return "", fmt.Errorf("outbox: schema %s is in WAL mode but its replication slot %s is missing: writers refuse to emit; "+
-				"if it was dropped or lost, events not yet relayed are gone (see docs/outbox-wal.md, Recovery); recreate it with kafkatx migrate up --outbox-mode wal --schema %s",
-				schema, s.Slot, schema)
+				"if it was dropped or lost, events not yet relayed are gone (see docs/outbox-wal.md, Recovery); recreate it: %s",
+				schema, s.Slot, RecoverSlotSteps(schema, false))
 		}
 	}
 	return s.Mode, nil
+}
+
+// RecoverSlotSteps is the one wording of the commands that give schema's WAL outbox a slot
+// its relay can stream again: `kafkatx migrate up --outbox-mode wal --schema S` (SetMode
+// creates a missing slot), preceded, when drop, by `kafkatx outbox drop-slot --force --schema
+// S` for a slot that exists but cannot be streamed (invalidated, or its WAL removed: SetMode
+// refuses to keep such a slot). Every message that prints them takes them from here, and
+// TestEveryPrintedRecoveryStepRecovers (cmd/kafkatx) follows each literally.
+func RecoverSlotSteps(schema string, drop bool) string {
+	q := flagcheck.Quote(pg.SchemaOr(schema))
+	up := "kafkatx migrate up --outbox-mode wal --schema " + q
+	if !drop {
+		return up
+	}
+	return "kafkatx outbox drop-slot --force --schema " + q + ", then " + up
+}
+
+// SlotUnstreamable says why slot, which exists, can never be streamed, or "" when it can: its
+// wal_status reads lost (invalidated by max_slot_wal_keep_size), or the WAL from its
+// restart_lsn was removed on this server (SQLSTATE 58P01 when decoding starts, whatever
+// wal_status reads: a slot copied to a promoted standby that lacks its WAL). The second is
+// found by peeking at the slot up to its first WAL record (pg_logical_slot_peek_binary_changes
+// with pgoutput and publication pub; nothing is consumed); a slot a relay holds
+// (SQLSTATE 55006, active) is being streamed and reads "". A missing slot is an error.
+func SlotUnstreamable(ctx context.Context, pool *pgxpool.Pool, slot, pub string) (string, error) {
+	var status *string
+	var active bool
+	err := pool.QueryRow(ctx, `SELECT wal_status, active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&status, &active)
+	if err != nil {
+		return "", fmt.Errorf("outbox: read slot %s: %w", slot, err)
+	}
+	if status != nil && *status == "lost" {
+		return "was invalidated (wal_status lost: it retained more than max_slot_wal_keep_size)", nil
+	}
+	if active {
+		return "", nil
+	}
+	// upto_lsn 0/1: decoding stops after the first record it reads from restart_lsn.
+	_, err = pool.Exec(ctx, `SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, '0/1', NULL,
+		'proto_version', '1', 'publication_names', $2, 'messages', 'true')`, slot, pub)
+	var pe *pgconn.PgError
+	switch {
+	case err == nil:
+		return "", nil
+	case errors.As(err, &pe) && pe.Code == "58P01":
+		return "cannot be streamed: the WAL it needs was removed on this server (" + pe.Message + ")", nil
+	case errors.As(err, &pe) && pe.Code == "55006":
+		return "", nil // a relay took it meanwhile
+	}
+	return "", fmt.Errorf("outbox: check that slot %s can be streamed: %w", slot, err)
 }
 
 // DropSlot drops schema's WAL slot (kafkatx outbox drop-slot). What it held and no relay

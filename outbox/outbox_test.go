@@ -249,7 +249,7 @@ func TestPlainSQLInsertNeedsOnlyTopicKeyValue(t *testing.T) {
 		WHERE o.state = 'pending' AND c.commit_seq IS NOT NULL AND o.outbox_id IS NOT NULL`).Scan(&n); err != nil || n != 2 {
 		t.Fatalf("%d complete pending rows, %v; want 2", n, err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	if _, err := conn.Conn().WaitForNotification(wctx); err != nil {
 		t.Fatalf("no NOTIFY on %s: %v", outbox.Channel(b.schema), err)

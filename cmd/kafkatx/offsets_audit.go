@@ -58,7 +58,7 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	// How to undo each skip on record (the bytes of skipped messages are not kept).
 	for _, e := range events {
-		if h := offsets.UndoHint(e, shellQuote); h != "" {
+		if h := offsets.UndoHint(g.Schema, e, shellQuote); h != "" {
 			fmt.Printf("%s %s[%d] [%d, %d): %s\n", e.Kind, e.Topic, e.Partition, e.From, e.To, h)
 		}
 	}

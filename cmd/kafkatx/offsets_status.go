@@ -126,7 +126,7 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			fmt.Printf("group %s has no watermark and no committed offset%s\n", c.Group, map[bool]string{true: " on " + c.Topic, false: ""}[c.Topic != ""])
 		case drifted > 0:
 			fmt.Printf("DRIFT on %d of %d partition(s). What starting the consumer will do, and the command for the other choice:\n", drifted, len(sts))
-			for _, h := range offsets.Hints(c.Group, sts, shellQuote) {
+			for _, h := range offsets.Hints(g.Schema, c.Group, sts, shellQuote) {
 				fmt.Printf("- %s\n", h)
 			}
 		case stalled > 0:

@@ -368,7 +368,7 @@ func TestOffsetsOutOfBandSkipIsFollowedAndAudited(t *testing.T) {
 	// good and quotes the command that keeps the message instead.
 	text, _ := b.kafkatx("offsets", "status", "--group", b.group, "--topic", b.topic)
 	for _, want := range []string{"SKIPS [3, 4) FOR GOOD", "kafkatx keeps no copy",
-		fmt.Sprintf("kafkatx offsets reset --group %s --topic %s --partition 0 --to-database", b.group, b.topic)} {
+		fmt.Sprintf("kafkatx offsets reset --schema %s --group %s --topic %s --partition 0 --to-database", b.schema, b.group, b.topic)} {
 		if !strings.Contains(text, want) {
 			t.Fatalf("offsets status does not say %q:\n%s", want, text)
 		}
@@ -377,8 +377,8 @@ func TestOffsetsOutOfBandSkipIsFollowedAndAudited(t *testing.T) {
 	b.checkSkippedPoison(offsetstore.KindUnexplainedSkip)
 	// The audit says where the skip is recorded and how to undo it.
 	text, _ = b.kafkatx("offsets", "audit", "--group", b.group)
-	if want := fmt.Sprintf("unexplained_skip %s[0] [3, 4): undo: stop the group's consumers, then `kafkatx offsets reset --group %s --topic %s --partition 0 --to-offset 3 --mode replay",
-		b.topic, b.group, b.topic); !strings.Contains(text, want) {
+	if want := fmt.Sprintf("unexplained_skip %s[0] [3, 4): undo: stop the group's consumers, then `kafkatx offsets reset --schema %s --group %s --topic %s --partition 0 --to-offset 3 --mode replay",
+		b.topic, b.schema, b.group, b.topic); !strings.Contains(text, want) {
 		t.Fatalf("offsets audit does not quote the undo %q:\n%s", want, text)
 	}
 }

@@ -31,7 +31,8 @@ func buildCLI(t *testing.T) string {
 	return bin
 }
 
-// `kafkatx relay` publishes a row inserted with plain SQL within a second, serves /readyz and
+// `kafkatx relay` publishes a row inserted with plain SQL when its NOTIFY arrives (polling is
+// set to an hour, so nothing else publishes it within the test's waits), serves /readyz and
 // /metrics, never prints a secret from its config file, and on SIGTERM exits 0 with its
 // summary line.
 func TestRelayCommandPublishesPlainSQLRowsAndStopsOnSIGTERM(t *testing.T) {
@@ -53,7 +54,7 @@ func TestRelayCommandPublishesPlainSQLRowsAndStopsOnSIGTERM(t *testing.T) {
 	}
 	addr := testenv.FreeAddr(t)
 	cmd := exec.Command(cli, "relay", "--schema", schema, "--brokers", brokers, "--database-url", testenv.DatabaseURL(t),
-		"--kafka-config-file", cfgFile, "--health-addr", addr, "--log-level", "debug")
+		"--kafka-config-file", cfgFile, "--health-addr", addr, "--log-level", "debug", "--poll-interval", "1h")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
@@ -62,7 +63,7 @@ func TestRelayCommandPublishesPlainSQLRowsAndStopsOnSIGTERM(t *testing.T) {
 	defer cmd.Process.Kill() //nolint:errcheck
 
 	get := func(path string) (int, string) { return testenv.Get(addr, path) }
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		code, body := get("/readyz")
 		if code == 200 && strings.Contains(body, `"leader":true`) {
@@ -81,10 +82,8 @@ func TestRelayCommandPublishesPlainSQLRowsAndStopsOnSIGTERM(t *testing.T) {
 	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "outbox"}.Sanitize()+` (topic, key, value) VALUES ($1, 'k1'::bytea, 'hello from sql'::bytea)`, topic); err != nil {
 		t.Fatal(err)
 	}
-	at := waitRecord(t, brokers, topic, 10*time.Second)
-	if d := at.Sub(start); d > time.Second {
-		t.Fatalf("published %s after the insert (broker append time); want within 1s", d)
-	}
+	at := waitRecord(t, brokers, topic, 60*time.Second)
+	t.Logf("published %s after the insert (broker append time), woken by its NOTIFY", at.Sub(start).Round(time.Millisecond))
 	if _, body := get("/metrics"); !strings.Contains(body, `kafkatx_outbox_published_total{schema="`+schema+`",topic="`+topic+`"} 1`) {
 		t.Fatalf("/metrics lacks the published counter:\n%s", body)
 	}
@@ -99,8 +98,8 @@ func TestRelayCommandPublishesPlainSQLRowsAndStopsOnSIGTERM(t *testing.T) {
 		if err != nil {
 			t.Fatalf("relay exited with %v; stderr:\n%s", err, stderr.String())
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("relay did not exit within 20s of SIGTERM")
+	case <-time.After(60 * time.Second):
+		t.Fatal("relay did not exit within 60s of SIGTERM")
 	}
 	if got := strings.TrimSpace(stdout.String()); got != `{"parked":0,"published":1,"retried":0}` {
 		t.Fatalf("stdout %q", got)

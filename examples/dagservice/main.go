@@ -38,7 +38,8 @@ import (
 func main() {
 	flag.CommandLine = flag.NewFlagSet("dagservice", flag.ContinueOnError)
 	addr := flag.String("addr", "127.0.0.1:8090", "HOST:PORT to listen on")
-	dbURL := flag.String("database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL)")
+	dbURL := flag.String("database-url", "", "PostgreSQL URL, postgres://user:pass@host:port/db (default $DATABASE_URL); through a transaction pooler (PgBouncer) pgx runs without prepared statements")
+	sessionURL := flag.String("session-database-url", "", "PostgreSQL URL for the migrations' session-level lock, reaching PostgreSQL directly or through a session pooler (default --database-url): set it when --database-url goes through a transaction pooler")
 	schema := flag.String("schema", pg.DefaultSchema, "schema of kafkatx's tables")
 	retention := flag.Duration("retention", 24*time.Hour, "how long a response is replayed for its Idempotency-Key")
 	taskDelay := flag.Duration("task-delay", 0, "time each task takes (to try a repeat while the first call runs: 409)")
@@ -63,8 +64,8 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := serve(ctx, *addr, *dbURL, *schema, *retention, *taskDelay, log); err != nil {
-		fmt.Fprintln(os.Stderr, "dagservice:", err)
+	if err := serve(ctx, *addr, *dbURL, *sessionURL, *schema, *retention, *taskDelay, log); err != nil {
+		fmt.Fprintln(os.Stderr, "dagservice:", service.SessionRefusal(err))
 		os.Exit(1)
 	}
 }
@@ -80,23 +81,22 @@ CREATE TABLE IF NOT EXISTS task_results (
 );
 CREATE INDEX IF NOT EXISTS task_results_key_idx ON task_results (idempotency_key);`
 
-func serve(ctx context.Context, addr, dbURL, schema string, retention, taskDelay time.Duration, log *zap.Logger) error {
+func serve(ctx context.Context, addr, dbURL, sessionURL, schema string, retention, taskDelay time.Duration, log *zap.Logger) error {
 	if dbURL == "" {
 		return errors.New("no database: pass --database-url postgres://user:pass@host:port/db or set DATABASE_URL")
 	}
-	cfg, err := pg.ParseConfig(dbURL)
+	// Through a transaction pooler the pool runs pgx's QueryExecModeExec (pg.ParsePoolConfig);
+	// the migrations take a session-level lock on the session pool.
+	pools, err := (&service.Flags{DatabaseURL: dbURL, SessionDatabaseURL: sessionURL}).OpenPools(ctx, log)
 	if err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	defer pool.Close()
-	if err := kafkatx.Migrate(ctx, pool, schema); err != nil {
 		return err
 	}
-	if err := migrate(ctx, pool); err != nil {
+	defer pools.Close()
+	pool := pools.Pool
+	if err := kafkatx.Migrate(ctx, pools.Session, schema); err != nil {
+		return err
+	}
+	if err := migrate(ctx, pools.Session); err != nil {
 		return err
 	}
 	mw, err := httpmw.New(pool, &httpmw.Config{Schema: schema, Retention: retention, Logger: log})
@@ -181,10 +181,12 @@ func (t *tasks) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Input: body,
 		Score: int(binary.BigEndian.Uint32(sum[:4]) % 1000),
 	}
-	// The task's own write: in the middleware's transaction, with the stored response.
+	// The task's own write: in the middleware's transaction, with the stored response. The
+	// JSON goes as a string cast to jsonb: a []byte is bytea to pgx, which in the exec and
+	// simple_protocol query modes (PgBouncer's) reaches a jsonb column as hex text.
 	err = httpmw.Tx(ctx).QueryRow(ctx,
-		`INSERT INTO task_results (idempotency_key, task, input, score) VALUES ($1, $2, $3, $4) RETURNING computed_at`,
-		res.Key, res.Task, body, res.Score).Scan(&res.ComputedAt)
+		`INSERT INTO task_results (idempotency_key, task, input, score) VALUES ($1, $2, $3::jsonb, $4) RETURNING computed_at`,
+		res.Key, res.Task, string(body), res.Score).Scan(&res.ComputedAt)
 	if err != nil {
 		if ctx.Err() != nil {
 			w.Header().Set("Retry-After", "1")

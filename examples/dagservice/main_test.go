@@ -62,13 +62,13 @@ func TestDagService(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() })
 	url := "http://" + addr + "/tasks/score"
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(120 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("dagservice did not listen within 20s")
+			t.Fatal("dagservice did not listen within 120s")
 		}
 	}
 
@@ -104,7 +104,7 @@ func TestDagService(t *testing.T) {
 	}
 	cancel()
 	var r9 reply
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if r9 = call(t, url, "process_customer/r9/score/-1", `{"customer":9}`); r9.status != http.StatusConflict {
 			break
 		}

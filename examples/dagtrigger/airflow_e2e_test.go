@@ -248,13 +248,13 @@ func runIDOf(kv [2][]byte) string {
 
 func waitListen(t *testing.T, addr string) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(120 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nothing listens on %s after 20s", addr)
+			t.Fatalf("nothing listens on %s after 120s", addr)
 		}
 	}
 }

@@ -110,7 +110,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := serve(ctx, o, log); err != nil {
-		fmt.Fprintln(os.Stderr, "dagtrigger:", err)
+		fmt.Fprintln(os.Stderr, "dagtrigger:", service.SessionRefusal(err))
 		return 1
 	}
 	return 0

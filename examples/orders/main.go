@@ -104,7 +104,7 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := serve(ctx, o, log); err != nil {
-		fmt.Fprintln(os.Stderr, "orders:", err)
+		fmt.Fprintln(os.Stderr, "orders:", service.SessionRefusal(err))
 		if errors.Is(err, outbox.ErrModeConflict) {
 			return 2
 		}

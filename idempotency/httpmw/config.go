@@ -15,7 +15,8 @@ type Config struct {
 	// Schema holds kafkatx's tables (idempotency_responses). Defaults to "kafkatx".
 	Schema string
 
-	// Scope returns the namespace of a request's key, so that two clients (or two services
+	// Scope returns the namespace of a request's key (valid UTF-8 without NUL, at most
+	// idempotency.MaxScopeBytes; otherwise the request gets 500 and the log says why), so that two clients (or two services
 	// sharing one table) choosing the same key do not see each other's responses; the draft
 	// asks servers to scope keys per client, for example by the authenticated principal.
 	// The result must be valid UTF-8 without NUL bytes. Defaults to "" for every request.
@@ -44,7 +45,8 @@ type Config struct {
 	Final func(status int) bool
 
 	// MaxKeyLength is the longest accepted key, in bytes; a longer one gets 400. Defaults
-	// to 255.
+	// to 255; New refuses more than idempotency.MaxKeyBytes (1,024): the key is in the
+	// stored responses' primary key, which PostgreSQL bounds (about 2,700 bytes an entry).
 	MaxKeyLength int
 
 	// MaxBodyBytes bounds the request body, which the middleware reads whole to fingerprint

@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
 	"github.com/kafkatx/kafkatx/internal/tables"
 )
@@ -76,6 +77,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 		return nil, errors.New("httpmw: nil *pgxpool.Pool")
 	}
 	c := cfg.withDefaults()
+	if c.MaxKeyLength > idempotency.MaxKeyBytes {
+		return nil, fmt.Errorf("httpmw: Config.MaxKeyLength %d is more than idempotency.MaxKeyBytes (%d)", c.MaxKeyLength, idempotency.MaxKeyBytes)
+	}
 	t := tables.For(c.Schema).IdempotencyResponses
 	m := &Middleware{pool: pool, cfg: c, log: c.Logger}
 	m.selectSQL = fmt.Sprintf(`SELECT fingerprint, status, headers, body FROM %s
@@ -85,7 +89,7 @@ WHERE scope = $1 AND key = $2 AND expires_at > now()`, t)
 		m.lockSQL = "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0)), set_config('idle_in_transaction_session_timeout', $2, true)"
 	}
 	m.storeSQL = fmt.Sprintf(`INSERT INTO %[1]s AS r (scope, key, fingerprint, method, request_uri, status, headers, body, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, COALESCE(now() + $9::bigint * interval '1 microsecond', 'infinity'))
+VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, COALESCE(now() + $9::bigint * interval '1 microsecond', 'infinity'))
 ON CONFLICT (scope, key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, method = EXCLUDED.method,
   request_uri = EXCLUDED.request_uri, status = EXCLUDED.status, headers = EXCLUDED.headers,
   body = EXCLUDED.body, created_at = now(), expires_at = EXCLUDED.expires_at
@@ -158,6 +162,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	scope := m.cfg.Scope(r)
 	if !utf8.ValidString(scope) || bytes.IndexByte([]byte(scope), 0) >= 0 {
 		m.log.Error("Config.Scope returned invalid UTF-8 or a NUL byte")
+		problem(w, http.StatusInternalServerError, "The request was not completed.")
+		return
+	}
+	if len(scope) > idempotency.MaxScopeBytes {
+		// The scope is in the stored responses' primary key, which PostgreSQL bounds.
+		m.log.Error("Config.Scope returned more than idempotency.MaxScopeBytes", zap.Int("bytes", len(scope)), zap.Int("max", idempotency.MaxScopeBytes))
 		problem(w, http.StatusInternalServerError, "The request was not completed.")
 		return
 	}
@@ -235,7 +245,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if respBody == nil {
 		respBody = []byte{} // bytea NOT NULL: an empty body is not NULL
 	}
-	tag, err := tx.Exec(cctx, m.storeSQL, scope, key, fp, r.Method, r.URL.RequestURI(), rec.status, hj, respBody,
+	// The headers go as a string with a ::jsonb cast: a []byte argument is bytea to pgx, and in
+	// the exec and simple_protocol query modes (a transaction pooler's) it reached the jsonb
+	// column as bytea's hex text (docs/deployment.md, "Query exec modes").
+	tag, err := tx.Exec(cctx, m.storeSQL, scope, key, fp, r.Method, r.URL.RequestURI(), rec.status, string(hj), respBody,
 		m.cfg.retentionMicros())
 	if err != nil {
 		if conflictCode(err) {

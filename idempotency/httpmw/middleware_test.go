@@ -556,3 +556,23 @@ func helperMain(mode string) {
 	fmt.Println("addr " + ln.Addr().String())
 	_ = http.Serve(ln, mw.Handler(h))
 }
+
+// Issue 48: the scope and the key are the stored responses' primary key, which PostgreSQL
+// bounds (about 2,700 bytes an entry). New refuses a MaxKeyLength over
+// idempotency.MaxKeyBytes, and a scope over idempotency.MaxScopeBytes is refused (500) before
+// the handler runs, instead of failing the store after the handler's work.
+func TestScopeAndKeyBoundedByThePrimaryKey(t *testing.T) {
+	t.Parallel()
+	b := newBundle(t, testenv.Postgres(t))
+	if _, err := New(b.pool, &Config{Schema: b.schema, MaxKeyLength: 5000}); err == nil || !strings.Contains(err.Error(), "MaxKeyBytes") {
+		t.Fatalf("New with MaxKeyLength 5000: %v, want an error naming idempotency.MaxKeyBytes", err)
+	}
+	long := strings.Repeat("s", 3000)
+	b.serve(t, &Config{Scope: func(*http.Request) string { return long }}, nil)
+	if r := b.post(t, "k", `{}`); r.status != http.StatusInternalServerError {
+		t.Fatalf("a 3,000-byte scope answered %d, want 500", r.status)
+	}
+	if n := b.calls.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times for a scope that cannot be stored, want 0", n)
+	}
+}

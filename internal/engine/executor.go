@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -25,9 +26,11 @@ import (
 //	lane.runBatch        in-flight marker, then one optimistic transaction for the batch
 //	lane.batchTx         Body (claims, handler, verdict), then the lane's mode's finish
 //	lane.runOne          a message alone: durable attempt, oneTx, backoff, dead letter
-//	serialMode.finish    gap audit, attempts cleared, watermark compare-and-set (mode.go), then
-//	worker.commit        the PostgreSQL COMMIT (a lost answer settled from txid_status)
-//	worker.committed     the new watermark to the committer (committer.go), which commits it to Kafka
+//	serialMode.finish    the serial lane's end: the watermark's advance (mode.go)
+//	worker.advance       gap audit, rows cleared, watermark compare-and-set, the PostgreSQL
+//	                     COMMIT (worker.commit: a lost answer settled from txid_status), the new
+//	                     watermark to the committer (committer.go), which commits it to Kafka;
+//	                     every advance after a batch ends here (advance.go)
 //
 // Every wait on the way (database retries, Unavailable, Backpressure, backoff) is in waits.go.
 
@@ -295,11 +298,21 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 		return -1, err
 	}
 	var t Tried
-	if err := u.waits.untilDone(first, func() (err error) {
+	if err := u.waits.untilCharged(first, func() (err error) {
 		t, err = u.batchTx(ctx, msgs, end)
 		return err
 	}); err != nil {
-		return -1, err
+		var ik *errIdleKilled
+		if !errors.As(err, &ik) {
+			return -1, err
+		}
+		// A batch of one: its message's failure. Of more, which message holds the transaction
+		// idle is unknown: they run again one per transaction (Split), each counted afresh.
+		t = Tried{Verdict: Failed, Failed: 0, Cause: ik}
+		if len(msgs) > 1 {
+			u.waits.idleReset()
+			t.Failed = Unattributed
+		}
 	}
 	switch {
 	case t.Verdict != Failed:
@@ -456,10 +469,13 @@ func (u *lane) try(km *kafka.Message, a *offsetstore.Attempt, probe bool) (herr,
 				zap.Int64("offset", off), zap.Duration("bound", u.p.set.StuckAfter))
 		}
 	}
-	err = u.waits.untilDone(off, func() (err error) {
+	err = u.waits.untilCharged(off, func() (err error) {
 		herr, err = u.oneTx(ctx, km, n, alone) // the same try each time: database trouble is not an attempt
 		return err
 	})
+	if ik := (*errIdleKilled)(nil); errors.As(err, &ik) {
+		herr, err = ik, nil // its transaction ended by 25P03 every time it runs: the message's failure
+	}
 	a.Offset, a.Attempts = off, n
 	return herr, err
 }
@@ -576,26 +592,24 @@ func (p *worker) auditGap(ctx context.Context, tx pgx.Tx, first int64) error {
 	return err
 }
 
-// commit commits tx, transaction xid, that moves the watermark to end. A COMMIT whose answer
-// is lost — the connection cut, or ctx ended (pgx then closes the connection and sends no
-// cancel) — may have committed, may not, or may still be committing (waiting for a
-// synchronous standby, during which the transaction reads as in progress). The outcome is
-// settled from the database's own record before anything else happens: txid_status(xid),
-// asked on another connection, until it answers committed (done: nothing runs again) or
-// aborted (the caller runs the transaction again, not an attempt); while it answers in
-// progress the partition waits. When the server no longer knows xid, a watermark at end
-// means committed (docs/design.md, "Compare-and-set"). The wait ends when the worker is asked
-// to stop, the outcome then left to the partition's next owner, whose compare-and-set on the
-// watermark cannot apply the messages twice.
-func (p *worker) commit(ctx context.Context, tx pgx.Tx, end, xid int64) error {
+// commit commits tx, transaction xid. A COMMIT whose answer is lost — the connection cut, or
+// ctx ended (pgx then closes the connection and sends no cancel) — may have committed, may
+// not, or may still be committing (waiting for a synchronous standby, during which the
+// transaction reads as in progress). The outcome is settled from the database's own record
+// before anything else happens (settle): txid_status(xid), asked on another connection, until
+// it answers committed (done: nothing runs again) or aborted (the caller runs the transaction
+// again, not an attempt); while it answers in progress the partition waits. recorded reads
+// the offsets' rows the transaction wrote — a watermark at its end (advance), done rows (a
+// lane's unit) — and tells when the server no longer knows xid (docs/design.md,
+// "Compare-and-set"). The wait ends when the worker is asked to stop, the outcome then left
+// to the partition's next owner, whose compare-and-set on the watermark cannot apply the
+// messages twice.
+func (p *worker) commit(ctx context.Context, tx pgx.Tx, xid int64, recorded func() bool) error {
 	err := tx.Commit(ctx)
 	if err == nil {
 		return nil
 	}
-	return p.settle(ctx, err, xid, func() bool {
-		ws, rerr := p.store.Watermarks(context.WithoutCancel(ctx), p.pool, p.group, []offsetstore.TP{p.tp})
-		return rerr == nil && ws[p.tp].Next == end
-	})
+	return p.settle(ctx, err, xid, recorded)
 }
 
 // settle decides the outcome of a COMMIT of transaction xid that answered err (see commit):
@@ -643,14 +657,6 @@ func (p *worker) settle(ctx context.Context, err error, xid int64, recorded func
 			return fmt.Errorf("commit outcome unknown when the partition stopped (xid %d): %w", xid, err)
 		}
 	}
-}
-
-// committed records a database commit that moved the watermark to next and hands the new
-// watermark to the Kafka committer (committer.go), the last step of a message's path.
-func (p *worker) committed(next int64) {
-	p.watermark.Store(next)
-	p.commits.enqueue(p.tp, next)
-	p.lastCommit.Store(time.Now().UnixNano())
 }
 
 // first is the offset of msgs' first message.

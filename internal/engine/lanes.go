@@ -1,9 +1,7 @@
 package engine
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"hash/fnv"
 	"sort"
 	"sync"
@@ -262,38 +260,14 @@ func (p *worker) apply(c laneDone, tr *tracker) error {
 	return nil
 }
 
-// advanceTo moves the watermark to next (when it is ahead) in a transaction of its own:
-// a gap retention left is audited, the done rows below next are deleted, the in-flight
-// marker kept; then next goes to the Kafka committer.
+// advanceTo moves the watermark to next (when it is ahead) over offsets the lanes recorded
+// done, in a transaction of its own (advanceAlone): the done rows below next are deleted, the
+// in-flight marker kept.
 func (p *worker) advanceTo(next int64) error {
-	w := p.watermark.Load()
-	if next <= w {
+	if next <= p.watermark.Load() {
 		return nil
 	}
-	ctx := p.workCtx
-	err := p.waits.untilDone(w, func() error {
-		tx, err := p.begin(ctx)
-		if err != nil {
-			return fmt.Errorf("begin: %w", err)
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		if err := p.auditGap(ctx, tx, next); err != nil {
-			return err
-		}
-		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, p.logID, w, next, p.inflightEnd)
-		if err != nil {
-			return err
-		}
-		if err := p.store.DeleteDone(ctx, tx, p.group, p.tp, next); err != nil {
-			return err
-		}
-		return p.commit(ctx, tx, next, xid)
-	})
-	if err != nil {
-		return err
-	}
-	p.committed(next)
-	return nil
+	return p.advanceAlone(advance{to: next, read: next, inflightEnd: p.inflightEnd, clearDone: true})
 }
 
 // loop is a lane's goroutine: unit after unit of its queue until stop; an error that stops it

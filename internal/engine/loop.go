@@ -26,19 +26,31 @@ import (
 // Loop is one consumer's poll loop and its partition workers. Create one with New and run it
 // once with Run.
 type Loop struct {
-	deps
-	log           *zap.Logger
-	failed        atomic.Pointer[error] // first error of a worker that stops the consumer
-	lastMessage   atomic.Int64          // unix nanos of the last polled record
-	lastCommitN   atomic.Int64          // unix nanos of the last database commit
-	dbNow         atomic.Pointer[offsetstate.Database]
-	firstAssigned atomic.Int64 // unix nanos of the first assignment
+	// The consumer's collaborators, set by New; each worker gets them (newWorker).
+	group   string
+	set     *Settings
+	log     *zap.Logger
+	pool    *pgxpool.Pool      // the offset store's statements outside a transaction
+	store   *offsetstore.Store // watermarks, markers, attempts, audit rows
+	body    Runner             // the transaction body (Body)
+	emit    Emitter            // counted events
+	breaker *Breaker           // shared failures across partitions (breaker.go)
+	units   chan struct{}      // process-wide unit slots (Settings.MaxUnits); nil: no cap
+	gate    *gate              // a probe's turn to run alone in the process (isolate.go)
 
-	// Owned by Run.
+	failed        atomic.Pointer[error]                // first error of a worker that stops the consumer (fail)
+	lastMessage   atomic.Int64                         // unix nanos of the last polled record
+	lastCommit    atomic.Int64                         // unix nanos of the last database commit; the workers store it
+	db            atomic.Pointer[offsetstate.Database] // the database's identity as last read (rollback.go); the workers read it
+	firstAssigned atomic.Int64                         // unix nanos of the first assignment
+
+	// Owned by Run. kc and commits are the current Kafka client's (openClient; a rejoin
+	// replaces them).
 	kc      *kafka.Consumer
+	commits *committer // the Kafka commit after the database commit
 	mu      sync.Mutex // guards parts for Snapshot
 	parts   map[offsetstore.TP]*fetch
-	resyncC chan resyncRequest
+	resyncs chan resyncRequest // fenced workers ask the poll loop to drop and seek their partition (resync)
 	fatal   error
 	eager   bool
 
@@ -73,29 +85,35 @@ func (f *fetch) inFlight() int {
 // New returns a Loop that runs body for set's topics with pool, reporting to emit.
 func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 	l := &Loop{
-		log:       set.Logger.With(zap.String("group", set.Group)),
-		parts:     map[offsetstore.TP]*fetch{},
-		probeWake: make(chan struct{}, 1),
-	}
-	l.recordedLog = map[offsetstore.TP]offsetstate.LogID{}
-	l.deps = deps{
 		group: set.Group, set: set, pool: pool, store: offsetstore.New(set.Schema), body: body, emit: emit,
-		begin: func(ctx context.Context) (pgx.Tx, error) {
-			return pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: set.BeginSQL})
-		},
-		fail: func(err error) {
-			err = fmt.Errorf("kafkatx: %w", err)
-			l.failed.CompareAndSwap(nil, &err)
-		},
-		lastCommit: &l.lastCommitN,
-		db:         &l.dbNow,
+		log:         set.Logger.With(zap.String("group", set.Group)),
+		gate:        newGate(),
+		parts:       map[offsetstore.TP]*fetch{},
+		recordedLog: map[offsetstore.TP]offsetstate.LogID{},
+		probeWake:   make(chan struct{}, 1),
 	}
-	l.deps.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)
+	l.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)
 	if set.MaxUnits > 0 {
 		l.units = make(chan struct{}, set.MaxUnits)
 	}
-	l.gate = newGate()
 	return l
+}
+
+// begin opens a loop transaction (Settings.BeginSQL).
+func (l *Loop) begin(ctx context.Context) (pgx.Tx, error) {
+	return l.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: l.set.BeginSQL})
+}
+
+// fail stops the consumer with err, an unexpected error of a worker: Run returns the first
+// one, prefixed "kafkatx: ".
+func (l *Loop) fail(err error) {
+	err = fmt.Errorf("kafkatx: %w", err)
+	l.failed.CompareAndSwap(nil, &err)
+}
+
+// logEnds is tp's log range [low, high) as the current client's librdkafka last cached it.
+func (l *Loop) logEnds(tp offsetstore.TP) (low, high int64, err error) {
+	return l.kc.GetWatermarkOffsets(tp.Topic, tp.Partition)
 }
 
 // Run joins the consumer group and processes messages until ctx is cancelled or a fatal
@@ -119,9 +137,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		go func() { defer aux.Done(); l.routeLogs(logs, quitAux) }()
 	}
 	stopAux := func() { close(quitAux); aux.Wait() }
-	resyncs := make(chan resyncRequest, 16)
-	l.resyncC, l.resyncs = resyncs, resyncs
-	l.logEnds = func(tp offsetstore.TP) (int64, int64, error) { return l.kc.GetWatermarkOffsets(tp.Topic, tp.Partition) }
+	l.resyncs = make(chan resyncRequest, 16)
 	cl, err := l.openClient(ctx, km)
 	if err != nil {
 		stopAux()
@@ -202,7 +218,7 @@ func (l *Loop) bufferShare() int64 {
 func (l *Loop) servicePartitions() (kept bool) {
 	for {
 		select {
-		case r := <-l.resyncC:
+		case r := <-l.resyncs:
 			l.resync(r)
 			continue
 		default:
@@ -304,7 +320,7 @@ type Snapshot struct {
 
 // Snapshot returns the loop's current partitions. Safe from any goroutine.
 func (l *Loop) Snapshot() Snapshot {
-	s := Snapshot{LastMessage: unixNano(l.lastMessage.Load()), LastCommit: unixNano(l.lastCommitN.Load()),
+	s := Snapshot{LastMessage: unixNano(l.lastMessage.Load()), LastCommit: unixNano(l.lastCommit.Load()),
 		FirstAssigned: unixNano(l.firstAssigned.Load()), Breaker: l.breaker.State()}
 	l.mu.Lock()
 	defer l.mu.Unlock()

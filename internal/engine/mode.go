@@ -75,43 +75,17 @@ func (serialMode) markAfter(u *lane, end int64, ahead bool) int64 {
 	return u.p.inflightEnd
 }
 
-// finish is the tail every serial transaction shares, in this order: audit a gap that
-// retention left below msgs' first offset, delete the attempt rows of msgs when they had any,
-// delete the done rows the lane passed (passDone), advance the watermark from u.watermark to
-// f.end (compare-and-set; the in-flight marker to markAfter), commit (a lost answer settled
-// from txid_status), and record the commit.
+// finish ends the serial lane's transaction with the watermark's advance over f.msgs
+// (advance: the gap audit, msgs' attempt rows deleted when they had some, the done rows the
+// lane passed (passDone) deleted, the compare-and-set to f.end with the in-flight marker at
+// markAfter, the commit, the Kafka committer), then records the commit.
 func (m serialMode) finish(ctx context.Context, u *lane, tx pgx.Tx, f finish) error {
 	from, end := int64(f.msgs[0].TopicPartition.Offset), f.end
-	if err := u.p.auditGap(ctx, tx, from); err != nil {
+	if err := u.p.advance(ctx, tx, advance{to: end, read: from, inflightEnd: m.markAfter(u, end, f.ahead),
+		clearAttempts: f.clearAttempts, clearDone: u.p.doneRowsTo > 0, msgs: f.msgs}); err != nil {
 		return err
 	}
-	if f.clearAttempts {
-		if err := u.p.store.DeleteAttempts(ctx, tx, u.p.group, u.p.tp, from, end); err != nil {
-			return err
-		}
-	}
-	if u.p.doneRowsTo > 0 {
-		if err := u.p.store.DeleteDone(ctx, tx, u.p.group, u.p.tp, end); err != nil {
-			return err
-		}
-	}
-	inflightEnd := m.markAfter(u, end, f.ahead)
-	xid, err := u.p.store.AdvanceXID(ctx, tx, u.p.group, u.p.tp, u.p.logID, u.p.watermark.Load(), end, inflightEnd)
-	if err != nil {
-		return err
-	}
-	if err := u.p.commit(ctx, tx, end, xid); err != nil {
-		return err
-	}
-	if end >= u.p.doneRowsTo {
-		u.p.doneRowsTo = 0 // every done row the serial lane passed is deleted
-	}
-	for _, km := range f.msgs {
-		u.p.set.Signals.step("db-committed", int64(km.TopicPartition.Offset))
-	}
-	u.p.inflightEnd = inflightEnd
 	u.waits.available(true)
-	u.p.committed(end)
 	u.recordCommit(f, from, end)
 	return nil
 }
@@ -155,15 +129,13 @@ func (m laneMode) finish(ctx context.Context, u *lane, tx pgx.Tx, f finish) erro
 	if err != nil {
 		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		// A lost COMMIT answer is settled from the database's record (worker.settle); when
-		// the server no longer knows the transaction, the done rows tell.
-		if err := u.p.settle(ctx, err, xid, func() bool {
-			done, rerr := u.p.store.Done(context.WithoutCancel(ctx), u.p.pool, u.p.group, u.p.tp, offs[0])
-			return rerr == nil && containsAll(done, offs)
-		}); err != nil {
-			return err
-		}
+	// A lost COMMIT answer is settled from the database's record; when the server no longer
+	// knows the transaction, the done rows tell.
+	if err := u.p.commit(ctx, tx, xid, func() bool {
+		done, rerr := u.p.store.Done(context.WithoutCancel(ctx), u.p.pool, u.p.group, u.p.tp, offs[0])
+		return rerr == nil && containsAll(done, offs)
+	}); err != nil {
+		return err
 	}
 	for _, o := range offs {
 		u.p.set.Signals.step("db-committed", o)

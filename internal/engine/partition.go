@@ -23,30 +23,29 @@ import (
 
 var errStopped = errors.New("partition worker stopped")
 
-// deps are a worker's collaborators, the same for every worker of a loop.
-type deps struct {
-	group      string
-	set        *Settings
-	pool       *pgxpool.Pool                                     // the offset store's statements outside a transaction
-	store      *offsetstore.Store                                // watermarks, markers, attempts, audit rows
-	begin      func(context.Context) (pgx.Tx, error)             // opens a loop transaction (Settings.BeginSQL)
-	body       Runner                                            // the transaction body (Body)
-	emit       Emitter                                           // counted events
-	commits    *committer                                        // the Kafka commit after the database commit
-	logEnds    func(offsetstore.TP) (low, high int64, err error) // the partition's log range, cached by librdkafka
-	resyncs    chan<- resyncRequest                              // asks the poll loop to drop and seek a fenced partition
-	fail       func(error)                                       // stops the consumer with an unexpected error
-	lastCommit *atomic.Int64                                     // unix nanos of the last database commit, for readiness
-	breaker    *Breaker                                          // shared failures across partitions (breaker.go)
-	units      chan struct{}                                     // process-wide unit slots (Settings.MaxUnits); nil: no cap
-	gate       *gate                                             // a probe's turn to run alone in the process (isolate.go)
-	db         *atomic.Pointer[offsetstate.Database]             // the database's identity as last read (rollback.go)
-}
-
 // worker runs one assigned partition's messages in offset order; each batch runs in one
 // transaction that also advances the watermark.
 type worker struct {
-	*deps
+	// The loop's collaborators, the same for every worker of a Loop, which owns them
+	// (Loop.newWorker copies them).
+	group   string
+	set     *Settings
+	pool    *pgxpool.Pool                                     // the offset store's statements outside a transaction
+	store   *offsetstore.Store                                // watermarks, markers, attempts, audit rows
+	begin   func(context.Context) (pgx.Tx, error)             // Loop.begin: a loop transaction (Settings.BeginSQL)
+	body    Runner                                            // the transaction body (Body)
+	emit    Emitter                                           // counted events
+	commits *committer                                        // the Kafka commit after the database commit: the client's the worker started under
+	logEnds func(offsetstore.TP) (low, high int64, err error) // Loop.logEnds: the partition's log range, cached by librdkafka
+	resyncs chan<- resyncRequest                              // Loop.resyncs: asks the poll loop to drop and seek a fenced partition
+	fail    func(error)                                       // Loop.fail: stops the consumer with an unexpected error
+	breaker *Breaker                                          // shared failures across partitions (breaker.go)
+	units   chan struct{}                                     // process-wide unit slots (Settings.MaxUnits); nil: no cap
+	gate    *gate                                             // a probe's turn to run alone in the process (isolate.go)
+	// The Loop's state a worker writes or reads.
+	lastCommit *atomic.Int64                         // Loop.lastCommit: the worker stores the time of each database commit
+	db         *atomic.Pointer[offsetstate.Database] // Loop.db: the database's identity as the rollback check last read it
+
 	tp    offsetstore.TP
 	log   *zap.Logger
 	in    chan *kafka.Message
@@ -92,13 +91,20 @@ type worker struct {
 	done      chan struct{}
 }
 
-func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt, done []int64) *worker {
+// newWorker returns the worker of tp, starting at watermark w with the attempt rows atts and
+// the offsets done above it (done), with the loop's collaborators; it works once started (go
+// run).
+func (l *Loop) newWorker(tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt, done []int64) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &worker{
-		deps:        d,
+		group: l.group, set: l.set, pool: l.pool, store: l.store, begin: l.begin, body: l.body, emit: l.emit,
+		commits: l.commits, logEnds: l.logEnds, resyncs: l.resyncs, fail: l.fail,
+		breaker: l.breaker, units: l.units, gate: l.gate,
+		lastCommit: &l.lastCommit, db: &l.db,
+
 		tp:          tp,
-		log:         log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition)),
-		in:          make(chan *kafka.Message, 2*d.set.BatchSize),
+		log:         l.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition)),
+		in:          make(chan *kafka.Message, 2*l.set.BatchSize),
 		skips:       make(chan recordless, 1),
 		inflightEnd: w.InflightEnd,
 		epoch:       w.ReplayEpoch,
@@ -121,8 +127,8 @@ func newWorker(d *deps, log *zap.Logger, tp offsetstore.TP, w offsetstore.Waterm
 	p.dispatchedEnd.Store(w.Next)
 	p.watermark.Store(w.Next)
 	p.startedAt = w.Next
-	if d.commits != nil {
-		d.commits.setEpoch(tp, w.ReplayEpoch)
+	if p.commits != nil {
+		p.commits.setEpoch(tp, w.ReplayEpoch)
 	}
 	return p
 }

@@ -164,7 +164,7 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		if err != nil {
 			return nil, err
 		}
-		p := newWorker(&l.deps, l.log, tp, w, atts, done)
+		p := l.newWorker(tp, w, atts, done)
 		newParts = append(newParts, p)
 		topic := tp.Topic
 		starts = append(starts, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(start)})
@@ -263,8 +263,8 @@ func (l *Loop) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.
 		// is kafkatx's replay, quoted in the line (docs/offsets.md).
 		log.Warn("Kafka committed offset behind the database watermark (a lost commit, or a rewind with Kafka's own tools); starting at the watermark and re-committing it: nothing runs again. To run the range again, use the replay command",
 			zap.Int64("committed", k), zap.Int64("watermark", w.Next),
-			zap.String("replay_command", fmt.Sprintf("kafkatx offsets reset --group %s --topic %s --partition %d --to-offset %d --mode replay --reason '...' --execute",
-				flagcheck.Quote(l.group), flagcheck.Quote(tp.Topic), tp.Partition, k)))
+			zap.String("replay_command", fmt.Sprintf("%s --to-offset %d --mode replay --reason '...' --execute",
+				offsetstate.ResetCommand(l.set.Schema, l.group, tp.Topic, tp.Partition, flagcheck.Quote), k)))
 		if err := audit(offsetstore.KindKafkaBehind, k, w.Next, "Kafka commit lost or rewound; database leads"); err != nil {
 			return w, err
 		}

@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"context"
-	"fmt"
-
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 
@@ -83,9 +80,10 @@ func (l *Loop) passRecordless() {
 }
 
 // passRecordless moves the watermark over offsets the client passed without a record (see
-// above), unless the watermark moved since the poll loop asked. Retention overtaking the
-// watermark meanwhile is audited as in any batch (auditGap). Errors are those of
-// untilDone: errStopped, offsetstore.ErrFenced, or the loop's unexpected errors.
+// above) in a transaction of its own (advanceAlone, which audits retention overtaking the
+// watermark meanwhile as any batch does), unless the watermark moved since the poll loop
+// asked. Errors are those of untilDone: errStopped, offsetstore.ErrFenced, or the loop's
+// unexpected errors.
 func (p *worker) passRecordless(s recordless) error {
 	if s.reread {
 		if p.watermark.Load() != s.from {
@@ -96,27 +94,10 @@ func (p *worker) passRecordless(s recordless) error {
 	if p.watermark.Load() != s.from || s.to <= s.from {
 		return nil
 	}
-	ctx := p.workCtx
-	err := p.waits.untilDone(s.from, func() error {
-		tx, err := p.begin(ctx)
-		if err != nil {
-			return fmt.Errorf("begin: %w", err)
-		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		if err := p.auditGap(ctx, tx, s.to); err != nil {
-			return err
-		}
-		xid, err := p.store.AdvanceXID(ctx, tx, p.group, p.tp, p.logID, s.from, s.to, p.inflightEnd)
-		if err != nil {
-			return err
-		}
-		return p.commit(ctx, tx, s.to, xid)
-	})
-	if err != nil {
+	if err := p.advanceAlone(advance{to: s.to, read: s.to, inflightEnd: p.inflightEnd}); err != nil {
 		return err
 	}
 	p.log.Debug("watermark moved over offsets without a record (transaction markers, aborted or compacted records)",
 		zap.Int64("from", s.from), zap.Int64("to", s.to))
-	p.committed(s.to)
 	return nil
 }

@@ -31,6 +31,12 @@ type waits struct {
 	unavailExpired bool                    // Config.UnavailableMaxWait passed: answers count as attempts
 	waiting        atomic.Pointer[Waiting] // set while waiting, for Stats and Readiness
 
+	// Units ended by the server's idle_in_transaction_session_timeout (25P03) in a row at one
+	// offset (idleKilled).
+	idleKillAt int64
+	idleKillN  int
+	idleShown  *Waiting // the Waiting idleKilled stored, cleared when a unit succeeds
+
 	// Config.Backpressure's hold.
 	heldBack      atomic.Bool                         // in Config.Backpressure now, for Stats
 	backpressWarn time.Time                           // its last failure logged
@@ -76,12 +82,34 @@ func (w *waits) sleep(d time.Duration) error {
 // returns errStopped when the worker is asked to stop and offsetstore.ErrFenced when another
 // owner moved the watermark.
 func (w *waits) untilDone(offset int64, op func() error) error {
+	return w.retry(offset, false, op)
+}
+
+// untilCharged is untilDone for a unit of messages starting at offset (a batch, or one
+// message's try): a unit the server ends with 25P03 idle_in_transaction_session_timeout
+// IdleEndsToCharge times in a row at that offset ends it with an *errIdleKilled, which the
+// caller charges to the messages as a failure (idleKilled).
+func (w *waits) untilCharged(offset int64, op func() error) error {
+	return w.retry(offset, true, op)
+}
+
+func (w *waits) retry(offset int64, charge bool, op func() error) error {
 	for try := 1; ; try++ {
 		err := op()
 		var waited *errWaited
+		if err == nil || !pgerr.IsCode(err, "25P03") {
+			w.idleCleared()
+		}
 		switch {
 		case err == nil:
 			return nil
+		case pgerr.IsCode(err, "25P03"):
+			if ik := w.idleKilled(offset, charge, err); ik != nil {
+				return ik
+			}
+			if err := w.afterDBError(try, err); err != nil {
+				return err
+			}
 		case errors.Is(err, errStopped):
 			return err
 		case errors.As(err, &waited):
@@ -102,6 +130,68 @@ func (w *waits) untilDone(offset int64, op func() error) error {
 		}
 	}
 }
+
+// IdleEndsToCharge is how many times in a row the server may end the transaction of a unit
+// starting at one offset with 25P03 (idle_in_transaction_session_timeout) before it is the
+// message's fault: once is a DBA's timeout meeting a slow moment (a pause of the process, a
+// slow dependency) and spends no attempt; the same offset's unit ended every time it runs is
+// a handler that always holds its transaction idle past the bound — a pill, like a crash
+// pill — and from then on each such end is an attempt of the message (dead-lettered at
+// MaxAttempts). 25P03 ending units at different offsets stays the systemic condition it is.
+const IdleEndsToCharge = 3
+
+// errIdleKilled ends untilCharged when the unit at Offset was ended by 25P03 IdleEndsToCharge
+// times in a row (or again after that): the caller records it as the handler's failure.
+type errIdleKilled struct {
+	Offset int64
+	N      int // ends in a row at Offset
+	Bound  time.Duration
+	Cause  error
+}
+
+func (e *errIdleKilled) Error() string {
+	return fmt.Sprintf("the transaction was ended by idle_in_transaction_session_timeout (SQLSTATE 25P03, Config.Transaction.IdleTimeout %s) %d times in a row "+
+		"at offset %d: the handler holds its transaction idle past the bound every time it runs (waiting on something other than the database inside it); counted as an attempt: %v",
+		e.Bound, e.N, e.Offset, e.Cause)
+}
+
+func (e *errIdleKilled) Unwrap() error { return e.Cause }
+
+// idleKilled counts a unit at offset ended by 25P03 (err), shows it to Readiness at once (a
+// Waiting whose Condition names 25P03) and returns the *errIdleKilled to charge when charge
+// and the count at offset reached IdleEndsToCharge; nil to run the unit again, not an attempt.
+func (w *waits) idleKilled(offset int64, charge bool, err error) error {
+	if w.idleKillN == 0 || w.idleKillAt != offset {
+		w.idleKillAt, w.idleKillN = offset, 0
+	}
+	w.idleKillN++
+	since := time.Now()
+	if w.idleShown != nil {
+		since = w.idleShown.Since
+	}
+	ws := &Waiting{Topic: w.p.tp.Topic, Partition: w.p.tp.Partition, Offset: offset, Since: since,
+		Cause: pg.SanitizeText(err.Error(), 512), Condition: pgerr.Describe(err).String()}
+	if cur := w.waiting.Load(); cur == nil || cur == w.idleShown { // never over a dependency's wait
+		w.waiting.Store(ws)
+		w.idleShown = ws
+	}
+	if !charge || w.idleKillN < IdleEndsToCharge {
+		return nil
+	}
+	return &errIdleKilled{Offset: offset, N: w.idleKillN, Bound: w.p.set.IdleTimeout, Cause: err}
+}
+
+// idleCleared ends what idleKilled showed once a unit ends otherwise.
+func (w *waits) idleCleared() {
+	if w.idleShown != nil {
+		w.waiting.CompareAndSwap(w.idleShown, nil)
+		w.idleShown = nil
+	}
+}
+
+// idleReset forgets the count, for a unit charged as a whole batch: the messages then run one
+// per transaction, each counted afresh.
+func (w *waits) idleReset() { w.idleKillN = 0 }
 
 // afterDBError decides what follows an error of the loop's own database work (not the
 // handler's): errStopped when the worker is stopping, the error itself when fenced, else a
@@ -130,7 +220,9 @@ func (w *waits) afterDBError(n int, err error) error {
 		}
 		if pgerr.IsCode(err, "25P03") {
 			fields = append(fields, zap.String("hint", fmt.Sprintf("the transaction sat idle longer than Config.Transaction.IdleTimeout (%s): "+
-				"this process was frozen or cut off, or the handler waits on something other than the database inside its transaction", p.set.IdleTimeout)))
+				"this process was frozen or cut off, or the handler waits on something other than the database inside its transaction; "+
+				"a unit ended by it %d times in a row at one offset is charged to its message as an attempt", p.set.IdleTimeout, IdleEndsToCharge)),
+				zap.Int("idle_timeout_ends_in_a_row", w.idleKillN))
 		}
 		fields = append(fields, zap.Stringer("condition", pgerr.Describe(err)))
 		p.log.Warn("retryable database error; running it again (not an attempt)", fields...)

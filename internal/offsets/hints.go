@@ -10,9 +10,10 @@ import (
 )
 
 // Hints explains, for `kafkatx offsets status`, what starting the consumer will do on the
-// drifted partitions of sts and quotes the command that does the other thing, one hint per
-// state, in state order. quote makes a value one shell word. No drift: no hints.
-func Hints(group string, sts []PartitionStatus, quote func(string) string) []string {
+// drifted partitions of sts of group in schema and quotes the command that does the other
+// thing, one hint per state, in state order. quote makes a value one shell word. No drift: no
+// hints.
+func Hints(schema, group string, sts []PartitionStatus, quote func(string) string) []string {
 	byState := map[offsetstate.State][]PartitionStatus{}
 	for _, s := range sts {
 		if s.Drifted() {
@@ -34,12 +35,12 @@ func Hints(group string, sts []PartitionStatus, quote func(string) string) []str
 		}
 		// A command for the first partition; --to-database and --to-earliest need no
 		// per-partition offset, so they cover every partition of a topic at once.
-		reset := fmt.Sprintf("kafkatx offsets reset --group %s --topic %s --partition %d", quote(group), quote(first.Topic), first.Partition)
+		reset := offsetstate.ResetCommand(schema, group, first.Topic, first.Partition, quote)
 		whole := reset
 		if len(ps) > 1 {
 			where += " (commands for the first; repeat per partition)"
 			if oneTopic(ps) {
-				whole = fmt.Sprintf("kafkatx offsets reset --group %s --topic %s", quote(group), quote(first.Topic))
+				whole = offsetstate.ResetCommand(schema, group, first.Topic, -1, quote)
 			}
 		}
 		var w, k int64
@@ -114,8 +115,8 @@ func oneTopic(ps []PartitionStatus) bool {
 
 // UndoHint says, for an offset audit row that skipped a range, how to undo it: a replay of
 // [From, To), possible only while Kafka still holds those records, since kafkatx keeps no copy
-// of skipped messages. Other kinds have none ("").
-func UndoHint(e offsetstore.Event, quote func(string) string) string {
+// of skipped messages. Other kinds have none (""). schema holds the audit row.
+func UndoHint(schema string, e offsetstore.Event, quote func(string) string) string {
 	switch e.Kind {
 	case offsetstore.KindUnexplainedSkip, offsetstore.KindOperatorSkip:
 	default:
@@ -125,8 +126,8 @@ func UndoHint(e offsetstore.Event, quote func(string) string) string {
 		return ""
 	}
 	return strings.Join([]string{
-		fmt.Sprintf("undo: stop the group's consumers, then `kafkatx offsets reset --group %s --topic %s --partition %d --to-offset %d --mode replay --reason '...' --execute`",
-			quote(e.Group), quote(e.Topic), e.Partition, e.From),
+		fmt.Sprintf("undo: stop the group's consumers, then `%s --to-offset %d --mode replay --reason '...' --execute`",
+			offsetstate.ResetCommand(schema, e.Group, e.Topic, e.Partition, quote), e.From),
 		fmt.Sprintf("(runs [%d, %d) again and everything after it that was processed since; kafkatx kept no copy of the skipped messages: only while Kafka's log start is <= %d)", e.From, e.To, e.From),
 	}, " ")
 }

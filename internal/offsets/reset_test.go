@@ -306,7 +306,7 @@ func TestResetSkipRefusedByTheDatabaseIsAbandonedAndDescribed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hints := strings.Join(Hints(b.group, sts, func(s string) string { return s }), "\n")
+	hints := strings.Join(Hints(b.schema, b.group, sts, func(s string) string { return s }), "\n")
 	if sts[0].State != offsetstate.KafkaAhead || len(sts[0].Pending) != 0 || !strings.Contains(hints, "half-applied `kafkatx offsets reset --mode skip`") ||
 		strings.Contains(hints, "Kafka's own tools, or") {
 		t.Fatalf("status: %+v\nhints: %s\nwant kafka_ahead, nothing pending, described as a half-applied reset", sts[0], hints)

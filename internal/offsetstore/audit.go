@@ -24,14 +24,26 @@ type Event struct {
 	At        time.Time `json:"at"`
 }
 
-// InsertEvent writes e (status defaults to "applied") and returns its id.
+// InsertEvent writes e (status defaults to "applied") and returns its id. A halt (KindHalt)
+// is written once per change: when the partition's latest audit row is already a halt with
+// e's range and reason (the reason names the log identities and the cause), nothing moved
+// since and no row is written — a consumer restarted on the same halt (a supervisor's
+// restart loop) would otherwise write one row per start — and that row's id is returned.
 func (s *Store) InsertEvent(ctx context.Context, q pg.Querier, e Event) (int64, error) {
 	if e.Status == "" {
 		e.Status = "applied"
 	}
 	var id int64
-	err := q.QueryRow(ctx, `INSERT INTO `+s.t.OffsetAudit+` (group_id, topic, partition, kind, from_offset, to_offset, reason, actor, status)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id`,
+	err := q.QueryRow(ctx, `WITH last AS (
+			SELECT id, kind, from_offset, to_offset, reason FROM `+s.t.OffsetAudit+`
+			WHERE group_id = $1 AND topic = $2 AND partition = $3 ORDER BY id DESC LIMIT 1),
+		ins AS (
+			INSERT INTO `+s.t.OffsetAudit+` (group_id, topic, partition, kind, from_offset, to_offset, reason, actor, status)
+			SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+			WHERE $4 <> '`+KindHalt+`' OR NOT EXISTS (
+				SELECT 1 FROM last WHERE kind = $4 AND from_offset = $5 AND to_offset = $6 AND reason = $7)
+			RETURNING id)
+		SELECT id FROM ins UNION ALL SELECT id FROM last WHERE NOT EXISTS (SELECT 1 FROM ins)`,
 		e.Group, e.Topic, e.Partition, e.Kind, e.From, e.To, e.Reason, e.Actor, e.Status).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("write offset audit %s %s[%d]: %w", e.Kind, e.Topic, e.Partition, err)

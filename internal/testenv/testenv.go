@@ -92,9 +92,18 @@ func Postgres(t testing.TB) *pgxpool.Pool {
 
 func connect(t testing.TB, dsn string) *pgxpool.Pool {
 	t.Helper()
+	return connectWith(t, dsn, nil)
+}
+
+// connectWith is connect with edit (when not nil) applied to the parsed configuration.
+func connectWith(t testing.TB, dsn string, edit func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pg.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("testenv: parse %s: %v", EnvDatabaseURL, err)
+	}
+	if edit != nil {
+		edit(cfg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -55,4 +56,24 @@ func BuildPackage(t testing.TB, pkg string) string {
 		t.Fatalf("build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
+}
+
+// flagRe matches a long flag named in a message: --name.
+var flagRe = regexp.MustCompile(`--([a-z][a-z0-9-]*)`)
+
+// RequireOnlyAcceptedFlags fails t unless every --flag that msg (a binary's printed refusal
+// or hint) names appears in bin's --help output (run with helpArgs before --help, e.g. a
+// subcommand), and msg names at least one: a hint must name what that binary's user can pass.
+func RequireOnlyAcceptedFlags(t testing.TB, bin string, msg string, helpArgs ...string) {
+	t.Helper()
+	help, _ := exec.Command(bin, append(helpArgs, "--help")...).CombinedOutput()
+	named := flagRe.FindAllStringSubmatch(msg, -1)
+	if len(named) == 0 {
+		t.Errorf("%s: the message names no flag: %s", filepath.Base(bin), msg)
+	}
+	for _, m := range named {
+		if !regexp.MustCompile(`(^|[\s,])--?` + regexp.QuoteMeta(m[1]) + `([\s=,]|$)`).Match(help) {
+			t.Errorf("%s: the message names --%s, which the binary does not accept:\n%s", filepath.Base(bin), m[1], msg)
+		}
+	}
 }

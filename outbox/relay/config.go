@@ -72,8 +72,10 @@ type Config struct {
 	MaxBackoff     time.Duration
 
 	// UnknownTopicTimeout is how long rows for a topic that does not exist wait (set aside,
-	// so other topics flow) before they are parked. Matches librdkafka's
-	// topic.metadata.propagation.max.ms default. Defaults to 30s.
+	// so other topics flow) before they are parked, from when this leader first found the
+	// topic missing: room for a topic just created to show in the brokers' metadata. Defaults
+	// to 10s (30s before issue 48: a record for a missing topic stayed pending, out of sight of
+	// kafkatx outbox parked and the console, for half a minute; the WAL relay parks at once).
 	UnknownTopicTimeout time.Duration
 
 	// ShutdownTimeout bounds how long Run waits for the delivery reports of records already
@@ -139,7 +141,7 @@ const (
 	DefaultStandbyInterval     = time.Second
 	DefaultInitialBackoff      = 250 * time.Millisecond
 	DefaultMaxBackoff          = 30 * time.Second
-	DefaultUnknownTopicTimeout = 30 * time.Second
+	DefaultUnknownTopicTimeout = 10 * time.Second
 	DefaultShutdownTimeout     = 30 * time.Second
 	DefaultMetricsInterval     = 5 * time.Second
 	DefaultReadTimeout         = 30 * time.Second

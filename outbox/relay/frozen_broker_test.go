@@ -37,7 +37,7 @@ func TestStopWithTheBrokerFrozenIsBounded(t *testing.T) {
 	waitFor(t, 60*time.Second, "the first rows published", func() bool { return r.Stats().Published >= 100 })
 	resume := testenv.StopBroker(t, b.brokers)
 	write("during", 100)
-	waitFor(t, NotReadyAfter+15*time.Second, "Ready naming Kafka", func() bool {
+	waitFor(t, NotReadyAfter+60*time.Second, "Ready naming Kafka", func() bool {
 		err := r.Ready(ctx)
 		return err != nil && strings.Contains(err.Error(), "Kafka has not answered")
 	})

@@ -26,7 +26,7 @@ func TestFrozenLeaderIsDeposedAndTheStandbyPublishes(t *testing.T) {
 	const leaderTimeout = 3 * time.Second
 	env := envChildLeader + "=" + leaderTimeout.String()
 	a := b.startChild(t, "run", env)
-	a.expect(t, "LEADER", 30*time.Second)
+	a.expect(t, "LEADER", 60*time.Second)
 	sb := b.startChild(t, "run", env)
 	if sb.printed("LEADER", 2*time.Second) {
 		t.Fatal("the second relay became leader while the first was alive")
@@ -39,18 +39,18 @@ func TestFrozenLeaderIsDeposedAndTheStandbyPublishes(t *testing.T) {
 		b.write(t, recs...)
 	}
 	write(0, 100)
-	waitCount(t, b.brokers, topic, 100, 20*time.Second)
+	waitCount(t, b.brokers, topic, 100, 60*time.Second)
 
 	frozen := time.Now()
 	a.signal(t, syscall.SIGSTOP)
 	defer a.signal(t, syscall.SIGCONT)
 	write(100, 200)
-	sb.expect(t, "LEADER", leaderTimeout+15*time.Second)
+	sb.expect(t, "LEADER", leaderTimeout+60*time.Second)
 	takeover := time.Since(frozen)
-	waitCount(t, b.brokers, topic, 300, 20*time.Second)
+	waitCount(t, b.brokers, topic, 300, 60*time.Second)
 	a.signal(t, syscall.SIGCONT)
 	write(300, 100)
-	waitCount(t, b.brokers, topic, 400, 20*time.Second)
+	waitCount(t, b.brokers, topic, 400, 60*time.Second)
 	if a.printed("LEADER", time.Second) {
 		t.Fatal("the resumed leader leads again beside the new one")
 	}
@@ -81,7 +81,7 @@ func TestLeaderFrozenInsideItsMarkDoesNotHoldTheNextLeader(t *testing.T) {
 	const leaderTimeout = 3 * time.Second
 	env := envChildLeader + "=" + leaderTimeout.String()
 	a := b.startChild(t, "stop-in-mark", env)
-	a.expect(t, "LEADER", 30*time.Second)
+	a.expect(t, "LEADER", 60*time.Second)
 	sb := b.startChild(t, "run", env)
 	if sb.printed("LEADER", time.Second) {
 		t.Fatal("the second relay became leader while the first was alive")
@@ -92,9 +92,9 @@ func TestLeaderFrozenInsideItsMarkDoesNotHoldTheNextLeader(t *testing.T) {
 		recs = append(recs, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", i%5)), Value: []byte(fmt.Sprintf("v%d", i))})
 	}
 	b.write(t, recs...)
-	a.expect(t, "IN MARK", 20*time.Second) // published, rows deleted, the transaction open
+	a.expect(t, "IN MARK", 60*time.Second) // published, rows deleted, the transaction open
 	a.signal(t, syscall.SIGSTOP)
-	sb.expect(t, "LEADER", leaderTimeout+15*time.Second)
+	sb.expect(t, "LEADER", leaderTimeout+60*time.Second)
 	led := time.Now()
 	deadline := led.Add(3*leaderTimeout + 10*time.Second)
 	for {

@@ -78,7 +78,7 @@ func TestHooksSeePublishedAndParkedRows(t *testing.T) {
 		st := b.states(t)
 		return st[ids[0]] == "published" && st[ids[1]] == "parked" && st[ids[2]] == "published"
 	})
-	time.Sleep(1500 * time.Millisecond) // a backlog tick
+	waitFor(t, 60*time.Second, "a backlog tick", func() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.backlog > 0 })
 	stop()
 	oids := b.outboxIDs(t)
 	h.mu.Lock()

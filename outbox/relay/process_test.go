@@ -211,7 +211,7 @@ func TestKilledBetweenProduceAndMarkRepublishesWithSameIDs(t *testing.T) {
 
 	c := b.startChild(t, "hang-before-mark")
 	var delivered int
-	line := c.expect(t, "DELIVERED ", 30*time.Second)
+	line := c.expect(t, "DELIVERED ", 60*time.Second)
 	if _, err := fmt.Sscanf(line, "DELIVERED %d", &delivered); err != nil || delivered == 0 {
 		t.Fatalf("child said %q", line)
 	}
@@ -262,14 +262,17 @@ func TestKilledBetweenProduceAndMarkRepublishesWithSameIDs(t *testing.T) {
 }
 
 // Two relay processes: only the leader publishes; when it is SIGKILLed the standby takes
-// over within seconds and publishes the rest.
+// over — at once, as PostgreSQL ends the dead leader's session and its lock: LeaderTimeout is
+// ten minutes, so a takeover within the wait's ceiling cannot come from a timeout — and
+// publishes the rest.
 func TestStandbyTakesOverWhenTheLeaderIsKilled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	topic := testenv.Topic(t, b.brokers, 3)
-	a := b.startChild(t, "run")
-	a.expect(t, "LEADER", 30*time.Second)
-	sb := b.startChild(t, "run")
+	env := envChildLeader + "=10m"
+	a := b.startChild(t, "run", env)
+	a.expect(t, "LEADER", 60*time.Second)
+	sb := b.startChild(t, "run", env)
 	if sb.printed("LEADER", 2*time.Second) {
 		t.Fatal("the second relay became leader while the first was alive")
 	}
@@ -281,7 +284,7 @@ func TestStandbyTakesOverWhenTheLeaderIsKilled(t *testing.T) {
 		b.write(t, recs...)
 	}
 	write(0, 200)
-	waitCount(t, b.brokers, topic, 200, 20*time.Second)
+	waitCount(t, b.brokers, topic, 200, 60*time.Second)
 	if sb.printed("LEADER", 500*time.Millisecond) {
 		t.Fatal("the standby became leader while the first relay was alive")
 	}
@@ -294,10 +297,10 @@ func TestStandbyTakesOverWhenTheLeaderIsKilled(t *testing.T) {
 
 	killed := time.Now()
 	a.kill(t)
-	sb.expect(t, "LEADER", 10*time.Second)
+	sb.expect(t, "LEADER", 60*time.Second)
 	takeover := time.Since(killed)
 	write(200, 200)
-	waitCount(t, b.brokers, topic, 400, 20*time.Second)
+	waitCount(t, b.brokers, topic, 400, 60*time.Second)
 	seen := map[string]bool{}
 	for _, m := range readAll(t, b.brokers, topic) {
 		id, _ := header(m, outbox.HeaderOutboxID)
@@ -307,9 +310,6 @@ func TestStandbyTakesOverWhenTheLeaderIsKilled(t *testing.T) {
 		if !seen[id] {
 			t.Fatalf("row %d never published", row)
 		}
-	}
-	if takeover > 5*time.Second {
-		t.Fatalf("takeover took %s", takeover)
 	}
 	t.Logf("standby took over %s after SIGKILL of the leader (standby interval 200ms)", takeover.Round(time.Millisecond))
 }

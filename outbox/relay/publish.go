@@ -8,6 +8,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox"
@@ -532,6 +533,7 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
 	defer cancel()
 	var err error
+	var skipped map[int]bool // rows markByRow left pending
 	for try := 1; try <= 5; try++ {
 		if err = pgx.BeginFunc(mctx, r.pool, func(tx pgx.Tx) error {
 			if err := tx.SendBatch(mctx, newBatch()).Close(); err != nil {
@@ -543,6 +545,16 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 			return nil
 		}); err == nil {
 			break
+		}
+		if rowRefusal(err) {
+			// PostgreSQL refused a statement of the mark for what one row holds (a value too
+			// large for an index entry, a check): the same batch fails on every try, and with
+			// it the marks of every other row. Mark each row on its own instead: a row whose
+			// statement is refused stays pending (Ready names it) and the others are marked.
+			r.log.Warn("relay: the mark was refused; marking its rows one at a time", zap.Error(err))
+			if skipped, err = r.markByRow(mctx, rows, results); err == nil {
+				break
+			}
 		}
 		if errors.Is(err, errRangeWider) && !byID {
 			// Rolled back: mark again at once, deleting the delivered rows by id.
@@ -562,9 +574,136 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		return fmt.Errorf("mark %d published, %d parked outbox rows: %w", len(pubIDs), len(parkIDs), err)
 	}
 	// Counted once marked: a mark that failed is tried again with the next round's (marker).
-	r.c.published.Add(int64(len(pubIDs)))
-	r.c.parked.Add(int64(len(parkIDs)))
-	r.c.retried.Add(int64(len(retryIDs)))
+	// After a mark row by row, a row it could not mark has outcomeNone (a copy: the round
+	// reads results meanwhile).
+	if len(skipped) > 0 {
+		results = append([]result(nil), results...)
+		for i := range skipped {
+			results[i] = result{outcome: outcomeNone}
+		}
+	}
+	var published, parked, retried int64
+	for _, res := range results {
+		switch res.outcome {
+		case outcomeDelivered:
+			published++
+		case outcomePark:
+			parked++
+		case outcomeRetry, outcomeIsolate:
+			retried++
+		}
+	}
+	r.c.published.Add(published)
+	r.c.parked.Add(parked)
+	r.c.retried.Add(retried)
 	r.marked(rows, results, now)
+	r.unmarkable.forget(rows, results)
 	return nil
+}
+
+// rowRefusal reports whether err is PostgreSQL refusing a statement for the values it
+// writes, which one row's can cause: SQLSTATE class 22 (data exception), 23 (integrity
+// constraint violation) or 54 (program limit exceeded: an index entry too large, 54000).
+// Trying again fails the same way.
+func rowRefusal(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || len(pe.Code) != 5 {
+		return false
+	}
+	switch pe.Code[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
+}
+
+// markByRow records the round's outcomes as mark does, in one transaction, but each row's
+// statement under its own savepoint: a row whose statement PostgreSQL refuses for its values
+// (rowRefusal) is left as it was — pending — and every other row is marked. A refused row is logged and
+// named by Ready (unmarkable) until a later mark marks it; skipped holds the indexes of such
+// rows. A delivered row left pending is published again (with the same kafkatx-outbox-id); a
+// refused park or retry is produced again by a later round. It returns an error, and marks
+// nothing, when the transaction or a statement fails otherwise (the mark is then retried,
+// then carried, as a failed mark is).
+func (r *Relay) markByRow(ctx context.Context, rows []row, results []result) (skipped map[int]bool, err error) {
+	type refusal struct {
+		i   int
+		err error
+	}
+	var refused []refusal
+	err = pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		refused = refused[:0]
+		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+			return err
+		}
+		if r.cfg.LeaderTimeout > 0 {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL idle_in_transaction_session_timeout = %d`, r.cfg.LeaderTimeout.Milliseconds())); err != nil {
+				return err
+			}
+		}
+		var seqs []int64
+		seen := map[int64]bool{}
+		for i, res := range results {
+			w := &rows[i]
+			var sql string
+			args := []any{w.id}
+			switch res.outcome {
+			case outcomeDelivered:
+				if r.cfg.KeepPublished == 0 {
+					sql = `DELETE FROM ` + r.t.Outbox + ` WHERE id = $1 AND state = 'pending'`
+				} else {
+					sql = `UPDATE ` + r.t.Outbox + ` SET state = 'published', resolved_at = now(), attempts = attempts + 1, last_error = NULL
+					WHERE id = $1 AND state = 'pending'`
+				}
+				if !seen[w.commitSeq] {
+					seen[w.commitSeq] = true
+					seqs = append(seqs, w.commitSeq)
+				}
+			case outcomePark:
+				sql = `UPDATE ` + r.t.Outbox + ` SET state = 'parked', parked_at = now(), attempts = attempts + 1, last_error = $2
+				WHERE id = $1 AND state = 'pending'`
+				args = append(args, pg.SanitizeText(res.err.Error(), 1024))
+			case outcomeRetry, outcomeIsolate:
+				sql = `UPDATE ` + r.t.Outbox + ` SET attempts = attempts + 1, last_error = $2 WHERE id = $1 AND state = 'pending'`
+				args = append(args, pg.SanitizeText(res.err.Error(), 1024))
+			default:
+				continue
+			}
+			sp, err := tx.Begin(ctx) // SAVEPOINT
+			if err != nil {
+				return err
+			}
+			if _, err := sp.Exec(ctx, sql, args...); err != nil {
+				if rerr := sp.Rollback(ctx); rerr != nil || !rowRefusal(err) {
+					return err
+				}
+				refused = append(refused, refusal{i, err})
+				continue
+			}
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+		}
+		if len(seqs) > 0 {
+			if _, err := tx.Exec(ctx, `DELETE FROM `+r.commits+` c WHERE c.commit_seq = ANY($1)
+			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked'))`, seqs); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	skipped = make(map[int]bool, len(refused))
+	for _, f := range refused {
+		w := &rows[f.i]
+		what := map[outcome]string{outcomeDelivered: "marked published (it was delivered and will be published again)",
+			outcomePark: "parked", outcomeRetry: "counted as retried", outcomeIsolate: "counted as retried"}[results[f.i].outcome]
+		r.log.Error("outbox row could not be "+what+": PostgreSQL refused its statement; it stays pending, the other rows are marked",
+			zap.Int64("outbox_row", w.id), zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(f.err))
+		r.unmarkable.add(w, what, f.err)
+		skipped[f.i] = true
+	}
+	return skipped, nil
 }

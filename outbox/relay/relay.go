@@ -98,6 +98,8 @@ type Relay struct {
 	testHookMaxMessageBytes func(topic string) (int, error)
 	// testHookMark, set by a test before Run, runs in the mark's goroutine before it writes.
 	testHookMark func()
+	// unmarkable: rows whose mark PostgreSQL refused (markByRow), named by Ready.
+	unmarkable unmarkable
 }
 
 // New returns a relay for pool's database. It checks cfg and starts nothing: Run does.
@@ -179,9 +181,11 @@ const NotReadyAfter = 10 * time.Second
 // why: it has failed every round (or its database session) for NotReadyAfter or longer with
 // no success between — it cannot read or mark the outbox — or, while it leads, librdkafka has
 // reported every broker down for NotReadyAfter with none answering since (also when the
-// outbox is empty: nothing written now would be published). A standby is ready. For a
-// readiness probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from
-// any goroutine.
+// outbox is empty: nothing written now would be published) — or, within the last minute, it
+// could not mark a row that PostgreSQL refused to mark (park it, say), which then stays
+// pending while the other rows are marked: the error names the row. A standby is ready. For
+// a readiness probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe
+// from any goroutine.
 func (r *Relay) Ready(context.Context) error {
 	if n := r.failSince.Load(); n != 0 && time.Since(time.Unix(0, n)) >= NotReadyAfter {
 		msg := ""
@@ -194,6 +198,9 @@ func (r *Relay) Ready(context.Context) error {
 		if err := p.reach.NotReady(NotReadyAfter); err != nil {
 			return fmt.Errorf("the outbox relay cannot publish: %w", err)
 		}
+	}
+	if why := r.unmarkable.notReady(); why != "" {
+		return fmt.Errorf("the outbox relay cannot mark a row: %s", why)
 	}
 	return nil
 }
@@ -246,7 +253,7 @@ func (r *Relay) session(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("leadership session: %w", err)
+		return fmt.Errorf("leadership session: %w; set relay.Config.Session to a connection that reaches PostgreSQL directly or through a session pooler", err)
 	}
 	standbyLogged := false
 	for {

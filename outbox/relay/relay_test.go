@@ -27,9 +27,9 @@ func TestPlainSQLInsertIsPublished(t *testing.T) {
 	b := setup(t)
 	topic := testenv.TopicWithConfig(t, b.brokers, 3, map[string]string{"message.timestamp.type": "LogAppendTime"})
 	cfg := b.config(t)
-	cfg.PollInterval = time.Minute
+	cfg.PollInterval = time.Hour // only the NOTIFY wakes it within the waits below
 	r, _ := b.start(t, cfg)
-	waitFor(t, 10*time.Second, "leadership", func() bool { return r.Stats().Leader })
+	waitFor(t, 60*time.Second, "leadership", func() bool { return r.Stats().Leader })
 
 	for i := 0; i < 20; i++ {
 		_, err := b.pool.Exec(context.Background(), `INSERT INTO `+b.t.Outbox+` (topic, key, value) VALUES ($1, $2::bytea, $3::bytea)`,
@@ -37,7 +37,7 @@ func TestPlainSQLInsertIsPublished(t *testing.T) {
 		if err != nil {
 			t.Fatalf("plain insert: %v", err)
 		}
-		waitFor(t, 5*time.Second, "the row published", func() bool { return r.Stats().Published == int64(i+1) })
+		waitFor(t, 60*time.Second, "the row published", func() bool { return r.Stats().Published == int64(i+1) })
 	}
 	msgs := readAll(t, b.brokers, topic)
 	if len(msgs) != 20 {
@@ -97,11 +97,11 @@ func TestRowsCommittedOutOfOrderAreNotSkipped(t *testing.T) {
 	if highIDs[0] <= lowIDs[0] {
 		t.Fatalf("ids %d, %d: want the second higher", lowIDs[0], highIDs[0])
 	}
-	waitFor(t, 10*time.Second, "the higher id published", func() bool { return b.states(t)[highIDs[0]] == "published" })
+	waitFor(t, 60*time.Second, "the higher id published", func() bool { return b.states(t)[highIDs[0]] == "published" })
 	if err := slow.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the lower id, committed later, published", func() bool { return b.states(t)[lowIDs[0]] == "published" })
+	waitFor(t, 60*time.Second, "the lower id, committed later, published", func() bool { return b.states(t)[lowIDs[0]] == "published" })
 
 	// Many writers: each transaction takes its ids, then sleeps a random time before commit.
 	const writers, perWriter = 8, 40
@@ -166,7 +166,7 @@ func TestKeyedRecordsArePartitionedWithMurmur2(t *testing.T) {
 	two := int32(2)
 	recs = append(recs, outbox.Record{Topic: topic, Key: []byte("order-0"), Value: []byte("explicit"), Partition: &two})
 	b.write(t, recs...)
-	waitCount(t, b.brokers, topic, int64(len(recs)), 20*time.Second)
+	waitCount(t, b.brokers, topic, int64(len(recs)), 60*time.Second)
 	for _, m := range readAll(t, b.brokers, topic) {
 		want := int32(murmur2(m.Key)&0x7fffffff) % parts
 		if string(m.Value) == "explicit" {
@@ -191,7 +191,7 @@ func TestRecordBytesArePublishedAsWritten(t *testing.T) {
 		outbox.Record{Topic: topic, Key: []byte{}, Value: []byte{}},
 		outbox.Record{Topic: topic, Key: []byte("tomb"), Value: nil},
 	)
-	waitCount(t, b.brokers, topic, 3, 20*time.Second)
+	waitCount(t, b.brokers, topic, 3, 60*time.Second)
 	msgs := readAll(t, b.brokers, topic)
 	oids := b.outboxIDs(t)
 	m := msgs[0]
@@ -241,7 +241,7 @@ func TestDeadLetterReplayRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitCount(t, b.brokers, dlqTopic, 1, 20*time.Second)
+	waitCount(t, b.brokers, dlqTopic, 1, 60*time.Second)
 	dm := readAll(t, b.brokers, dlqTopic)[0]
 	if dm.Key != nil || !bytes.Equal(dm.Value, d.Value) {
 		t.Fatalf("DLQ record key %v value %q, want nil and the original bytes", dm.Key, dm.Value)
@@ -263,8 +263,8 @@ func TestDeadLetterReplayRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("replay: %v", err)
 	}
-	waitFor(t, 10*time.Second, "the replayed row published", func() bool { return b.states(t)[row] == "published" })
-	waitCount(t, b.brokers, src, 1, 10*time.Second)
+	waitFor(t, 60*time.Second, "the replayed row published", func() bool { return b.states(t)[row] == "published" })
+	waitCount(t, b.brokers, src, 1, 60*time.Second)
 	rm := readAll(t, b.brokers, src)
 	if len(rm) != 1 {
 		t.Fatalf("source topic holds %d records, want 1", len(rm))
@@ -387,7 +387,7 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	opts := goleak.IgnoreCurrent()
 	r, stop := b.start(t, b.config(t))
 	b.write(t, outbox.Record{Topic: topic, Value: []byte("x")})
-	waitFor(t, 10*time.Second, "publish", func() bool { return r.Stats().Published == 1 })
+	waitFor(t, 60*time.Second, "publish", func() bool { return r.Stats().Published == 1 })
 	stop()
 	goleak.VerifyNone(t, opts)
 }
@@ -419,7 +419,7 @@ func TestPublishedRowsAreDeletedAndTriggerlessRowsAdopted(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, 10*time.Second, "three published, one parked", func() bool { return r.Stats().Published == 3 && r.Stats().Parked == 1 })
+	waitFor(t, 60*time.Second, "three published, one parked", func() bool { return r.Stats().Published == 3 && r.Stats().Parked == 1 })
 	if n := count(`SELECT count(*) FROM ` + b.t.Outbox); n != 1 {
 		t.Fatalf("%d outbox rows left, want only the parked one", n)
 	}
@@ -446,7 +446,7 @@ func TestPublishedRowsAreDeletedAndTriggerlessRowsAdopted(t *testing.T) {
 	if err := r.Clean(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the adopted row published", func() bool { return r.Stats().Published == 4 })
+	waitFor(t, 60*time.Second, "the adopted row published", func() bool { return r.Stats().Published == 4 })
 	if n := topicCount(t, b.brokers, topic); n != 4 {
 		t.Fatalf("topic holds %d records, want 4", n)
 	}
@@ -490,7 +490,7 @@ func TestPendingAnswersFromFullRoundsWithoutAQuery(t *testing.T) {
 	if !answered {
 		t.Fatal("Pending never answered true without a query while full rounds ran")
 	}
-	waitFor(t, 10*time.Second, "Pending false once drained", func() bool {
+	waitFor(t, 60*time.Second, "Pending false once drained", func() bool {
 		pending, err := r.Pending(context.Background())
 		return err == nil && !pending
 	})

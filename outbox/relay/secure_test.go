@@ -71,7 +71,7 @@ func TestRelayDeniedTopicOverSASLSSLIsOneClearError(t *testing.T) {
 	}
 	start := time.Now()
 	b.start(t, cfg)
-	waitFor(t, 20*time.Second, "the denied row parked", func() bool { return b.states(t)[ids[0]] == "parked" })
+	waitFor(t, 60*time.Second, "the denied row parked", func() bool { return b.states(t)[ids[0]] == "parked" })
 	took := time.Since(start)
 	waitCount(t, b.brokers, allowed, 20, 30*time.Second)
 	var lastErr string

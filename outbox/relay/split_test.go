@@ -179,7 +179,7 @@ func TestRecordOverTheLimitBesideAnotherTopicIsParkedAtOnce(t *testing.T) {
 	cfg.KeepPublished = 0
 	r, _ := b.start(t, cfg)
 	b.write(t, outbox.Record{Topic: small, Key: []byte("w"), Value: []byte("warm")})
-	waitFor(t, 10*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
+	waitFor(t, 60*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
 
 	var recs []outbox.Record
 	for i := range 200 {
@@ -228,7 +228,7 @@ func TestMissingTopicIsOneAnswerForTheWholeRound(t *testing.T) {
 	cfg.UnknownTopicTimeout = 200 * time.Millisecond
 	r, _ := b.start(t, cfg)
 	b.write(t, outbox.Record{Topic: small, Key: []byte("w"), Value: []byte("warm")})
-	waitFor(t, 10*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
+	waitFor(t, 60*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
 
 	recs := []outbox.Record{{Topic: missing, Key: []byte("k"), Value: []byte("first")}}
 	for i := range 3000 {
@@ -389,7 +389,7 @@ func TestPartitionsAddedWhileRunningKeepChunksShared(t *testing.T) {
 	cfg.Kafka["topic.metadata.refresh.interval.ms"] = 1000
 	r, _ := b.start(t, cfg)
 	b.write(t, outbox.Record{Topic: topic, Key: []byte("w"), Value: []byte("warm")})
-	waitFor(t, 10*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
+	waitFor(t, 60*time.Second, "warm-up", func() bool { return r.Stats().Published >= 1 })
 	addPartitions(t, b.brokers, topic, 7)
 	time.Sleep(3 * time.Second) // librdkafka sees the seventh partition (metadata every second)
 	const n = 600

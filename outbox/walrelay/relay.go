@@ -48,6 +48,10 @@ type Relay struct {
 	// (unix nanoseconds; 0: streaming, or not failed), failErr that error: Ready.
 	failSince atomic.Int64
 	failErr   atomic.Pointer[string]
+	// parkFail is the last failure to store a record as a parked row (nil once a park or a
+	// Kafka commit succeeded since): the stream stops at that record and starts again at it,
+	// so streaming alone does not say the relay publishes. Ready.
+	parkFail atomic.Pointer[parkFailure]
 	// stopped is the FatalError that ended Run, for Health (nil while it has not).
 	stopped   atomic.Pointer[string]
 	caughtUp  atomic.Uint64 // everything committed before this LSN is published (or not ours)
@@ -210,8 +214,14 @@ const NotReadyAfter = 10 * time.Second
 // NotReadyAfter with none answering since (also with nothing to publish: nothing written now
 // would be), and then an error naming since when and the last failure. For a readiness
 // probe of the process that runs it (kafkatx.Consumer.AddReadinessCheck); safe from any
-// goroutine.
+// goroutine. A record the relay cannot store as a parked row (PostgreSQL refuses the row)
+// stops every stream at it: after NotReadyAfter of that, Ready names the record and the
+// refusal, however often the stream starts again.
 func (r *Relay) Ready(context.Context) error {
+	if f := r.parkFail.Load(); f != nil && time.Since(f.since) >= NotReadyAfter {
+		return fmt.Errorf("the outbox's WAL relay cannot publish past the record at commit LSN %s, position %d (topic %s) since %s: it cannot be stored as a parked row: %s",
+			f.at.commit, f.at.pos, f.topic, f.since.UTC().Format(time.RFC3339), f.err)
+	}
 	if k := r.reach.Load(); k != nil && r.streaming.Load() {
 		if err := k.NotReady(NotReadyAfter); err != nil {
 			return fmt.Errorf("the outbox's WAL relay cannot publish: %w", err)
@@ -280,7 +290,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		return err
 	}
 	if s.Slot == "" {
-		return &FatalError{fmt.Errorf("walrelay: schema %s never was in WAL mode (no slot): run kafkatx migrate up --outbox-mode wal --schema %s", schema, schema)}
+		return &FatalError{fmt.Errorf("walrelay: schema %s never was in WAL mode (no slot): run %s", schema, outbox.RecoverSlotSteps(schema, false))}
 	}
 	if s.Mode != outbox.ModeWAL {
 		r.log.Warn("the outbox is in table mode; the WAL relay publishes what its slot still holds", zap.String("slot", s.Slot))
@@ -311,14 +321,14 @@ func (r *Relay) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if fe := h.fatal(s.Slot); fe != nil {
+	if fe := h.fatal(s.Slot, schema); fe != nil {
 		// The slot is gone (a failover to a node without a copy of it, a drop) or invalidated:
 		// say from which checkpoint on this server's history the events are missing.
 		ck, cerr := readCheckpoint(ctx, r.cfg, []byte(key))
 		if cerr != nil {
 			return fe
 		}
-		return slotLost(h, s.Slot, ck, tl)
+		return slotLost(h, s.Slot, schema, ck, tl)
 	}
 	err = pglogrepl.StartReplication(ctx, conn, s.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode:       pglogrepl.LogicalReplication,
@@ -387,7 +397,7 @@ func (r *Relay) runOnce(ctx context.Context) error {
 		}
 	default:
 	}
-	return slotUnreadable(err, s.Slot, ck, tl)
+	return slotUnreadable(err, s.Slot, schema, ck, tl)
 }
 
 // preflight says exactly what is missing: the server's version, wal_level, the role's
@@ -401,7 +411,7 @@ func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 		return fmt.Errorf("walrelay: look for publication %s: %w", s.Publication, err)
 	}
 	if !pub {
-		return &FatalError{fmt.Errorf("walrelay: publication %s does not exist in this database: run kafkatx migrate up --outbox-mode wal (it creates it, empty)", s.Publication)}
+		return &FatalError{fmt.Errorf("walrelay: publication %s does not exist in this database: run %s (it creates it, empty)", s.Publication, outbox.RecoverSlotSteps(r.cfg.Schema, false))}
 	}
 	return nil
 }
@@ -410,4 +420,21 @@ func (r *Relay) preflight(ctx context.Context, s outbox.Settings) error {
 func (r *Relay) Totals() map[string]int64 {
 	s := r.Stats()
 	return map[string]int64{"published": s.Published, "parked": s.Parked, "transactions": s.Transactions}
+}
+
+// parkFailure is a record the relay could not store as a parked row: Ready.
+type parkFailure struct {
+	at         position
+	topic, err string
+	since      time.Time // the first failure at this record
+}
+
+// parkFailed records that parking the record at at failed with err, keeping the time of the
+// first failure at the same record.
+func (r *Relay) parkFailed(at position, topic string, err error) {
+	f := &parkFailure{at: at, topic: pg.SanitizeText(topic, 300), err: pg.SanitizeText(err.Error(), 512), since: time.Now()}
+	if old := r.parkFail.Load(); old != nil && old.at == at {
+		f.since = old.since
+	}
+	r.parkFail.Store(f)
 }

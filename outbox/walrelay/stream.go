@@ -438,6 +438,9 @@ func (s *stream) commit(ctx context.Context) error {
 		return s.abortOpen(fmt.Errorf("walrelay: commit Kafka transaction: %w", err))
 	}
 	hook("after-kafka-commit")
+	if f := s.r.parkFail.Load(); f != nil && f.at.commit <= s.kLastCommit {
+		s.r.parkFail.CompareAndSwap(f, nil) // the stream got past the record
+	}
 	s.r.published.Add(int64(s.kRecords))
 	s.r.transactions.Add(1)
 	s.kOpen, s.kRecords = false, 0
@@ -556,8 +559,10 @@ func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reaso
 		SELECT $1, $2, $3, $4, $5, $6, $7, 'parked', 1, $8, now()
 		WHERE NOT EXISTS (SELECT 1 FROM `+t+` WHERE outbox_id = $1)`, id, rec.Topic, rec.Key, rec.Value, rec.Partition, hk, hv, reason)
 	if err != nil {
+		s.r.parkFailed(at, rec.Topic, err)
 		return fmt.Errorf("walrelay: park record %s#%d: %w", at.commit, at.pos, err)
 	}
+	s.r.parkFail.Store(nil)
 	if tag.RowsAffected() > 0 {
 		s.r.parked.Add(1)
 		s.r.log.Error("record parked: the broker cannot take it; later records of its key are published without waiting for it (kafkatx outbox parked|release|discard)",

@@ -26,22 +26,22 @@ func TestSlotWhoseWALWasRemovedStopsTheRelayWithTheRecovery(t *testing.T) {
 	ck := checkpoint{LSN: lsn(t, "0/21413D30"), Timeline: 4, At: at}
 	removed := fmt.Errorf("walrelay: stream: %w", &pgconn.PgError{Severity: "ERROR", Code: "58P01",
 		Message: "requested WAL segment 00000002000000000000000E has already been removed"})
-	got := slotUnreadable(removed, "kafkatx_outbox", ck, tl)
+	got := slotUnreadable(removed, "kafkatx_outbox", "orders", ck, tl)
 	var fe *FatalError
 	if !errors.As(got, &fe) {
 		t.Fatalf("58P01 from the stream: %v, want a FatalError", got)
 	}
 	for _, want := range []string{"kafkatx_outbox", "cannot be streamed", "00000002000000000000000E", "0/21413D30",
-		"kafkatx migrate up --outbox-mode wal", "--to-time 2026-12-03T16:59:59Z --mode replay --execute"} {
+		"kafkatx outbox drop-slot --force --schema orders, then kafkatx migrate up --outbox-mode wal --schema orders", "--to-time 2026-12-03T16:59:59Z --mode replay --execute"} {
 		if !strings.Contains(got.Error(), want) {
 			t.Errorf("the error does not say %q: %v", want, got)
 		}
 	}
 	other := fmt.Errorf("walrelay: stream: %w", &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"})
-	if got := slotUnreadable(other, "kafkatx_outbox", ck, tl); got != other {
+	if got := slotUnreadable(other, "kafkatx_outbox", "orders", ck, tl); got != other {
 		t.Fatalf("57P01 from the stream became %v, want it returned as it is (retried)", got)
 	}
-	if got := slotUnreadable(nil, "kafkatx_outbox", ck, tl); got != nil {
+	if got := slotUnreadable(nil, "kafkatx_outbox", "orders", ck, tl); got != nil {
 		t.Fatalf("no error became %v", got)
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/outbox"
 )
 
 // Health is the slot's state as the relay last read it (pg_replication_slots).
@@ -70,18 +72,19 @@ func (r *Relay) NotReady() string {
 	return ""
 }
 
-// fatal is the loud error for a slot that is missing or lost.
-func (h Health) fatal(slot string) error {
+// fatal is the loud error for a slot of schema's outbox that is missing or lost, with the
+// steps that recover it (outbox.RecoverSlotSteps).
+func (h Health) fatal(slot, schema string) error {
 	switch {
 	case h.Missing:
 		return &FatalError{fmt.Errorf("walrelay: replication slot %s does not exist: the events written since the last published checkpoint and not yet relayed are lost "+
 			"(writers refuse to emit without it, so no new ones are). Recover: find what was lost from the services' own tables, "+
-			"recreate the slot with kafkatx migrate up --outbox-mode wal, republish what is missing (docs/outbox-wal.md, Recovery)", slot)}
+			"recreate the slot (%s), republish what is missing (docs/outbox-wal.md, Recovery)", slot, outbox.RecoverSlotSteps(schema, false))}
 	case h.WALStatus == "lost":
 		return &FatalError{fmt.Errorf("walrelay: replication slot %s was invalidated (wal_status lost: it retained more than max_slot_wal_keep_size): "+
-			"the events of transactions committed after its confirmed position are lost. Recover: drop it (kafkatx outbox drop-slot --force), "+
-			"recreate it (kafkatx migrate up --outbox-mode wal), republish what is missing from the services' own tables (docs/outbox-wal.md, Recovery); "+
-			"raise max_slot_wal_keep_size or keep the relay running", slot)}
+			"the events of transactions committed after its confirmed position are lost. Recover: %s, "+
+			"then republish what is missing from the services' own tables (docs/outbox-wal.md, Recovery); "+
+			"raise max_slot_wal_keep_size or keep the relay running", slot, outbox.RecoverSlotSteps(schema, true))}
 	}
 	return nil
 }
@@ -144,7 +147,7 @@ func (r *Relay) watchSlot(ctx context.Context, slot string) error {
 			}
 			continue
 		}
-		if err := h.fatal(slot); err != nil {
+		if err := h.fatal(slot, r.cfg.Schema); err != nil {
 			return err
 		}
 		if h.SafeBytes >= 0 {
@@ -160,18 +163,18 @@ func (r *Relay) watchSlot(ctx context.Context, slot string) error {
 	}
 }
 
-// slotLost is the FatalError for a slot that is missing or invalidated at a relay's start,
-// naming what was lost from the checkpoint ck on this server's timeline history tl: the
-// events of the transactions committed after ck's commit LSN (on its timeline, up to that
-// timeline's end when the server has moved past it), until the slot was lost. Writers refuse
-// to emit without the slot (SQLSTATE KX002), so nothing later is lost. The recovery
-// commands are filled in with the checkpoint's time.
-func slotLost(h Health, slot string, ck checkpoint, tl timelines) error {
+// slotLost is the FatalError for a slot of schema's outbox that is missing or invalidated at a
+// relay's start, naming what was lost from the checkpoint ck on this server's timeline
+// history tl: the events of the transactions committed after ck's commit LSN (on its
+// timeline, up to that timeline's end when the server has moved past it), until the slot was
+// lost. Writers refuse to emit without the slot (SQLSTATE KX002), so nothing later is lost.
+// The recovery commands are filled in with the schema and the checkpoint's time.
+func slotLost(h Health, slot, schema string, ck checkpoint, tl timelines) error {
 	why := "does not exist on this server (a failover to a node without a copy of it, or it was dropped)"
 	if !h.Missing {
 		why = "was invalidated (wal_status lost: it retained more than max_slot_wal_keep_size)"
 	}
-	return slotLostWhy(why, slot, ck, tl)
+	return slotLostWhy(why, !h.Missing, slot, schema, ck, tl)
 }
 
 // slotUnreadable turns the stream's error into slotLost's FatalError when the server can never
@@ -179,19 +182,21 @@ func slotLost(h Health, slot string, ck checkpoint, tl timelines) error {
 // slot exists (wal_status may even read reserved) but the WAL from its restart_lsn is gone on
 // this server, as when a copy of the slot (a Patroni permanent slot after several failovers)
 // points into a segment the promoted node never had or already recycled. Retrying can never
-// succeed, so it stops the relay with what was lost and the recovery commands instead of
-// reconnecting for ever. Any other error is returned as it is.
-func slotUnreadable(err error, slot string, ck checkpoint, tl timelines) error {
+// succeed, so it stops the relay with what was lost and the recovery commands (the slot
+// dropped first: migrate up refuses to keep it) instead of reconnecting for ever. Any other
+// error is returned as it is.
+func slotUnreadable(err error, slot, schema string, ck checkpoint, tl timelines) error {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "58P01" {
 		return err
 	}
 	return slotLostWhy("cannot be streamed: the WAL it needs was removed on this server ("+pe.Message+"; a slot copied to a standby that lacks its WAL, "+
-		"e.g. after several failovers)", slot, ck, tl)
+		"e.g. after several failovers)", true, slot, schema, ck, tl)
 }
 
-// slotLostWhy is slotLost's FatalError for a slot that cannot be streamed for the reason why.
-func slotLostWhy(why, slot string, ck checkpoint, tl timelines) error {
+// slotLostWhy is slotLost's FatalError for a slot that cannot be streamed for the reason why;
+// drop: the slot exists and must be dropped before it is recreated.
+func slotLostWhy(why string, drop bool, slot, schema string, ck checkpoint, tl timelines) error {
 	since := "since the slot was created (no checkpoint was ever published)"
 	replayFrom := "--to-earliest"
 	if ck.LSN != 0 {
@@ -205,9 +210,14 @@ func slotLostWhy(why, slot string, ck checkpoint, tl timelines) error {
 		}
 		replayFrom = "--to-time " + ck.At.Add(-time.Second).UTC().Format(time.RFC3339)
 	}
-	return &FatalError{fmt.Errorf("walrelay: replication slot %s %s; server timeline %d. Lost: the events of the transactions committed %s until the slot was lost "+
-		"(writers refuse to emit without it, so none later). Recover: kafkatx migrate up --outbox-mode wal (a new slot; writers resume), then process those inputs again: "+
+	until := "until the slot was lost (writers refuse to emit without it, so none later)"
+	if drop {
+		// The slot exists: writers still emit into WAL it can never deliver.
+		until = "until the slot is dropped (writers still emit while it exists: drop it at once)"
+	}
+	return &FatalError{fmt.Errorf("walrelay: replication slot %s %s; server timeline %d. Lost: the events of the transactions committed %s %s. "+
+		"Recover: %s (a new slot; writers resume), then process those inputs again: "+
 		"kafkatx offsets reset --group GROUP --topic TOPIC %s --mode replay --execute (the handlers run again in a new replay epoch; when their effects must not repeat, "+
 		"republish from the services' own tables instead: docs/outbox-wal.md, Recovery). Keep the slot across failovers: a Patroni permanent slot or PostgreSQL 17 failover slots (docs/deployment.md)",
-		slot, why, tl.current, since, replayFrom)}
+		slot, why, tl.current, since, until, outbox.RecoverSlotSteps(schema, drop), replayFrom)}
 }

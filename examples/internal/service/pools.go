@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -89,4 +90,16 @@ func (p *Pools) Close() {
 		p.Session.Close()
 	}
 	p.Pool.Close()
+}
+
+// SessionRefusal returns err, or, when err wraps pg.ErrTransactionPooled (a session-level
+// lock or LISTEN through a transaction pooler), an error that names the remedy every example
+// binary has in place of the library's (which names kafkatx.Config fields and commands):
+// its --session-database-url flag.
+func SessionRefusal(err error) error {
+	if !errors.Is(err, pg.ErrTransactionPooled) {
+		return err
+	}
+	return fmt.Errorf("%w: pass --session-database-url with a URL that reaches PostgreSQL directly or through a session pooler, "+
+		"for the migrations' lock (and a relay's leadership); --database-url may stay on the transaction pooler", pg.ErrTransactionPooled)
 }
