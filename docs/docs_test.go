@@ -618,3 +618,43 @@ func brokenGuaranteeNames(ix *index, readme string, t *testing.T) []string {
 	}
 	return broken
 }
+
+// TestOutageTestCount checks README.md's count of the tests `make test-outages` runs against
+// the Makefile's OUTAGE_TESTS, and that each of them exists.
+func TestOutageTestCount(t *testing.T) {
+	ix := parseModule(t)
+	for _, p := range outageProblems(ix, read(t, "Makefile"), read(t, "README.md")) {
+		t.Error(p)
+	}
+	if got := outageProblems(ix, "OUTAGE_TESTS ?= ^(TestOutageTestCount|TestCitedTestsExist)$$\n", "the three tests of the\nMakefile's `OUTAGE_TESTS`"); len(got) != 1 {
+		t.Errorf("a wrong count gave %v", got)
+	}
+}
+
+var (
+	outageTests = regexp.MustCompile(`(?m)^OUTAGE_TESTS \?= \^\(([^)]*)\)`)
+	outageCount = regexp.MustCompile("the (\\w+) tests of the\\s+Makefile's `OUTAGE_TESTS`")
+	numbers     = map[string]int{"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12}
+)
+
+func outageProblems(ix *index, makefile, readme string) []string {
+	m := outageTests.FindStringSubmatch(makefile)
+	if m == nil {
+		return []string{"the Makefile has no OUTAGE_TESTS ?= ^(...)"}
+	}
+	names := strings.Split(m[1], "|")
+	var problems []string
+	for _, n := range names {
+		if !ix.tests[n] {
+			problems = append(problems, "OUTAGE_TESTS names "+n+", which no _test.go declares")
+		}
+	}
+	c := outageCount.FindStringSubmatch(readme)
+	if c == nil {
+		return append(problems, "README.md does not say how many tests of the Makefile's `OUTAGE_TESTS` make test-outages runs")
+	}
+	if numbers[c[1]] != len(names) {
+		problems = append(problems, fmt.Sprintf("README.md says %s tests of OUTAGE_TESTS; the Makefile has %d", c[1], len(names)))
+	}
+	return problems
+}
