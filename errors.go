@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kafkatx/kafkatx/internal/engine"
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // Every exported error type of package kafkatx. The control errors a handler returns —
@@ -139,7 +138,7 @@ type MigrationsMissingError struct {
 
 func (e *MigrationsMissingError) Error() string {
 	return fmt.Sprintf("kafkatx: schema %q lacks migrations %v (Config.SkipMigrations is set): apply them with `kafkatx migrate up --schema %s` or Migrate",
-		e.Schema, e.Missing, pgx.Identifier{e.Schema}.Sanitize())
+		e.Schema, e.Missing, tables.For(e.Schema).QuotedSchema)
 }
 
 // LogRangeError is returned by Run when a partition's database watermark is past the end of

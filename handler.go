@@ -49,6 +49,12 @@ func perMessage(h Handler) BatchHandler {
 	}
 }
 
+// The test kit stamps the messages it builds with the loop's outbox source through
+// engine.AttachSource (kafkatxtest), as toMessages stamps the loop's.
+func init() {
+	engine.AttachSource = func(m any, src *outbox.Source) { m.(*Message).source = src }
+}
+
 // callOne calls h for m with ctx carrying m's outbox source: the records h writes through
 // outbox.WriteTx get ids derived from m (outbox.Source).
 func callOne(ctx context.Context, tx pgx.Tx, h Handler, m *Message) error {
@@ -95,7 +101,7 @@ func toMessages(kms []*kafka.Message, attempt int, scope string) []*Message {
 			}
 			m.Headers = hs[from:len(hs):len(hs)] // full: an append by the handler copies
 		}
-		src.Scope, src.Topic, src.Partition, src.Offset = scope, m.Topic, m.Partition, m.Offset
+		engine.StampSource(src, scope, m.Topic, m.Partition, m.Offset)
 		m.source = src
 		out[i] = m
 	}

@@ -108,7 +108,7 @@ func ReplayAllTx(ctx context.Context, tx pgx.Tx, schema string, sel Selection, r
 	schema = pg.SchemaOr(schema)
 	sel.Again = r.Again
 	t := tables.For(schema)
-	audit := pgx.Identifier{schema, "dlq_audit"}.Sanitize()
+	audit := t.DLQAudit
 	var done, after int64
 	for {
 		rows, err := tx.Query(ctx, `SELECT `+columns+` FROM `+t.DeadLetters+` WHERE `+selectionWhere+` AND id > $8
@@ -164,7 +164,7 @@ func DiscardAllTx(ctx context.Context, tx pgx.Tx, schema string, sel Selection, 
 	var n int64
 	err := tx.QueryRow(ctx, `WITH sel AS (SELECT id FROM `+tables.For(schema).DeadLetters+` WHERE `+selectionWhere+` ORDER BY id FOR UPDATE),
 		u AS (UPDATE `+tables.For(schema).DeadLetters+` d SET status = 'discarded', resolved_at = now() FROM sel WHERE d.id = sel.id RETURNING d.id),
-		a AS (INSERT INTO `+pgx.Identifier{schema, "dlq_audit"}.Sanitize()+` (dead_letter_id, action, reason, actor)
+		a AS (INSERT INTO `+tables.For(schema).DLQAudit+` (dead_letter_id, action, reason, actor)
 			SELECT id, 'discard', $8, $9 FROM u ORDER BY id RETURNING 1)
 		SELECT count(*) FROM a`, append(sel.args(), pg.SanitizeText(a.Reason, 1024), pg.SanitizeText(a.Actor, 256))...).Scan(&n)
 	if err != nil {

@@ -36,15 +36,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -75,6 +76,13 @@ type Options struct {
 	// Group is the consumer group id stored in dead letters and in the scope of claimed
 	// idempotency keys ("<group>/0"). Defaults to DefaultGroup.
 	Group string
+
+	// TopicIDs maps a topic to the topic id (KIP-516) of its log, as the loop reads it from
+	// the broker: the outbox ids of the records a handler writes for a message of that topic
+	// are derived from it as the loop derives them ("<group>/0/<topic id>"; see
+	// kafkatx.Message.OutboxSource). A topic without one is scoped "<group>/0", as the loop
+	// scopes a log whose topic id the broker does not give. Defaults to none.
+	TopicIDs map[string]string
 }
 
 // Kit runs handlers against one test's schema. Create one with New; it is bound to that test.
@@ -83,6 +91,7 @@ type Kit struct {
 	pool       *pgxpool.Pool
 	schema     string
 	group      string
+	topicIDs   map[string]string
 	maxAttempt int
 	idem       kafkatx.IdempotencyConfig
 	middleware []kafkatx.Middleware
@@ -106,6 +115,7 @@ func New(t testing.TB, opts *Options) *Kit {
 	if k.group == "" {
 		k.group = DefaultGroup
 	}
+	k.topicIDs = maps.Clone(opts.TopicIDs)
 	var cfg kafkatx.Config
 	if opts.Config != nil {
 		cfg = *opts.Config
@@ -123,7 +133,7 @@ func New(t testing.TB, opts *Options) *Kit {
 	if k.pool == nil {
 		k.pool = connect(ctx, t, k.schema)
 	}
-	quoted := pgx.Identifier{k.schema}.Sanitize()
+	quoted := tables.For(k.schema).QuotedSchema
 	if _, err := k.pool.Exec(ctx, "CREATE SCHEMA "+quoted); err != nil {
 		t.Fatalf("kafkatxtest: create schema %s: %v", k.schema, err)
 	}
@@ -152,7 +162,7 @@ func connect(ctx context.Context, t testing.TB, schema string) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("kafkatxtest: parse %s: %v", EnvDatabaseURL, err) // pgx's error names no password
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize() + ", public"
+	cfg.ConnConfig.RuntimeParams["search_path"] = tables.For(schema).QuotedSchema + ", public"
 	cfg.MaxConns = 16 // each open Tx holds one
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

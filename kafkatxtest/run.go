@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx"
@@ -163,7 +164,9 @@ func (tx *Tx) Run(h kafkatx.Handler, msgs ...*kafkatx.Message) []Outcome {
 	}
 	return tx.RunBatch(func(ctx context.Context, btx pgx.Tx, msgs []*kafkatx.Message) error {
 		for _, m := range msgs {
-			if err := engine.Call(func() error { return h(ctx, btx, m) }); err != nil {
+			// As the loop calls a Handler: ctx carries m's outbox source.
+			mctx := outbox.WithSource(ctx, m.OutboxSource())
+			if err := engine.Call(func() error { return h(mctx, btx, m) }); err != nil {
 				return kafkatx.FailMessage(m, err)
 			}
 		}
@@ -258,9 +261,10 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 	if !k.idem.Disabled {
 		body.Claims = &engine.Claims{Store: idempotency.Store{Schema: k.schema, Retention: k.idem.Retention}, Key: k.idem.Key}
 	}
+	k.stampSources(batch)
 	t := body.Prepared(ctx, batch) // Config.Prepare, outside the loop's transaction
 	if t.Verdict == engine.Done {
-		t, err = body.Try(ctx, sp, k.group+"/0", batch)
+		t, err = body.Try(ctx, sp, k.scopes("").Claims, batch)
 	}
 	if err != nil {
 		k.t.Fatalf("kafkatxtest: claim idempotency keys: %v (a lock timeout: another open Tx of this test claimed the same key; see LockTimeout)", err)
@@ -296,6 +300,22 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 		tx.outcomes = append(tx.outcomes, Outcome{Message: m, Kind: kind, Attempt: attempt(m)})
 	}
 	return -1, nil
+}
+
+// scopes are the loop's scopes of a message of topic at replay epoch 0 (engine.ScopesOf).
+func (k *Kit) scopes(topic string) engine.Scopes {
+	return engine.ScopesOf(k.group, 0, k.topicIDs[topic])
+}
+
+// stampSources gives each message of a try a fresh outbox source, as the loop gives the
+// messages of each of its tries (engine.StampSource): the records a handler writes for a
+// message get the outbox ids the loop would give them.
+func (k *Kit) stampSources(batch []*kafkatx.Message) {
+	srcs := make([]outbox.Source, len(batch))
+	for i, m := range batch {
+		engine.StampSource(&srcs[i], k.scopes(m.Topic).Sources, m.Topic, m.Partition, m.Offset)
+		engine.AttachSource(m, &srcs[i])
+	}
 }
 
 // keyed gives m to the idempotency key function, as the loop does.
@@ -354,6 +374,9 @@ func (tx *Tx) Outcome(offset int64) Outcome {
 // OutboxRecord is one row of the outbox written in the transaction.
 type OutboxRecord struct {
 	ID int64 // the outbox table's id
+	// OutboxID is the record's kafkatx-outbox-id (the outbox_id column): for a record written
+	// for a message the kit ran, the id the loop would give it (outbox.SourceID).
+	OutboxID uuid.UUID
 	outbox.Record
 }
 
@@ -365,7 +388,7 @@ type OutboxRecord struct {
 func (tx *Tx) Outbox() []OutboxRecord {
 	tx.k.t.Helper()
 	tx.checkDefaultOutbox()
-	rows, err := tx.Query(tx.k.ctx(), `SELECT id, topic, key, value, header_keys, header_values, partition
+	rows, err := tx.Query(tx.k.ctx(), `SELECT id, outbox_id::text, topic, key, value, header_keys, header_values, partition
 		FROM `+tables.For(tx.k.schema).Outbox+` WHERE txid = pg_current_xact_id() ORDER BY id`)
 	if err != nil {
 		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
@@ -373,7 +396,12 @@ func (tx *Tx) Outbox() []OutboxRecord {
 	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRecord, error) {
 		var r OutboxRecord
 		var hk, hv [][]byte
-		if err := row.Scan(&r.ID, &r.Topic, &r.Key, &r.Value, &hk, &hv, &r.Partition); err != nil {
+		var id string
+		if err := row.Scan(&r.ID, &id, &r.Topic, &r.Key, &r.Value, &hk, &hv, &r.Partition); err != nil {
+			return r, err
+		}
+		var err error
+		if r.OutboxID, err = uuid.Parse(id); err != nil {
 			return r, err
 		}
 		for i := range hk {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/msgfmt"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -70,7 +71,7 @@ var ErrModeConflict = errors.New("outbox mode conflict")
 func ReadSettings(ctx context.Context, q pg.Querier, schema string) (Settings, error) {
 	schema = pg.SchemaOr(schema)
 	var exists bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, pgx.Identifier{schema, "outbox_settings"}.Sanitize()).Scan(&exists); err != nil {
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tables.For(schema).OutboxSettings).Scan(&exists); err != nil {
 		return Settings{}, fmt.Errorf("outbox: read the outbox mode: %w", err)
 	}
 	if !exists {
@@ -78,7 +79,7 @@ func ReadSettings(ctx context.Context, q pg.Querier, schema string) (Settings, e
 	}
 	var s Settings
 	var slot, pub *string
-	err := q.QueryRow(ctx, `SELECT mode, chosen, slot_name, publication_name FROM `+pgx.Identifier{schema, "outbox_settings"}.Sanitize()).
+	err := q.QueryRow(ctx, `SELECT mode, chosen, slot_name, publication_name FROM `+tables.For(schema).OutboxSettings).
 		Scan(&s.Mode, &s.Chosen, &slot, &pub)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Settings{Mode: ModeTable}, nil
@@ -193,7 +194,7 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 				s, why, RecoverSlotSteps(schema, true))
 		}
 	}
-	t := pgx.Identifier{schema, "outbox"}.Sanitize()
+	t := tables.For(schema).Outbox
 	defer forgetSchema(schema)
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// No writer inserts while the mode changes; pending rows stay the table relay's.
@@ -209,7 +210,7 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 				return fmt.Errorf("outbox: set mode wal: %s still holds pending rows; publish them first with the table relay (kafkatx relay --outbox-mode table --exit-when-idle 5s), then switch", t)
 			}
 		}
-		if _, err := tx.Exec(ctx, `SELECT `+pgx.Identifier{schema}.Sanitize()+`.outbox_set_mode($1, $2, $3)`, string(mode), slot, pub); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT `+tables.For(schema).Func("outbox_set_mode")+`($1, $2, $3)`, string(mode), slot, pub); err != nil {
 			return fmt.Errorf("outbox: set mode %s: %w", mode, err)
 		}
 		return nil

@@ -102,7 +102,7 @@ func (w Writer) resolveAllParked(ctx context.Context, tx pgx.Tx, sel ParkedSelec
 		moved AS (
 			UPDATE `+t.Outbox+` o SET `+set+` FROM old WHERE o.id = old.id RETURNING o.id, old.last_error),
 		audit AS (
-			INSERT INTO `+pgx.Identifier{schema, "outbox_audit"}.Sanitize()+` (outbox_row, action, parked_error, reason, actor)
+			INSERT INTO `+t.OutboxAudit+` (outbox_row, action, parked_error, reason, actor)
 			SELECT id, $3, last_error, $4, $5 FROM moved ORDER BY id RETURNING 1)
 		SELECT count(*) FROM audit`,
 		sel.Topic, sel.MaxID, action, pg.SanitizeText(reason, 1024), pg.SanitizeText(actor, 256)).Scan(&n)

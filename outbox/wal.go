@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // WALPrefix is the logical-decoding message prefix of schema's records (the schema's
@@ -219,7 +220,7 @@ func (w Writer) writeWAL(ctx context.Context, tx pgx.Tx, records []Record) ([]in
 		flush()
 	}
 	var lsns []int64
-	err := tx.QueryRow(ctx, `SELECT `+pgx.Identifier{w.schema()}.Sanitize()+`.outbox_emit($1::bytea[])`, msgs).Scan(&lsns)
+	err := tx.QueryRow(ctx, `SELECT `+tables.For(w.schema()).Func("outbox_emit")+`($1::bytea[])`, msgs).Scan(&lsns)
 	if err != nil {
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && (pe.Code == "KX001" || pe.Code == "KX002") {

@@ -20,7 +20,6 @@ import (
 	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/cmd/logging"
 	"github.com/kafkatx/kafkatx/internal/pgerr"
-	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/pgstart"
 )
@@ -138,7 +137,7 @@ func main() {
 	parser, err := kong.New(&cli,
 		kong.Name("kafkatx"),
 		kong.Description("Operate kafkatx: migrations, the outbox relay sidecar, dead letters and offsets.\n\n"+exitStatusHelp()),
-		kong.Vars{"default_schema": pg.DefaultSchema, "outbox_modes": outbox.ModeNames(",")},
+		cliVars(),
 	)
 	if err != nil {
 		panic(err) // the CLI struct itself is wrong: a programming error

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // OffsetsCmd groups the offset commands: the database leads, Kafka follows (docs/offsets.md).
@@ -58,7 +59,7 @@ func (g *Globals) offsetsOperator(ctx context.Context, withKafka bool) (*offsets
 // offsetsCheckSchema fails with a helpful message when kafkatx's tables are missing.
 func offsetsCheckSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	var ok bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.offset_audit') IS NOT NULL`, schema).Scan(&ok); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tables.For(schema).OffsetAudit).Scan(&ok); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
 	if !ok {

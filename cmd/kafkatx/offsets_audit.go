@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
 )
 
 // OffsetsAuditCmd prints the offset audit trail of a group.
@@ -20,9 +21,8 @@ type OffsetsAuditCmd struct {
 // Help is the long help of offsets audit.
 func (OffsetsAuditCmd) Help() string {
 	return `Every change to a watermark that is not a processed batch, oldest first. Ranges are
-half-open, [from_offset, to_offset). Kinds: first_run, operator_skip, unexplained_skip,
-kafka_behind, kafka_missing, replay, align, halt, unexplained_move, watermark_deleted.
-status is pending for a command recorded but not yet applied, applied, or abandoned.`
+half-open, [from_offset, to_offset). Kinds: ` + offsetstore.KindNames() + `.
+status is ` + offsetstore.StatusPending + ` for a command recorded but not yet applied, ` + offsetstore.StatusApplied + `, or ` + offsetstore.StatusAbandoned + `.`
 }
 
 func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/cmd/kafkalog"
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/outbox/relays"
@@ -31,15 +32,15 @@ type RelayCmd struct {
 	HealthAddr      string        `name:"health-addr" env:"KAFKATX_HEALTH_ADDR" help:"Serve /healthz, /readyz and /metrics (Prometheus) on this host:port. Off when empty."`
 	ExitWhenIdle    time.Duration `name:"exit-when-idle" help:"Exit 0 once the outbox has had no row waiting for this long (0: run until SIGTERM)."`
 	Migrate         bool          `name:"migrate" help:"Apply kafkatx's migrations before starting (otherwise they must have been applied)."`
-	BatchSize       int           `name:"batch-size" default:"1000" help:"Rows read, produced and marked per round."`
-	PollInterval    time.Duration `name:"poll-interval" default:"1s" help:"Read the outbox this often when no NOTIFY arrives."`
-	StandbyInterval time.Duration `name:"standby-interval" default:"1s" help:"A standby relay tries to take over this often."`
-	LeaderTimeout   time.Duration `name:"leader-timeout" default:"60s" help:"PostgreSQL ends the leader's session once it stays silent this long (idle_session_timeout), so a frozen leader (SIGSTOP, a paused VM) gives the leadership to a standby; a running leader touches it 4 times as often. Keep it above 30s (the read timeout)."`
-	ShutdownTimeout time.Duration `name:"shutdown-timeout" default:"30s" help:"On SIGTERM, wait this long for in-flight deliveries."`
+	BatchSize       int           `name:"batch-size" default:"${relay_batch_size}" help:"Rows read, produced and marked per round."`
+	PollInterval    time.Duration `name:"poll-interval" default:"${relay_poll_interval}" help:"Read the outbox this often when no NOTIFY arrives."`
+	StandbyInterval time.Duration `name:"standby-interval" default:"${relay_standby_interval}" help:"A standby relay tries to take over this often."`
+	LeaderTimeout   time.Duration `name:"leader-timeout" default:"${relay_leader_timeout}" help:"PostgreSQL ends the leader's session once it stays silent this long (idle_session_timeout), so a frozen leader (SIGSTOP, a paused VM) gives the leadership to a standby; a running leader touches it 4 times as often. Keep it above ${relay_read_timeout} (the read timeout)."`
+	ShutdownTimeout time.Duration `name:"shutdown-timeout" default:"${relay_shutdown_timeout}" help:"On SIGTERM, wait this long for in-flight deliveries."`
 	NoJanitor       bool          `name:"no-janitor" help:"Do not delete old rows (published outbox rows, attempts, resolved dead letters)."`
-	KeepPublished   time.Duration `name:"keep-published" default:"0s" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
-	AttemptsRet     time.Duration `name:"attempts-retention" default:"168h" help:"Keep attempt rows untouched for this long."`
-	DeadLetterRet   time.Duration `name:"dead-letter-retention" default:"720h" help:"Keep replayed and discarded dead letters this long."`
+	KeepPublished   time.Duration `name:"keep-published" default:"${relay_keep_published}" help:"Keep published rows (state published) this long before deleting them; 0 deletes a row once the broker acknowledged it. Discarded rows are kept as long."`
+	AttemptsRet     time.Duration `name:"attempts-retention" default:"${attempts_retention}" help:"Keep attempt rows untouched for this long."`
+	DeadLetterRet   time.Duration `name:"dead-letter-retention" default:"${dead_letter_retention}" help:"Keep replayed and discarded dead letters this long."`
 
 	set map[string]bool // the flags given on the command line (AfterApply)
 }
@@ -233,7 +234,7 @@ func requireSession(ctx context.Context, sp *pgxpool.Pool) error {
 // checkOutboxTable fails with a helpful message when the outbox table is missing.
 func checkOutboxTable(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	var ok bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass(quote_ident($1) || '.outbox') IS NOT NULL`, schema).Scan(&ok); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tables.For(schema).Outbox).Scan(&ok); err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
 	if !ok {

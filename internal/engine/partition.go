@@ -289,19 +289,13 @@ func (p *worker) refence() bool {
 }
 
 // scope is the idempotency scope of the partition's group and replay epoch.
-func (p *worker) scope() string { return fmt.Sprintf("%s/%d", p.group, p.epoch) }
+func (p *worker) scope() string { return ScopesOf(p.group, p.epoch, "").Claims }
 
 // scopes are the partition's idempotency scope and the scope of the outbox ids derived from
 // its messages: "group/epoch" and "group/epoch/topic id" (the log's topic id, so that after a
 // topic recreated and adopted the new log's message at a reused offset gets event ids of its
 // own, while a business key claimed in the old log still counts: docs/offsets.md).
-func (p *worker) scopes() Scopes {
-	s := p.scope()
-	if p.logID == "" {
-		return Scopes{Claims: s, Sources: s}
-	}
-	return Scopes{Claims: s, Sources: s + "/" + p.logID}
-}
+func (p *worker) scopes() Scopes { return ScopesOf(p.group, p.epoch, p.logID) }
 
 // messageBytes is what a held message counts against Config.MaxBufferedBytes: its key,
 // value and headers plus a fixed 256 bytes for the structures around them.

@@ -70,7 +70,7 @@ func Latest() int {
 
 func render(sql, schema string) string {
 	r := strings.NewReplacer(
-		"{{schema}}", pgx.Identifier{schema}.Sanitize(),
+		"{{schema}}", tables.For(schema).QuotedSchema,
 		"{{schema_name}}", strings.ReplaceAll(schema, "'", "''"),
 	)
 	return r.Replace(sql)
@@ -80,12 +80,12 @@ func render(sql, schema string) string {
 // statements, for teams that apply migrations with their own tool (goose, atlas, tern).
 func Script(schema string) string {
 	var b strings.Builder
-	id := pgx.Identifier{schema}.Sanitize()
-	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", id)
-	fmt.Fprintf(&b, "CREATE TABLE IF NOT EXISTS %s.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());\n", id)
+	t := tables.For(schema)
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS %s;\n", t.QuotedSchema)
+	fmt.Fprintf(&b, "CREATE TABLE IF NOT EXISTS %s (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());\n", t.Migrations)
 	for _, m := range All() {
 		fmt.Fprintf(&b, "\n-- version %d: %s\n%s\n", m.Version, m.Name, m.SQL(schema))
-		fmt.Fprintf(&b, "INSERT INTO %s.schema_migrations (version, name) VALUES (%d, '%s') ON CONFLICT DO NOTHING;\n", id, m.Version, m.Name)
+		fmt.Fprintf(&b, "INSERT INTO %s (version, name) VALUES (%d, '%s') ON CONFLICT DO NOTHING;\n", t.Migrations, m.Version, m.Name)
 	}
 	return b.String()
 }
@@ -112,11 +112,11 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 	defer func() {
 		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtextextended($1, 0))", lockKey(schema))
 	}()
-	id := pgx.Identifier{schema}.Sanitize()
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE SCHEMA IF NOT EXISTS %s", id)); err != nil {
+	t := tables.For(schema)
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+t.QuotedSchema); err != nil {
 		return nil, fmt.Errorf("migrate: create schema %s: %w", schema, err)
 	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s.schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())", id)); err != nil {
+	if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+t.Migrations+" (version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
 		return nil, fmt.Errorf("migrate: create schema_migrations: %w", err)
 	}
 	applied, err := appliedVersions(ctx, conn, schema)
@@ -132,7 +132,7 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 			if _, err := tx.Exec(ctx, m.SQL(schema)); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name) VALUES ($1, $2)", id), m.Version, m.Name)
+			_, err := tx.Exec(ctx, "INSERT INTO "+t.Migrations+" (version, name) VALUES ($1, $2)", m.Version, m.Name)
 			return err
 		})
 		if err != nil {
@@ -148,7 +148,7 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error
 func Missing(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, error) {
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", tables.For(schema).Migrations).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("migrations: look for %s.schema_migrations: %w", schema, err)
+		return nil, fmt.Errorf("migrations: look for %s: %w", tables.For(schema).Migrations, err)
 	}
 	applied := map[int]bool{}
 	if exists {
@@ -168,7 +168,7 @@ func Missing(ctx context.Context, pool *pgxpool.Pool, schema string) ([]int, err
 
 // appliedVersions reads the versions schema.schema_migrations records (the table must exist).
 func appliedVersions(ctx context.Context, q pg.Querier, schema string) (map[int]bool, error) {
-	rows, err := q.Query(ctx, fmt.Sprintf("SELECT version FROM %s.schema_migrations", pgx.Identifier{schema}.Sanitize()))
+	rows, err := q.Query(ctx, "SELECT version FROM "+tables.For(schema).Migrations)
 	if err != nil {
 		return nil, fmt.Errorf("read applied versions: %w", err)
 	}

@@ -144,7 +144,7 @@ func account(group string, w offsetstore.Watermark, events []offsetstore.Event) 
 	a := Account{Group: group, Topic: w.Topic, Partition: w.Partition, First: w.First, Watermark: w.Next}
 	// Only the current row's lifetime counts: a deleted row's history ends at its deletion.
 	for i, e := range events {
-		if e.Kind == KindWatermarkDeleted {
+		if e.Kind == offsetstore.KindWatermarkDeleted {
 			a.Gaps = append(a.Gaps, gapOf(e, "watermark row deleted outside kafkatx (history before it is lost)"))
 			events = events[i+1:]
 			break
@@ -182,12 +182,12 @@ func account(group string, w offsetstore.Watermark, events []offsetstore.Event) 
 		case e.Kind == offsetstore.KindReplay && e.Status == StatusApplied:
 			processedTo(e.To, e)
 			cur = e.From // [From, To) runs again; later processing repaints it
-		case e.Kind == KindUnexplainedMove && e.To > e.From:
+		case e.Kind == offsetstore.KindUnexplainedMove && e.To > e.From:
 			processedTo(e.From, e)
 			segs.paint(Segment{From: e.From, To: e.To, Kind: SegGap, EventID: e.ID})
 			a.Gaps = append(a.Gaps, gapOf(e, "watermark moved forward outside kafkatx: these offsets have no record"))
 			cur = e.To
-		case e.Kind == KindUnexplainedMove && e.To < e.From:
+		case e.Kind == offsetstore.KindUnexplainedMove && e.To < e.From:
 			processedTo(e.From, e)
 			a.Gaps = append(a.Gaps, gapOf(e, "watermark moved back outside kafkatx: these offsets were processed again without a replay epoch"))
 			cur = e.To

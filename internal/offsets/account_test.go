@@ -40,9 +40,9 @@ func TestAccountTimeline(t *testing.T) {
 		{name: "a replay that has not caught up", first: 0, next: 4, events: []offsetstore.Event{
 			ev(1, offsetstore.KindOperatorSkip, 5, 8), ev(2, offsetstore.KindReplay, 2, 12)},
 			segs: []Segment{{0, 4, SegProcessed, 0}}, counts: [3]int64{4, 0, 0}, accounts: true},
-		{name: "hand-made forward move", first: 0, next: 15, events: []offsetstore.Event{ev(1, KindUnexplainedMove, 8, 11)},
+		{name: "hand-made forward move", first: 0, next: 15, events: []offsetstore.Event{ev(1, offsetstore.KindUnexplainedMove, 8, 11)},
 			segs: []Segment{{0, 8, SegProcessed, 0}, {8, 11, SegGap, 1}, {11, 15, SegProcessed, 0}}, gaps: 1, counts: [3]int64{12, 0, 0}},
-		{name: "hand-made rewind", first: 0, next: 15, events: []offsetstore.Event{ev(1, KindUnexplainedMove, 11, 8)},
+		{name: "hand-made rewind", first: 0, next: 15, events: []offsetstore.Event{ev(1, offsetstore.KindUnexplainedMove, 11, 8)},
 			segs: []Segment{{0, 15, SegProcessed, 0}}, gaps: 1, counts: [3]int64{15, 0, 0}},
 		{name: "audit row behind the watermark", first: 0, next: 15, events: []offsetstore.Event{
 			ev(1, offsetstore.KindOperatorSkip, 8, 10), ev(2, offsetstore.KindUnexplainedSkip, 6, 7)},
@@ -50,7 +50,7 @@ func TestAccountTimeline(t *testing.T) {
 			gaps: 1, counts: [3]int64{14, 0, 1},
 			segs: []Segment{{0, 6, SegProcessed, 0}, {6, 7, SegUnexplainedSkip, 2}, {7, 15, SegProcessed, 0}}},
 		{name: "deleted row", first: 4, next: 9, events: []offsetstore.Event{
-			ev(1, offsetstore.KindOperatorSkip, 0, 2), ev(2, KindWatermarkDeleted, 0, 7), ev(3, offsetstore.KindFirstRun, 4, 4)},
+			ev(1, offsetstore.KindOperatorSkip, 0, 2), ev(2, offsetstore.KindWatermarkDeleted, 0, 7), ev(3, offsetstore.KindFirstRun, 4, 4)},
 			segs: []Segment{{4, 9, SegProcessed, 0}}, gaps: 1, counts: [3]int64{5, 0, 0}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

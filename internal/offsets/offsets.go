@@ -18,22 +18,11 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 )
 
-// Audit kinds this package writes or reads besides those of offsetstore.
+// Audit row statuses, as offsetstore lists them.
 const (
-	// KindUnexplainedMove is written by the watermarks trigger (migration 004) when the
-	// watermark moved outside kafkatx: From is the old watermark, To the new one (To < From
-	// for a rewind). A forward one is a gap in the accounting.
-	KindUnexplainedMove = "unexplained_move"
-	// KindWatermarkDeleted is written by the same trigger when a watermark row is deleted;
-	// [From, To) is the deleted row's [first_offset, next_offset).
-	KindWatermarkDeleted = "watermark_deleted"
-)
-
-// Audit row statuses.
-const (
-	StatusPending   = "pending"
-	StatusApplied   = "applied"
-	StatusAbandoned = "abandoned"
+	StatusPending   = offsetstore.StatusPending
+	StatusApplied   = offsetstore.StatusApplied
+	StatusAbandoned = offsetstore.StatusAbandoned
 )
 
 // Operator runs the offset commands of one schema against one database and one cluster.

@@ -9,20 +9,6 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 )
 
-// Audit event kinds. Ranges are half-open: [From, To).
-const (
-	KindFirstRun        = "first_run"          // a partition seen for the first time; From = To = start
-	KindOperatorSkip    = "operator_skip"      // a kafkatx command skipped [From, To)
-	KindUnexplainedSkip = "unexplained_skip"   // Kafka was ahead with no command on record; [From, To) skipped
-	KindKafkaBehind     = "kafka_behind"       // Kafka's committed offset From was behind the watermark To; re-committed
-	KindKafkaMissing    = "kafka_missing"      // no committed offset in Kafka; the watermark To was re-committed
-	KindReplay          = "replay"             // an operator rewound [From, To) to run again
-	KindAlign           = "align"              // an operator aligned Kafka to the watermark
-	KindHalt            = "halt"               // the consumer refused to start on the partition (Kafka ahead under the halt policy, or the watermark past the log end); nothing processed
-	KindKafkaOutOfRange = "kafka_out_of_range" // Kafka's committed offset From was past the log end; ignored
-	KindRollbackReplay  = "rollback_replayed"  // the database lost [From, To) (a failover, a restore): re-processed from From
-)
-
 // Event is one offset audit row.
 type Event struct {
 	ID        int64     `json:"id"`

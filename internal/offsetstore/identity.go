@@ -8,13 +8,6 @@ import (
 	"github.com/kafkatx/kafkatx/pg"
 )
 
-// KindLogAdopted is the audit kind of a watermark moved onto a new log (the topic recreated,
-// or another cluster) by `kafkatx offsets reset --mode adopt` or by Config.OnLogChange:
-// From is the watermark in the old log, To the start in the new one; the reason names the
-// old and new topic ids and cluster ids. The partition's history (offsets account) starts
-// again at To.
-const KindLogAdopted = "log_adopted"
-
 // FillLogIdentity records topicID and clusterID on the watermark row of tp where they are
 // not recorded yet (a row older than migration 009, or a first run); recorded ids are left
 // as they are — a different one is a changed log, which only AdoptLog replaces. An empty id

@@ -13,12 +13,14 @@ package pgerr
 //	08007     transaction_resolution_unknown         Server     the outcome is unknown: settle it from the database's record
 //	08P01     protocol_violation                     Statement  an oversized or malformed message is the statement's (a bind of >1 GB)
 //	25006     read_only_sql_transaction              Server     a read-only server (an old primary after a switchover, a standby)
+//	25P02     in_failed_sql_transaction              Statement  an earlier statement of the transaction failed (listed so logs name it)
 //	25P03     idle_in_transaction_session_timeout    Server     the session was ended; a new one is needed
 //	28000     invalid_authorization_specification    Server     the login was refused: configuration, no message's doing
 //	28P01     invalid_password                       Server     the login was refused: configuration, no message's doing
 //	3D000     invalid_catalog_name                   Server     at connect: the database does not exist (yet); no message names it
 //	40001     serialization_failure                  Conflict   lost a race with a concurrent transaction: run it again
 //	40P01     deadlock_detected                      Conflict   lost a race with a concurrent transaction: run it again
+//	40002     transaction_integrity_constraint_violation Statement a deferred constraint failed at COMMIT (listed so logs name it)
 //	40003     statement_completion_unknown           Server     the outcome is unknown: settle it from the database's record
 //	53000     insufficient_resources                 Server     the server's resources
 //	53100     disk_full                              Server     the server's disk
@@ -118,4 +120,18 @@ var classes = map[string]entry{
 	"53": {Server, "insufficient_resources"},
 	"58": {Server, "system_error"},
 	"XX": {Statement, "internal_error"},
+}
+
+// Listed returns the SQLSTATEs the table above names code by code, and the classes it names
+// by row (two characters, "08": a code of that class not listed), each with its Class: what
+// docs/failures.md's table must show. A class in neither is Statement.
+func Listed() (byCode, byClassRow map[string]Class) {
+	byCode, byClassRow = make(map[string]Class, len(codes)), make(map[string]Class, len(classes))
+	for c, e := range codes {
+		byCode[c] = e.class
+	}
+	for c, e := range classes {
+		byClassRow[c] = e.class
+	}
+	return byCode, byClassRow
 }

@@ -4,16 +4,19 @@ package tables
 
 import "github.com/jackc/pgx/v5"
 
-// Names holds the quoted, schema-qualified names of kafkatx's tables.
+// Names holds the quoted, schema-qualified names of kafkatx's tables. Every table, schema
+// function and schema name kafkatx's SQL names is built here: no other package quotes them.
 type Names struct {
-	Schema      string // unquoted schema name
-	Watermarks  string
-	Attempts    string
-	DeadLetters string
-	OffsetAudit string
-	Outbox      string
-	Idempotency string
-	Migrations  string
+	Schema string // unquoted schema name
+	// QuotedSchema is Schema quoted as one identifier, for CREATE SCHEMA and search_path.
+	QuotedSchema string
+	Watermarks   string
+	Attempts     string
+	DeadLetters  string
+	OffsetAudit  string
+	Outbox       string
+	Idempotency  string
+	Migrations   string
 	// The audit trails of dead-letter and outbox actions, the relay's commit log, and
 	// httpmw's stored responses.
 	DLQAudit             string
@@ -22,6 +25,10 @@ type Names struct {
 	IdempotencyResponses string
 	// DoneOffsets lists offsets above a watermark already applied (Config.Concurrency > 1).
 	DoneOffsets string
+	// OutboxSettings holds the outbox's mode (table or wal), slot and publication.
+	OutboxSettings string
+	// PartitionSamples holds the console's per-partition lag samples.
+	PartitionSamples string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -30,20 +37,27 @@ type Names struct {
 func For(schema string) Names {
 	q := func(t string) string { return pgx.Identifier{schema, t}.Sanitize() }
 	return Names{
-		Schema:      schema,
-		Watermarks:  q("watermarks"),
-		Attempts:    q("attempts"),
-		DeadLetters: q("dead_letters"),
-		OffsetAudit: q("offset_audit"),
-		Outbox:      q("outbox"),
-		Idempotency: q("idempotency_keys"),
-		Migrations:  q("schema_migrations"),
+		Schema:       schema,
+		QuotedSchema: pgx.Identifier{schema}.Sanitize(),
+		Watermarks:   q("watermarks"),
+		Attempts:     q("attempts"),
+		DeadLetters:  q("dead_letters"),
+		OffsetAudit:  q("offset_audit"),
+		Outbox:       q("outbox"),
+		Idempotency:  q("idempotency_keys"),
+		Migrations:   q("schema_migrations"),
 
 		DLQAudit:             q("dlq_audit"),
 		OutboxAudit:          q("outbox_audit"),
 		OutboxCommits:        q("outbox_commits"),
 		IdempotencyResponses: q("idempotency_responses"),
 		DoneOffsets:          q("done_offsets"),
+		OutboxSettings:       q("outbox_settings"),
+		PartitionSamples:     q("partition_samples"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }
+
+// Func returns the quoted, schema-qualified name of one of kafkatx's functions in the schema
+// (the migrations' outbox_emit, outbox_set_mode), for SELECT schema.name(...).
+func (n Names) Func(name string) string { return pgx.Identifier{n.Schema, name}.Sanitize() }

@@ -134,6 +134,21 @@ type Config struct {
 // table's triggers disabled. The WAL relay runs the same retention (walrelay.Config.Retention).
 type JanitorConfig = retention.Config
 
+// Defaults of Config's fields (the kafkatx relay command's flags read them).
+const (
+	DefaultBatchSize           = 1000
+	DefaultPollInterval        = time.Second
+	DefaultStandbyInterval     = time.Second
+	DefaultInitialBackoff      = 250 * time.Millisecond
+	DefaultMaxBackoff          = 30 * time.Second
+	DefaultUnknownTopicTimeout = 10 * time.Second
+	DefaultShutdownTimeout     = 30 * time.Second
+	DefaultMetricsInterval     = 5 * time.Second
+	DefaultReadTimeout         = 30 * time.Second
+	DefaultLeaderTimeout       = 60 * time.Second
+	DefaultKeepPublished       = time.Duration(0)
+)
+
 func (c *Config) withDefaults() (*Config, error) {
 	if c == nil {
 		return nil, errors.New("relay: nil *Config: Kafka bootstrap.servers is required")
@@ -169,34 +184,34 @@ func (c *Config) withDefaults() (*Config, error) {
 	}
 	out.Logger = out.Logger.Named("kafkatx.relay")
 	if out.BatchSize <= 0 {
-		out.BatchSize = 1000
+		out.BatchSize = DefaultBatchSize
 	}
 	if out.PollInterval <= 0 {
-		out.PollInterval = time.Second
+		out.PollInterval = DefaultPollInterval
 	}
 	if out.StandbyInterval <= 0 {
-		out.StandbyInterval = time.Second
+		out.StandbyInterval = DefaultStandbyInterval
 	}
 	if out.InitialBackoff <= 0 {
-		out.InitialBackoff = 250 * time.Millisecond
+		out.InitialBackoff = DefaultInitialBackoff
 	}
 	if out.MaxBackoff <= 0 {
-		out.MaxBackoff = 30 * time.Second
+		out.MaxBackoff = DefaultMaxBackoff
 	}
 	if out.UnknownTopicTimeout <= 0 {
-		out.UnknownTopicTimeout = 10 * time.Second
+		out.UnknownTopicTimeout = DefaultUnknownTopicTimeout
 	}
 	if out.ShutdownTimeout <= 0 {
-		out.ShutdownTimeout = 30 * time.Second
+		out.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	if out.MetricsInterval <= 0 {
-		out.MetricsInterval = 5 * time.Second
+		out.MetricsInterval = DefaultMetricsInterval
 	}
 	if out.ReadTimeout <= 0 {
-		out.ReadTimeout = 30 * time.Second
+		out.ReadTimeout = DefaultReadTimeout
 	}
 	if out.LeaderTimeout == 0 {
-		out.LeaderTimeout = 60 * time.Second
+		out.LeaderTimeout = DefaultLeaderTimeout
 	}
 	out.Janitor = out.Janitor.WithDefaults()
 	return &out, nil

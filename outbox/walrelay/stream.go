@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 )
@@ -553,7 +554,7 @@ func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reaso
 		}
 		hk, hv = append(hk, []byte(h.Key)), append(hv, v)
 	}
-	t := quoteIdent(s.r.cfg.Schema) + ".outbox"
+	t := tables.For(s.r.cfg.Schema).Outbox
 	tag, err := s.r.pool.Exec(ctx, `INSERT INTO `+t+` (outbox_id, topic, key, value, partition, header_keys, header_values, state, attempts, last_error, parked_at)
 		SELECT $1, $2, $3, $4, $5, $6, $7, 'parked', 1, $8, now()
 		WHERE NOT EXISTS (SELECT 1 FROM `+t+` WHERE outbox_id = $1)`, id, rec.Topic, rec.Key, rec.Value, rec.Partition, hk, hv, reason)
@@ -572,10 +573,6 @@ func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reaso
 	delete(s.r.refuse, at)
 	s.r.mu.Unlock()
 	return nil
-}
-
-func quoteIdent(s string) string {
-	return `"` + string(bytes.ReplaceAll([]byte(s), []byte(`"`), []byte(`""`))) + `"`
 }
 
 // recordSize estimates rec's size in a record batch: its bytes, its headers and the batch's

@@ -5,24 +5,23 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // needsAttention lists the offset audit kinds and statuses an operator must not miss: a
 // partition with such a row in the last AttentionWindow is highlighted on the partitions
-// page and counted on the landing page. Adding a kind (a rollback, a recreated topic) is one
-// line here; Kind or Status may be empty (any).
-var needsAttention = []struct{ Kind, Status, Why string }{
-	{Kind: offsetstore.KindUnexplainedSkip, Why: "records skipped with no command on record (Kafka's committed offset moved outside kafkatx, or retention removed them)"},
-	{Kind: "unexplained_move", Why: "the watermark was moved outside kafkatx"},
-	{Kind: "watermark_deleted", Why: "a watermark row was deleted outside kafkatx"},
-	{Kind: offsetstore.KindHalt, Why: "the consumer refused to start on the partition"},
-	{Kind: offsetstore.KindLogAdopted, Why: "the watermark moved onto another log (the topic recreated, or another cluster)"},
-	{Kind: offsetstore.KindRollbackReplay, Why: "the database lost committed work (a failover to a standby that lagged, a restore) and the consumer re-processed the range"},
-	{Status: "abandoned", Why: "an operator command was recorded and never applied"},
-}
+// page and counted on the landing page. It is offsetstore.Kinds' kinds with an Attention
+// (adding one is a line there), then the abandoned status; Kind or Status may be empty (any).
+var needsAttention = func() []struct{ Kind, Status, Why string } {
+	var out []struct{ Kind, Status, Why string }
+	for _, k := range offsetstore.Kinds {
+		if k.Attention != "" {
+			out = append(out, struct{ Kind, Status, Why string }{Kind: k.Kind, Why: k.Attention})
+		}
+	}
+	return append(out, struct{ Kind, Status, Why string }{Status: offsetstore.StatusAbandoned, Why: offsetstore.StatusAttention})
+}()
 
 // AttentionWindow is how far back the partitions page looks for audit rows that need
 // attention.
@@ -54,7 +53,7 @@ func (h *Handler) attentionOf(ctx context.Context, groups []string) (map[tpKey][
 		}
 	}
 	rows, err := h.cfg.Pool.Query(ctx, `SELECT group_id, topic, partition, kind, status, count(*), max(at)
-		FROM `+pgx.Identifier{h.cfg.Schema, "offset_audit"}.Sanitize()+`
+		FROM `+tables.For(h.cfg.Schema).OffsetAudit+`
 		WHERE group_id = ANY($1) AND at > now() - $2::interval AND (kind = ANY($3) OR status = ANY($4))
 		GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 7 DESC`, groups, fmt.Sprintf("%d seconds", int(AttentionWindow.Seconds())), kinds, statuses)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"go.uber.org/zap"
 )
 
@@ -43,7 +44,7 @@ type Sample struct {
 }
 
 func (h *Handler) samplesTable() string {
-	return pgx.Identifier{h.cfg.Schema, "partition_samples"}.Sanitize()
+	return tables.For(h.cfg.Schema).PartitionSamples
 }
 
 // sampleLoop samples every partition each SampleEvery and deletes samples older than

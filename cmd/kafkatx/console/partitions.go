@@ -12,6 +12,7 @@ import (
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/tables"
 )
 
 // maxGroups bounds the consumer groups the partitions view compares (one Kafka round trip each).
@@ -136,7 +137,7 @@ func nextStep(r PartitionRow) string {
 
 // groups lists the consumer groups with a watermark, sorted.
 func (h *Handler) groups(ctx context.Context) ([]string, error) {
-	rows, err := h.cfg.Pool.Query(ctx, `SELECT DISTINCT group_id FROM `+pgx.Identifier{h.cfg.Schema, "watermarks"}.Sanitize()+` ORDER BY 1 LIMIT $1`, maxGroups)
+	rows, err := h.cfg.Pool.Query(ctx, `SELECT DISTINCT group_id FROM `+tables.For(h.cfg.Schema).Watermarks+` ORDER BY 1 LIMIT $1`, maxGroups)
 	if err != nil {
 		return nil, fmt.Errorf("list consumer groups: %w", err)
 	}
@@ -262,7 +263,7 @@ func (h *Handler) partitionsPage(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, a := range row.Attention {
 			k := a.Kind
-			if a.Status == "abandoned" {
+			if a.Status == offsetstore.StatusAbandoned {
 				k += " (abandoned)"
 			}
 			if byKind[k] == 0 {

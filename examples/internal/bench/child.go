@@ -24,6 +24,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -184,14 +185,12 @@ func openPool(ctx context.Context, s spec, schema string, probe *commitProbe, ma
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+quoteIdent(schema)); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+tables.For(schema).QuotedSchema); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	return pool, nil
 }
-
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // prepareOrders creates kafkatx's tables and the example's tables in the phase's schema.
 func prepareOrders(ctx context.Context, pool *pgxpool.Pool, schema string) error {

@@ -13,6 +13,7 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -64,7 +65,7 @@ func runPipeline(ctx context.Context, s spec) error {
 	defer wm.close()
 	pending := func(ctx context.Context) (int64, error) {
 		var n int64
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+quoteIdent(s.Schema)+`.outbox WHERE state IN ('pending', 'parked')`).Scan(&n)
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(s.Schema).Outbox+` WHERE state IN ('pending', 'parked')`).Scan(&n)
 		return n, err
 	}
 

@@ -17,6 +17,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // scaleRow is one scale-out run: procs processes of examples/orders in one group.
@@ -273,7 +276,7 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs string, k int, events bo
 			x.PeakBack = max(x.PeakBack, applied-pub)
 			if applied >= x.Messages && pub >= x.Messages {
 				var pending int64
-				if err := pool.QueryRow(ctx, `SELECT count(*) FROM kafkatx.outbox WHERE state IN ('pending', 'parked')`).Scan(&pending); err != nil {
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(pg.DefaultSchema).Outbox+` WHERE state IN ('pending', 'parked')`).Scan(&pending); err != nil {
 					return x, err
 				}
 				if pending == 0 {

@@ -1,0 +1,75 @@
+package offsetstore
+
+import "strings"
+
+// Audit event kinds: every kind an offset_audit row carries, listed once in Kinds below,
+// which `kafkatx offsets audit --help` and the console read. Ranges are half-open: [From, To).
+const (
+	KindFirstRun        = "first_run"          // a partition seen for the first time; From = To = start
+	KindOperatorSkip    = "operator_skip"      // a kafkatx command skipped [From, To)
+	KindUnexplainedSkip = "unexplained_skip"   // Kafka was ahead with no command on record; [From, To) skipped
+	KindKafkaBehind     = "kafka_behind"       // Kafka's committed offset From was behind the watermark To; re-committed
+	KindKafkaMissing    = "kafka_missing"      // no committed offset in Kafka; the watermark To was re-committed
+	KindReplay          = "replay"             // an operator rewound [From, To) to run again
+	KindAlign           = "align"              // an operator aligned Kafka to the watermark
+	KindHalt            = "halt"               // the consumer refused to start on the partition (Kafka ahead under the halt policy, or the watermark past the log end); nothing processed
+	KindKafkaOutOfRange = "kafka_out_of_range" // Kafka's committed offset From was past the log end; ignored
+	KindRollbackReplay  = "rollback_replayed"  // the database lost [From, To) (a failover, a restore): re-processed from From
+	// KindLogAdopted is a watermark moved onto a new log (the topic recreated, or another
+	// cluster) by `kafkatx offsets reset --mode adopt` or by Config.OnLogChange: From is the
+	// watermark in the old log, To the start in the new one; the reason names the old and new
+	// topic ids and cluster ids. The partition's history (offsets account) starts again at To.
+	KindLogAdopted = "log_adopted"
+	// KindUnexplainedMove is written by the watermarks trigger (migration 004) when the
+	// watermark moved outside kafkatx: From is the old watermark, To the new one (To < From
+	// for a rewind). A forward one is a gap in the accounting.
+	KindUnexplainedMove = "unexplained_move"
+	// KindWatermarkDeleted is written by the same trigger when a watermark row is deleted;
+	// [From, To) is the deleted row's [first_offset, next_offset).
+	KindWatermarkDeleted = "watermark_deleted"
+)
+
+// Audit row statuses: pending for an operator command recorded but not yet applied, applied,
+// or abandoned (recorded and never applied).
+const (
+	StatusPending   = "pending"
+	StatusApplied   = "applied"
+	StatusAbandoned = "abandoned"
+)
+
+// KindInfo describes one audit kind.
+type KindInfo struct {
+	Kind string
+	// Attention, when not empty, says why an operator must not miss a row of this kind: the
+	// console highlights the partition and counts it on its landing page.
+	Attention string
+}
+
+// Kinds lists every audit kind, in the order `kafkatx offsets audit --help` names them.
+var Kinds = []KindInfo{
+	{Kind: KindFirstRun},
+	{Kind: KindOperatorSkip},
+	{Kind: KindUnexplainedSkip, Attention: "records skipped with no command on record (Kafka's committed offset moved outside kafkatx, or retention removed them)"},
+	{Kind: KindKafkaBehind},
+	{Kind: KindKafkaMissing},
+	{Kind: KindReplay},
+	{Kind: KindAlign},
+	{Kind: KindHalt, Attention: "the consumer refused to start on the partition"},
+	{Kind: KindKafkaOutOfRange},
+	{Kind: KindRollbackReplay, Attention: "the database lost committed work (a failover to a standby that lagged, a restore) and the consumer re-processed the range"},
+	{Kind: KindLogAdopted, Attention: "the watermark moved onto another log (the topic recreated, or another cluster)"},
+	{Kind: KindUnexplainedMove, Attention: "the watermark was moved outside kafkatx"},
+	{Kind: KindWatermarkDeleted, Attention: "a watermark row was deleted outside kafkatx"},
+}
+
+// StatusAttention says why an operator must not miss an audit row of status abandoned.
+const StatusAttention = "an operator command was recorded and never applied"
+
+// KindNames returns the kinds of Kinds joined with ", ", for help texts.
+func KindNames() string {
+	names := make([]string, len(Kinds))
+	for i, k := range Kinds {
+		names[i] = k.Kind
+	}
+	return strings.Join(names, ", ")
+}
