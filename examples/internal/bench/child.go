@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"net/http"
 	_ "net/http/pprof" // KAFKATX_BENCH_PPROF
 	"os"
@@ -24,7 +25,6 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
-	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -185,7 +185,7 @@ func openPool(ctx context.Context, s spec, schema string, probe *commitProbe, ma
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+tables.For(schema).QuotedSchema); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+pgx.Identifier{schema}.Sanitize()); err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("create schema: %w", err)
 	}

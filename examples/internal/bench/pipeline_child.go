@@ -13,7 +13,6 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
-	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -65,7 +64,7 @@ func runPipeline(ctx context.Context, s spec) error {
 	defer wm.close()
 	pending := func(ctx context.Context) (int64, error) {
 		var n int64
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(s.Schema).Outbox+` WHERE state IN ('pending', 'parked')`).Scan(&n)
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox.Table(s.Schema)+` WHERE state IN ('pending', 'parked')`).Scan(&n)
 		return n, err
 	}
 

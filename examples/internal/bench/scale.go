@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kafkatx/kafkatx/outbox"
 	"net/url"
 	"os"
 	"os/exec"
@@ -18,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -276,7 +276,7 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs string, k int, events bo
 			x.PeakBack = max(x.PeakBack, applied-pub)
 			if applied >= x.Messages && pub >= x.Messages {
 				var pending int64
-				if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+tables.For(pg.DefaultSchema).Outbox+` WHERE state IN ('pending', 'parked')`).Scan(&pending); err != nil {
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox.Table(pg.DefaultSchema)+` WHERE state IN ('pending', 'parked')`).Scan(&pending); err != nil {
 					return x, err
 				}
 				if pending == 0 {
