@@ -81,7 +81,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.WindowSize(1500, 950), chromedp.Flag("lang", "en-US"))
+		chromedp.WindowSize(1400, 900), chromedp.Flag("lang", "en-US"))
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer cancelA()
 	ctx, cancel := chromedp.NewContext(actx)
@@ -121,6 +121,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	shot := func(name string) {
 		t.Helper()
+		fits(ctx, t, name)
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatalf("screenshot %s: %v", name, err)
@@ -155,7 +156,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 
 	// Sign in: the console sends a browser without a session to the sign-in page.
-	do("open the console", chromedp.Navigate(srv.URL+"/"), visible("#token"))
+	// Every page is seen, checked and photographed in a 1,400 × 900 viewport (fits).
+	do("open the console", chromedp.EmulateViewport(1400, 900), chromedp.Navigate(srv.URL+"/"), visible("#token"))
 	loc, err := chromedp.Run(ctx, chromedp.Location())
 	if err != nil || !strings.HasSuffix(loc, "/signin") {
 		t.Fatalf("without a session the console showed %s (%v), want the sign-in page", loc, err)
@@ -286,6 +288,11 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	note, count := text(row+" .attention-note"), text("#attention-count")
+	// The consumer has caught up: a low lag, whose chart must still show its baseline and
+	// value (fits checks every chart of the page in shot below).
+	if lag, err := strconv.Atoi(text(row + ` td[data-f="lag"]`)); err != nil || lag > 3 {
+		t.Fatalf("lag %d (%v) after the consumer caught up, want 0 to 3 for the low-lag chart check", lag, err)
+	}
 	points, err := chromedp.Run(ctx, chromedp.AttributeValue(chromedp.CSS(row+" svg.chart polyline.lag"), "points"))
 	if err != nil {
 		t.Fatalf("no lag chart on the row: %v", err)
@@ -316,5 +323,77 @@ func TestConsoleInABrowser(t *testing.T) {
 	defer mu.Unlock()
 	if len(pageErrors) > 0 {
 		t.Fatalf("the pages raised errors: %s", strings.Join(pageErrors, "; "))
+	}
+}
+
+// layoutJS measures the page for fits: the document's widths and, for every lag chart, its
+// box, the boxes of the ancestors that clip it, and what it shows.
+const layoutJS = `(() => {
+  const d = document.documentElement;
+  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+  const charts = [...document.querySelectorAll("td.chart svg.chart")].map((svg) => {
+    const clips = [];
+    for (let a = svg.parentElement; a && a !== d; a = a.parentElement) {
+      if (getComputedStyle(a).overflowX !== "visible") clips.push(box(a));
+    }
+    const texts = [...svg.querySelectorAll("text")].filter((t) => t.getBBox().width > 0).map((t) => t.textContent);
+    const base = svg.querySelector(".axis");
+    const lag = svg.querySelector(".lag");
+    const lb = lag ? lag.getBBox() : null;
+    return {box: box(svg), clips, label: svg.getAttribute("aria-label") || "", texts,
+      baseline: !!base && base.getBBox().width > 0,
+      mark: !!lb && (lb.width > 0 || lb.height > 0)};
+  });
+  return {scrollWidth: d.scrollWidth, clientWidth: d.clientWidth, charts};
+})()`
+
+type layoutBox struct{ Left, Right, Top, Bottom float64 }
+
+type layout struct {
+	ScrollWidth, ClientWidth float64
+	Charts                   []struct {
+		Box      layoutBox
+		Clips    []layoutBox
+		Label    string
+		Texts    []string
+		Baseline bool
+		Mark     bool
+	}
+}
+
+// fits checks the page in the browser's viewport (1,400 px wide): no horizontal overflow of
+// the document (a table may scroll in its own container), every lag chart wholly inside the
+// viewport and inside every container that clips it, and showing a baseline, a mark for the
+// lag and, as text, the lag it names in its label (a chart at lag 0 is not an empty box).
+func fits(ctx context.Context, t *testing.T, page string) {
+	t.Helper()
+	l, err := chromedp.Run(ctx, chromedp.Evaluate[layout](layoutJS))
+	if err != nil {
+		t.Fatalf("measure the page %s: %v", page, err)
+	}
+	if l.ScrollWidth > l.ClientWidth {
+		t.Errorf("page %s: the document is %.0f px wide in a %.0f px viewport (horizontal overflow)", page, l.ScrollWidth, l.ClientWidth)
+	}
+	for i, c := range l.Charts {
+		if c.Box.Left < 0 || c.Box.Right > l.ClientWidth {
+			t.Errorf("page %s, chart %d: spans %.0f to %.0f px, outside the %.0f px viewport", page, i, c.Box.Left, c.Box.Right, l.ClientWidth)
+		}
+		for _, k := range c.Clips {
+			if c.Box.Left < k.Left || c.Box.Right > k.Right {
+				t.Errorf("page %s, chart %d: spans %.0f to %.0f px, cut by its container (%.0f to %.0f px)", page, i, c.Box.Left, c.Box.Right, k.Left, k.Right)
+			}
+		}
+		if c.Label == "no samples yet" {
+			continue
+		}
+		lag, _, _ := strings.Cut(strings.TrimPrefix(c.Label, "lag "), " ")
+		shown := false
+		for _, s := range c.Texts {
+			shown = shown || strings.Contains(s+" ", "lag "+lag+" ")
+		}
+		if !c.Baseline || !c.Mark || !shown {
+			t.Errorf("page %s, chart %d (%q): baseline %v, lag mark %v, visible texts %q: want a baseline, the line and the text \"lag %s\"",
+				page, i, c.Label, c.Baseline, c.Mark, c.Texts, lag)
+		}
 	}
 }

@@ -145,9 +145,13 @@ func (h *Handler) apiHistory(w http.ResponseWriter, r *http.Request) {
 	h.writeJSON(w, http.StatusOK, out)
 }
 
-// chartSVG draws samples as an inline SVG of width × height pixels: the lag (solid line,
-// left scale) and the throughput (dashed, records/s, right scale) over time. Only numbers go
-// into it, so it is safe as template.HTML; it needs no script and no style beyond the sheet.
+// chartSVG draws samples as an inline SVG of width × height pixels: the lag (solid line, left
+// scale, 0 at the baseline) and the throughput (dashed, records/s, right scale, 0 at the
+// baseline) over time, a dot at the latest lag, and along the top the latest lag and rate as
+// text ("lag 3", "1.5 rec/s"; with labels, the scales' tops and the time span too). A chart at
+// lag 0 thus shows its baseline, a line on it and "lag 0", not an empty box; one sample is a
+// dot. Only numbers go into it, so it is safe as template.HTML; it needs no script and no
+// style beyond the sheet.
 func chartSVG(samples []Sample, width, height int, labels bool) template.HTML {
 	if len(samples) == 0 {
 		return template.HTML(fmt.Sprintf(`<svg class="chart" width="%d" height="%d" role="img" aria-label="no samples yet"><text x="4" y="%d">no samples yet</text></svg>`, width, height, height/2+3))
@@ -159,36 +163,43 @@ func chartSVG(samples []Sample, width, height int, labels bool) template.HTML {
 	}
 	t0, t1 := samples[0].At, samples[len(samples)-1].At
 	span := t1.Sub(t0).Seconds()
-	pad := 2.0
+	// The plot sits below a 10 px line of text; with labels, the times take a line below it.
+	left, top, bottom := 4.0, 14.0, 3.0
 	if labels {
-		pad = 14
+		left, bottom = 14, 14
 	}
-	w, hgt := float64(width)-2*pad, float64(height)-2*pad
+	w, hgt := float64(width)-2*left, float64(height)-top-bottom
 	x := func(s Sample) float64 {
 		if span <= 0 {
-			return pad + w
+			return left + w
 		}
-		return pad + w*s.At.Sub(t0).Seconds()/span
+		return left + w*s.At.Sub(t0).Seconds()/span
 	}
+	yLag := func(s Sample) float64 { return top + hgt - hgt*float64(s.Lag)/float64(maxLag) }
 	var lag, rate strings.Builder
 	for i, s := range samples {
 		sep := " "
 		if i == 0 {
 			sep = ""
 		}
-		fmt.Fprintf(&lag, "%s%.1f,%.1f", sep, x(s), pad+hgt-hgt*float64(s.Lag)/float64(maxLag))
-		fmt.Fprintf(&rate, "%s%.1f,%.1f", sep, x(s), pad+hgt-hgt*s.Rate/maxRate)
+		fmt.Fprintf(&lag, "%s%.1f,%.1f", sep, x(s), yLag(s))
+		fmt.Fprintf(&rate, "%s%.1f,%.1f", sep, x(s), top+hgt-hgt*s.Rate/maxRate)
 	}
 	last := samples[len(samples)-1]
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="lag %d now, at most %d; %.1f records/s now">`,
 		width, height, width, height, last.Lag, maxLag, last.Rate)
-	fmt.Fprintf(&b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, pad, pad+hgt, pad+w, pad+hgt)
-	fmt.Fprintf(&b, `<polyline class="lag" points="%s"/><polyline class="rate" points="%s"/>`, lag.String(), rate.String())
+	fmt.Fprintf(&b, `<line class="axis" x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f"/>`, left, top+hgt, left+w, top+hgt)
+	fmt.Fprintf(&b, `<polyline class="rate" points="%s"/><polyline class="lag" points="%s"/>`, rate.String(), lag.String())
+	fmt.Fprintf(&b, `<circle class="now" cx="%.1f" cy="%.1f" r="2.5"/>`, x(last), yLag(last))
 	if labels {
-		fmt.Fprintf(&b, `<text x="%.0f" y="10">lag ≤ %d</text><text x="%.0f" y="10" text-anchor="end">%.1f rec/s</text>`, pad, maxLag, pad+w, maxRate)
+		fmt.Fprintf(&b, `<text class="value" x="%.0f" y="10">lag %d now (scale %d)</text><text class="value" x="%.0f" y="10" text-anchor="end">%.1f rec/s now (scale %.1f)</text>`,
+			left, last.Lag, maxLag, left+w, last.Rate, maxRate)
 		fmt.Fprintf(&b, `<text x="%.0f" y="%d">%s</text><text x="%.0f" y="%d" text-anchor="end">%s</text>`,
-			pad, height-2, t0.UTC().Format("15:04:05"), pad+w, height-2, t1.UTC().Format("15:04:05Z"))
+			left, height-2, t0.UTC().Format("15:04:05"), left+w, height-2, t1.UTC().Format("15:04:05Z"))
+	} else {
+		fmt.Fprintf(&b, `<text class="value" x="%.0f" y="10">lag %d</text><text class="value" x="%.0f" y="10" text-anchor="end">%.1f rec/s</text>`,
+			left, last.Lag, left+w, last.Rate)
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) //nolint:gosec // numbers and fixed text only
