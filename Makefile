@@ -3,14 +3,27 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 GO ?= go
-# -race costs a slower first build (cgo, librdkafka) and ~2x test time; kept while the suite
-# stays well inside CI's budget on 2 cores.
+# -race costs a slower first build (cgo, librdkafka) and ~2x test time; kept in the full tier
+# (make test, CI). The short tier (make test-short) runs without it.
 GOTESTFLAGS ?= -race -count=1 -timeout 30m
+SHORTTESTFLAGS ?= -short -count=1 -timeout 20m
 PKGS ?= ./...
+# The Go modules whose tests `make test` and `make test-short` run: each directory's $(PKGS),
+# from inside it (go test ./... at the root does not enter a nested module).
+MODULES ?= .
 # Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
 DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
-.PHONY: test test-kafka2 test-outages services-up services-down services-status demo lint browser
+.PHONY: test test-short test-main test-services test-services-down test-kafka2 test-outages services-up services-down services-status demo lint browser
+
+# go test $(1) over $(PKGS) of every module in $(MODULES); every module runs, and the loop fails
+# when one of them failed.
+define gotest_modules
+rc=0; for m in $(MODULES); do \
+  echo "go test $(strip $(1)) $(PKGS) (module $$m)"; \
+  (cd "$$m" && $(GO) test $(1) $(PKGS)) || rc=1; \
+done; exit $$rc
+endef
 
 # Extra dev services the tests need (scripts/dev-services.d/NAME.sh), started by `make test`:
 # connect — Kafka Connect 4.3.1 with the Debezium 3.6.1.Final PostgreSQL connector for the CDC
@@ -24,16 +37,52 @@ DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 # first start apt-get installs Debian's patroni and etcd packages) for the failover tests.
 # secure comes first: adding the listener restarts the broker, which the others then find up.
 TEST_SERVICES ?= secure connect airflow pgbouncer kafka2 patroni
+# The ones `make test` stops when it ends (secure stays: `down secure` would restart the broker).
+TEST_SERVICES_DOWN ?= $(filter-out secure,$(TEST_SERVICES))
+# The stages of `make test`, in order; each runs even when an earlier one failed.
+TEST_STAGES ?= test-services test-main test-kafka2 test-outages
 
-## test: start PostgreSQL, a real Apache Kafka broker and $(TEST_SERVICES) (scripts/dev-services),
-## install headless Chromium (browser), run every test, then test-kafka2
-test: services-up browser
+## test: the full tier, what CI runs (.ci/run): every stage of $(TEST_STAGES) — start PostgreSQL,
+## the broker, $(TEST_SERVICES) and headless Chromium (test-services), every test with -race
+## (test-main), the KAFKA2_TESTS subset on a second Kafka line (test-kafka2), the broker-killing
+## tests alone (test-outages) — then stop $(TEST_SERVICES_DOWN). Every stage runs even when one
+## fails; one line per stage says how it went; the exit status is non-zero when any failed.
+test:
+	@rc=0; summary=""; \
+	for stage in $(TEST_STAGES); do \
+	  start=$$SECONDS; \
+	  if $(MAKE) --no-print-directory $$stage; then r=ok; else r=FAILED; rc=1; fi; \
+	  summary+="make test: stage $$stage $$r ($$((SECONDS - start)) s)"$$'\n'; \
+	  echo "make test: stage $$stage $$r ($$((SECONDS - start)) s)"; \
+	done; \
+	if $(MAKE) --no-print-directory test-services-down; then r=ok; else r=FAILED; rc=1; fi; \
+	summary+="make test: stage test-services-down $$r"$$'\n'; \
+	echo "make test: summary"; printf '%s' "$$summary"; \
+	if ((rc == 0)); then echo "make test: ok"; else echo "make test: FAILED"; fi; \
+	exit $$rc
+
+## test-services: start PostgreSQL, the broker and $(TEST_SERVICES); install headless Chromium
+test-services: services-up browser
 	scripts/dev-services up $(TEST_SERVICES)
+
+## test-services-down: stop $(TEST_SERVICES_DOWN) (PostgreSQL and the broker stay for the next run)
+test-services-down:
+	scripts/dev-services down $(TEST_SERVICES_DOWN)
+
+## test-main: every test of $(MODULES) with $(GOTESTFLAGS) on the running services (CI=true:
+## a missing service fails its tests)
+test-main:
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}"; \
-	$(GO) test $(GOTESTFLAGS) $(PKGS)
-	$(MAKE) --no-print-directory test-kafka2
-	$(MAKE) --no-print-directory test-outages
+	$(call gotest_modules,$(GOTESTFLAGS))
+
+## test-short: the short tier: PostgreSQL and one plain broker only (scripts/dev-services up,
+## nothing extra), go test -short: no broker killed or frozen, no extra service, no cluster of a
+## test's own, no browser (testenv.FullTier skips those tests, saying so). A few minutes.
+test-short: services-up
+	eval "$$(scripts/dev-services env)"; \
+	export CI="$${CI:-true}"; \
+	$(call gotest_modules,$(SHORTTESTFLAGS))
 
 # The subset run against the second Kafka line: the loop, poison pills, rebalances (classic and
 # KIP-848, members joining, leaving, fenced, SIGKILLed), the reconciliation of database and Kafka

@@ -21,6 +21,7 @@ const EnvBrokerKillTests = "KAFKATX_BROKER_KILL_TESTS"
 // so.
 func NeedBrokerKills(t testing.TB) {
 	t.Helper()
+	FullTier(t, "kills or freezes the broker (make test-outages)")
 	if os.Getenv(EnvBrokerKillTests) == "" {
 		t.Skipf("%s is not set: this test SIGKILLs the shared development broker; `make test-outages` runs it alone", EnvBrokerKillTests)
 	}
