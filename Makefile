@@ -14,7 +14,7 @@ MODULES ?= .
 # Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
 DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
-.PHONY: test test-short test-main test-services test-services-down test-kafka2 test-outages services-up services-down services-status demo lint browser
+.PHONY: test test-short test-main test-services test-services-down test-kafka2 test-outages test-outages-own test-outages-main services-up services-down services-status demo lint browser
 
 # go test $(1) over $(PKGS) of every module in $(MODULES); every module runs, and the loop fails
 # when one of them failed.
@@ -37,26 +37,30 @@ endef
 # first start apt-get installs Debian's patroni and etcd packages) for the failover tests.
 # secure comes first: adding the listener restarts the broker, which the others then find up.
 TEST_SERVICES ?= secure connect airflow pgbouncer kafka2 patroni
-# The ones `make test` stops when it ends (secure stays: `down secure` would restart the broker).
-TEST_SERVICES_DOWN ?= $(filter-out secure,$(TEST_SERVICES))
-# The stages of `make test`, in order; each runs even when an earlier one failed.
-TEST_STAGES ?= test-services test-main test-kafka2 test-outages
+# What `make test` stops when it ends: the extras and the outage broker (secure stays: `down
+# secure` would restart the broker; PostgreSQL and the broker stay for the next run).
+TEST_SERVICES_DOWN ?= $(filter-out secure,$(TEST_SERVICES)) outage
 
-## test: the full tier, what CI runs (.ci/run): every stage of $(TEST_STAGES) — start PostgreSQL,
-## the broker, $(TEST_SERVICES) and headless Chromium (test-services), every test with -race
-## (test-main), the KAFKA2_TESTS subset on a second Kafka line (test-kafka2), the broker-killing
-## tests alone (test-outages) — then stop $(TEST_SERVICES_DOWN). Every stage runs even when one
-## fails; one line per stage says how it went; the exit status is non-zero when any failed.
+## test: the full tier, what CI runs (.ci/run). Its stages: start PostgreSQL, the broker,
+## $(TEST_SERVICES) and headless Chromium (test-services); every test with -race (test-main) and,
+## beside it on a broker of their own, the broker-killing tests (test-outages-own); the
+## KAFKA2_TESTS subset on a second Kafka line (test-kafka2); the tests that kill the main broker
+## (test-outages-main); last, stop $(TEST_SERVICES_DOWN) (test-services-down). Every stage runs
+## even when one failed; one line per stage says how it went (`make test: stage NAME ok|FAILED`,
+## with its seconds) and a summary ends the run; the exit status is non-zero when any failed.
+## test-outages-own's output is prefixed with its name (it interleaves with test-main's).
 test:
 	@rc=0; summary=""; \
-	for stage in $(TEST_STAGES); do \
-	  start=$$SECONDS; \
-	  if $(MAKE) --no-print-directory $$stage; then r=ok; else r=FAILED; rc=1; fi; \
-	  summary+="make test: stage $$stage $$r ($$((SECONDS - start)) s)"$$'\n'; \
-	  echo "make test: stage $$stage $$r ($$((SECONDS - start)) s)"; \
-	done; \
-	if $(MAKE) --no-print-directory test-services-down; then r=ok; else r=FAILED; rc=1; fi; \
-	summary+="make test: stage test-services-down $$r"$$'\n'; \
+	result() { summary+="make test: stage $$1 $$2 ($$3 s)"$$'\n'; echo "make test: stage $$1 $$2 ($$3 s)"; [[ $$2 == ok ]] || rc=1; }; \
+	stage() { local start=$$SECONDS r=ok; $(MAKE) --no-print-directory "$$1" || r=FAILED; result "$$1" $$r $$((SECONDS - start)); }; \
+	stage test-services; \
+	start=$$SECONDS; \
+	( $(MAKE) --no-print-directory test-outages-own 2>&1 | sed -u 's/^/test-outages-own: /' ) & outages=$$!; \
+	stage test-main; \
+	r=ok; wait $$outages || r=FAILED; result test-outages-own $$r $$((SECONDS - start)); \
+	stage test-kafka2; \
+	stage test-outages-main; \
+	stage test-services-down; \
 	echo "make test: summary"; printf '%s' "$$summary"; \
 	if ((rc == 0)); then echo "make test: ok"; else echo "make test: FAILED"; fi; \
 	exit $$rc
@@ -90,19 +94,40 @@ test-short: services-up
 KAFKA2_TESTS ?= ^(TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase|TestFailingMessageIsRetriedThenDeadLetteredAloneInOrder|TestSecondConsumerJoiningMidStreamAddsNoDuplicateEffect|TestZombieCannotCommitPastAFencedWatermark|TestSIGKILLAtEachStepLeavesAnExactEndState|TestFencedStaticMemberEndsRun|TestKIP848.*|TestKafkaBehindOrMissingResumesFromTheWatermark|TestKafkaAheadIsFollowedAndAuditedAsAnUnexplainedSkip|TestRecordsRemovedBeforeProcessingAreAuditedNotCountedAsProcessed|TestWatermarkPastTheLogEndHaltsWithBothOffsets|TestTopicRecreatedUnderTheSameNameRefusesToStart|TestPartitionAddedStartsWhereConfigSaysAndIsAudited|TestCommittedOffsetPastTheLogEndIsIgnored|TestSameKeyRecordsArePublishedInCommitOrderWithTwoRelays|TestKilledBetweenProduceAndMarkRepublishesWithSameIDs|TestStandbyTakesOverWhenTheLeaderIsKilled|TestKeyedRecordsArePartitionedWithMurmur2|TestTooLargeRecordParksWithoutBlockingOtherKeys|TestDeadLetterReplayRoundTrip)$$
 KAFKA2_PKGS ?= . ./outbox/relay/
 
-# The tests that SIGKILL the development broker (ten times each), alone: every other test of a
-# parallel run would meet the outage too. One package at a time (-p 1): a package's test that
-# starts while another package's test has the broker down fails at once (CI: the relays'
-# frozen-broker tests started during the main package's broker restarts). About 25 minutes (the broker's restart dominates).
-# The broker runs with its SASL_SSL listener (secure): the canary's broker kill produces over it.
-OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed|TestNoSecretWhenTheBrokerDiesMidProduce|TestStaticMemberRidesOutAFrozenBroker|TestDynamicMemberRidesOutAFrozenBroker|TestReadyReportsAFrozenBroker|TestStopWithTheBrokerFrozenIsBounded)$$
+# The tests that SIGKILL the broker (up to ten times each) or freeze it (SIGSTOP), alone on
+# their broker: every other test on it would meet the outage too. One package at a time (-p 1):
+# a package's test that starts while another package's test has the broker down fails at once.
+# OUTAGE_TESTS run on a broker of their own (scripts/dev-services up outage: the main broker's
+# version and settings, KAFKATX_BROKER_KILL_SERVICE=outage so that testenv.KillBroker brings it
+# back), so `make test` runs them beside the main suite (test-outages-own). OUTAGE_MAIN_TESTS
+# kill the main broker, which has the SASL_SSL listener (secure) the canary produces over: they
+# run after the main suite, alone (test-outages-main).
+OUTAGE_TESTS ?= ^(TestStaticMemberRidesOutBrokerRestarts|TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind|TestTopicRecreatedWhileRunningAtAHigherLeaderEpochIsNotFollowed|TestStaticMemberRidesOutAFrozenBroker|TestDynamicMemberRidesOutAFrozenBroker|TestReadyReportsAFrozenBroker|TestStopWithTheBrokerFrozenIsBounded)$$
+OUTAGE_PKGS ?= . ./outbox/relay/ ./outbox/walrelay/
+OUTAGE_MAIN_TESTS ?= ^(TestNoSecretWhenTheBrokerDiesMidProduce)$$
+OUTAGE_MAIN_PKGS ?= ./internal/canary/
 
-## test-outages: run $(OUTAGE_TESTS) (KAFKATX_BROKER_KILL_TESTS=1), which kill and restart, or freeze (SIGSTOP), the broker
-test-outages: services-up
+## test-outages: the tests that kill and restart, or freeze (SIGSTOP), a broker
+## (KAFKATX_BROKER_KILL_TESTS=1): test-outages-own, then test-outages-main
+test-outages:
+	$(MAKE) --no-print-directory test-outages-own
+	$(MAKE) --no-print-directory test-outages-main
+
+## test-outages-own: $(OUTAGE_TESTS) against the outage broker (scripts/dev-services up outage)
+test-outages-own: services-up
+	scripts/dev-services up outage
+	eval "$$(scripts/dev-services env)"; \
+	export CI="$${CI:-true}" KAFKATX_BROKER_KILL_TESTS=1 KAFKATX_BROKER_KILL_SERVICE=outage \
+	  KAFKA_BOOTSTRAP_SERVERS="$$KAFKATX_OUTAGE_BOOTSTRAP_SERVERS"; \
+	echo "test-outages-own: the outage broker at $$KAFKA_BOOTSTRAP_SERVERS"; \
+	$(GO) test $(GOTESTFLAGS) -p 1 -timeout 60m -run '$(OUTAGE_TESTS)' $(OUTAGE_PKGS)
+
+## test-outages-main: $(OUTAGE_MAIN_TESTS), which kill the main broker (with its SASL_SSL listener)
+test-outages-main: services-up
 	scripts/dev-services up secure
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}" KAFKATX_BROKER_KILL_TESTS=1; \
-	$(GO) test $(GOTESTFLAGS) -p 1 -timeout 60m -run '$(OUTAGE_TESTS)' . ./internal/canary/ ./outbox/relay/ ./outbox/walrelay/
+	$(GO) test $(GOTESTFLAGS) -p 1 -timeout 30m -run '$(OUTAGE_MAIN_TESTS)' $(OUTAGE_MAIN_PKGS)
 
 ## test-kafka2: run $(KAFKA2_TESTS) against a second broker of another Kafka line
 ## (scripts/dev-services up kafka2: Apache Kafka $$KAFKA2_VERSION, default 4.1.2), then stop it

@@ -17,6 +17,12 @@ import (
 // run meets the outage too; `make test-outages` runs them alone.
 const EnvBrokerKillTests = "KAFKATX_BROKER_KILL_TESTS"
 
+// EnvBrokerKillService names the scripts/dev-services extra that runs the broker KillBroker
+// kills, for KillBroker to bring it back with `scripts/dev-services up NAME`: "outage" (the
+// broker of its own that `make test` gives test-outages, so they run beside the main suite).
+// Unset: the main development broker (`scripts/dev-services up`).
+const EnvBrokerKillService = "KAFKATX_BROKER_KILL_SERVICE"
+
 // NeedBrokerKills skips a test that kills the broker unless EnvBrokerKillTests is set, saying
 // so.
 func NeedBrokerKills(t testing.TB) {
@@ -28,8 +34,8 @@ func NeedBrokerKills(t testing.TB) {
 }
 
 // KillBroker SIGKILLs the broker listening on brokers' first address (the JVM of
-// scripts/dev-services), waits down, and starts it again with `scripts/dev-services up`,
-// returning once it listens. The broker's data survive (the same storage directory).
+// scripts/dev-services), waits down, and starts it again with `scripts/dev-services up`
+// (`up NAME` when EnvBrokerKillService names the extra that runs it), returning once it listens. The broker's data survive (the same storage directory).
 func KillBroker(t testing.TB, brokers string, down time.Duration) {
 	t.Helper()
 	first := strings.Split(brokers, ",")[0]
@@ -49,10 +55,14 @@ func KillBroker(t testing.TB, brokers string, down time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(root+"/scripts/dev-services", "up")
+	args := []string{"up"}
+	if svc := os.Getenv(EnvBrokerKillService); svc != "" {
+		args = append(args, svc)
+	}
+	cmd := exec.Command(root+"/scripts/dev-services", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("scripts/dev-services up after killing the broker: %v\n%s", err, out)
+		t.Fatalf("scripts/dev-services %s after killing the broker: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	if listenerPID(port) == 0 {
 		t.Fatalf("the broker does not listen on %s after scripts/dev-services up", port)
