@@ -42,13 +42,13 @@ TEST_SERVICES ?= secure connect airflow pgbouncer kafka2 patroni
 TEST_SERVICES_DOWN ?= $(filter-out secure,$(TEST_SERVICES)) outage
 
 ## test: the full tier, what CI runs (.ci/run). Its stages: start PostgreSQL, the broker,
-## $(TEST_SERVICES) and headless Chromium (test-services); every test with -race (test-main) and,
-## beside it on a broker of their own, the broker-killing tests (test-outages-own); the
-## KAFKA2_TESTS subset on a second Kafka line (test-kafka2); the tests that kill the main broker
-## (test-outages-main); last, stop $(TEST_SERVICES_DOWN) (test-services-down). Every stage runs
-## even when one failed; one line per stage says how it went (`make test: stage NAME ok|FAILED`,
-## with its seconds) and a summary ends the run; the exit status is non-zero when any failed.
-## test-outages-own's output is prefixed with its name (it interleaves with test-main's).
+## $(TEST_SERVICES) and headless Chromium (test-services); then, on a broker of their own, the
+## broker-killing tests (test-outages-own) beside, in turn, every test with -race (test-main),
+## the KAFKA2_TESTS subset on a second Kafka line (test-kafka2) and the tests that kill the main
+## broker (test-outages-main); last, stop $(TEST_SERVICES_DOWN) (test-services-down). Every
+## stage runs even when one failed; one line per stage says how it went (`make test: stage NAME
+## ok|FAILED (N s)`), a summary ends the run, and the exit status is non-zero when any failed.
+## test-outages-own's lines are prefixed with its name (they interleave with the others').
 test:
 	@rc=0; summary=""; \
 	result() { summary+="make test: stage $$1 $$2 ($$3 s)"$$'\n'; echo "make test: stage $$1 $$2 ($$3 s)"; [[ $$2 == ok ]] || rc=1; }; \
@@ -57,9 +57,9 @@ test:
 	start=$$SECONDS; \
 	( $(MAKE) --no-print-directory test-outages-own 2>&1 | sed -u 's/^/test-outages-own: /' ) & outages=$$!; \
 	stage test-main; \
-	r=ok; wait $$outages || r=FAILED; result test-outages-own $$r $$((SECONDS - start)); \
 	stage test-kafka2; \
 	stage test-outages-main; \
+	r=ok; wait $$outages || r=FAILED; result test-outages-own $$r $$((SECONDS - start)); \
 	stage test-services-down; \
 	echo "make test: summary"; printf '%s' "$$summary"; \
 	if ((rc == 0)); then echo "make test: ok"; else echo "make test: FAILED"; fi; \

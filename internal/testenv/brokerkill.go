@@ -23,6 +23,13 @@ const EnvBrokerKillTests = "KAFKATX_BROKER_KILL_TESTS"
 // Unset: the main development broker (`scripts/dev-services up`).
 const EnvBrokerKillService = "KAFKATX_BROKER_KILL_SERVICE"
 
+// KillRounds is how many times a test that rides out repeated broker outages kills the broker
+// (KillBroker): three — the first outage proves the recovery, the next ones that it recovers
+// again from the state the last recovery left (a new Kafka client, a rejoined member, resumed
+// partitions). Each round costs a broker restart (20 to 60 s on a loaded 2-core machine); ten
+// rounds made test-outages the longest stage of `make test`.
+const KillRounds = 3
+
 // NeedBrokerKills skips a test that kills the broker unless EnvBrokerKillTests is set, saying
 // so.
 func NeedBrokerKills(t testing.TB) {
