@@ -14,7 +14,7 @@ MODULES ?= .
 # Orders for the demo: 8 orders and 1 poison pill (examples/orders/testdata/README.md).
 DEMO_DATA ?= examples/orders/testdata/orders.jsonl
 
-.PHONY: test test-short test-main test-services test-services-down test-kafka2 test-outages test-outages-own test-outages-main services-up services-down services-status demo lint browser
+.PHONY: test test-short test-main test-airflow test-services test-services-down test-kafka2 test-outages test-outages-own test-outages-main services-up services-down services-status demo lint browser
 
 # go test $(1) over $(PKGS) of every module in $(MODULES); every module runs, and the loop fails
 # when one of them failed.
@@ -43,12 +43,14 @@ TEST_SERVICES_DOWN ?= $(filter-out secure,$(TEST_SERVICES)) outage
 
 ## test: the full tier, what CI runs (.ci/run). Its stages: start PostgreSQL, the broker,
 ## $(TEST_SERVICES) and headless Chromium (test-services); then, on a broker of their own, the
-## broker-killing tests (test-outages-own) beside, in turn, every test with -race (test-main),
-## the KAFKA2_TESTS subset on a second Kafka line (test-kafka2) and the tests that kill the main
-## broker (test-outages-main); last, stop $(TEST_SERVICES_DOWN) (test-services-down). Every
+## broker-killing tests (test-outages-own) and, in a go test of their own, the real-Airflow
+## tests (test-airflow), beside, in turn, every other test with -race (test-main),
+## the KAFKA2_TESTS subset on a second Kafka line (test-kafka2) and, once test-airflow is done,
+## the tests that kill the main broker (test-outages-main); last, stop $(TEST_SERVICES_DOWN) (test-services-down). Every
 ## stage runs even when one failed; one line per stage says how it went (`make test: stage NAME
 ## ok|FAILED (N s)`), a summary ends the run, and the exit status is non-zero when any failed.
-## test-outages-own's lines are prefixed with its name (they interleave with the others').
+## The lines of test-outages-own and test-airflow are prefixed with their names (they
+## interleave with the others').
 test:
 	@rc=0; summary=""; \
 	result() { summary+="make test: stage $$1 $$2 ($$3 s)"$$'\n'; echo "make test: stage $$1 $$2 ($$3 s)"; [[ $$2 == ok ]] || rc=1; }; \
@@ -56,8 +58,10 @@ test:
 	stage test-services; \
 	start=$$SECONDS; \
 	( $(MAKE) --no-print-directory test-outages-own 2>&1 | sed -u 's/^/test-outages-own: /' ) & outages=$$!; \
+	( $(MAKE) --no-print-directory test-airflow 2>&1 | sed -u 's/^/test-airflow: /' ) & airflow=$$!; \
 	stage test-main; \
 	stage test-kafka2; \
+	r=ok; wait $$airflow || r=FAILED; result test-airflow $$r $$((SECONDS - start)); \
 	stage test-outages-main; \
 	r=ok; wait $$outages || r=FAILED; result test-outages-own $$r $$((SECONDS - start)); \
 	stage test-services-down; \
@@ -74,11 +78,26 @@ test-services-down:
 	scripts/dev-services down $(TEST_SERVICES_DOWN)
 
 ## test-main: every test of $(MODULES) with $(GOTESTFLAGS) on the running services (CI=true:
-## a missing service fails its tests)
+## a missing service fails its tests), but $(AIRFLOW_TESTS), which test-airflow runs
 test-main:
 	eval "$$(scripts/dev-services env)"; \
 	export CI="$${CI:-true}"; \
-	$(call gotest_modules,$(GOTESTFLAGS))
+	$(call gotest_modules,$(GOTESTFLAGS) -skip '$(AIRFLOW_TESTS)')
+
+# The tests against the real Airflow (examples/dagtrigger, about 3 minutes each, one after the
+# other): `make test` runs them in a go test of their own beside test-main, so that they overlap
+# the same package's CDC tests (Kafka Connect; a stand-in Airflow) instead of following them.
+# AIRFLOW_TESTS_DIR is the module directory they are run from.
+AIRFLOW_TESTS ?= ^TestRealAirflow
+AIRFLOW_TESTS_DIR ?= .
+AIRFLOW_TESTS_PKGS ?= ./examples/dagtrigger/
+
+## test-airflow: $(AIRFLOW_TESTS) against the real Airflow (scripts/dev-services up airflow)
+test-airflow: services-up
+	scripts/dev-services up airflow
+	eval "$$(scripts/dev-services env)"; \
+	export CI="$${CI:-true}"; \
+	cd $(AIRFLOW_TESTS_DIR) && $(GO) test $(GOTESTFLAGS) -run '$(AIRFLOW_TESTS)' $(AIRFLOW_TESTS_PKGS)
 
 ## test-short: the short tier: PostgreSQL and one plain broker only (scripts/dev-services up,
 ## nothing extra), go test -short: no broker killed or frozen, no extra service, no cluster of a
