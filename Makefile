@@ -3,13 +3,16 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 
 GO ?= go
+# Tests that call t.Parallel run PARALLEL at a time in a package (go test's default is the
+# number of CPUs, 2 here): the suite's tests wait on the broker, PostgreSQL and the other
+# services far more than they compute. The root package's short tier took 105 s at 4 and 208 s
+# at 2 (the same 326 s of tests, run one after the other at load average 20 on 2 cores).
+# PARALLEL=2 gives go test's default back.
+PARALLEL ?= 4
 # -race costs a slower first build (cgo, librdkafka) and ~2x test time; kept in the full tier
 # (make test, CI). The short tier (make test-short) runs without it.
-GOTESTFLAGS ?= -race -count=1 -timeout 30m
-# -parallel 4: the short tier's tests wait on the broker and PostgreSQL far more than they compute;
-# the root package took 105 s with it and 208 s without (the same 326 s of tests, measured
-# one after the other at load average 20 on 2 cores).
-SHORTTESTFLAGS ?= -short -count=1 -parallel 4 -timeout 20m
+GOTESTFLAGS ?= -race -count=1 -parallel $(PARALLEL) -timeout 30m
+SHORTTESTFLAGS ?= -short -count=1 -parallel $(PARALLEL) -timeout 20m
 PKGS ?= ./...
 # The Go modules whose tests `make test` and `make test-short` run: each directory's $(PKGS),
 # from inside it (go test ./... at the root does not enter a nested module).
