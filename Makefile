@@ -12,7 +12,10 @@ PARALLEL ?= 4
 # -race costs a slower first build (cgo, librdkafka) and ~2x test time; kept in the full tier
 # (make test, CI). The short tier (make test-short) runs without it.
 GOTESTFLAGS ?= -race -count=1 -parallel $(PARALLEL) -timeout 30m
-SHORTTESTFLAGS ?= -short -count=1 -parallel $(PARALLEL) -timeout 20m
+# The short tier also runs 4 packages at a time (-p 4; go test's default is the number of CPUs):
+# 4m25s against 8m02s for the same 40 packages (their times summed 830 s and 752 s), measured
+# one after the other on 2 cores at load averages 5–21 and 22–27.
+SHORTTESTFLAGS ?= -short -count=1 -p 4 -parallel $(PARALLEL) -timeout 20m
 PKGS ?= ./...
 # The Go modules whose tests `make test` and `make test-short` run: each directory's $(PKGS),
 # from inside it (go test ./... at the root does not enter a nested module).
