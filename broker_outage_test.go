@@ -16,13 +16,13 @@ import (
 // made the broker forget the only static member; its commit was refused (Unknown member), then
 // librdkafka fenced it ("Static consumer fenced by other consumer with same
 // group.instance.id", fatal) and Run ended. Now Run builds a new Kafka client and rejoins with
-// the same id: ten SIGKILLs of the broker, each down longer than the session timeout, and the
-// consumer never stops; every message is applied exactly once.
+// the same id: testenv.KillRounds SIGKILLs of the broker, each down longer than the session
+// timeout, and the consumer never stops; every message is applied exactly once.
 func TestStaticMemberRidesOutBrokerRestarts(t *testing.T) {
 	testenv.NeedBrokerKills(t)
 	b := setup(t, 3)
 	const perRound = 1500
-	rounds := 10
+	rounds := testenv.KillRounds
 	produce(t, b.brokers, b.topic, values(perRound, -1, func(i int) string { return fmt.Sprint(i) }))
 	cfg := b.config(t)
 	cfg.Kafka["group.instance.id"] = "outage-" + b.topic
@@ -61,10 +61,10 @@ func TestStaticMemberRidesOutBrokerRestarts(t *testing.T) {
 
 // Issue "outages a service must ride out" 2: the broker killed while Config.Backpressure held
 // every partition (their fetch paused, their buffers full) left a consumer alive and silent
-// after the partitions came back: nothing applied, no log line, ready. Ten times: hold every
-// partition, kill the broker for longer than the session timeout, let go; every message of
-// the round is applied within a bound, exactly once, and the watchdog reports nothing stalled
-// at the end.
+// after the partitions came back: nothing applied, no log line, ready. testenv.KillRounds
+// times: hold every partition, kill the broker for longer than the session timeout, let go;
+// every message of the round is applied within a bound, exactly once, and the watchdog reports
+// nothing stalled at the end.
 func TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind(t *testing.T) {
 	testenv.NeedBrokerKills(t)
 	b := setup(t, 3)
@@ -88,7 +88,8 @@ func TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind(t *testing.T
 	r := b.start(t, h, cfg)
 	applied := func() int64 { return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) }
 	const perRound = 900
-	for round := 1; round <= 10; round++ {
+	const rounds = testenv.KillRounds
+	for round := 1; round <= rounds; round++ {
 		hold.Store(true)
 		produce(t, b.brokers, b.topic, values(perRound, -1, func(i int) string { return fmt.Sprintf("r%d-%d", round, i) }))
 		waitFor(t, 120*time.Second, fmt.Sprintf("round %d: every partition held back", round), func() bool { return r.c.Stats().HeldBack == 3 })
@@ -104,11 +105,11 @@ func TestBrokerKilledDuringABackpressureHoldLeavesNoPartitionBehind(t *testing.T
 		}
 		t.Logf("round %d: %d applied, %d pauses, readiness %v", round, applied(), r.c.Stats().Pauses, r.c.Readiness(context.Background()).Reasons)
 	}
-	if p := r.c.Stats().Pauses; p < 10 {
-		t.Fatalf("%d pauses in ten rounds: the holds did not fill the partitions' buffers", p)
+	if p := r.c.Stats().Pauses; p < rounds {
+		t.Fatalf("%d pauses in %d rounds: the holds did not fill the partitions' buffers", p, rounds)
 	}
-	if n, dup := applied(), b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != perRound*10 || dup != 0 {
-		t.Fatalf("%d applied, %d more than once; want %d, 0", n, dup, perRound*10)
+	if n, dup := applied(), b.q(t, `SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1`); n != perRound*rounds || dup != 0 {
+		t.Fatalf("%d applied, %d more than once; want %d, 0", n, dup, perRound*rounds)
 	}
 	if st := r.c.Readiness(context.Background()).Stalled; len(st) != 0 {
 		t.Fatalf("stalled partitions after the last round: %+v", st)

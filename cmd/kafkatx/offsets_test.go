@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,10 +55,7 @@ func offsetsSetup(t *testing.T) *offsetsBundle {
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE TABLE %s ("offset" bigint PRIMARY KEY, applied int NOT NULL)`, b.table("effects"))); err != nil {
 		t.Fatal(err)
 	}
-	b.cli = filepath.Join(t.TempDir(), "kafkatx")
-	if out, err := exec.Command("go", "build", "-o", b.cli, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build kafkatx: %v\n%s", err, out)
-	}
+	b.cli = buildCLI(t)
 	return b
 }
 

@@ -21,16 +21,6 @@ import (
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
-// buildCLI builds this command into a temporary directory.
-func buildCLI(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kafkatx")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build kafkatx: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // `kafkatx relay` publishes a row inserted with plain SQL when its NOTIFY arrives (polling is
 // set to an hour, so nothing else publishes it within the test's waits), serves /readyz and
 // /metrics, never prints a secret from its config file, and on SIGTERM exits 0 with its

@@ -40,6 +40,7 @@ type realAirflow struct {
 
 func needAirflow(t *testing.T) *realAirflow {
 	t.Helper()
+	testenv.FullTier(t, "needs a real Apache Airflow (scripts/dev-services up airflow)")
 	a := &realAirflow{url: os.Getenv("AIRFLOW_URL"), username: os.Getenv("AIRFLOW_USERNAME"),
 		passwordFile: os.Getenv("AIRFLOW_PASSWORD_FILE"), serviceAddr: os.Getenv("AIRFLOW_DAGSERVICE_ADDR"),
 		http: &http.Client{Timeout: 30 * time.Second}}

@@ -125,14 +125,16 @@ type env struct {
 	bin, brokers, dbURL, topic, group, airflowURL, logDir string
 }
 
+// buildBinary returns this command built once for every test of the package (testenv.BuildOnce).
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "dagtrigger")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return bin
+	return testenv.BuildOnce(t, ".", "dagtrigger")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.RemoveBuilds()
+	os.Exit(code)
 }
 
 func newEnv(t *testing.T, airflowURL string) *env {

@@ -20,13 +20,16 @@ import (
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
+// buildOrders returns this command built once for every test of the package (testenv.BuildOnce).
 func buildOrders(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "orders")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	return bin
+	return testenv.BuildOnce(t, ".", "orders")
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.RemoveBuilds()
+	os.Exit(code)
 }
 
 type runResult struct {

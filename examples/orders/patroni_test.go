@@ -36,6 +36,7 @@ type patroni struct {
 
 func patroniCluster(t *testing.T) *patroni {
 	t.Helper()
+	testenv.FullTier(t, "needs a Patroni cluster (scripts/dev-services up patroni)")
 	p := &patroni{url: os.Getenv("PATRONI_DATABASE_URL"), dir: os.Getenv("PATRONI_DIR"), ctl: os.Getenv("PATRONICTL_CONFIG_FILE")}
 	if p.url == "" || p.dir == "" || p.ctl == "" || os.Getenv("PATRONI_REST_URLS") == "" {
 		testenv.Unavailable(t, "PATRONI_DATABASE_URL, PATRONI_REST_URLS, PATRONI_DIR or PATRONICTL_CONFIG_FILE is not set (scripts/dev-services up patroni)")

@@ -40,6 +40,7 @@ const EnvConnectURL = "KAFKA_CONNECT_URL"
 // stops the test (testenv.Unavailable: a failure in CI) otherwise.
 func ConnectURL(t testing.TB) string {
 	t.Helper()
+	testenv.FullTier(t, "needs Kafka Connect with Debezium (scripts/dev-services up connect)")
 	u := os.Getenv(EnvConnectURL)
 	if u == "" {
 		testenv.Unavailable(t, "%s is not set (scripts/dev-services up connect)", EnvConnectURL)

@@ -57,6 +57,7 @@ func (d *devServices) state(name string) string {
 // setup copies scripts/ into a temporary repository that shares the cached Kafka jars.
 func setup(t *testing.T) *devServices {
 	t.Helper()
+	testenv.FullTier(t, "starts and kills brokers of its own through scripts/dev-services")
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)

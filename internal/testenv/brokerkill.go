@@ -17,18 +17,32 @@ import (
 // run meets the outage too; `make test-outages` runs them alone.
 const EnvBrokerKillTests = "KAFKATX_BROKER_KILL_TESTS"
 
+// EnvBrokerKillService names the scripts/dev-services extra that runs the broker KillBroker
+// kills, for KillBroker to bring it back with `scripts/dev-services up NAME`: "outage" (the
+// broker of its own that `make test` gives test-outages, so they run beside the main suite).
+// Unset: the main development broker (`scripts/dev-services up`).
+const EnvBrokerKillService = "KAFKATX_BROKER_KILL_SERVICE"
+
+// KillRounds is how many times a test that rides out repeated broker outages kills the broker
+// (KillBroker): three — the first outage proves the recovery, the next ones that it recovers
+// again from the state the last recovery left (a new Kafka client, a rejoined member, resumed
+// partitions). Each round costs a broker restart (20 to 60 s on a loaded 2-core machine); ten
+// rounds made test-outages the longest stage of `make test`.
+const KillRounds = 3
+
 // NeedBrokerKills skips a test that kills the broker unless EnvBrokerKillTests is set, saying
 // so.
 func NeedBrokerKills(t testing.TB) {
 	t.Helper()
+	FullTier(t, "kills or freezes the broker (make test-outages)")
 	if os.Getenv(EnvBrokerKillTests) == "" {
 		t.Skipf("%s is not set: this test SIGKILLs the shared development broker; `make test-outages` runs it alone", EnvBrokerKillTests)
 	}
 }
 
 // KillBroker SIGKILLs the broker listening on brokers' first address (the JVM of
-// scripts/dev-services), waits down, and starts it again with `scripts/dev-services up`,
-// returning once it listens. The broker's data survive (the same storage directory).
+// scripts/dev-services), waits down, and starts it again with `scripts/dev-services up`
+// (`up NAME` when EnvBrokerKillService names the extra that runs it), returning once it listens. The broker's data survive (the same storage directory).
 func KillBroker(t testing.TB, brokers string, down time.Duration) {
 	t.Helper()
 	first := strings.Split(brokers, ",")[0]
@@ -48,10 +62,14 @@ func KillBroker(t testing.TB, brokers string, down time.Duration) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(root+"/scripts/dev-services", "up")
+	args := []string{"up"}
+	if svc := os.Getenv(EnvBrokerKillService); svc != "" {
+		args = append(args, svc)
+	}
+	cmd := exec.Command(root+"/scripts/dev-services", args...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("scripts/dev-services up after killing the broker: %v\n%s", err, out)
+		t.Fatalf("scripts/dev-services %s after killing the broker: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	if listenerPID(port) == 0 {
 		t.Fatalf("the broker does not listen on %s after scripts/dev-services up", port)

@@ -26,6 +26,7 @@ const (
 // map on every call and holds no bootstrap.servers.
 func SecureKafka(t testing.TB) (brokers string, props kafka.ConfigMap, file string) {
 	t.Helper()
+	FullTier(t, "needs the broker's SASL_SSL listener (scripts/dev-services up secure)")
 	brokers, file = os.Getenv(EnvSecureBootstrap), os.Getenv(EnvSecureConfigFile)
 	if brokers == "" || file == "" {
 		Unavailable(t, "%s or %s is not set (scripts/dev-services up secure)", EnvSecureBootstrap, EnvSecureConfigFile)
@@ -48,6 +49,7 @@ func SecureKafka(t testing.TB) (brokers string, props kafka.ConfigMap, file stri
 // unset.
 func ThroughPgBouncer(t testing.TB, dsn string) string {
 	t.Helper()
+	FullTier(t, "needs PgBouncer (scripts/dev-services up pgbouncer)")
 	pb := os.Getenv(EnvPgBouncerURL)
 	if pb == "" {
 		Unavailable(t, "%s is not set (scripts/dev-services up pgbouncer)", EnvPgBouncerURL)

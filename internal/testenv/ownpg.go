@@ -29,6 +29,7 @@ type OwnPostgres struct {
 // postgres OS user, under /var/tmp.
 func StartOwnPostgres(t testing.TB, conf string) *OwnPostgres {
 	t.Helper()
+	FullTier(t, "initdbs and starts a PostgreSQL cluster of its own")
 	bin := os.Getenv("PG_BIN")
 	if bin == "" {
 		if p, err := exec.LookPath("initdb"); err == nil {

@@ -456,6 +456,7 @@ func UniqueName(t testing.TB, prefix string, max int) string {
 // connections; it stops the test (see Unavailable) otherwise.
 func SecondBrokers(t testing.TB) string {
 	t.Helper()
+	FullTier(t, "needs a second Kafka cluster (scripts/dev-services up kafka2)")
 	brokers := os.Getenv("KAFKA2_BOOTSTRAP_SERVERS")
 	if brokers == "" {
 		Unavailable(t, "KAFKA2_BOOTSTRAP_SERVERS is not set (scripts/dev-services up kafka2)")

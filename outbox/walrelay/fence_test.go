@@ -13,6 +13,7 @@ import (
 // and publishes on; the zombie's own transaction cannot commit. read_committed sees every
 // record once and nothing of the zombie.
 func TestZombieFencedByTransactionalID(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	r, _, _ := b.start(t, b.config(t))
 	b.write(t, "x", 200, 10)

@@ -11,6 +11,7 @@ import (
 // When no outbox message flows, the slot still moves past other WAL (the relay confirms the
 // walsender's position from its keepalives), so an idle slot does not pin WAL.
 func TestIdleSlotAdvancesPastOtherWAL(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	r, _, _ := b.start(t, b.config(t))
 	waitStreaming(t, r)

@@ -18,6 +18,7 @@ import (
 // slot resends from as far back as its last checkpoint, the relay reconnects and skips what its
 // Kafka checkpoint covers; a read_committed reader sees each record once. Own cluster.
 func TestPostgresCrashPublishesEachRecordOnce(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	brokers := testenv.Brokers(t)
 	o := testenv.StartOwnPostgres(t, "")
 	b := newBundleOn(t, brokers, o.URL)
@@ -45,6 +46,7 @@ func TestPostgresCrashPublishesEachRecordOnce(t *testing.T) {
 // A slot invalidated by max_slot_wal_keep_size (wal_status lost) stops the relay with a
 // FatalError saying what was lost and how to recover, instead of streaming on. Own cluster.
 func TestSlotInvalidatedByMaxSlotWALKeepSizeIsFatal(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	brokers := testenv.Brokers(t)
 	o := testenv.StartOwnPostgres(t, "max_slot_wal_keep_size = 1MB\nmax_wal_size = 64MB\nmin_wal_size = 32MB")
 	b := newBundleOn(t, brokers, o.URL)
@@ -83,6 +85,7 @@ func TestSlotInvalidatedByMaxSlotWALKeepSizeIsFatal(t *testing.T) {
 // setting of its session, not the cluster's) spills to disk on the server and is published
 // whole, once.
 func TestTransactionSpillingPastLogicalDecodingWorkMem(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	cfg := b.config(t)
 	repl := b.pool.Config().ConnConfig.Copy()
@@ -105,6 +108,7 @@ func TestTransactionSpillingPastLogicalDecodingWorkMem(t *testing.T) {
 // with 58P01 — stopped the relay with the recovery, yet kafkatx_walrelay_slot_ready read 1.
 // It reads 0 (and Health().Ready() is false) for a slot the relay cannot stream. Own cluster.
 func TestSlotReadyReadsZeroForASlotWhoseWALWasRemoved(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	brokers := testenv.Brokers(t)
 	o := testenv.StartOwnPostgres(t, "")
 	b := newBundleOn(t, brokers, o.URL)

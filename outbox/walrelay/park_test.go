@@ -19,6 +19,7 @@ import (
 // `kafkatx outbox parked` lists it; a record for a topic that does not exist is parked without
 // producing. Every other record, before and after them and of the same key, is published once.
 func TestRefusedRecordsAreParkedAndTheRestPublishedOnce(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	b.topic = testenv.TopicWithConfig(t, b.brokers, 3, map[string]string{"max.message.bytes": "2000"})
 	ctx := context.Background()
@@ -66,6 +67,7 @@ func TestRefusedRecordsAreParkedAndTheRestPublishedOnce(t *testing.T) {
 // batch's records one at a time to find the one refused, parks only that one, and publishes
 // the others once.
 func TestRefusedBatchIsBisectedToTheRecordAtFault(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	b.topic = testenv.TopicWithConfig(t, b.brokers, 1, map[string]string{"cleanup.policy": "compact"})
 	ctx := context.Background()

@@ -18,6 +18,7 @@ import (
 // the commit of [refused, next] to next's publication, against the same for a record alone
 // just before (the figures for docs/outbox-wal.md; no bound is asserted).
 func TestRecordRefusedMidStreamIsParkedAndTheNextPublished(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	ctx := context.Background()
 	r, _, _ := b.start(t, b.config(t))

@@ -22,6 +22,7 @@ import (
 // INSERT INTO kafkatx.outbox is published and stores no row; the slot's confirmed position
 // moves only past what was published.
 func TestPublishesCommittedRecordsOnceInCommitOrder(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	r, _, _ := b.start(t, b.config(t))
 	var want []string
@@ -96,6 +97,7 @@ func TestPublishesCommittedRecordsOnceInCommitOrder(t *testing.T) {
 // producing it, before and after the Kafka commit, before confirming the slot's position —
 // and a restart: a read_committed reader sees every record exactly once.
 func TestSIGKILLAtEachPointPublishesEachRecordOnce(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	for _, point := range []string{"after-decode:150", "after-produce:700", "before-kafka-commit:1", "after-kafka-commit:1", "before-confirm:2"} {
 		t.Run(strings.Split(point, ":")[0], func(t *testing.T) {
 			b := newBundle(t)
@@ -125,6 +127,7 @@ func TestSIGKILLAtEachPointPublishesEachRecordOnce(t *testing.T) {
 // Two relays on one slot: the second waits (55006) while the first streams, ready as a
 // standby, takes over when it stops, and together they publish each record once.
 func TestSecondRelayWaitsForTheSlotAndTakesOver(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	r1, stop1, done1 := b.start(t, b.config(t))
 	waitStreaming(t, r1)
@@ -173,6 +176,7 @@ func waitStreaming(t *testing.T, r *Relay) {
 // deploy are published; a writer refuses to emit when the slot is missing, and the relay
 // stops with a FatalError saying what was lost.
 func TestFreshDeployPublishesFirstEventsAndMissingSlotIsRefusedLoudly(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	b.write(t, "first", 3, 3) // before any relay ran
 	r, _, done := b.start(t, b.config(t))
@@ -236,6 +240,7 @@ func TestFreshDeployPublishesFirstEventsAndMissingSlotIsRefusedLoudly(t *testing
 // One transaction of 100,000 records is published whole, in one Kafka transaction, and the
 // relay's Go heap stays bounded (records are produced while decoded, never held).
 func TestTransactionOf100000Records(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	if testing.Short() {
 		t.Skip("100,000 records")
 	}

@@ -21,6 +21,7 @@ import (
 // confirmed the shared slot past the other schema's messages, which it skips, and the second
 // relay found nothing — its 200 events lost, silently, exit 0 (found by a fresh-eyes attack).
 func TestSchemaSlotsApart(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	brokers := testenv.Brokers(t)
 	dsn := testenv.Database(t)
 	ctx := context.Background()

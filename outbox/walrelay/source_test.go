@@ -15,6 +15,7 @@ import (
 // so the same message processed again on another timeline publishes the same id — without the
 // carrier header; a record without a Source keeps the commit-position id.
 func TestWALRelayCarriesTheSourceID(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	b := newBundle(t)
 	b.start(t, b.config(t))
 	src := &outbox.Source{Scope: "g/0", Topic: "orders", Partition: 1, Offset: 41}

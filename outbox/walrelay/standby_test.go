@@ -15,6 +15,7 @@ import (
 // standby). Once the requirement is lifted, the writer's COMMIT returns and the records are
 // published once.
 func TestNothingIsPublishedBeforeTheSynchronousStandbyHasIt(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	brokers := testenv.Brokers(t)
 	o := testenv.StartOwnPostgres(t, "synchronous_commit = on")
 	b := newBundleOn(t, brokers, o.URL)

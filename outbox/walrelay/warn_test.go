@@ -15,6 +15,7 @@ import (
 // the figures, and its metrics' source (Health) reports them, before PostgreSQL invalidates
 // it. Own cluster (the setting is cluster-wide).
 func TestSlotNearMaxSlotWALKeepSizeIsWarnedAbout(t *testing.T) {
+	t.Parallel() // a database (or cluster), slot and topics of its own
 	brokers := testenv.Brokers(t)
 	o := testenv.StartOwnPostgres(t, "max_slot_wal_keep_size = 96MB\nmax_wal_size = 256MB")
 	b := newBundleOn(t, brokers, o.URL)

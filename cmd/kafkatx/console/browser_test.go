@@ -26,6 +26,8 @@ import (
 // chromium finds the headless browser: $CHROMIUM, else chromium on PATH (Debian's package,
 // which scripts/install-browser installs and `make test` runs first).
 func chromium(t *testing.T) string {
+	t.Helper()
+	testenv.FullTier(t, "needs headless Chromium (make browser)")
 	for _, p := range []string{os.Getenv("CHROMIUM"), "chromium", "chromium-browser"} {
 		if p == "" {
 			continue
