@@ -48,7 +48,7 @@ func TestConsumerAppliesEachMessageOnceAndCommitsAfterTheDatabase(t *testing.T) 
 		t.Fatalf("stats %+v", s)
 	}
 	// The same figures for Prometheus: processed, and a drift gauge per assigned partition.
-	if got := testutil.ToFloat64(r.c.metrics.processed.WithLabelValues(b.group, b.topic)); got != 300 {
+	if got := testutil.ToFloat64(r.c.metrics.c.Processed.WithLabelValues(b.group, b.topic)); got != 300 {
 		t.Fatalf("kafkatx_messages_processed_total = %v, want 300", got)
 	}
 	if n, err := testutil.GatherAndCount(reg, "kafkatx_offset_drift"); err != nil || n != 3 {

@@ -164,12 +164,12 @@ func TestHooksSeeTheLoopsEvents(t *testing.T) {
 	}
 	// Prometheus, a hook like the others, agrees.
 	for name, want := range map[string]float64{"processed": 49, "retries": 1} {
-		vec := map[string]*prometheus.CounterVec{"processed": r.c.metrics.processed, "retries": r.c.metrics.retries}[name]
+		vec := map[string]*prometheus.CounterVec{"processed": r.c.metrics.c.Processed, "retries": r.c.metrics.c.Retries}[name]
 		if got := testutil.ToFloat64(vec.WithLabelValues(b.group, b.topic)); got != want {
 			t.Fatalf("%s metric = %v, want %v", name, got, want)
 		}
 	}
-	if n := testutil.CollectAndCount(r.c.metrics.batchSeconds); n != 1 {
+	if n := testutil.CollectAndCount(r.c.metrics.c.BatchSeconds); n != 1 {
 		t.Fatalf("batch duration histogram: %d series", n)
 	}
 }

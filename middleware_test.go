@@ -152,7 +152,7 @@ func TestMiddlewareErrorsAndPanicsFollowTheHandlerRules(t *testing.T) {
 	if s.DeadLettered != 2 || s.Retries != 3 || s.Processed != 3 {
 		t.Fatalf("stats %+v: want 2 dead-lettered, 3 retries, 3 processed", s)
 	}
-	if got := testutil.ToFloat64(r.c.metrics.deadLetters.WithLabelValues(b.group, b.topic, ErrorClassPanic)); got != 1 {
+	if got := testutil.ToFloat64(r.c.metrics.c.DeadLetters.WithLabelValues(b.group, b.topic, ErrorClassPanic)); got != 1 {
 		t.Fatalf("kafkatx_dead_letters_total{error_class=panic} = %v, want 1", got)
 	}
 }

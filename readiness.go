@@ -201,7 +201,7 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 			"(it forgot the member after an outage or a pause longer than session.timeout.ms; not another live process so far): %s",
 			r.RejoiningSince.UTC().Format(time.RFC3339), r.Rejoining))
 	}
-	if reason := conditionReason(r.Waiting); reason != "" {
+	if reason := engine.ConditionReason(snap.Waiting); reason != "" {
 		r.Reasons = append(r.Reasons, reason)
 	}
 	for _, s := range snap.Stuck {
@@ -271,31 +271,4 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	r.Ready = len(r.Reasons) == 0
 	return r
-}
-
-// conditionReason is Readiness's reason while partitions wait out the database's own
-// condition: the condition (SQLSTATE and name) of the longest wait, since when, and how many
-// partitions wait; "" when none does.
-func conditionReason(ws []WaitingPartition) string {
-	var first *WaitingPartition
-	n := 0
-	for i := range ws {
-		if ws[i].Condition == "" {
-			continue
-		}
-		n++
-		if first == nil || ws[i].Since.Before(first.Since) {
-			first = &ws[i]
-		}
-	}
-	if first == nil {
-		return ""
-	}
-	if strings.HasPrefix(first.Condition, "25P03") {
-		return fmt.Sprintf("the database ended the transaction of %s[%d] offset %d: %s (Config.Transaction.IdleTimeout: the handler held it idle past the bound) since %s, "+
-			"on %d partition(s); it runs again, not an attempt, unless the same offset's transaction is ended %d times in a row: then each end is an attempt of that message (docs/failures.md)",
-			first.Topic, first.Partition, first.Offset, first.Condition, first.Since.UTC().Format(time.RFC3339), n, engine.IdleEndsToCharge)
-	}
-	return fmt.Sprintf("the database's own condition %s since %s: %d partition(s) wait it out, spending no attempt (docs/failures.md)",
-		first.Condition, first.Since.UTC().Format(time.RFC3339), n)
 }

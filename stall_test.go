@@ -50,7 +50,7 @@ func TestWatchdogReportsAPartitionWithLagAndNoProgress(t *testing.T) {
 	if st.Topic != b.topic || st.Partition != 0 || st.Watermark != 0 || st.LogEnd != 6 {
 		t.Fatalf("stalled partition %+v; want %s[0] at watermark 0, log end 6", st, b.topic)
 	}
-	if got := testutil.ToFloat64(r.c.metrics.stalled.WithLabelValues(b.group, b.topic, "0")); got != 1 {
+	if got := testutil.ToFloat64(r.c.metrics.c.Stalled.WithLabelValues(b.group, b.topic, "0")); got != 1 {
 		t.Fatalf("kafkatx_partition_stalled = %v, want 1", got)
 	}
 	stalled := PartitionStalled{Group: b.group, Topic: b.topic, Watermark: 0, LogEnd: 6, Stalled: true}
@@ -61,7 +61,7 @@ func TestWatchdogReportsAPartitionWithLagAndNoProgress(t *testing.T) {
 	waitFor(t, 30*time.Second, "all 6 applied and the report cleared", func() bool {
 		return b.q(t, `SELECT count(*) FROM {{schema}}.effects`) == 6 && len(r.c.Readiness(context.Background()).Stalled) == 0
 	})
-	if got := testutil.ToFloat64(r.c.metrics.stalled.WithLabelValues(b.group, b.topic, "0")); got != 0 {
+	if got := testutil.ToFloat64(r.c.metrics.c.Stalled.WithLabelValues(b.group, b.topic, "0")); got != 0 {
 		t.Fatalf("kafkatx_partition_stalled = %v after progress, want 0", got)
 	}
 	if got := eventsOf[PartitionStalled](hook); len(got) != 2 || got[1].Stalled || got[1].Watermark == 0 {

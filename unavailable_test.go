@@ -78,7 +78,7 @@ func TestUnavailableWaitsWithoutAttemptsAndResumes(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if got := testutil.ToFloat64(r.c.metrics.waiting.WithLabelValues(b.group, b.topic, "0")); got != 1 {
+	if got := testutil.ToFloat64(r.c.metrics.c.Waiting.WithLabelValues(b.group, b.topic, "0")); got != 1 {
 		t.Fatalf("kafkatx_partition_waiting = %v, want 1", got)
 	}
 	down.Store(false)
@@ -95,7 +95,7 @@ func TestUnavailableWaitsWithoutAttemptsAndResumes(t *testing.T) {
 	if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE applied <> 1"); n != 0 {
 		t.Fatalf("%d effects applied twice", n)
 	}
-	if got := testutil.ToFloat64(r.c.metrics.unavailable.WithLabelValues(b.group, b.topic)); got < 7 {
+	if got := testutil.ToFloat64(r.c.metrics.c.Unavailable.WithLabelValues(b.group, b.topic)); got < 7 {
 		t.Fatalf("kafkatx_dependency_unavailable_total = %v", got)
 	}
 }

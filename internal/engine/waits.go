@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -449,4 +450,31 @@ wait:
 		return errStopped
 	}
 	return err
+}
+
+// ConditionReason is the consumer's readiness reason (kafkatx.Readiness) while partitions wait out the database's own
+// condition: the condition (SQLSTATE and name) of the longest wait, since when, and how many
+// partitions wait; "" when none does.
+func ConditionReason(ws []Waiting) string {
+	var first *Waiting
+	n := 0
+	for i := range ws {
+		if ws[i].Condition == "" {
+			continue
+		}
+		n++
+		if first == nil || ws[i].Since.Before(first.Since) {
+			first = &ws[i]
+		}
+	}
+	if first == nil {
+		return ""
+	}
+	if strings.HasPrefix(first.Condition, "25P03") {
+		return fmt.Sprintf("the database ended the transaction of %s[%d] offset %d: %s (Config.Transaction.IdleTimeout: the handler held it idle past the bound) since %s, "+
+			"on %d partition(s); it runs again, not an attempt, unless the same offset's transaction is ended %d times in a row: then each end is an attempt of that message (docs/failures.md)",
+			first.Topic, first.Partition, first.Offset, first.Condition, first.Since.UTC().Format(time.RFC3339), n, IdleEndsToCharge)
+	}
+	return fmt.Sprintf("the database's own condition %s since %s: %d partition(s) wait it out, spending no attempt (docs/failures.md)",
+		first.Condition, first.Since.UTC().Format(time.RFC3339), n)
 }
