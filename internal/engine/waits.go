@@ -452,9 +452,9 @@ wait:
 	return err
 }
 
-// ConditionReason is the consumer's readiness reason (kafkatx.Readiness) while partitions wait out the database's own
-// condition: the condition (SQLSTATE and name) of the longest wait, since when, and how many
-// partitions wait; "" when none does.
+// ConditionReason is the consumer's readiness reason (kafkatx.Readiness) while partitions
+// wait out the database's own condition: the condition (SQLSTATE and name) of the longest
+// wait, since when, and how many partitions wait; "" when none does.
 func ConditionReason(ws []Waiting) string {
 	var first *Waiting
 	n := 0
