@@ -367,6 +367,19 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 		time.Sleep(100 * time.Millisecond)
 	}
 
+	// Synchronously, Patroni promotes only the node its /sync key names: a replica that
+	// restarted (the permanent slot's copy restarts it) is named again a loop or two after it
+	// streams, and a leader killed before that leaves no node it may promote. The replica
+	// must be the synchronous standby before the partition (GET /synchronous answers 200).
+	if mode == "sync" {
+		for deadline := time.Now().Add(90 * time.Second); !restOK(p.rest[replica] + "/synchronous"); {
+			if time.Now().After(deadline) {
+				t.Fatalf("node%d is not the synchronous standby within 90 s", replica+1)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
 	// The partition: the leader's walsender to the replica stops for 2 s while the leader
 	// commits (what it has not sent is lost with the leader), then the leader dies.
 	lp, lpm := p.pids(t, leader)
