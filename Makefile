@@ -175,7 +175,7 @@ browser:
 ## services-up: start (or reuse) PostgreSQL and the Kafka broker; print their addresses
 services-up:
 	scripts/dev-services up
-	@scripts/dev-services env
+	@scripts/dev-services env postgres kafka
 
 ## services-down: stop what services-up started
 services-down:
