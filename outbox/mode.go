@@ -130,11 +130,43 @@ func identName(s, hashOf string) string {
 // emit — and only then switches; creating a slot waits for every transaction open in the
 // cluster. It refuses to switch while the outbox table holds pending rows (publish them first
 // with the table relay, e.g. `kafkatx relay --outbox-mode table --exit-when-idle 5s`). For
-// ModeTable the slot stays, so a WAL relay can publish what it still holds; drop it with
+// ModeTable it refuses (wrapping ErrSlotHoldsRecords) while the slot, streamed by no relay,
+// still holds outbox records no relay published (SlotPending; SetModeForce switches anyway);
+// the slot stays, so a WAL relay still running can publish what it holds; drop it with
 // DropSlot once that is done. pool must reach the database directly or through a session
 // pooler (slot creation is not a transaction), with a role that has REPLICATION and may
 // create publications.
 func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) error {
+	return setMode(ctx, pool, schema, mode, false)
+}
+
+// SetModeForce is SetMode without the refusal to switch to table mode while the schema's
+// slot holds unpublished outbox records (kafkatx migrate up --outbox-mode table --force):
+// those records are lost unless a WAL relay already streaming the slot publishes them.
+func SetModeForce(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) error {
+	return setMode(ctx, pool, schema, mode, true)
+}
+
+// slotDrained is nil unless schema is in WAL mode and its slot, which no relay streams now,
+// holds outbox records no relay published (SlotPending): switching to table mode then loses
+// them, since a WAL relay refuses to start in table mode. A slot a relay streams is being
+// drained (docs/outbox-wal.md, Switching with a backlog): the switch goes on.
+func slotDrained(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	st, err := ReadSettings(ctx, pool, schema)
+	if err != nil || st.Mode != ModeWAL || st.Slot == "" {
+		return err
+	}
+	n, active, err := SlotPending(ctx, pool, schema, st.Slot, st.Publication)
+	if err != nil || active || n == 0 {
+		return err
+	}
+	return fmt.Errorf("outbox: set mode table: %w: slot %s holds %d record(s) no relay published, which a switch loses "+
+		"(a WAL relay refuses to start in table mode). Drain it first: kafkatx relay --exit-when-idle 5s --schema %s "+
+		"(until it exits, the slot caught up), then switch; or pass --force to lose them",
+		ErrSlotHoldsRecords, st.Slot, n, msgfmt.Quote(schema))
+}
+
+func setMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode, force bool) error {
 	schema = pg.SchemaOr(schema)
 	if mode != ModeTable && mode != ModeWAL {
 		return fmt.Errorf("outbox: set mode %q: want wal or table", mode)
@@ -194,6 +226,11 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 				s, why, RecoverSlotSteps(schema, true))
 		}
 	}
+	if mode == ModeTable && !force {
+		if err := slotDrained(ctx, pool, schema); err != nil {
+			return err
+		}
+	}
 	t := tables.For(schema).Outbox
 	defer forgetSchema(schema)
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -207,7 +244,7 @@ func SetMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode) 
 				return fmt.Errorf("outbox: set mode: %w", err)
 			}
 			if pending {
-				return fmt.Errorf("outbox: set mode wal: %s still holds pending rows; publish them first with the table relay (kafkatx relay --outbox-mode table --exit-when-idle 5s), then switch", t)
+				return fmt.Errorf("outbox: set mode wal: %s still holds pending rows; publish them first with the table relay (kafkatx relay --outbox-mode table --exit-when-idle 5s --schema %s), then switch", t, msgfmt.Quote(schema))
 			}
 		}
 		if _, err := tx.Exec(ctx, `SELECT `+tables.For(schema).Func("outbox_set_mode")+`($1, $2, $3)`, string(mode), slot, pub); err != nil {
@@ -237,8 +274,8 @@ func EnsureMode(ctx context.Context, pool *pgxpool.Pool, schema string, want Mod
 			return "", err
 		}
 	default:
-		return "", fmt.Errorf("%w: --outbox-mode %s, but schema %s's outbox is in %s mode (switch it with kafkatx migrate up --outbox-mode %s --schema %s)",
-			ErrModeConflict, want, schema, s.Mode, want, schema)
+		return "", fmt.Errorf("%w: --outbox-mode %s, but schema %s's outbox is in %s mode (%s)",
+			ErrModeConflict, want, schema, s.Mode, SwitchSteps(schema, s.Mode, want))
 	}
 	if s.Mode == ModeWAL {
 		var ok bool
@@ -267,6 +304,22 @@ func RecoverSlotSteps(schema string, drop bool) string {
 		return up
 	}
 	return "kafkatx outbox drop-slot --force --schema " + q + ", then " + up
+}
+
+// SwitchSteps is the one wording of how to switch schema's outbox from mode from to mode to,
+// each command complete: to WAL, publish the table's pending rows with the table relay first
+// (SetMode refuses while there are any); to table, drain the slot with the WAL relay first
+// (SetMode refuses while the slot, streamed by no relay, holds unpublished records).
+func SwitchSteps(schema string, from, to Mode) string {
+	q := msgfmt.Quote(pg.SchemaOr(schema))
+	up := "kafkatx migrate up --outbox-mode " + string(to) + " --schema " + q
+	if from == ModeWAL && to == ModeTable {
+		return "drain the slot first: kafkatx relay --exit-when-idle 5s --schema " + q + ", then switch with " + up
+	}
+	if from == ModeTable && to == ModeWAL {
+		return "publish the pending rows first: kafkatx relay --outbox-mode table --exit-when-idle 5s --schema " + q + ", then switch with " + up
+	}
+	return "switch with " + up
 }
 
 // SlotUnstreamable says why slot, which exists, can never be streamed, or "" when it can: its
@@ -304,9 +357,44 @@ func SlotUnstreamable(ctx context.Context, pool *pgxpool.Pool, slot, pub string)
 	return "", fmt.Errorf("outbox: check that slot %s can be streamed: %w", slot, err)
 }
 
+// ErrSlotHoldsRecords is wrapped by the error of SetMode (to table) and DropSlot when the
+// schema's replication slot still holds outbox records no relay published (SlotPending):
+// switching or dropping then would lose them.
+var ErrSlotHoldsRecords = errors.New("the replication slot holds unpublished outbox records")
+
+// SlotPending counts the outbox records of schema still in replication slot slot: the
+// transactional logical-decoding messages under schema's prefix (WALPrefix) committed after
+// the slot's confirmed_flush_lsn, found by peeking at the slot's pending changes
+// (pg_logical_slot_peek_binary_changes with pgoutput, publication pub, messages on; nothing
+// is consumed). Only messages count: a slot that lags on other tables' WAL, or on another
+// schema's messages, reads 0. The peek decodes all of the slot's pending WAL (its cost grows
+// with the lag). active is true, with n 0, when a relay streams the slot now (SQLSTATE 55006:
+// it cannot be peeked; that relay publishes what it holds). A slot that does not exist reads
+// 0; one that cannot be streamed (SlotUnstreamable) is an error.
+func SlotPending(ctx context.Context, q pg.Querier, schema, slot, pub string) (n int64, active bool, err error) {
+	prefix := WALPrefix(pg.SchemaOr(schema))
+	// pgoutput's message: 'M', flags (1 byte), lsn (8), prefix (NUL-terminated), length, content.
+	err = q.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots s,
+		LATERAL pg_logical_slot_peek_binary_changes(s.slot_name, NULL, NULL,
+			'proto_version', '1', 'publication_names', $2, 'messages', 'true') c
+		WHERE s.slot_name = $1 AND get_byte(c.data, 0) = 77
+		AND substring(c.data FROM 11 FOR $4) = convert_to($3, 'UTF8') || '\x00'::bytea`,
+		slot, pub, prefix, len(prefix)+1).Scan(&n)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "55006" {
+		return 0, true, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("outbox: peek at slot %s for unpublished outbox records: %w", slot, err)
+	}
+	return n, false, nil
+}
+
 // DropSlot drops schema's WAL slot (kafkatx outbox drop-slot). What it held and no relay
 // published is lost. It fails while a relay streams from the slot, and, unless force, while
-// the schema is in WAL mode (writers would then refuse to emit). It returns the slot's name.
+// the schema is in WAL mode (writers would then refuse to emit) or while the slot holds
+// outbox records no relay published (SlotPending; the error wraps ErrSlotHoldsRecords). It
+// returns the slot's name.
 func DropSlot(ctx context.Context, q pg.Querier, schema string, force bool) (string, error) {
 	s, err := ReadSettings(ctx, q, schema)
 	if err != nil {
@@ -317,6 +405,22 @@ func DropSlot(ctx context.Context, q pg.Querier, schema string, force bool) (str
 	}
 	if s.Mode == ModeWAL && !force {
 		return s.Slot, fmt.Errorf("outbox: schema %s is in WAL mode: dropping slot %s stops every writer (they refuse to emit); switch to table mode first or pass --force", pg.SchemaOr(schema), s.Slot)
+	}
+	if !force {
+		n, active, err := SlotPending(ctx, q, schema, s.Slot, s.Publication)
+		if err != nil {
+			return s.Slot, err
+		}
+		if active {
+			return s.Slot, fmt.Errorf("outbox: drop slot %s: a relay streams from it; stop it once idle, then drop", s.Slot)
+		}
+		if n > 0 {
+			q := msgfmt.Quote(pg.SchemaOr(schema))
+			return s.Slot, fmt.Errorf("outbox: drop slot %s: %w (%d): dropping it loses them. Publish them first: "+
+				"kafkatx relay --outbox-mode table --exit-when-idle 5s --schema %s, kafkatx migrate up --outbox-mode wal --schema %s, "+
+				"kafkatx relay --exit-when-idle 5s --schema %s, then switch back and drop; or pass --force to lose them",
+				s.Slot, ErrSlotHoldsRecords, n, q, q, q)
+		}
 	}
 	if _, err := q.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, s.Slot); err != nil {
 		return s.Slot, fmt.Errorf("outbox: drop slot %s: %w", s.Slot, err)

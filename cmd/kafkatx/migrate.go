@@ -16,7 +16,8 @@ type MigrateCmd struct {
 
 // MigrateUpCmd applies pending migrations and, with --outbox-mode, sets the outbox's mode.
 type MigrateUpCmd struct {
-	OutboxMode string `name:"outbox-mode" enum:"${outbox_modes}," default:"" help:"Set the outbox's mode, stored with the schema: wal (transactional logical-decoding messages relayed from a replication slot, created here with its publication) or table (rows). Switching to wal refuses while the table holds pending rows; switching to table keeps the slot (kafkatx outbox drop-slot drops it). Empty: unchanged (table for a new schema)."`
+	OutboxMode string `name:"outbox-mode" enum:"${outbox_modes}," default:"" help:"Set the outbox's mode, stored with the schema: wal (transactional logical-decoding messages relayed from a replication slot, created here with its publication) or table (rows). Switching to wal refuses while the table holds pending rows; switching to table refuses while the slot, streamed by no relay, holds unpublished outbox records (drain it with the WAL relay first, or --force), and keeps the slot (kafkatx outbox drop-slot drops it). Empty: unchanged (table for a new schema)."`
+	Force      bool   `help:"With --outbox-mode table: switch even while the replication slot holds outbox records no relay published (they are lost)."`
 }
 
 func (c MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
@@ -36,7 +37,11 @@ func (c MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Printf("schema %s at version %d (applied %v)\n", g.Schema, migrations.Latest(), done)
 	if c.OutboxMode != "" {
-		if err := outbox.SetMode(ctx, sp, g.Schema, outbox.Mode(c.OutboxMode)); err != nil {
+		set := outbox.SetMode
+		if c.Force {
+			set = outbox.SetModeForce
+		}
+		if err := set(ctx, sp, g.Schema, outbox.Mode(c.OutboxMode)); err != nil {
 			return err
 		}
 		st, err := outbox.ReadSettings(ctx, sp, g.Schema)

@@ -33,8 +33,8 @@ func (c *RelayCmd) mode(ctx context.Context, sp *pgxpool.Pool, schema string) (o
 		return "", &exitError{code: exitUsage, err: fmt.Errorf("--outbox-mode %s: schema %s's outbox is in %s mode; set it first with kafkatx migrate up --outbox-mode %s --schema %s (or add --migrate)",
 			want, schema, st.Mode, want, shellQuote(schema))}
 	}
-	return "", &exitError{code: exitUsage, err: fmt.Errorf("--outbox-mode %s conflicts with schema %s's stored outbox mode %s (switch with kafkatx migrate up --outbox-mode %s --schema %s)",
-		want, schema, st.Mode, want, shellQuote(schema))}
+	return "", &exitError{code: exitUsage, err: fmt.Errorf("--outbox-mode %s conflicts with schema %s's stored outbox mode %s (%s)",
+		want, schema, st.Mode, outbox.SwitchSteps(schema, st.Mode, want))}
 }
 
 // readyz is /readyz of rl: in table mode, the leader's last contact with the database is

@@ -17,3 +17,15 @@ func ResetCommand(schema, group, topic string, partition int32, quote func(strin
 	}
 	return cmd
 }
+
+// ResetStep is a whole `kafkatx offsets reset` a message prints as a step to run:
+// ResetCommand, then target (one of --to-offset N, --to-time T, --to-earliest, --to-latest,
+// --to-database), --mode mode when mode is not empty, and "--reason TEXT --execute" (--reason
+// is required: TEXT is the placeholder the operator fills in).
+func ResetStep(schema, group, topic string, partition int32, target, mode string, quote func(string) string) string {
+	cmd := ResetCommand(schema, group, topic, partition, quote) + " " + target
+	if mode != "" {
+		cmd += " --mode " + mode
+	}
+	return cmd + " --reason TEXT --execute"
+}

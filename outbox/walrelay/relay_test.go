@@ -225,7 +225,7 @@ func TestFreshDeployPublishesFirstEventsAndMissingSlotIsRefusedLoudly(t *testing
 			t.Fatalf("relay started without its slot ended with %v, want a FatalError", err)
 		}
 		for _, want := range []string{"does not exist on this server", "server timeline 1", "after commit LSN", "on timeline 1 (the checkpoint published 20",
-			"kafkatx migrate up --outbox-mode wal", "--to-time 20", "--mode replay --execute"} {
+			"kafkatx migrate up --outbox-mode wal", "--to-time 20", "--mode replay --reason TEXT --execute"} {
 			if !strings.Contains(err.Error(), want) {
 				t.Fatalf("the missing slot's error lacks %q: %v", want, err)
 			}

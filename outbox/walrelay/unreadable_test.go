@@ -32,7 +32,7 @@ func TestSlotWhoseWALWasRemovedStopsTheRelayWithTheRecovery(t *testing.T) {
 		t.Fatalf("58P01 from the stream: %v, want a FatalError", got)
 	}
 	for _, want := range []string{"kafkatx_outbox", "cannot be streamed", "00000002000000000000000E", "0/21413D30",
-		"kafkatx outbox drop-slot --force --schema orders, then kafkatx migrate up --outbox-mode wal --schema orders", "--to-time 2026-12-03T16:59:59Z --mode replay --execute"} {
+		"kafkatx outbox drop-slot --force --schema orders, then kafkatx migrate up --outbox-mode wal --schema orders", "--to-time 2026-12-03T16:59:59Z --mode replay --reason TEXT --execute"} {
 		if !strings.Contains(got.Error(), want) {
 			t.Errorf("the error does not say %q: %v", want, got)
 		}

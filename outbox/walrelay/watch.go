@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -217,7 +219,8 @@ func slotLostWhy(why string, drop bool, slot, schema string, ck checkpoint, tl t
 	}
 	return &FatalError{fmt.Errorf("walrelay: replication slot %s %s; server timeline %d. Lost: the events of the transactions committed %s %s. "+
 		"Recover: %s (a new slot; writers resume), then process those inputs again: "+
-		"kafkatx offsets reset --group GROUP --topic TOPIC %s --mode replay --execute (the handlers run again in a new replay epoch; when their effects must not repeat, "+
+		"%s (the handlers run again in a new replay epoch; when their effects must not repeat, "+
 		"republish from the services' own tables instead: docs/outbox-wal.md, Recovery). Keep the slot across failovers: a Patroni permanent slot or PostgreSQL 17 failover slots (docs/deployment.md)",
-		slot, why, tl.current, since, until, outbox.RecoverSlotSteps(schema, drop), replayFrom)}
+		slot, why, tl.current, since, until, outbox.RecoverSlotSteps(schema, drop),
+		offsetstate.ResetStep(schema, "GROUP", "TOPIC", -1, replayFrom, "replay", msgfmt.Quote))}
 }
