@@ -138,7 +138,9 @@ func TestEveryPrintedRecoveryStepRecovers(t *testing.T) {
 		failing: func(schema string) []string {
 			return []string{"--schema", schema, "relay", "--outbox-mode", "wal", "--exit-when-idle", "1s"}
 		},
-		steps: []string{"kafkatx migrate up --outbox-mode wal --schema S"},
+		// The table rows still pending are published first (a switch with rows pending would
+		// leave them to no relay), then the mode switched.
+		steps: []string{"kafkatx relay --outbox-mode table --exit-when-idle 5s --schema S", "kafkatx migrate up --outbox-mode wal --schema S"},
 	}, {
 		name: "slot dropped",
 		state: func(t *testing.T, schema string) {
