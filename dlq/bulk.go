@@ -100,10 +100,14 @@ func Summarize(ctx context.Context, q pg.Querier, schema string, sel Selection) 
 // row (original key, value and headers; to r.ToTopic or its own topic), status replayed and
 // a dlq_audit row naming the outbox row. sel.Again is taken from r.Again. It works in
 // batches of 1,000 (two statements each, lowest id first) and returns how many it replayed;
-// none selected is not an error. An empty r.Reason is refused with ErrNoReason.
+// none selected is not an error. An empty r.Reason is refused with ErrNoReason, an r.ToTopic
+// Kafka refuses as a topic name as ReplayTx refuses it.
 func ReplayAllTx(ctx context.Context, tx pgx.Tx, schema string, sel Selection, r Replay) (int64, error) {
 	if r.Reason == "" {
 		return 0, ErrNoReason
+	}
+	if err := r.checkToTopic(); err != nil {
+		return 0, err
 	}
 	schema = pg.SchemaOr(schema)
 	sel.Again = r.Again

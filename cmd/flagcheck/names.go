@@ -1,12 +1,14 @@
 package flagcheck
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/kafkatx/kafkatx/internal/kafkaname"
 	"github.com/kafkatx/kafkatx/internal/msgfmt"
 )
 
@@ -14,8 +16,12 @@ import (
 // server silently truncates a longer one.
 const MaxIdentifierBytes = 63
 
-// MaxTopicLength is Kafka's longest topic name (249 characters; Kafka's Topic.validate).
-const MaxTopicLength = 249
+// MaxTopicLength is Kafka's longest topic name (249 characters; kafkaname.MaxTopicLength).
+const MaxTopicLength = kafkaname.MaxTopicLength
+
+// MaxSelectionBytes bounds a topic given to select existing rows (TopicFilter): the longest
+// text kafkatx's tables hold in a topic column is not bounded, a filter is.
+const MaxSelectionBytes = 4096
 
 // Schema returns an error unless v can name a PostgreSQL schema as given: not empty, at most
 // MaxIdentifierBytes bytes, valid UTF-8 without NUL.
@@ -32,20 +38,34 @@ func Schema(name, v string) error {
 }
 
 // Topic returns an error unless v is a topic name Kafka accepts: 1 to 249 characters of
-// [a-zA-Z0-9._-], not "." or ".." (Kafka's Topic.validate).
+// [a-zA-Z0-9._-], not "." or ".." (kafkaname.Topic, the rule the relays apply too). For a
+// topic kafkatx publishes to or asks Kafka about.
 func Topic(name, v string) error {
+	err := kafkaname.Topic(v)
 	switch {
+	case err == nil:
+		return nil
 	case v == "":
 		return fmt.Errorf("--%s is empty: want a Kafka topic name", name)
-	case v == "." || v == "..":
-		return fmt.Errorf("--%s %s: Kafka refuses . and .. as topic names", name, Quote(v))
-	case len(v) > MaxTopicLength:
+	case errors.Is(err, kafkaname.ErrTopicTooLong):
 		return fmt.Errorf("--%s is %d characters: Kafka topic names are at most %d", name, len(v), MaxTopicLength)
 	}
-	for _, r := range v {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
-			return fmt.Errorf("--%s %s: Kafka topic names hold only ASCII letters, digits, '.', '_' and '-'", name, Quote(v))
-		}
+	reason := kafkaname.Reason(v)
+	return fmt.Errorf("--%s %s: %s", name, Quote(v), reason)
+}
+
+// TopicFilter returns an error unless v can select existing rows by their topic (outbox and
+// dead-letter commands' --topic with --all): any text the rows may hold (a row written with
+// plain SQL may name a topic Kafka refuses, and is listed under that name), so not empty,
+// valid UTF-8 without NUL, at most MaxSelectionBytes bytes.
+func TopicFilter(name, v string) error {
+	switch {
+	case v == "":
+		return fmt.Errorf("--%s is empty: want the topic of the rows to select", name)
+	case len(v) > MaxSelectionBytes:
+		return fmt.Errorf("--%s is %d bytes: a topic to select rows by is at most %d", name, len(v), MaxSelectionBytes)
+	case strings.ContainsRune(v, 0) || !utf8.ValidString(v):
+		return fmt.Errorf("--%s: a topic to select rows by must be UTF-8 text without NUL", name)
 	}
 	return nil
 }

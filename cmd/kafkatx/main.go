@@ -105,6 +105,27 @@ var nameRules = map[string]func(name, v string) error{
 	},
 }
 
+// filterRules override nameRules in the commands whose flag selects rows kafkatx's tables
+// hold, by command path prefix: `outbox ...` and `dlq ...` --topic select rows by the topic
+// they name, which plain SQL may have set to any text (listed by --all's plan under it), so
+// flagcheck.TopicFilter; a topic to publish to (dlq replay --to-topic) or to ask Kafka about
+// (offsets ... --topic) keeps Kafka's rule.
+var filterRules = map[string]map[string]func(name, v string) error{
+	"outbox ": {"topic": flagcheck.TopicFilter},
+	"dlq ":    {"topic": flagcheck.TopicFilter},
+}
+
+// ruleFor returns the rule of flag in command (kong's command path, such as
+// "outbox release <id>"): filterRules' when one applies, else nameRules'.
+func ruleFor(command, flag string) func(name, v string) error {
+	for prefix, rules := range filterRules {
+		if rule := rules[flag]; rule != nil && strings.HasPrefix(command+" ", prefix) {
+			return rule
+		}
+	}
+	return nameRules[flag]
+}
+
 // checkGiven applies nameRules to the string flags given on the command line and refuses a
 // negative duration given to any flag (each flag's own range is its command's Validate).
 func checkGiven(kctx *kong.Context) error {
@@ -115,7 +136,7 @@ func checkGiven(kctx *kong.Context) error {
 		}
 		switch v := kctx.FlagValue(f).(type) {
 		case string:
-			if rule := nameRules[f.Name]; rule != nil {
+			if rule := ruleFor(kctx.Command(), f.Name); rule != nil {
 				if err := rule(f.Name, v); err != nil {
 					return err
 				}

@@ -96,8 +96,8 @@ func (r *Relay) ask(ctx context.Context, p *producer, rows []row, now time.Time)
 	var seen map[string]bool
 	for i := range rows {
 		topic := rows[i].topic
-		if s, ok := r.limits[topic]; (ok && now.Sub(s.at) < limitTTL) || seen[topic] {
-			continue
+		if s, ok := r.limits[topic]; (ok && now.Sub(s.at) < limitTTL) || seen[topic] || invalidTopic(topic) != nil {
+			continue // a name Kafka refuses has no limits: its rows are parked (topics.check)
 		}
 		if seen == nil {
 			seen = map[string]bool{}

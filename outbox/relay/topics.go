@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kafkatx/kafkatx/internal/kafkaname"
 )
 
 // topicRecheck is how often a topic found missing is looked up again.
@@ -39,6 +41,11 @@ func (p *producer) exists(topic string) (exists, ok bool) {
 // partition count: 0 when the topic does not exist. ok is false when the broker could not
 // be asked.
 func (p *producer) partitionCount(topic string) (n int, ok bool) {
+	if kafkaname.Topic(topic) != nil {
+		// librdkafka refuses a name over 512 bytes by panicking in its Go client; the broker
+		// refuses any name Kafka's rule refuses. check parks such a topic's rows.
+		return 0, false
+	}
 	md, err := p.p.GetMetadata(&topic, false, 5000)
 	if err != nil {
 		return 0, false
@@ -79,10 +86,14 @@ func (ts *topics) excluded(p *producer, timeout time.Duration) []string {
 }
 
 // check classifies topic for this round: "" to produce its rows; otherwise it is missing and
-// wait (rows stay pending) or park (the returned error) applies.
+// wait (rows stay pending) or park (the returned error) applies. A name Kafka refuses
+// (kafkaname.Topic) is parked at once, before anything is handed to librdkafka.
 func (ts *topics) check(p *producer, topic string, timeout time.Duration) (wait bool, park error) {
 	if ts.known[topic] {
 		return false, nil
+	}
+	if err := invalidTopic(topic); err != nil {
+		return false, err
 	}
 	m := ts.missing[topic]
 	if m == nil {
@@ -102,4 +113,16 @@ func (ts *topics) check(p *producer, topic string, timeout time.Duration) (wait 
 		return false, kafka.NewError(kafka.ErrUnknownTopic, fmt.Sprintf("topic %s does not exist (missing for %s)", topic, d.Round(time.Second)), false)
 	}
 	return true, nil
+}
+
+// invalidTopic returns the park error of a row whose topic Kafka refuses as a name
+// (kafkaname.Topic: 1 to 249 characters of [a-zA-Z0-9._-], not "." or ".."), nil for a valid
+// name. Such a row is parked before anything is handed to librdkafka, whose Go client panics
+// on a name over 512 bytes (confluent-kafka-go's topic lookup) and whose broker refuses the
+// others.
+func invalidTopic(topic string) error {
+	if err := kafkaname.Topic(topic); err != nil {
+		return kafka.NewError(kafka.ErrTopicException, "the topic name is "+err.Error(), false)
+	}
+	return nil
 }

@@ -27,7 +27,8 @@ type Config struct {
 	// CheckpointTopic is the compacted topic holding, per slot, the commit LSN the relay has
 	// published through, written in the same Kafka transaction as the records. Created
 	// (1 partition, cleanup.policy=compact) when missing. Defaults to
-	// "kafkatx.wal-checkpoints".
+	// "kafkatx.wal-checkpoints"; New refuses a name Kafka refuses (1 to 249 characters of
+	// [a-zA-Z0-9._-], not "." or "..").
 	CheckpointTopic string
 	// TransactionalIDPrefix is prefixed to the slot name to make the producer's
 	// transactional.id. Defaults to "kafkatx-wal-".

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/kafkaname"
 	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 )
 
@@ -250,6 +251,9 @@ func readCheckpoint(ctx context.Context, cfg Config, key []byte) (checkpoint, er
 func (k *kafkaSide) topicPartitions(topic string) int {
 	if n, ok := k.topics[topic]; ok && (n >= 0 || time.Since(k.checked[topic]) < 30*time.Second) {
 		return n
+	}
+	if kafkaname.Topic(topic) != nil {
+		return 0 // never asked: confluent-kafka-go panics on a name over 512 bytes (stream.record parks it)
 	}
 	n := -1
 	md, err := k.p.GetMetadata(&topic, false, 10000)

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/kafkaname"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 	"github.com/kafkatx/kafkatx/pg"
@@ -116,6 +117,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relay, error) {
 	}
 	if err := publish.RefuseSettings(cfg.Kafka); err != nil {
 		return nil, fmt.Errorf("walrelay: Config.Kafka %w", err)
+	}
+	if err := kafkaname.Topic(cfg.CheckpointTopic); err != nil {
+		return nil, fmt.Errorf("walrelay: Config.CheckpointTopic: %w", err)
 	}
 	r := &Relay{pool: pool, cfg: cfg, log: cfg.Logger.With(zap.String("relay", "wal"), zap.String("schema", cfg.Schema)),
 		refuse: map[position]string{}, isolate: map[position]bool{}}

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pglogrepl"
@@ -16,9 +18,11 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/internal/kafkaname"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/internal/publish"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // stream is one replication session: decoded transactions in, Kafka transactions out.
@@ -278,6 +282,12 @@ func (s *stream) record(ctx context.Context, at position, rec outbox.Record) err
 	s.r.mu.Unlock()
 	if refuse {
 		return s.park(ctx, at, rec, reason)
+	}
+	if err := kafkaname.Topic(rec.Topic); err != nil {
+		// Before anything is handed to librdkafka: its Go client panics on a name over 512
+		// bytes (the topic lookup of a metadata request or a produce), the broker refuses the
+		// others.
+		return s.park(ctx, at, rec, "the topic name is "+err.Error())
 	}
 	n := s.k.topicPartitions(rec.Topic)
 	switch {
@@ -554,10 +564,16 @@ func (s *stream) park(ctx context.Context, at position, rec outbox.Record, reaso
 		}
 		hk, hv = append(hk, []byte(h.Key)), append(hv, v)
 	}
+	topic := rec.Topic
+	if !utf8.ValidString(topic) || strings.ContainsRune(topic, 0) {
+		// A message written with pg_logical_emit_message may name any bytes; the topic column
+		// is text.
+		topic = pg.SanitizeText(topic, 3*len(topic))
+	}
 	t := tables.For(s.r.cfg.Schema).Outbox
 	tag, err := s.r.pool.Exec(ctx, `INSERT INTO `+t+` (outbox_id, topic, key, value, partition, header_keys, header_values, state, attempts, last_error, parked_at)
 		SELECT $1, $2, $3, $4, $5, $6, $7, 'parked', 1, $8, now()
-		WHERE NOT EXISTS (SELECT 1 FROM `+t+` WHERE outbox_id = $1)`, id, rec.Topic, rec.Key, rec.Value, rec.Partition, hk, hv, reason)
+		WHERE NOT EXISTS (SELECT 1 FROM `+t+` WHERE outbox_id = $1)`, id, topic, rec.Key, rec.Value, rec.Partition, hk, hv, reason)
 	if err != nil {
 		s.r.parkFailed(at, rec.Topic, err)
 		return fmt.Errorf("walrelay: park record %s#%d: %w", at.commit, at.pos, err)

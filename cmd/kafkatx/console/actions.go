@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/dlq"
+	"github.com/kafkatx/kafkatx/internal/kafkaname"
 	"github.com/kafkatx/kafkatx/outbox"
 )
 
@@ -99,6 +100,8 @@ func checkParams(p ActionParams, ids []int64) error {
 	switch {
 	case strings.TrimSpace(p.Reason) == "":
 		return errors.New(`reason is required: say why, for the audit trail ({"reason": "..."})`)
+	case p.ToTopic != "" && kafkaname.Topic(p.ToTopic) != nil:
+		return fmt.Errorf("to_topic: %v", kafkaname.Topic(p.ToTopic))
 	case len(ids) == 0:
 		return errors.New("nothing selected: give at least one id")
 	case len(ids) > maxActionItems:
