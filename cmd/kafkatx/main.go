@@ -129,6 +129,17 @@ func checkGiven(kctx *kong.Context) error {
 	return nil
 }
 
+// errLine is err's message as the command prints it on stderr: as is, or, when it holds a
+// character termText escapes other than a backslash (an error may quote a consumer group, a
+// member's client id or a database message), all of it as termText writes it.
+func errLine(err error) string {
+	msg := err.Error()
+	if bare := strings.ReplaceAll(msg, `\`, ""); termText(bare) == bare {
+		return msg
+	}
+	return termText(msg)
+}
+
 // shellQuote returns s as one shell word (flagcheck.Quote), for commands suggested in hints.
 func shellQuote(s string) string { return flagcheck.Quote(s) }
 
@@ -172,7 +183,7 @@ func main() {
 			}
 		}
 		help := strings.Join(append([]string{"kafkatx"}, append(words, "--help")...), " ")
-		fmt.Fprintf(os.Stderr, "kafkatx: %v (see %s)\n", err, help)
+		fmt.Fprintf(os.Stderr, "kafkatx: %s (see %s)\n", errLine(err), help)
 		os.Exit(exitUsage)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -183,11 +194,11 @@ func main() {
 	switch {
 	case errors.As(err, &ee):
 		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "kafkatx:", ee.err)
+			fmt.Fprintln(os.Stderr, "kafkatx:", errLine(ee.err))
 		}
 		os.Exit(ee.code)
 	case err != nil:
-		fmt.Fprintln(os.Stderr, "kafkatx:", err)
+		fmt.Fprintln(os.Stderr, "kafkatx:", errLine(err))
 		if hint := conditionHint(err); hint != "" {
 			fmt.Fprintln(os.Stderr, "kafkatx:", hint)
 		}

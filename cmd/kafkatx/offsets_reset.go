@@ -131,7 +131,7 @@ func offsetsPrintPlan(p *offsets.Plan) {
 	if r.Target.Kind == offsets.TargetDatabase {
 		what = "align Kafka to the database"
 	}
-	fmt.Printf("plan: group %s, topic %s, %s, to %s\n  reason: %s\n  actor: %s\n", r.Group, r.Topic, what, r.Target, r.Reason, r.Actor)
+	fmt.Printf("plan: group %s, topic %s, %s, to %s\n  reason: %s\n  actor: %s\n", termText(r.Group), termText(r.Topic), what, r.Target, termText(r.Reason), termText(r.Actor))
 	for _, s := range p.Steps {
 		k := offsetsOpt(s.Committed)
 		switch s.Action {
@@ -147,10 +147,10 @@ func offsetsPrintPlan(p *offsets.Plan) {
 			fmt.Printf("  %s: log changed (%s): watermark %d of the old log -> %d of the new one, Kafka committed %s -> %d: [%d, %d) of the new log processed; as log_adopted\n",
 				s.TP, s.Log.What(), s.Watermark, s.Target, k, s.Target, s.Target, s.LogEnd)
 		default:
-			fmt.Printf("  %s: no change: %s\n", s.TP, s.Note)
+			fmt.Printf("  %s: no change: %s\n", s.TP, termText(s.Note))
 		}
 	}
 	if n := len(p.Group.Members); n > 0 {
-		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", r.Group, p.Group.State, n)
+		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", termText(r.Group), termText(p.Group.State), n)
 	}
 }
