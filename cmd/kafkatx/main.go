@@ -160,11 +160,8 @@ func main() {
 	if err == nil {
 		err = cli.Globals.checkKafkaSettings()
 	}
-	if err == nil && cli.Globals.DatabaseURLFile != "" {
-		// An unreadable file is a usage error, as --sasl-password-file's (it was exit 1).
-		if _, ferr := readSecretFile(cli.Globals.DatabaseURLFile); ferr != nil {
-			err = fmt.Errorf("--database-url-file: %w", ferr)
-		}
+	if err == nil {
+		err = cli.Globals.checkDatabaseURLs()
 	}
 	if err != nil {
 		// One line and where to read more, not the whole help.
@@ -207,6 +204,23 @@ func main() {
 		}
 		os.Exit(exitFailed)
 	}
+}
+
+// checkDatabaseURLs refuses, before anything connects (exit 2), an unreadable
+// --database-url-file (as --sasl-password-file's) and a --database-url (or the file's URL) or
+// --session-database-url that does not parse (flagcheck.DatabaseURL: a bad sslmode,
+// default_query_exec_mode, pool_max_conns or port, an unclosed [host]); the message never
+// quotes the URL. They were exit 1 after a connection was tried.
+func (g *Globals) checkDatabaseURLs() error {
+	url, name := g.DatabaseURL, "database-url"
+	if g.DatabaseURLFile != "" {
+		u, err := readSecretFile(g.DatabaseURLFile)
+		if err != nil {
+			return fmt.Errorf("--database-url-file: %w", err)
+		}
+		url, name = u, "database-url-file"
+	}
+	return flagcheck.First(flagcheck.DatabaseURL(name, url), flagcheck.DatabaseURL("session-database-url", g.SessionDatabaseURL))
 }
 
 // sessionHint is the remedy printed under a refusal wrapping pg.ErrTransactionPooled.

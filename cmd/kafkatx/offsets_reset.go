@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 )
@@ -43,14 +44,18 @@ and changes nothing; --execute applies it.
 
 It refuses while the group has active members: stop every consumer of the group first.
 
-Exit status: 0 done (or a dry run with nothing in the way), 5 the group has active members,
-1 on an error (for example a skip below the watermark).`
+Exit status: 0 done (or a dry run with nothing in the way), 2 a usage error (an empty
+--reason among them), 5 the group has active members, 1 on an error (for example a skip below
+the watermark).`
 }
 
 // Validate checks the flag combinations kong cannot express.
 func (c *OffsetsResetCmd) Validate() error {
 	if c.Partition != nil && *c.Partition < 0 {
 		return fmt.Errorf("--partition %d: partitions are numbered from 0", *c.Partition)
+	}
+	if strings.TrimSpace(c.Reason) == "" {
+		return errors.New("--reason is empty: say why (it is recorded in the offset audit)")
 	}
 	if c.ToOffset != nil && *c.ToOffset < 0 {
 		return fmt.Errorf("--to-offset %d: offsets are 0 or more (--to-earliest and --to-latest name the log's ends)", *c.ToOffset)
