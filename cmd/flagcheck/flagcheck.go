@@ -18,12 +18,29 @@ import (
 	"time"
 
 	"github.com/kafkatx/kafkatx/internal/msgfmt"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // Int returns an error unless lo <= v <= hi: "--name v: want lo to hi".
 func Int(name string, v, lo, hi int) error {
 	if v < lo || v > hi {
 		return fmt.Errorf("--%s %d: want %s to %s", name, v, Thousands(lo), Thousands(hi))
+	}
+	return nil
+}
+
+// DatabaseURL returns an error unless v is empty or a PostgreSQL connection string
+// pg.ParseConfig accepts: a postgres:// URL or key=value pairs whose parameters pgx knows and
+// can read (sslmode, default_query_exec_mode, pool_max_conns, port, ...). The error is
+// "--name: " and pg's reason (pg.ErrUnparsableDSN, pg.ErrAmbiguousURL), which never quotes the
+// string, since any part of it may be the password. It does not connect; the binaries call
+// it before they do, and exit 2.
+func DatabaseURL(name, v string) error {
+	if v == "" {
+		return nil
+	}
+	if _, err := pg.ParseConfig(v); err != nil {
+		return fmt.Errorf("--%s: %w", name, err)
 	}
 	return nil
 }

@@ -126,6 +126,12 @@ func keyOnly(v string) string {
 // single quotes; empty as ” (msgfmt.Quote, the library's rule).
 func Quote(s string) string { return msgfmt.Quote(s) }
 
+// Text returns s as it may be written to a terminal: as is when it is printable UTF-8 with no
+// backslash, else Go-quoted, so no control character (ESC, CR, LF, other C0/C1), bidi
+// override or isolate, or invalid UTF-8 byte reaches the terminal raw (msgfmt.Text, the
+// library's rule).
+func Text(s string) string { return msgfmt.Text(s) }
+
 // JoinNegative returns args with each "--flag -N" (a long flag without "=" followed by a
 // negative number) written "--flag=-N", so that a parser which takes "-N" for a short flag
 // (kong) reads it as the flag's value and the range check names the flag, instead of

@@ -5,7 +5,17 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 )
+
+// termText is how every text output of the command writes a string read from the database or
+// Kafka — a topic, a consumer group, an error class or message, a stack, an audit actor or
+// reason, a member's client id — and the flag values it echoes next to them: as is when
+// printable, else Go-quoted with its control characters, bidi overrides and invalid UTF-8
+// escaped (\x1b, \n, \u202e; flagcheck.Text), the escaping viewBytes gives a key's or value's
+// bytes. A JSON output needs no such step: encoding/json escapes control characters.
+func termText(s string) string { return flagcheck.Text(s) }
 
 // valuePrefixBytes is how much of a value list and show print by default.
 const valuePrefixBytes = 24

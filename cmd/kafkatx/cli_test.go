@@ -53,6 +53,17 @@ func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
 		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--kafka-config-file", badProps, "console"},
 		{"--database-url-file", "/nonexistent/url", "dlq", "list"},
 		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--sasl-mechanism", "s3cret", "relay"},
+		// Issue 48, F6: an empty --reason is a usage error here as in dlq and outbox; a
+		// --database-url that does not parse is refused before anything connects (it was exit
+		// 1), and the password is not shown.
+		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "offsets", "reset", "--group", "g", "--topic", "t", "--to-latest", "--mode", "skip", "--reason", ""},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "offsets", "reset", "--group", "g", "--topic", "t", "--to-latest", "--mode", "skip", "--reason", "  "},
+		{"--database-url", "postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus", "dlq", "list"},
+		{"--database-url", "postgres://u:s3cret@127.0.0.1:1/x?default_query_exec_mode=bogus", "outbox", "parked"},
+		{"--database-url", "postgres://u:s3cret@127.0.0.1:1/x?pool_max_conns=abc", "migrate", "up"},
+		{"--database-url", "postgres://u:s3cret@[::1", "dlq", "list"},
+		{"--database-url", "host=127.0.0.1 port=abc user=u password=s3cret", "offsets", "audit", "--group", "g"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--session-database-url", "postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus", "migrate", "up"},
 	} {
 		out, errOut, code := runCLI(t, bin, args...)
 		if code != 2 {

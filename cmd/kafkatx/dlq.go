@@ -107,8 +107,8 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 			continue
 		}
 		fmt.Printf("%d  %s  group=%s  %s[%d]@%d%s  attempts=%d  epoch=%d  last=%s  %s: %s\n    key:   %s\n    value: %s\n",
-			j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset, logField("  topic_id=", j.TopicID), j.Attempts, j.ReplayEpoch,
-			j.LastFailure.UTC().Format(time.RFC3339), j.ErrorClass, j.ErrorMessage, j.Key, j.Value)
+			j.ID, termText(j.Status), termText(j.Group), termText(j.Topic), j.Partition, j.Offset, logField("  topic_id=", j.TopicID), j.Attempts, j.ReplayEpoch,
+			j.LastFailure.UTC().Format(time.RFC3339), termText(j.ErrorClass), termText(j.ErrorMessage), j.Key, j.Value)
 	}
 	if c.Output == "text" && len(ds) == 0 {
 		fmt.Println("no dead letters")
@@ -154,7 +154,7 @@ func (c *DLQShowCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Println(string(b))
 		return nil
 	}
-	fmt.Printf("dead letter %d (%s)\n  group:     %s\n  origin:    %s[%d]@%d\n", j.ID, j.Status, j.Group, j.Topic, j.Partition, j.Offset)
+	fmt.Printf("dead letter %d (%s)\n  group:     %s\n  origin:    %s[%d]@%d\n", j.ID, termText(j.Status), termText(j.Group), termText(j.Topic), j.Partition, j.Offset)
 	if j.TopicID != "" || j.ClusterID != "" {
 		fmt.Printf("  log:       topic id %s, cluster id %s\n", orUnknown(j.TopicID), orUnknown(j.ClusterID))
 	}
@@ -163,19 +163,23 @@ func (c *DLQShowCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	fmt.Printf("  key:       %s\n  value:     %s\n", j.Key, j.Value)
 	for _, h := range j.Headers {
-		fmt.Printf("  header:    %s = %s\n", h.Key, h.Value)
+		fmt.Printf("  header:    %s = %s\n", termText(h.Key), h.Value)
 	}
 	fmt.Printf("  attempts:  %d (first failure %s, last %s, replay epoch %d)\n  error:     %s: %s\n", j.Attempts,
-		j.FirstFailure.UTC().Format(time.RFC3339), j.LastFailure.UTC().Format(time.RFC3339), j.ReplayEpoch, j.ErrorClass, j.ErrorMessage)
+		j.FirstFailure.UTC().Format(time.RFC3339), j.LastFailure.UTC().Format(time.RFC3339), j.ReplayEpoch, termText(j.ErrorClass), termText(j.ErrorMessage))
 	if j.Stack != "" {
-		fmt.Printf("  stack:\n    %s\n", strings.ReplaceAll(strings.TrimRight(j.Stack, "\n"), "\n", "\n    "))
+		// One line of the stack per line, each escaped (a Go stack's tabs as spaces first).
+		fmt.Println("  stack:")
+		for _, line := range strings.Split(strings.TrimRight(j.Stack, "\n"), "\n") {
+			fmt.Printf("    %s\n", termText(strings.ReplaceAll(line, "\t", "    ")))
+		}
 	}
 	for _, a := range j.Audit {
 		to := ""
 		if a.ToTopic != "" {
-			to = fmt.Sprintf(" to %s (outbox row %d)", a.ToTopic, a.OutboxRow)
+			to = fmt.Sprintf(" to %s (outbox row %d)", termText(a.ToTopic), a.OutboxRow)
 		}
-		fmt.Printf("  audit:     %s %s%s by %s: %s\n", a.At.UTC().Format(time.RFC3339), a.Action, to, a.Actor, a.Reason)
+		fmt.Printf("  audit:     %s %s%s by %s: %s\n", a.At.UTC().Format(time.RFC3339), termText(a.Action), to, termText(a.Actor), termText(a.Reason))
 	}
 	return nil
 }
@@ -240,13 +244,13 @@ func (c *DLQReplayCmd) Run(ctx context.Context, g *Globals) error {
 		to = d.Topic
 	}
 	if errors.Is(err, errDryRun) {
-		fmt.Printf("dry run: dead letter %d would be replayed to topic %s; nothing changed\n", c.ID, to)
+		fmt.Printf("dry run: dead letter %d would be replayed to topic %s; nothing changed\n", c.ID, termText(to))
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Printf("dead letter %d replayed: outbox row %d to topic %s (published by the relay)\n", c.ID, row, to)
+	fmt.Printf("dead letter %d replayed: outbox row %d to topic %s (published by the relay)\n", c.ID, row, termText(to))
 	return nil
 }
 
@@ -307,7 +311,7 @@ func logField(label, id string) string {
 	if id == "" {
 		return ""
 	}
-	return label + id
+	return label + termText(id)
 }
 
 // orUnknown is s, or "unknown" when s is "".
@@ -315,5 +319,5 @@ func orUnknown(s string) string {
 	if s == "" {
 		return "unknown"
 	}
-	return s
+	return termText(s)
 }

@@ -103,9 +103,9 @@ func (f *dlqBulkFlags) dlqBulk(ctx context.Context, pool *pgxpool.Pool, schema, 
 		return nil
 	}
 	actor := offsets.Actor()
-	fmt.Printf("plan: %s %d %s dead letter(s), one dlq_audit row each\n  reason: %s\n  actor: %s\n", verb, total, what, f.Reason, actor)
+	fmt.Printf("plan: %s %d %s dead letter(s), one dlq_audit row each\n  reason: %s\n  actor: %s\n", verb, total, what, termText(f.Reason), termText(actor))
 	for _, s := range sum {
-		fmt.Printf("  group %s, topic %s, %s: %d, ids %d..%d, failed %s .. %s\n", s.Group, s.Topic, s.ErrorClass, s.Count,
+		fmt.Printf("  group %s, topic %s, %s: %d, ids %d..%d, failed %s .. %s\n", termText(s.Group), termText(s.Topic), termText(s.ErrorClass), s.Count,
 			s.FirstID, s.LastID, s.Oldest.UTC().Format(time.RFC3339), s.Newest.UTC().Format(time.RFC3339))
 	}
 	sel.MaxID = dlq.MaxIDOf(sum)

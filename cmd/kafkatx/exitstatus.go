@@ -35,7 +35,7 @@ var exitStatuses = []exitStatus{
 	{exitOK, "success", "success"},
 	{exitFailed, "error (the message on stderr says which)", "error (the message on stderr says which)"},
 	{exitUsage, "usage error (unknown command or flag, bad value, invalid --schema, a relay flag that means nothing in the schema's outbox mode)",
-		"usage error: unknown command or flag, bad value (out of its range, a negative duration, `--output yaml`: one line names the flag and what it accepts), empty or over-long `--schema` (PostgreSQL identifiers are at most 63 bytes), a `relay` flag that means nothing in the schema's outbox mode (`--poll-interval` in WAL mode)"},
+		"usage error: unknown command or flag, bad value (out of its range, a negative duration, `--output yaml`, an empty `--reason`, a `--database-url` that does not parse: one line names the flag and what it accepts, never the URL), empty or over-long `--schema` (PostgreSQL identifiers are at most 63 bytes), a `relay` flag that means nothing in the schema's outbox mode (`--poll-interval` in WAL mode)"},
 	{offsetsExitDrift, "offsets status: drift (Kafka's committed offset and the database watermark disagree)",
 		"`offsets status`: drift (Kafka's committed offset and the database watermark disagree)"},
 	{offsetsExitGap, "offsets account: offsets nothing accounts for", "`offsets account`: offsets nothing accounts for"},

@@ -150,6 +150,17 @@ func checkGiven(kctx *kong.Context) error {
 	return nil
 }
 
+// errLine is err's message as the command prints it on stderr: as is, or, when it holds a
+// character termText escapes other than a backslash (an error may quote a consumer group, a
+// member's client id or a database message), all of it as termText writes it.
+func errLine(err error) string {
+	msg := err.Error()
+	if bare := strings.ReplaceAll(msg, `\`, ""); termText(bare) == bare {
+		return msg
+	}
+	return termText(msg)
+}
+
 // shellQuote returns s as one shell word (flagcheck.Quote), for commands suggested in hints.
 func shellQuote(s string) string { return flagcheck.Quote(s) }
 
@@ -170,11 +181,8 @@ func main() {
 	if err == nil {
 		err = cli.Globals.checkKafkaSettings()
 	}
-	if err == nil && cli.Globals.DatabaseURLFile != "" {
-		// An unreadable file is a usage error, as --sasl-password-file's (it was exit 1).
-		if _, ferr := readSecretFile(cli.Globals.DatabaseURLFile); ferr != nil {
-			err = fmt.Errorf("--database-url-file: %w", ferr)
-		}
+	if err == nil {
+		err = cli.Globals.checkDatabaseURLs()
 	}
 	if err != nil {
 		// One line and where to read more, not the whole help.
@@ -193,7 +201,7 @@ func main() {
 			}
 		}
 		help := strings.Join(append([]string{"kafkatx"}, append(words, "--help")...), " ")
-		fmt.Fprintf(os.Stderr, "kafkatx: %v (see %s)\n", err, help)
+		fmt.Fprintf(os.Stderr, "kafkatx: %s (see %s)\n", errLine(err), help)
 		os.Exit(exitUsage)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -204,11 +212,11 @@ func main() {
 	switch {
 	case errors.As(err, &ee):
 		if ee.err != nil {
-			fmt.Fprintln(os.Stderr, "kafkatx:", ee.err)
+			fmt.Fprintln(os.Stderr, "kafkatx:", errLine(ee.err))
 		}
 		os.Exit(ee.code)
 	case err != nil:
-		fmt.Fprintln(os.Stderr, "kafkatx:", err)
+		fmt.Fprintln(os.Stderr, "kafkatx:", errLine(err))
 		if hint := conditionHint(err); hint != "" {
 			fmt.Fprintln(os.Stderr, "kafkatx:", hint)
 		}
@@ -217,6 +225,23 @@ func main() {
 		}
 		os.Exit(exitFailed)
 	}
+}
+
+// checkDatabaseURLs refuses, before anything connects (exit 2), an unreadable
+// --database-url-file (as --sasl-password-file's) and a --database-url (or the file's URL) or
+// --session-database-url that does not parse (flagcheck.DatabaseURL: a bad sslmode,
+// default_query_exec_mode, pool_max_conns or port, an unclosed [host]); the message never
+// quotes the URL. They were exit 1 after a connection was tried.
+func (g *Globals) checkDatabaseURLs() error {
+	url, name := g.DatabaseURL, "database-url"
+	if g.DatabaseURLFile != "" {
+		u, err := readSecretFile(g.DatabaseURLFile)
+		if err != nil {
+			return fmt.Errorf("--database-url-file: %w", err)
+		}
+		url, name = u, "database-url-file"
+	}
+	return flagcheck.First(flagcheck.DatabaseURL(name, url), flagcheck.DatabaseURL("session-database-url", g.SessionDatabaseURL))
 }
 
 // sessionHint is the remedy printed under a refusal wrapping pg.ErrTransactionPooled.

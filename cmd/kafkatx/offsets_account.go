@@ -61,7 +61,7 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 		if c.Topic == "" {
 			return fmt.Errorf("group %q has no watermark: nothing to account for", c.Group)
 		}
-		return fmt.Errorf("group %q has no watermark on topic %s: nothing to account for", c.Group, c.Topic)
+		return fmt.Errorf("group %q has no watermark on topic %s: nothing to account for", c.Group, termText(c.Topic))
 	}
 	gaps := 0
 	enc := json.NewEncoder(os.Stdout)
@@ -88,9 +88,9 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 func offsetsPrintAccount(a offsets.Account) {
-	fmt.Printf("%s[%d] group %s: offsets [%d, %d), %d in all\n", a.Topic, a.Partition, a.Group, a.First, a.Watermark, a.Offsets)
+	fmt.Printf("%s[%d] group %s: offsets [%d, %d), %d in all\n", termText(a.Topic), a.Partition, termText(a.Group), a.First, a.Watermark, a.Offsets)
 	if e := a.Adopted; e != nil {
-		fmt.Printf("  new log since       audit row %d, %s: %s; the old log's history (watermark %d) is not counted\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), e.Reason, e.From)
+		fmt.Printf("  new log since       audit row %d, %s: %s; the old log's history (watermark %d) is not counted\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), termText(e.Reason), e.From)
 	}
 	fmt.Printf("  processed           %d\n", a.Processed)
 	fmt.Printf("  dead-lettered       %d\n", a.DeadLettered)
@@ -115,8 +115,8 @@ func offsetsPrintAccount(a offsets.Account) {
 	for _, gp := range a.Gaps {
 		who := ""
 		if gp.Actor != "" {
-			who = fmt.Sprintf(" by %s at %s", gp.Actor, gp.At)
+			who = fmt.Sprintf(" by %s at %s", termText(gp.Actor), termText(gp.At))
 		}
-		fmt.Printf("    [%d, %d) %s%s\n", gp.From, gp.To, gp.What, who)
+		fmt.Printf("    [%d, %d) %s%s\n", gp.From, gp.To, termText(gp.What), who)
 	}
 }

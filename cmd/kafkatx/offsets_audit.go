@@ -50,8 +50,8 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tAT\tKIND\tSTATUS\tTOPIC\tPARTITION\tRANGE\tACTOR\tREASON")
 	for _, e := range events {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), e.Kind, e.Status,
-			e.Topic, e.Partition, eventSpan(e.Kind, e.From, e.To), e.Actor, e.Reason)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), termText(e.Kind), termText(e.Status),
+			termText(e.Topic), e.Partition, eventSpan(e.Kind, e.From, e.To), termText(e.Actor), termText(e.Reason))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -59,7 +59,7 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 	// How to undo each skip on record (the bytes of skipped messages are not kept).
 	for _, e := range events {
 		if h := offsets.UndoHint(g.Schema, e, shellQuote); h != "" {
-			fmt.Printf("%s %s[%d] [%d, %d): %s\n", e.Kind, e.Topic, e.Partition, e.From, e.To, h)
+			fmt.Printf("%s %s[%d] [%d, %d): %s\n", termText(e.Kind), termText(e.Topic), e.Partition, e.From, e.To, h)
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 )
@@ -43,14 +44,18 @@ and changes nothing; --execute applies it.
 
 It refuses while the group has active members: stop every consumer of the group first.
 
-Exit status: 0 done (or a dry run with nothing in the way), 5 the group has active members,
-1 on an error (for example a skip below the watermark).`
+Exit status: 0 done (or a dry run with nothing in the way), 2 a usage error (an empty
+--reason among them), 5 the group has active members, 1 on an error (for example a skip below
+the watermark).`
 }
 
 // Validate checks the flag combinations kong cannot express.
 func (c *OffsetsResetCmd) Validate() error {
 	if c.Partition != nil && *c.Partition < 0 {
 		return fmt.Errorf("--partition %d: partitions are numbered from 0", *c.Partition)
+	}
+	if strings.TrimSpace(c.Reason) == "" {
+		return errors.New("--reason is empty: say why (it is recorded in the offset audit)")
 	}
 	if c.ToOffset != nil && *c.ToOffset < 0 {
 		return fmt.Errorf("--to-offset %d: offsets are 0 or more (--to-earliest and --to-latest name the log's ends)", *c.ToOffset)
@@ -131,7 +136,7 @@ func offsetsPrintPlan(p *offsets.Plan) {
 	if r.Target.Kind == offsets.TargetDatabase {
 		what = "align Kafka to the database"
 	}
-	fmt.Printf("plan: group %s, topic %s, %s, to %s\n  reason: %s\n  actor: %s\n", r.Group, r.Topic, what, r.Target, r.Reason, r.Actor)
+	fmt.Printf("plan: group %s, topic %s, %s, to %s\n  reason: %s\n  actor: %s\n", termText(r.Group), termText(r.Topic), what, r.Target, termText(r.Reason), termText(r.Actor))
 	for _, s := range p.Steps {
 		k := offsetsOpt(s.Committed)
 		switch s.Action {
@@ -147,10 +152,10 @@ func offsetsPrintPlan(p *offsets.Plan) {
 			fmt.Printf("  %s: log changed (%s): watermark %d of the old log -> %d of the new one, Kafka committed %s -> %d: [%d, %d) of the new log processed; as log_adopted\n",
 				s.TP, s.Log.What(), s.Watermark, s.Target, k, s.Target, s.Target, s.LogEnd)
 		default:
-			fmt.Printf("  %s: no change: %s\n", s.TP, s.Note)
+			fmt.Printf("  %s: no change: %s\n", s.TP, termText(s.Note))
 		}
 	}
 	if n := len(p.Group.Members); n > 0 {
-		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", r.Group, p.Group.State, n)
+		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", termText(r.Group), termText(p.Group.State), n)
 	}
 }

@@ -93,21 +93,21 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("group %s: %s, %d active member(s)\n", c.Group, grp.State, len(grp.Members))
+		fmt.Printf("group %s: %s, %d active member(s)\n", termText(c.Group), termText(grp.State), len(grp.Members))
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "TOPIC\tPARTITION\tWATERMARK\tCOMMITTED\tLOG-START\tLOG-END\tLAG\tDRIFT\tSTATE\tLAST EVENT")
 		for _, s := range sts {
 			last := "-"
 			if e := s.LastEvent; e != nil {
-				last = fmt.Sprintf("%s %s %s %s", e.Kind, eventSpan(e.Kind, e.From, e.To), e.Status, e.At.UTC().Format("2006-01-02T15:04:05Z"))
+				last = fmt.Sprintf("%s %s %s %s", termText(e.Kind), eventSpan(e.Kind, e.From, e.To), termText(e.Status), e.At.UTC().Format("2006-01-02T15:04:05Z"))
 			}
 			for _, p := range s.Pending {
-				last += fmt.Sprintf("; PENDING %s %s id %d", p.Kind, eventSpan(p.Kind, p.From, p.To), p.ID)
+				last += fmt.Sprintf("; PENDING %s %s id %d", termText(p.Kind), eventSpan(p.Kind, p.From, p.To), p.ID)
 			}
 			if s.DoneAbove > 0 {
 				last += fmt.Sprintf("; %d offsets done above the watermark (Config.Concurrency > 1)", s.DoneAbove)
 			}
-			state := string(s.State)
+			state := termText(string(s.State))
 			if s.Stalled(c.StalledAfter, now) {
 				state += " STALLED"
 			}
@@ -115,7 +115,7 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			if s.State == offsetstate.LogChanged {
 				lag += " (new log)" // the watermark is an offset of the old log: not subtracted (offsets.PartitionStatus.Lag)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", s.Topic, s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", termText(s.Topic), s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
 				s.LogStart, s.LogEnd, lag, offsetsSigned(s.Drift), state, last)
 		}
 		if err := tw.Flush(); err != nil {
@@ -123,7 +123,7 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		switch {
 		case len(sts) == 0:
-			fmt.Printf("group %s has no watermark and no committed offset%s\n", c.Group, map[bool]string{true: " on " + c.Topic, false: ""}[c.Topic != ""])
+			fmt.Printf("group %s has no watermark and no committed offset%s\n", termText(c.Group), map[bool]string{true: " on " + termText(c.Topic), false: ""}[c.Topic != ""])
 		case drifted > 0:
 			fmt.Printf("DRIFT on %d of %d partition(s). What starting the consumer will do, and the command for the other choice:\n", drifted, len(sts))
 			for _, h := range offsets.Hints(g.Schema, c.Group, sts, shellQuote) {

@@ -68,7 +68,7 @@ func (c *OutboxParkedCmd) Run(ctx context.Context, g *Globals) error {
 			continue
 		}
 		fmt.Printf("%d  topic=%s  parked=%s  attempts=%d  waiting_behind=%d\n    error: %s\n    key:   %s\n    value: %s\n",
-			p.ID, p.Topic, p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts, p.Waiting, p.LastError, j.Key, j.Value)
+			p.ID, termText(p.Topic), p.ParkedAt.UTC().Format(time.RFC3339), p.Attempts, p.Waiting, termText(p.LastError), j.Key, j.Value)
 	}
 	if c.Output == "text" && len(rows) == 0 {
 		fmt.Println("no parked outbox rows")
@@ -202,16 +202,16 @@ func (g *Globals) resolveAllParked(ctx context.Context, pool *pgxpool.Pool, w ou
 	}
 	of := ""
 	if f.Topic != "" {
-		of = " of topic " + f.Topic
+		of = " of topic " + termText(f.Topic)
 	}
 	if total == 0 {
 		fmt.Printf("no parked outbox rows%s: nothing to %s\n", of, verb)
 		return nil
 	}
 	actor := offsets.Actor()
-	fmt.Printf("plan: %s %d parked outbox row(s)%s, one outbox_audit row each\n  reason: %s\n  actor: %s\n", verb, total, of, f.Reason, actor)
+	fmt.Printf("plan: %s %d parked outbox row(s)%s, one outbox_audit row each\n  reason: %s\n  actor: %s\n", verb, total, of, termText(f.Reason), termText(actor))
 	for _, s := range sum {
-		fmt.Printf("  %s: %d row(s), ids %d..%d, parked since %s\n", s.Topic, s.Rows, s.FirstID, s.LastID, s.OldestParkedAt.UTC().Format(time.RFC3339))
+		fmt.Printf("  %s: %d row(s), ids %d..%d, parked since %s\n", termText(s.Topic), s.Rows, s.FirstID, s.LastID, s.OldestParkedAt.UTC().Format(time.RFC3339))
 	}
 	sel.MaxID = outbox.MaxIDOf(sum)
 	return runBulk(ctx, pool, f.DryRun, verb, done, "parked outbox row(s)", total, func(tx pgx.Tx) (int64, error) {

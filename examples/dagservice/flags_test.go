@@ -16,6 +16,14 @@ func TestBadFlagValuesExit2WithOneLine(t *testing.T) {
 		&[]string{"--task-delay", "-1s"}: "--task-delay -1s",
 		&[]string{"--retention", "1s"}:   "--retention 1s: want 1m0s to 8760h0m0s",
 		&[]string{"--addr"}:              "flag needs an argument",
+		// Issue 48, F6: a --database-url that does not parse exits 2 before anything
+		// connects (it was exit 1), without showing the password.
+		&[]string{"--database-url", "postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus"}:                 "--database-url: the database URL does not parse",
+		&[]string{"--database-url", "postgres://u:s3cret@127.0.0.1:1/x?default_query_exec_mode=bogus"}: "--database-url: the database URL does not parse",
+		&[]string{"--database-url", "postgres://u:s3cret@127.0.0.1:1/x?pool_max_conns=abc"}:            "--database-url: the database URL does not parse",
+		&[]string{"--database-url", "postgres://u:s3cret@[::1"}:                                        "--database-url: the database URL does not parse",
+		&[]string{"--database-url", "host=127.0.0.1 port=abc password=s3cret"}:                         "--database-url: the database URL does not parse",
+		&[]string{"--database-url", "postgres://127.0.0.1:1/x", "--session-database-url", "port=abc"}:  "--session-database-url: the database URL does not parse",
 	} {
 		testenv.RequireUsageError(t, bin, *args, nil, want)
 	}

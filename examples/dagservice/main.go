@@ -46,17 +46,19 @@ func main() {
 	if code, ok := flagcheck.Parse(flag.CommandLine, os.Args[1:]); !ok {
 		os.Exit(code)
 	}
+	if *dbURL == "" { // read after parsing, so --help never prints a password
+		*dbURL = os.Getenv("DATABASE_URL")
+	}
 	if err := flagcheck.First(
 		flagcheck.Duration("retention", *retention, time.Minute, 365*24*time.Hour),
 		flagcheck.Duration("task-delay", *taskDelay, 0, time.Hour),
 		flagcheck.Addr("addr", *addr),
 		flagcheck.Schema("schema", *schema),
+		flagcheck.DatabaseURL("database-url", *dbURL),
+		flagcheck.DatabaseURL("session-database-url", *sessionURL),
 	); err != nil {
 		fmt.Fprintln(os.Stderr, "dagservice:", err)
 		os.Exit(2)
-	}
-	if *dbURL == "" { // read after parsing, so --help never prints a password
-		*dbURL = os.Getenv("DATABASE_URL")
 	}
 
 	log := service.Logger() // JSON on stderr at $KAFKATX_LOG_LEVEL

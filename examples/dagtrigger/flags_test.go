@@ -18,6 +18,10 @@ func TestBadFlagValuesExit2WithOneLine(t *testing.T) {
 		&[]string{"--airflow-timeout", "0s"}:                        "--airflow-timeout 0s: want 100ms to 10m0s",
 		&[]string{"--airflow-wait-max", "-1m"}:                      "--airflow-wait-max -1m0s",
 		&[]string{"--key-retention", "soon"}:                        "key-retention",
+		// Issue 48, F6: a --database-url that does not parse exits 2 before anything
+		// connects (it was exit 1), without showing the password.
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--database-url", "postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus"}: "--database-url: the database URL does not parse",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--database-url", "postgres://u:s3cret@[::1"}:                        "--database-url: the database URL does not parse",
 		// A fresh-eyes attack: refused before anything connects (they exited 1 after, or
 		// were accepted: a DAG id with ".." was resolved into another API path).
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "ü/../x"}:                                          "--dag-id",

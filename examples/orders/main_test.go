@@ -30,6 +30,12 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--in-process-broker", "--partitions", "0"}, want: "--partitions 0"},
 		{args: []string{"--in-process-broker", "--batch-size", "lots"}, want: "batch-size"},
 		{args: []string{"--in-process-broker", "--on-log-change", "follow"}, want: "--on-log-change \"follow\": want halt, adopt-earliest or adopt-latest"},
+		// Issue 48, F6: a database URL that does not parse (given, or in $DATABASE_URL) exits 2
+		// before anything connects (it was exit 1), without showing the password.
+		{args: []string{"--in-process-broker", "--database-url", "postgres://u:s3cret@127.0.0.1:1/x?pool_max_conns=abc"}, want: "--database-url: the database URL does not parse"},
+		{args: []string{"--in-process-broker", "--database-url", "postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus"}, want: "--database-url: the database URL does not parse"},
+		{args: []string{"--in-process-broker"}, env: "DATABASE_URL=postgres://u:s3cret@[::1", want: "--database-url: the database URL does not parse"},
+		{args: []string{"--in-process-broker", "--session-database-url", "host=x port=abc password=s3cret"}, want: "--session-database-url: the database URL does not parse"},
 		// A fresh-eyes attack: a stray word ("--batch-size 10 5000") was ignored.
 		{args: []string{"--in-process-broker", "--batch-size", "10", "5000"}, want: "unexpected argument \"5000\""},
 	} {

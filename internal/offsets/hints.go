@@ -2,6 +2,7 @@ package offsets
 
 import (
 	"fmt"
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 	"sort"
 	"strings"
 
@@ -29,7 +30,7 @@ func Hints(schema, group string, sts []PartitionStatus, quote func(string) strin
 	for _, st := range states {
 		ps := byState[st]
 		first := ps[0]
-		where := fmt.Sprintf("%s[%d]", first.Topic, first.Partition)
+		where := fmt.Sprintf("%s[%d]", msgfmt.Text(first.Topic), first.Partition)
 		if len(ps) > 1 {
 			where += fmt.Sprintf(" and %d more", len(ps)-1)
 		}

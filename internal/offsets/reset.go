@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 	"strconv"
 	"strings"
 	"time"
@@ -197,7 +198,7 @@ type ActiveGroupError struct {
 func (e *ActiveGroupError) Error() string {
 	return fmt.Sprintf("group %q is %s with %d active member(s): %s; stop every consumer of the group first "+
 		"(a static member, with group.instance.id, stays until its session times out)",
-		e.Group, e.State, len(e.Members), strings.Join(e.Members, ", "))
+		e.Group, msgfmt.Text(e.State), len(e.Members), msgfmt.Text(strings.Join(e.Members, ", ")))
 }
 
 // PlanReset works out what req would do to each partition. It changes nothing. It fails on

@@ -1,6 +1,10 @@
 package offsetstate
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
+)
 
 // LogChanged: the log behind the watermark is not the one it was recorded in — the topic's id
 // (KIP-516) or the cluster's id differs from the one recorded with the watermark (the topic
@@ -38,13 +42,13 @@ func (c LogChange) Missing() bool {
 func (c LogChange) What() string {
 	var s string
 	if c.Cluster {
-		s = fmt.Sprintf("cluster id %s -> %s (another Kafka cluster: a disaster-recovery switch, a rebuilt cluster, or the brokers address changed)", c.Recorded.Cluster, c.Current.Cluster)
+		s = fmt.Sprintf("cluster id %s -> %s (another Kafka cluster: a disaster-recovery switch, a rebuilt cluster, or the brokers address changed)", msgfmt.Text(c.Recorded.Cluster), msgfmt.Text(c.Current.Cluster))
 	}
 	if c.Topic {
 		if s != "" {
 			s += ", "
 		}
-		s += fmt.Sprintf("topic id %s -> %s", c.Recorded.Topic, c.Current.Topic)
+		s += fmt.Sprintf("topic id %s -> %s", msgfmt.Text(c.Recorded.Topic), msgfmt.Text(c.Current.Topic))
 		if !c.Cluster {
 			s += " (the topic was deleted and created again under the same name)"
 		}

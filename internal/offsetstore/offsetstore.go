@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kafkatx/kafkatx/internal/msgfmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,7 +23,9 @@ type TP struct {
 	Partition int32
 }
 
-func (tp TP) String() string { return fmt.Sprintf("%s[%d]", tp.Topic, tp.Partition) }
+// String is topic[partition], the topic as msgfmt.Text writes it (escaped when it holds a
+// control character), since it reaches operators' terminals.
+func (tp TP) String() string { return fmt.Sprintf("%s[%d]", msgfmt.Text(tp.Topic), tp.Partition) }
 
 // Watermark is one processed-watermark row.
 type Watermark struct {

@@ -46,6 +46,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/examples/internal/service"
 	"github.com/kafkatx/kafkatx/examples/internal/topics"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
@@ -117,6 +118,10 @@ func main() {
 	_ = fs.Parse(os.Args[1:])
 	if o.soakEvery <= 0 {
 		fmt.Fprintln(os.Stderr, "bench: -soak-every must be positive")
+		os.Exit(2)
+	}
+	if err := flagcheck.DatabaseURL("database-url", o.databaseURL); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
 

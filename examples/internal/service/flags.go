@@ -90,7 +90,9 @@ const (
 // --batch-size and --concurrency in their kafkatx.Config Bound (1 to 1,000, 1 to 100,000,
 // 1 to 1,024), --exit-when-idle 0 to 24h, --session-timeout 0 (librdkafka's default) to 1h;
 // an empty or over-long --schema (PostgreSQL truncates past 63 bytes), a --topic Kafka
-// refuses, an empty --group, a --metrics-addr that is not HOST:PORT; a --group-protocol
+// refuses, an empty --group, a --metrics-addr that is not HOST:PORT, a --database-url or
+// --session-database-url that does not parse (flagcheck.DatabaseURL: call FromEnv first, so
+// $DATABASE_URL is checked too; the URL is never shown); a --group-protocol
 // other than classic or consumer, an --on-log-change other than halt, adopt-earliest or
 // adopt-latest, and --session-timeout with --group-protocol consumer
 // (librdkafka refuses session.timeout.ms under KIP-848's protocol).
@@ -106,6 +108,8 @@ func (f *Flags) Check() error {
 		flagcheck.Topic("topic", f.Topic),
 		flagcheck.Group("group", f.Group),
 		f.checkMetricsAddr(),
+		flagcheck.DatabaseURL("database-url", f.DatabaseURL),
+		flagcheck.DatabaseURL("session-database-url", f.SessionDatabaseURL),
 	); err != nil {
 		return err
 	}
