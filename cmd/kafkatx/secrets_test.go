@@ -10,8 +10,8 @@ import (
 
 // TestDatabaseURLPasswordNeverShown: a database URL whose password holds an unencoded '@',
 // '#', '/' or '?' — from --database-url, --database-url-file or DATABASE_URL — is refused with
-// exit 1 and an error that shows no part of the password, for the relay and a read-only
-// command alike.
+// the usage status (2: a bad value, refused before anything connects) and an error that shows
+// no part of the password, for the relay and a read-only command alike.
 func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 	bin := buildCLI(t)
 	dir := t.TempDir()
@@ -34,8 +34,8 @@ func TestDatabaseURLPasswordNeverShown(t *testing.T) {
 				cmd := exec.Command(bin, append(append([]string{"--brokers", "127.0.0.1:1"}, way.args...), sub...)...)
 				cmd.Env = append(withoutEnv("DATABASE_URL", "KAFKATX_DATABASE_URL_FILE"), way.env...)
 				out, err := cmd.CombinedOutput()
-				if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitFailed {
-					t.Errorf("%s %s %v: %v, want exit %d\n%s", pw, way.name, sub, err, exitFailed, out)
+				if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitUsage {
+					t.Errorf("%s %s %v: %v, want exit %d\n%s", pw, way.name, sub, err, exitUsage, out)
 				}
 				if strings.Contains(string(out), "CANARY9") || !strings.Contains(string(out), "percent-encode") {
 					t.Errorf("%s %s %v: the output shows the password or no reason:\n%s", pw, way.name, sub, out)
