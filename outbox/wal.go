@@ -184,8 +184,9 @@ const walMessageBytes = 256 << 10
 // outbox_emit function (one round trip), which first checks that the schema is in WAL mode
 // and that its slot exists. Records go several to a message (format version 2, up to about
 // 256 KiB each): the walsender sends each message on its own, so one per record costs a
-// send per record (measured in docs/benchmarks.md). It returns, for record i of n in a message
-// whose WAL record ends at LSN L (what pg_logical_emit_message returns), L - (n-1) + i:
+// send per record (measured in docs/benchmarks-history.md, "The outbox through the WAL"). It
+// returns, for record i of n in a message whose WAL record ends at LSN L (what
+// pg_logical_emit_message returns), L - (n-1) + i:
 // ascending, and unique in the cluster, since each record takes more than one byte of that
 // WAL record.
 func (w Writer) writeWAL(ctx context.Context, tx pgx.Tx, records []Record) ([]int64, error) {

@@ -51,7 +51,8 @@ type options struct {
 	minCalls, maxCalls                    int
 }
 
-// defaultConcurrency is --concurrency's default (docs/benchmarks.md, "Per-key concurrency").
+// defaultConcurrency is --concurrency's default (docs/benchmarks.md, "dagtrigger against the Airflow
+// API driven directly"; the sitting in docs/benchmarks-history.md, "Per-key concurrency").
 const defaultConcurrency = 16
 
 func main() {

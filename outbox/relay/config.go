@@ -21,7 +21,7 @@ import (
 // each) allocate 23 MiB of pointer-holding Go heap per producer, which the garbage collector
 // scans in every cycle: in the order service's process (the relay in-process, a 128 MiB
 // memory limit) they doubled the collections of a 100,000-order drain, 16 against 10
-// (docs/benchmarks.md, "The drain's CPU per order").
+// (docs/benchmarks-history.md, "The drain's CPU per order").
 const eventsChannelSize = 1000
 
 // Config configures a Relay. A nil *Config is not accepted: Kafka's bootstrap.servers is
