@@ -13,9 +13,10 @@ import (
 )
 
 // Quote returns s as one shell word: as is when it is plain ([A-Za-z0-9_.,:/@%+=-]), else in
-// single quotes (a ' inside written '\”); empty as ”. When s is not printable (a control
-// character, a bidi override, invalid UTF-8: see printable), the word is bash's $'...' with
-// Text's escapes (\x1b, \n, \u202e; a ' as \'), so no such byte reaches the terminal and the word
+// single quotes, a single quote inside written as quote, backslash, quote, quote; the empty
+// string as a pair of single quotes. When s is not printable (a control character, a bidi
+// override, invalid UTF-8: see printable), the word is bash's $'...' with Text's escapes
+// (\x1b, \n, \u202e; a single quote as \'), so no such byte reaches the terminal and the word
 // pasted into bash is s again.
 func Quote(s string) string {
 	plain := s != ""
@@ -37,8 +38,8 @@ func Quote(s string) string {
 
 // Text returns s as it may be written to a terminal or a text output: as is when it is valid
 // UTF-8 of printable runes with no backslash (see printable), else Go-quoted (strconv.Quote:
-// "..." with \x1b, \n, \r, \t, \u202e, \\ and \" escaped, invalid UTF-8 as \xff), the escaping the kafkatx command gives a key's or value's bytes. So
-// text from the database or Kafka (a topic, a consumer group, a handler's error message, an
+// "..." with \x1b, \n, \r, \t, \u202e, \\ and \" escaped, invalid UTF-8 as \xff), the escaping the kafkatx command gives a key's or value's
+// bytes. So text from the database or Kafka (a topic, a consumer group, a handler's error message, an
 // audit reason) can neither move the cursor, recolour the screen, reorder what follows (bidi
 // overrides), nor forge a line of its own; a quoted result is always the escaped form, since
 // a plain one holds no backslash.
