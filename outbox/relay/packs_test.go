@@ -271,3 +271,131 @@ func TestPackedRecordsCounted(t *testing.T) {
 		t.Fatalf("WaitBelow(35): %v", err)
 	}
 }
+
+// A relay SIGKILLed after the broker acknowledged a pack's records and before it marked the
+// pack (hang-before-mark), or inside the mark's transaction (stop-in-mark), loses none of
+// them: the pack is still there, and the next relay publishes each record again under the
+// same kafkatx-outbox-id, key and value. Each record is on the topic once, plus once more for
+// each the killed relay had delivered.
+func TestPackedKilledRelayRepublishesWithSameIDs(t *testing.T) {
+	testenv.FullTier(t, "starts and SIGKILLs relay processes")
+	for _, mode := range []string{"hang-before-mark", "stop-in-mark"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			topic := testenv.Topic(t, b.brokers, 3)
+			const n = 1500 // two packs
+			var recs []outbox.Record
+			for i := 0; i < n; i++ {
+				recs = append(recs, outbox.Record{Topic: topic, Key: []byte(fmt.Sprintf("k%d", i%17)), Value: []byte(fmt.Sprintf("v%d", i))})
+			}
+			b.writePacked(t, recs...)
+
+			c := b.startChild(t, mode)
+			delivered := -1
+			if mode == "hang-before-mark" {
+				line := c.expect(t, "DELIVERED ", 60*time.Second)
+				if _, err := fmt.Sscanf(line, "DELIVERED %d", &delivered); err != nil || delivered == 0 {
+					t.Fatalf("child said %q", line)
+				}
+			} else {
+				c.expect(t, "IN MARK", 60*time.Second)
+			}
+			c.kill(t)
+			open, _ := b.openRows(t)
+			if open["packed"] != 2 || len(open) != 1 {
+				t.Fatalf("outbox rows by state after the kill: %v; want the 2 packs, untouched", open)
+			}
+			onTopic := topicCount(t, b.brokers, topic)
+			if delivered >= 0 && onTopic != int64(delivered) {
+				t.Fatalf("topic holds %d records after the kill, child reported %d delivered", onTopic, delivered)
+			}
+			r, _ := b.start(t, b.config(t))
+			waitFor(t, 60*time.Second, "every record published by the second relay", func() bool { return r.Stats().Published == n })
+			msgs := readAll(t, b.brokers, topic)
+			if int64(len(msgs)) != n+onTopic {
+				t.Fatalf("topic holds %d records, want %d + %d copies", len(msgs), n, onTopic)
+			}
+			type rec struct{ key, value string }
+			first := map[string]rec{}
+			copies := map[string]int{}
+			for _, m := range msgs {
+				id, ok := header(m, outbox.HeaderOutboxID)
+				if !ok {
+					t.Fatalf("record without %s", outbox.HeaderOutboxID)
+				}
+				copies[id]++
+				if f, seen := first[id]; seen && (f.key != string(m.Key) || f.value != string(m.Value)) {
+					t.Fatalf("outbox id %s published as %v and as %q/%q", id, f, m.Key, m.Value)
+				}
+				first[id] = rec{string(m.Key), string(m.Value)}
+			}
+			twice := 0
+			for _, c := range copies {
+				if c == 2 {
+					twice++
+				} else if c != 1 {
+					t.Fatalf("a record published %d times", c)
+				}
+			}
+			if len(copies) != n || int64(twice) != onTopic {
+				t.Fatalf("%d distinct records, %d twice; want %d, %d", len(copies), twice, n, onTopic)
+			}
+			t.Logf("%s: the killed relay had published %d of %d records; each record is on the topic, %d twice with the same id", mode, onTopic, n, twice)
+		})
+	}
+}
+
+// Published packs kept by KeepPublished are removed by retention like published rows.
+func TestPublishedPacksRemovedByRetention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	cfg := b.config(t)
+	cfg.KeepPublished = time.Millisecond
+	r, stop := b.start(t, cfg)
+	var recs []outbox.Record
+	for i := 0; i < 20; i++ {
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")})
+	}
+	b.writePacked(t, recs...)
+	waitFor(t, 30*time.Second, "published", func() bool { return r.Stats().Published == 20 })
+	stop()
+	var published, count int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*), coalesce(sum(pack_count), 0) FROM `+b.t.Outbox+` WHERE state = 'published'`).Scan(&published, &count); err != nil {
+		t.Fatal(err)
+	}
+	if published != 1 || count != 20 {
+		t.Fatalf("%d published rows holding %d records; want the pack, 20", published, count)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := r.Clean(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if open, commits := b.openRows(t); len(open) != 0 || commits != 0 {
+		t.Fatalf("after retention: rows %v, %d outbox_commits rows; want none", open, commits)
+	}
+}
+
+// Relays before migration 015 read state = 'pending' only (the fetch, Pending, the mode
+// switch's check): a packed row is not one to them, so such a relay leaves it alone — it never
+// publishes a pack as one record and never deletes it. Writers pack only once every relay
+// reads packs (docs/upgrading.md).
+func TestPacksAreNotPendingRowsToOlderRelays(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	topic := testenv.Topic(t, b.brokers, 1)
+	b.writePacked(t, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte("v")}, outbox.Record{Topic: topic, Value: []byte("w")})
+	var pending, packed int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'packed') FROM `+b.t.Outbox).Scan(&pending, &packed); err != nil {
+		t.Fatal(err)
+	}
+	if pending != 0 || packed != 1 {
+		t.Fatalf("%d pending and %d packed rows; want 0 and 1", pending, packed)
+	}
+	// The previous version's delete of delivered rows (by id, state = 'pending') cannot take it.
+	tag, err := b.pool.Exec(context.Background(), `DELETE FROM `+b.t.Outbox+` WHERE state = 'pending'`)
+	if err != nil || tag.RowsAffected() != 0 {
+		t.Fatalf("delete pending: %v, %v", tag, err)
+	}
+}
