@@ -175,29 +175,32 @@ func (m *packMark) queue(b *pgx.Batch, outbox, commits string, keepPublished boo
 	if len(m.packIDs) == 0 {
 		return
 	}
-	remove := `DELETE FROM ` + outbox + ` o USING unnest($1::bigint[], $2::integer[]) AS f(id, n)
-			WHERE o.id = f.id AND o.state = 'packed' RETURNING o.id, o.txid, o.created_at`
+	var args []any
+	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
+	// By id = ANY: an index probe per pack, whatever the table's statistics say (a join with
+	// unnest was planned as a scan of the whole outbox once dead rows filled it).
+	remove := `DELETE FROM ` + outbox + ` o WHERE o.id = ANY(` + arg(m.packIDs) + `::bigint[]) AND o.state = 'packed'
+		RETURNING o.id, o.txid, o.created_at`
 	if keepPublished {
-		remove = `UPDATE ` + outbox + ` o SET state = 'published', resolved_at = now(), attempts = o.attempts + 1, pack_count = f.n
-			FROM unnest($1::bigint[], $2::integer[]) AS f(id, n)
-			WHERE o.id = f.id AND o.state = 'packed' RETURNING o.id, o.txid, o.created_at`
+		remove = `UPDATE ` + outbox + ` o SET state = 'published', resolved_at = now(), attempts = o.attempts + 1,
+			pack_count = (` + arg(m.delivered) + `::integer[])[array_position($1::bigint[], o.id)]
+			WHERE o.id = ANY($1::bigint[]) AND o.state = 'packed' RETURNING o.id, o.txid, o.created_at`
 	}
 	if len(m.id) == 0 {
-		b.Queue(remove, m.packIDs, m.delivered)
+		b.Queue(remove, args...)
 		return
 	}
 	b.Queue(`WITH d AS (`+remove+`)
 		INSERT INTO `+outbox+` (id, outbox_id, topic, key, value, partition, header_keys, header_values, txid, created_at,
 		                        state, attempts, last_error, parked_at)
-		SELECT u.id, u.oid, u.topic, u.key, u.value, u.part, ($9::bytea[])[u.hfrom:u.hto], ($10::bytea[])[u.hfrom:u.hto],
+		SELECT u.id, u.oid, u.topic, u.key, u.value, u.part, (`+arg(m.hKeys)+`::bytea[])[u.hfrom:u.hto], (`+arg(m.hValues)+`::bytea[])[u.hfrom:u.hto],
 		       d.txid, d.created_at, u.state, u.attempts, u.err, CASE WHEN u.state = 'parked' THEN now() END
-		  FROM unnest($3::bigint[], $4::bigint[], $5::uuid[], $6::text[], $7::bytea[], $8::bytea[], $11::integer[],
-		              $12::integer[], $13::integer[], $14::text[], $15::integer[], $16::text[])
+		  FROM unnest(`+arg(m.pack)+`::bigint[], `+arg(m.id)+`::bigint[], `+arg(m.oid)+`::uuid[], `+arg(m.topic)+`::text[],
+		              `+arg(m.key)+`::bytea[], `+arg(m.value)+`::bytea[], `+arg(m.partition)+`::integer[], `+arg(m.hFrom)+`::integer[],
+		              `+arg(m.hTo)+`::integer[], `+arg(m.state)+`::text[], `+arg(m.attempts)+`::integer[], `+arg(m.lastError)+`::text[])
 		       WITH ORDINALITY AS u(pack, id, oid, topic, key, value, part, hfrom, hto, state, attempts, err, ord)
 		  JOIN d ON d.id = u.pack
-		 ORDER BY u.ord`,
-		m.packIDs, m.delivered, m.pack, m.id, m.oid, m.topic, m.key, m.value, m.hKeys, m.hValues, m.partition,
-		m.hFrom, m.hTo, m.state, m.attempts, m.lastError)
+		 ORDER BY u.ord`, args...)
 	// The insert's statement trigger (outbox_written) gave this transaction an outbox_commits
 	// row; the records keep their writer's transaction, so it has no rows.
 	b.Queue(`DELETE FROM ` + commits + ` WHERE txid = pg_current_xact_id()`)
