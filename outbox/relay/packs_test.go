@@ -399,3 +399,49 @@ func TestPacksAreNotPendingRowsToOlderRelays(t *testing.T) {
 		t.Fatalf("delete pending: %v, %v", tag, err)
 	}
 }
+
+// The commit-order trigger locks a pack's keys as it locks plain rows' keys (the lock per-key
+// commit order rests on), and past 512 keyed records takes the one exclusive commit lock.
+// SET CONSTRAINTS ALL IMMEDIATE runs the deferred trigger before the commit, so the
+// transaction's advisory locks can be read.
+func TestPackKeysAreLockedAtCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	packed := b.w
+	packed.Pack = true
+	locks := func(recs []outbox.Record) (keyLocks, commitLocks int) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			if _, err := packed.WriteTx(ctx, tx, recs...); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `SET CONSTRAINTS ALL IMMEDIATE`); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, `SELECT
+				count(*) FILTER (WHERE l.classid::bigint = hashtext('kafkatx.outbox.keys.' || $1)::bigint & 4294967295),
+				count(*) FILTER (WHERE l.classid::bigint = hashtext('kafkatx.outbox.commit.' || $1)::bigint & 4294967295 AND l.mode = 'ExclusiveLock')
+				FROM pg_locks l WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.granted`, b.schema).Scan(&keyLocks, &commitLocks)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keyLocks, commitLocks
+	}
+	var recs []outbox.Record
+	for i := 0; i < 10; i++ {
+		recs = append(recs, outbox.Record{Topic: "t", Key: []byte(fmt.Sprintf("k%d", i%4)), Value: []byte("v")})
+	}
+	recs = append(recs, outbox.Record{Topic: "t", Value: []byte("no key")})
+	if k, c := locks(recs); k != 4 || c != 0 {
+		t.Fatalf("a pack of 4 keys took %d key locks and %d exclusive commit locks; want 4 and 0", k, c)
+	}
+	recs = recs[:0]
+	for i := 0; i < 600; i++ {
+		recs = append(recs, outbox.Record{Topic: "t", Key: []byte(fmt.Sprintf("k%d", i)), Value: []byte("v")})
+	}
+	if k, c := locks(recs); k != 0 || c != 1 {
+		t.Fatalf("a pack of 600 keyed records took %d key locks and %d exclusive commit locks; want 0 and 1", k, c)
+	}
+}
