@@ -65,7 +65,14 @@ func (r *Relay) Pending(ctx context.Context) (bool, error) {
 // bytes or more did not fit in a B-tree entry, and parking its record failed); the check
 // compares the hashes, which the index answers, then the values.
 func (r *Relay) notBehindParked() string {
-	return `(NOT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p0 WHERE p0.state = 'parked')
+	return r.notBehindParkedIf(`NOT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p0 WHERE p0.state = 'parked')`)
+}
+
+// notBehindParkedIf is notBehindParked with its first arm given: noneParked, an uncorrelated
+// condition that holds while no row is parked (the round's read computes it once for the
+// statement, and also returns it: any_parked).
+func (r *Relay) notBehindParkedIf(noneParked string) string {
+	return `(` + noneParked + `
 		OR NOT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p WHERE p.state = 'parked'
 			AND md5(p.topic) = md5(o.topic) AND sha256(p.key) = sha256(o.key) AND p.topic = o.topic AND p.key = o.key))`
 }

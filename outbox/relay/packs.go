@@ -31,8 +31,10 @@ type packRead struct {
 }
 
 // unpack replaces each pack of out with its records, and flags those whose (topic, key) has
-// a parked row (behindParked: they wait, as a plain row of that key is not read).
-func (r *Relay) unpack(ctx context.Context, out []row, packs []packRead) ([]row, error) {
+// a parked row (behindParked: they wait, as a plain row of that key is not read). anyParked:
+// the read saw a parked row; without one no key is checked (the usual state: sending a
+// round's keys to be checked cost more than the rest of unpacking).
+func (r *Relay) unpack(ctx context.Context, out []row, packs []packRead, anyParked bool) ([]row, error) {
 	n := len(out) - len(packs)
 	recs := make([][]pack.Record, len(packs))
 	for i, pk := range packs {
@@ -71,7 +73,7 @@ func (r *Relay) unpack(ctx context.Context, out []row, packs []packRead) ([]row,
 		}
 	}
 	res = append(res, out[prev:]...)
-	if len(keyed) == 0 {
+	if len(keyed) == 0 || !anyParked {
 		return res, nil
 	}
 	// The first arm is evaluated once (no parked row: the usual state, nothing hashed).

@@ -417,11 +417,12 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 	}
 	var out []row
 	var packs []packRead
+	var anyParked bool
 	for rows.Next() {
 		var w row
 		var pk packRead
 		if err := rows.Scan(&w.commitSeq, &w.txid, &w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt,
-			&pk.bytes, &pk.ids); err != nil {
+			&pk.bytes, &pk.ids, &anyParked); err != nil {
 			rows.Close()
 			return nil, r.readError(ctx, qctx, err)
 		}
@@ -435,7 +436,7 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 		return nil, r.readError(ctx, qctx, err)
 	}
 	if len(packs) > 0 {
-		if out, err = r.unpack(qctx, out, packs); err != nil {
+		if out, err = r.unpack(qctx, out, packs, anyParked); err != nil {
 			return nil, r.readError(ctx, qctx, err)
 		}
 	}
@@ -459,8 +460,11 @@ func (r *Relay) fetchSQL() string {
 	// where the records read reach $1 (the window's running count), so a round of packs reads
 	// about $1 records, not $1 packs. A pack's key is NULL, so it passes notBehindParked;
 	// unpack checks its records' keys.
-	return `SELECT x.commit_seq, x.txid, x.id, x.outbox_id, x.topic, x.key, x.value, x.header_keys, x.header_values, x.partition, x.created_at,
-		       x.pack, x.pack_ids
+	// any_parked (one probe of outbox_parked_idx a read) tells unpack whether a pack's keys
+	// need checking at all.
+	return `WITH parked AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p0 WHERE p0.state = 'parked') AS any)
+		SELECT x.commit_seq, x.txid, x.id, x.outbox_id, x.topic, x.key, x.value, x.header_keys, x.header_values, x.partition, x.created_at,
+		       x.pack, x.pack_ids, (SELECT parked.any FROM parked) AS any_parked
 		FROM (
 		SELECT c.commit_seq, o.txid, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at,
 		       CASE WHEN o.state = 'packed' THEN o.pack END AS pack, o.pack_ids, o.pack_count,
@@ -470,7 +474,7 @@ func (r *Relay) fetchSQL() string {
 			SELECT * FROM ` + r.t.Outbox + ` o
 			 WHERE o.txid = c.txid AND o.state IN ('pending', 'packed') AND (o.state = 'packed' OR o.topic <> ALL($2::text[]))
 			   AND (o.txid, o.id) > (c.txid, CASE WHEN c.commit_seq = $3 THEN $4 ELSE 0 END)
-			   AND ` + r.notBehindParked() + `
+			   AND ` + r.notBehindParkedIf(`NOT (SELECT parked.any FROM parked)`) + `
 			 ORDER BY o.id
 			 LIMIT $1
 		) o
