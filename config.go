@@ -232,8 +232,9 @@ type Config struct {
 	// partition and lane): a unit waits for a permit, outside any transaction, before its
 	// Prepare runs, and the call's latency and answer feed the limit (package limit: it adapts
 	// — a call answered Unavailable, or a retryable database error, counts as dropped and
-	// shrinks it; a success is a latency sample; a handler-style failure says nothing of the
-	// far side's speed). With Concurrency lanes in each of P partitions, Concurrency × P
+	// shrinks it, except an Unavailable for a record key already answered so with no success
+	// since: one key's refusals are its own, not the far side's (package limit); a success is
+	// a latency sample; a handler-style failure says nothing of the far side's speed). With Concurrency lanes in each of P partitions, Concurrency × P
 	// calls could otherwise reach the far side at once, bounded by nothing that knows it.
 	// Defaults to limit.New(limit.Config{}) when Prepare is set (4 at the start, 1 to 256);
 	// limit.Fixed(MaxUnits) adds no bound of its own (a client that limits its own calls, as

@@ -5,8 +5,11 @@
 // concurrency filter, with a slow start and a periodic probe of the latency without load.
 //
 // A caller takes a permit with Acquire before a call and gives it back with Permit.Done after,
-// saying how the call went (Success, Dropped, Ignored). Time waiting for a permit is not the
-// call's: a caller starts the call's own timeout after Acquire returns.
+// saying how the call went (Success, Dropped, Overloaded, Ignored). Time waiting for a permit
+// is not the call's: a caller starts the call's own timeout after Acquire returns. A call made
+// for one key — a Kafka record key, a tenant, a row — says so (WithKey on Acquire's context, or
+// Permit.DoneKey), so that one key's refusals are told from the far side's (see "One key's
+// refusals" below).
 //
 // # The rule
 //
@@ -15,7 +18,8 @@
 // min(10, L/2) of them have completed, or one was dropped. With avg the mean latency of the
 // window's successful calls and base the latency without load:
 //
-//   - a call in the window was Dropped (a timeout, 429, 5xx, refused connection): L = L × 0.5,
+//   - a call in the window was refused — Overloaded (429, a Retry-After, a refused connection),
+//     or Dropped (a timeout, a 5xx) and not a repeat of its key's refusal (below): L = L × 0.5,
 //     at most once per window (the multiplicative decrease of AIMD);
 //   - the calls in flight never reached L/2 in the window: L stays (nothing says the far side
 //     could take more);
@@ -32,11 +36,42 @@
 // creep up. Against a far side whose latency grows with its queue (one CPU-bound API worker:
 // ~30 ms a call at one in flight) L settles at a few calls in flight; against one that
 // answers in constant time it grows to Config.Max.
+//
+// # One key's refusals
+//
+// A far side that refuses one key — one tenant's service down, one row locked, a 503 for one
+// record's events — refuses it on every retry, and one Limiter is shared by every key of the
+// process: if each of those refusals halved L, one key in trouble would slow every key (a
+// dagtrigger at --concurrency 8 with a far side refusing one key ran the other keys at a third
+// of their rate). So a refusal names its key, as a hash (WithKey, Permit.DoneKey), and the
+// Limiter remembers the keys refused with no success since — up to MaxRefusingKeys of them, each
+// for KeyMemory after its last refusal:
+//
+//   - a Dropped call whose key is remembered as refusing is that key's own trouble: it neither
+//     shrinks L nor closes a window nor is a latency sample (as Ignored), and the key stays
+//     remembered;
+//   - a Dropped call of a key not remembered — its first refusal, or its first after a success
+//     — shrinks L as above, and the key is remembered;
+//   - a Success of a key forgets it (it recovered);
+//   - a call that names no key (no WithKey, an empty key) and an Overloaded call (the far side
+//     says it is overloaded for everyone: 429, a Retry-After) always count as refusals.
+//
+// A failure shared by the far side's keys therefore still shrinks L as before: it refuses keys
+// that were not refusing a moment ago (each key's first refusal counts, and under overload a
+// key's calls alternate between success and refusal), and a far side that is down refuses each
+// key in flight a first time. One key refusing every call, window after window, shrinks L once
+// (its first refusal) and then never again; k keys refusing forever shrink it at most k times.
+// A window alone cannot tell these apart — two keys refused in a window of ten calls look like
+// a far side dropping 20% of its calls; a key refused again with no success since cannot be
+// told from one key's trouble, and it is the repeats that made one key slow everyone. A
+// stream of ever-new keys each refused once is counted as the far side's failure: each is a
+// first refusal.
 package limit
 
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"slices"
 	"sync"
@@ -55,6 +90,14 @@ const (
 	ProbeLimit = 2
 	// ProbeSamples is how many calls started under a probe measure the latency without load.
 	ProbeSamples = 5
+	// KeyMemory is how long a key refused with no success since is remembered as refusing,
+	// from its last refusal: 10 minutes, longer than the waits between a failing key's retries
+	// (a consumer's backoff, Unavailable's window).
+	KeyMemory = 10 * time.Minute
+	// MaxRefusingKeys bounds the keys remembered as refusing (a hash of 8 bytes and a time
+	// each): past it, those not refused for KeyMemory are forgotten, then arbitrary others
+	// until a quarter is free; a forgotten key's next refusal counts as a first one.
+	MaxRefusingKeys = 4096
 )
 
 // Config configures a Limiter. The zero value takes every default.
@@ -85,13 +128,58 @@ const (
 	// Success: the far side answered (any answer that is not overload, a 4xx included); its
 	// latency is a sample.
 	Success Outcome = iota
-	// Dropped: the far side is overloaded or failing — a timeout, 429, 503, any 5xx, a
-	// refused or reset connection; the limit shrinks.
+	// Dropped: the far side refused or failed the call — a timeout, 408, 503, any 5xx; the
+	// limit shrinks, unless the call names a key already refusing (see the package
+	// documentation: one key's refusals).
 	Dropped
 	// Ignored: the call says nothing about the far side's speed (the caller's context
 	// ended, the request could not be built); the permit is given back and nothing else.
 	Ignored
+	// Overloaded: the far side says it is overloaded for every caller — 429, an answer with
+	// Retry-After, a refused or reset connection; the limit shrinks whatever key the call
+	// names.
+	Overloaded
 )
+
+// seed hashes keys; a process's hashes are compared only within the process.
+var seed = maphash.MakeSeed()
+
+// ctxKey is the context key of WithKey.
+type ctxKey struct{}
+
+// keyOf is a key's hash, and whether there is a key (a non-empty one).
+type keyOf struct {
+	hash uint64
+	ok   bool
+}
+
+func hashKey(key []byte) keyOf {
+	if len(key) == 0 {
+		return keyOf{}
+	}
+	return keyOf{hash: maphash.Bytes(seed, key), ok: true}
+}
+
+// WithKey returns a copy of ctx saying that the calls made under it are for key (a Kafka
+// record key, a tenant, a row: what the far side may refuse alone). A permit Acquired with
+// that context carries the key's hash — the key itself is not kept — and its Done counts a
+// Dropped answer as that key's refusal (package documentation: one key's refusals). An empty
+// or nil key names none: WithKey(ctx, nil) takes back a key an outer caller named, for calls
+// that are no key's (a token exchange).
+func WithKey(ctx context.Context, key []byte) context.Context {
+	return context.WithValue(ctx, ctxKey{}, hashKey(key))
+}
+
+// HasKey reports whether ctx names a key (WithKey with a non-empty key).
+func HasKey(ctx context.Context) bool {
+	k, _ := ctx.Value(ctxKey{}).(keyOf)
+	return k.ok
+}
+
+func keyFrom(ctx context.Context) keyOf {
+	k, _ := ctx.Value(ctxKey{}).(keyOf)
+	return k
+}
 
 // Limiter bounds calls in flight with an adaptive limit (see the package documentation). It
 // is safe for concurrent use; one Limiter per far side, shared by every caller of the process.
@@ -113,6 +201,8 @@ type Limiter struct {
 	slowStart   bool
 	dropAt      float64       // the limit when calls were last dropped; 0 before
 	base        time.Duration // latency without load: the lowest window mean, or a probe's median; 0 before
+
+	refusing map[uint64]time.Time // keys refused with no success since, by their last refusal
 
 	probing    bool
 	probeSince time.Time
@@ -192,6 +282,20 @@ func (l *Limiter) Waiting() int {
 	return len(l.waiters)
 }
 
+// Refusing returns how many keys are remembered as refusing now: refused by the far side with
+// no success since, the last refusal less than KeyMemory ago (package documentation).
+func (l *Limiter) Refusing() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, now := 0, l.now()
+	for _, at := range l.refusing {
+		if now.Sub(at) < KeyMemory {
+			n++
+		}
+	}
+	return n
+}
+
 // Config returns the limiter's configuration with its defaults applied.
 func (l *Limiter) Config() Config { return l.cfg }
 
@@ -207,16 +311,20 @@ func (l *Limiter) allowed() int {
 type Permit struct {
 	l     *Limiter
 	start time.Time
+	key   keyOf
 	once  sync.Once
 }
 
 // Acquire waits for a permit, first come first served, and returns it; the call starts when
-// it returns (its latency is measured from then). err is ctx's error when ctx ends first.
+// it returns (its latency is measured from then). The permit is for ctx's key, if ctx names
+// one (WithKey). err is ctx's error when ctx ends first.
 func (l *Limiter) Acquire(ctx context.Context) (*Permit, error) {
+	key := keyFrom(ctx)
 	l.mu.Lock()
 	l.begin()
 	if p := l.tryGrant(); p != nil {
 		l.mu.Unlock()
+		p.key = key
 		return p, nil
 	}
 	ch := make(chan struct{})
@@ -225,7 +333,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Permit, error) {
 	select {
 	case <-ch:
 		l.mu.Lock()
-		p := &Permit{l: l, start: l.now()}
+		p := &Permit{l: l, start: l.now(), key: key}
 		l.mu.Unlock()
 		return p, nil
 	case <-ctx.Done():
@@ -257,7 +365,8 @@ func (l *Limiter) begin() {
 	}
 }
 
-// TryAcquire returns a permit at once when one is free and no one waits, else nil.
+// TryAcquire returns a permit at once when one is free and no one waits, else nil. The permit
+// names no key; Permit.DoneKey gives one.
 func (l *Limiter) TryAcquire() *Permit {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -287,21 +396,103 @@ func (l *Limiter) wake() {
 	}
 }
 
-// Done gives the permit back, with how the call went; calls after the first do nothing.
+// Done gives the permit back, with how the call went, for the key the permit was Acquired for
+// (WithKey), if any; calls after the first (of Done or DoneKey) do nothing.
 func (p *Permit) Done(o Outcome) {
 	if p == nil {
 		return
 	}
+	p.done(o, p.key)
+}
+
+// DoneKey is Done for a call made for key, whatever key the permit was Acquired for: a caller
+// that learns only after the call which key it was for (a batch whose one message the far side
+// refused) names it here. An empty or nil key names none: the call counts as Done's with no key
+// (a Dropped one shrinks the limit).
+func (p *Permit) DoneKey(o Outcome, key []byte) {
+	if p == nil {
+		return
+	}
+	p.done(o, hashKey(key))
+}
+
+func (p *Permit) done(o Outcome, key keyOf) {
 	p.once.Do(func() {
 		l := p.l
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.inflight--
 		if o != Ignored && l.cfg.Min < l.cfg.Max {
-			l.sample(p.start, l.now(), o == Dropped)
+			now := l.now()
+			if l.ownRefusal(o, key, now) {
+				l.sampleOwn(now)
+			} else {
+				l.sample(p.start, now, o == Dropped || o == Overloaded)
+			}
 		}
 		l.wake()
 	})
+}
+
+// ownRefusal updates the keys remembered as refusing with a call of key that ended at now
+// with o, and reports whether it is a repeat of key's refusal (package documentation); mu
+// held.
+func (l *Limiter) ownRefusal(o Outcome, key keyOf, now time.Time) bool {
+	if !key.ok {
+		return false
+	}
+	switch o {
+	case Success:
+		delete(l.refusing, key.hash)
+		return false
+	case Dropped:
+		at, seen := l.refusing[key.hash]
+		if !seen && len(l.refusing) >= MaxRefusingKeys {
+			l.forget(now)
+		}
+		if l.refusing == nil {
+			l.refusing = map[uint64]time.Time{}
+		}
+		l.refusing[key.hash] = now
+		return seen && now.Sub(at) < KeyMemory
+	}
+	return false // Overloaded: the far side's, whoever the call was for
+}
+
+// forget makes room in the keys remembered as refusing: those refused KeyMemory ago or more,
+// then arbitrary others until a quarter of MaxRefusingKeys is free; mu held.
+func (l *Limiter) forget(now time.Time) {
+	for k, at := range l.refusing {
+		if now.Sub(at) >= KeyMemory {
+			delete(l.refusing, k)
+		}
+	}
+	for k := range l.refusing {
+		if len(l.refusing) <= MaxRefusingKeys*3/4 {
+			break
+		}
+		delete(l.refusing, k)
+	}
+}
+
+// sampleOwn feeds a repeat of one key's refusal, ended at end, into the limit: nothing of the
+// far side is learnt, but a probe that lasted too long ends; mu held.
+func (l *Limiter) sampleOwn(end time.Time) {
+	if l.probing && end.Sub(l.probeSince) > 30*time.Second {
+		l.endProbe(end)
+	}
+}
+
+// endProbe ends a probe at end: base is the median of its samples; mu held.
+func (l *Limiter) endProbe(end time.Time) {
+	if n := len(l.probeRTTs); n > 0 {
+		slices.Sort(l.probeRTTs)
+		l.base = l.probeRTTs[n/2] // the median: one lucky call on a busy machine is not the far side's speed
+	}
+	l.probing = false
+	l.limit = l.probeSaved
+	l.planProbe(end)
+	l.openWindow(end)
 }
 
 // sample feeds one call that started at start and ended at end into the limit; mu held.
@@ -312,14 +503,7 @@ func (l *Limiter) sample(start, end time.Time, dropped bool) {
 			l.probeRTTs = append(l.probeRTTs, rtt)
 		}
 		if dropped || len(l.probeRTTs) >= ProbeSamples || end.Sub(l.probeSince) > 30*time.Second {
-			if n := len(l.probeRTTs); n > 0 {
-				slices.Sort(l.probeRTTs)
-				l.base = l.probeRTTs[n/2] // the median: one lucky call on a busy machine is not the far side's speed
-			}
-			l.probing = false
-			l.limit = l.probeSaved
-			l.planProbe(end)
-			l.openWindow(end)
+			l.endProbe(end)
 		}
 		return
 	}

@@ -109,6 +109,13 @@ type simResult struct {
 // simulate runs callers against far for d (virtual time) and reports.
 func simulate(t *testing.T, cfg Config, far farSide, callers int, d, warm time.Duration) simResult {
 	t.Helper()
+	return simulateKeyed(t, cfg, far, callers, d, warm, nil)
+}
+
+// simulateKeyed is simulate with each call naming a key: key(id) for caller id's call (nil:
+// none), given with Permit.DoneKey.
+func simulateKeyed(t *testing.T, cfg Config, far farSide, callers int, d, warm time.Duration, key func(id int) []byte) simResult {
+	t.Helper()
 	l, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +145,11 @@ func simulate(t *testing.T, cfg Config, far farSide, callers int, d, warm time.D
 			if o == Success {
 				r.done++
 			}
-			permits[id].Done(o)
+			if key != nil {
+				permits[id].DoneKey(o, key(id))
+			} else {
+				permits[id].Done(o)
+			}
 			delete(permits, id)
 			idle = append(idle, id)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
+	"github.com/kafkatx/kafkatx/limit"
 )
 
 // trigger starts one DAG run per change event.
@@ -103,7 +104,9 @@ func (t *trigger) start(ctx context.Context, m *kafkatx.Message) (*prepared, err
 			return &prepared{key: key}, nil
 		}
 	}
-	res, err := t.airflow.TriggerDAGRun(ctx, airflow.Trigger{DAGID: t.dagID, Key: key, Conf: c})
+	// The row (the record key) is what Airflow may refuse alone: its repeated refusals do not
+	// shrink the limit on requests to Airflow for every row (package limit).
+	res, err := t.airflow.TriggerDAGRun(limit.WithKey(ctx, m.Key), airflow.Trigger{DAGID: t.dagID, Key: key, Conf: c})
 	if err != nil {
 		if kafkatx.IsUnavailable(err) {
 			return nil, err

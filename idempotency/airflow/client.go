@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -111,8 +112,13 @@ type Config struct {
 	// and token exchanges — over every caller of this Client (package limit: a limit that
 	// adapts to Airflow's latency and errors). A request waits for a permit before its
 	// RequestTimeout starts, so time queued in the client never counts against it. Each
-	// answer feeds the limit: a timeout, a network error, 408, 429 or 5xx as dropped (the
-	// limit shrinks), any other answer as a latency sample. Defaults to
+	// answer feeds the limit: 429, a 408 or 5xx with Retry-After, a refused or reset
+	// connection as limit.Overloaded (the limit shrinks); a timeout, 408 or 5xx as
+	// limit.Dropped for the trigger's key — the key named on TriggerDAGRun's context
+	// (limit.WithKey: a dagtrigger names the Kafka record key, the row), else the Trigger's Key
+	// (its RunID without one) — which shrinks the limit unless that key was refused before
+	// with no success since (one key's refusals do not slow every key; package limit); any
+	// other answer as a latency sample. Defaults to
 	// limit.New(limit.Config{}) (4 at the start, 1 to 256, docs/dag-triggered-services.md):
 	// one api-server worker of a default Airflow 3.3.2 (SQLAlchemy pool 5 + 10 overflow)
 	// locked up under 96 creates in flight. limit.Fixed(n) holds n.
@@ -319,6 +325,14 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	// The ids as escaped path segments: JoinPath takes escaped text and resolves ".." (both
 	// ids are checked above).
 	endpoint := c.base.JoinPath("api", "v2", "dags", url.PathEscape(t.DAGID), "dagRuns")
+	if !limit.HasKey(ctx) {
+		// The requests are this run's: a 5xx for it alone, retried, is its own (Config.Limiter).
+		key := t.Key
+		if key == "" {
+			key = runID
+		}
+		ctx = limit.WithKey(ctx, []byte(key))
+	}
 	attempts := 0
 	st := &settler{c: c, run: endpoint.JoinPath(url.PathEscape(runID))}
 	bo := &backoff.ExponentialBackOff{InitialInterval: c.cfg.InitialBackoff, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: c.cfg.MaxBackoff}
@@ -429,7 +443,7 @@ func (c *Client) postRun(ctx context.Context, endpoint *url.URL, body []byte) (b
 // send posts body as JSON to endpoint once and returns the status, the start of the body and
 // the headers; err is a network error (retryable) or the context's (permanent).
 func (c *Client) send(ctx context.Context, endpoint *url.URL, body []byte, token string) (int, string, http.Header, error) {
-	status, head, hdr, err := c.roundTrip(ctx, http.MethodPost, endpoint.String(), body, token, 512)
+	status, head, hdr, err := c.roundTrip(ctx, http.MethodPost, endpoint.String(), body, token, 512, false)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, "", nil, backoff.Permanent(context.Cause(ctx))
@@ -442,9 +456,11 @@ func (c *Client) send(ctx context.Context, endpoint *url.URL, body []byte, token
 // roundTrip sends one request under a permit of the client's Limiter and returns the status,
 // up to keep bytes of the body and the headers. The permit is taken before the request's
 // RequestTimeout starts: time waiting for it is not the request's. The answer feeds the
-// limit (Config.Limiter). err is a network error, the context's, or a request that could
-// not be built (permanent).
-func (c *Client) roundTrip(ctx context.Context, method, u string, body []byte, token string, keep int64) (int, []byte, http.Header, error) {
+// limit (Config.Limiter), for ctx's key (limit.WithKey); settling marks the read that settles
+// a create: its success is a latency sample that does not count as the key's recovery (its
+// creates were refused, not its reads). err is a network error, the context's, or a request
+// that could not be built (permanent).
+func (c *Client) roundTrip(ctx context.Context, method, u string, body []byte, token string, keep int64, settling bool) (int, []byte, http.Header, error) {
 	permit, err := c.cfg.Limiter.Acquire(ctx)
 	if err != nil {
 		return 0, nil, nil, err
@@ -471,10 +487,14 @@ func (c *Client) roundTrip(ctx context.Context, method, u string, body []byte, t
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		if ctx.Err() != nil {
+		var ne net.Error
+		switch {
+		case ctx.Err() != nil:
 			permit.Done(limit.Ignored)
-		} else {
-			permit.Done(limit.Dropped)
+		case errors.As(err, &ne) && ne.Timeout():
+			permit.Done(limit.Dropped) // slow for this call: may be its key's alone (a lock)
+		default:
+			permit.Done(limit.Overloaded) // refused or reset: Airflow's, whatever the key
 		}
 		return 0, nil, nil, err
 	}
@@ -482,8 +502,12 @@ func (c *Client) roundTrip(ctx context.Context, method, u string, body []byte, t
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, keep))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	switch code := resp.StatusCode; {
-	case code == http.StatusRequestTimeout, code == http.StatusTooManyRequests, code >= 500:
+	case code == http.StatusTooManyRequests, (code == http.StatusRequestTimeout || code >= 500) && resp.Header.Get("Retry-After") != "":
+		permit.Done(limit.Overloaded) // Airflow says it is overloaded for everyone
+	case code == http.StatusRequestTimeout, code >= 500:
 		permit.Done(limit.Dropped)
+	case settling:
+		permit.DoneKey(limit.Success, nil)
 	default:
 		permit.Done(limit.Success)
 	}
@@ -548,7 +572,8 @@ func (c *Client) exchange(ctx context.Context) (string, error) {
 	}
 	body, _ := json.Marshal(map[string]string{"username": c.cfg.Username, "password": strings.TrimRight(string(pw), "\r\n")})
 	endpoint := c.base.JoinPath("auth", "token")
-	status, b, _, err := c.roundTrip(ctx, http.MethodPost, endpoint.String(), body, "", 64<<10)
+	// No key's call: a refused exchange is Airflow's (limit.WithKey with none).
+	status, b, _, err := c.roundTrip(limit.WithKey(ctx, nil), http.MethodPost, endpoint.String(), body, "", 64<<10, false)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "", context.Cause(ctx)

@@ -174,3 +174,133 @@ func TestOverloadAnswersShrinkTheLimit(t *testing.T) {
 		t.Fatalf("limit %d after 503s, want below 16", got)
 	}
 }
+
+// keyedStandIn answers every create at once (200, or 409 for a run it holds), except a create
+// whose run id starts with "bad": 503, with Retry-After when retryAfter is set. A read of a run
+// answers 404.
+type keyedStandIn struct {
+	retryAfter bool
+	mu         sync.Mutex
+	runs       map[string]bool
+	refused    int
+}
+
+func (s *keyedStandIn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet { // the read that settles a 5xx: no such run
+		http.Error(w, `{"detail":"not found"}`, http.StatusNotFound)
+		return
+	}
+	var body struct {
+		DAGRunID string `json:"dag_run_id"`
+	}
+	b, _ := io.ReadAll(r.Body)
+	_ = json.Unmarshal(b, &body)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(body.DAGRunID) >= 3 && body.DAGRunID[:3] == "bad" {
+		s.refused++
+		if s.retryAfter {
+			w.Header().Set("Retry-After", "1")
+		}
+		http.Error(w, `{"detail":"Service Unavailable"}`, http.StatusServiceUnavailable)
+		return
+	}
+	if s.runs[body.DAGRunID] {
+		http.Error(w, `{"detail":"exists"}`, http.StatusConflict)
+		return
+	}
+	s.runs[body.DAGRunID] = true
+	_, _ = io.WriteString(w, `{"state":"queued"}`)
+}
+
+// TestOneKeysRefusalsDoNotShrinkTheLimit: Airflow answers 503 to one row's runs only, every
+// time; 7 callers trigger other rows' runs while an eighth retries that row's run again and
+// again, each trigger naming its row (limit.WithKey). The row's first refusal halves the limit;
+// its next ones — dozens, in every window — do not: the limit ends at least where that first
+// refusal left it. The same 503 with Retry-After (Airflow overloaded for everyone) halves it
+// on every window: it is Airflow's, whatever the key.
+func TestOneKeysRefusalsDoNotShrinkTheLimit(t *testing.T) {
+	for _, retryAfter := range []bool{false, true} {
+		t.Run(fmt.Sprint("retry-after=", retryAfter), func(t *testing.T) {
+			// Tolerance 100: the latency of a busy test machine never shrinks the limit here;
+			// only refusals do.
+			l := limit.MustNew(limit.Config{Initial: 16, Max: 16, Tolerance: 100, ProbeFirst: -1, ProbeInterval: -1})
+			s := &keyedStandIn{runs: map[string]bool{}, retryAfter: retryAfter}
+			srv := httptest.NewServer(s)
+			t.Cleanup(srv.Close)
+			c, err := New(Config{BaseURL: srv.URL, Limiter: l, MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			row := func(id int) context.Context { return limit.WithKey(context.Background(), []byte(fmt.Sprint(id))) }
+			// Row 7's first refusal, alone: 16 → 8.
+			if _, err := c.TriggerDAGRun(row(7), Trigger{DAGID: "d", RunID: "bad-7-0"}); !IsUnavailable(err) {
+				t.Fatalf("%v, want unavailable", err)
+			}
+			after := l.Limit()
+			if !retryAfter && after != 8 {
+				t.Fatalf("limit %d after the row's first refusal, want 16 halved (8)", after)
+			}
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			var lowest atomic.Int64
+			lowest.Store(int64(after))
+			for w := range 7 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range 150 {
+						id := 1000*(w+1) + i
+						if _, err := c.TriggerDAGRun(row(id), Trigger{DAGID: "d", RunID: fmt.Sprint("ok-", id)}); err != nil {
+							t.Error(err)
+							return
+						}
+						if n := int64(l.Limit()); n < lowest.Load() {
+							lowest.Store(n)
+						}
+					}
+				}()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 1; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					// Each of the row's events has a run of its own; the row is the key.
+					_, _ = c.TriggerDAGRun(row(7), Trigger{DAGID: "d", RunID: fmt.Sprint("bad-7-", i)})
+				}
+			}()
+			go func() {
+				// The other rows' callers end after 150 runs each; then the refused row stops.
+				for {
+					s.mu.Lock()
+					n := len(s.runs)
+					s.mu.Unlock()
+					if n >= 7*150 {
+						close(stop)
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			wg.Wait()
+			s.mu.Lock()
+			refused := s.refused
+			s.mu.Unlock()
+			if refused < 20 {
+				t.Fatalf("the row was refused %d times, want it retried all along", refused)
+			}
+			if !retryAfter && lowest.Load() < int64(after) {
+				t.Fatalf("limit fell to %d while one row was refused %d times (8 after its first refusal)", lowest.Load(), refused)
+			}
+			if retryAfter && lowest.Load() > 2 {
+				t.Fatalf("limit never below %d while Airflow answered 503 with Retry-After %d times, want it shrunk", lowest.Load(), refused)
+			}
+			t.Logf("row refused %d times; lowest limit %d; last %d", refused, lowest.Load(), l.Limit())
+		})
+	}
+}

@@ -111,7 +111,7 @@ func (s *settler) read(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	status, _, _, err := s.c.roundTrip(ctx, http.MethodGet, s.run.String(), nil, token, 0)
+	status, _, _, err := s.c.roundTrip(ctx, http.MethodGet, s.run.String(), nil, token, 0, true)
 	return status, err
 }
 

@@ -153,11 +153,28 @@ func (b *Body[M]) Prepared(ctx context.Context, msgs []M) Tried {
 	}
 	perr := Call(func() error { return b.Prepare(ctx, msgs) })
 	t.Verdict, t.Err = Sort(ctx, nil, perr)
-	permit.Done(prepareOutcome(ctx, t.Verdict))
 	if t.Verdict == Failed || t.Verdict == Wait {
 		t.Failed, t.Cause = b.attribute(msgs, t.Err)
 	}
+	permit.DoneKey(prepareOutcome(ctx, t.Verdict), b.prepareKey(msgs, t))
 	return t
+}
+
+// prepareKey is the record key a Prepare call that answered t was for, for its limit (package
+// limit: one key's refusals do not shrink the limit for every key): the message an Unavailable
+// answer named — not the database's own condition, which is no key's — or the only message of
+// a success; else nil (no key: a refusal counts for everyone).
+func (b *Body[M]) prepareKey(msgs []M, t Tried) []byte {
+	switch {
+	case b.Keyed == nil:
+	case t.Verdict == Wait && t.Failed >= 0:
+		if _, server := ServerCondition(t.Err); !server {
+			return b.Keyed(msgs[t.Failed]).Key
+		}
+	case t.Verdict == Done && len(msgs) == 1:
+		return b.Keyed(msgs[0]).Key
+	}
+	return nil
 }
 
 // prepareOutcome is how a Prepare call answered with verdict v went, for its limit: Wait (the
