@@ -49,6 +49,7 @@ type options struct {
 	cdcOps, deleteBefore                  string
 	keyRetention, airflowTimeout, waitMax time.Duration
 	minCalls, maxCalls                    int
+	paused                                pausedFlags // --when-paused, --airflow-dag-state-interval (paused.go)
 }
 
 // defaultConcurrency is --concurrency's default (docs/benchmarks.md, "dagtrigger against the Airflow
@@ -74,6 +75,7 @@ func run() int {
 	fs.DurationVar(&o.airflowTimeout, "airflow-timeout", 10*time.Second, "timeout of one request to Airflow, from when it holds a permit of the call limit (time waiting for a permit does not count)")
 	fs.IntVar(&o.minCalls, "airflow-min-calls", limit.DefaultMin, "lowest limit of requests in flight to Airflow over the whole process (1 to 4096); the limit adapts between --airflow-min-calls and --airflow-max-calls to Airflow's latency and errors")
 	fs.IntVar(&o.maxCalls, "airflow-max-calls", limit.DefaultMax, "highest limit of requests in flight to Airflow over the whole process (1 to 4096, at least --airflow-min-calls; equal to it: a fixed limit); a default Airflow 3.3.2 (one api-server worker, database pool 5 + 10) settles the adaptive limit at a few, a far side answering in constant time lets it grow to this")
+	o.paused.register(fs)
 	fs.DurationVar(&o.keyRetention, "key-retention", 7*24*time.Hour, "how long an event's source position is remembered to skip re-published copies")
 	fs.StringVar(&o.cdcOps, "cdc-ops", "c,u,d,r", "Debezium ops that start a run, comma-separated: c (create), u (update), d (delete), r (snapshot read), t (truncate), m (logical message); others are skipped and counted")
 	fs.StringVar(&o.deleteBefore, "cdc-delete-before", "key", "a delete's conf.before: key (only the record key's columns; the others are placeholders under PostgreSQL's default replica identity) or full (the whole before image, for REPLICA IDENTITY FULL tables)")
@@ -88,6 +90,7 @@ func run() int {
 		flagcheck.Int("airflow-min-calls", o.minCalls, 1, 4096),
 		flagcheck.Int("airflow-max-calls", o.maxCalls, max(1, o.minCalls), 4096),
 		o.Check(),
+		o.paused.check(),
 		flagcheck.NonEmpty("airflow-url", o.airflowURL, "the Airflow API server's base URL, http://host:8080"),
 		flagcheck.NonEmpty("dag-id", o.dagID, "the DAG to start one run of per event"),
 		checkAirflowURL(o.airflowURL),
@@ -140,6 +143,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
 	af, err := airflow.New(airflow.Config{
 		BaseURL:        o.airflowURL,
 		TokenFile:      o.tokenFile,
@@ -155,12 +159,12 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		MaxBackoff:  time.Second,
 		Logger:      log,
 		Limiter:     calls, // every request of the process, whatever its partition and lane
+		DAGState:    o.paused.config(reg),
 	})
 	if err != nil {
 		return err
 	}
 	// --metrics-addr answers while the topics and the database are waited for.
-	reg := prometheus.NewRegistry()
 	probes, err := service.StartProbes(o.MetricsAddr, reg)
 	if err != nil {
 		return err
@@ -208,6 +212,10 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	// A paused DAG (or one Airflow does not know) is noted on /readyz; it keeps the service
+	// ready: a restart would not unpause it (--when-paused hold: its partitions are listed
+	// as waiting, like any dependency reported Unavailable).
+	c.AddReadinessNote("airflow", func(context.Context) string { return af.ReadinessNote() })
 	go logLimit(ctx, log, calls)
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
 		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr, Probes: probes})

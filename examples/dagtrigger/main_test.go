@@ -39,6 +39,10 @@ type fakeAirflow struct {
 	// notFoundUntil: until then every post gets Airflow's 404 for a DAG not parsed yet.
 	notFoundUntil time.Time
 	notFound      int
+	// pausedUntil: until then GET /api/v2/dags/process_customer answers is_paused true
+	// (dagReads counts those reads; a paused DAG's runs are still created, as Airflow does).
+	pausedUntil time.Time
+	dagReads    int
 }
 
 func newFake(t *testing.T, delay time.Duration) (*fakeAirflow, string) {
@@ -50,6 +54,18 @@ func newFake(t *testing.T, delay time.Duration) (*fakeAirflow, string) {
 
 func (f *fakeAirflow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(f.delay)
+	if r.Method == http.MethodGet && r.URL.Path == "/api/v2/dags/process_customer" {
+		f.mu.Lock()
+		f.dagReads++
+		missing, paused := time.Now().Before(f.notFoundUntil), time.Now().Before(f.pausedUntil)
+		f.mu.Unlock()
+		if missing {
+			http.Error(w, `{"detail":"Dag with dag_id: 'process_customer' not found"}`, http.StatusNotFound)
+			return
+		}
+		fmt.Fprintf(w, `{"dag_id":"process_customer","is_paused":%t}`, paused)
+		return
+	}
 	raw, _ := io.ReadAll(r.Body)
 	var body struct {
 		DAGRunID    string          `json:"dag_run_id"`
