@@ -130,6 +130,8 @@ type Client struct {
 	token     string
 	expires   time.Time // zero: no exp claim
 	refreshAt time.Time
+
+	assets sync.Map // asset ids by name (asset.go: AssetID)
 }
 
 // New validates cfg and returns a Client. It sends nothing.
