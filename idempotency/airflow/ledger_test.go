@@ -49,7 +49,7 @@ func TestLedgerRecordsEachHandOverWithItsLog(t *testing.T) {
 			DAGID: "d", RunID: "kafkatx__k", Payload: json.RawMessage(`{"id": 1}`), Outcome: outcome}
 	}
 	record(run(1, 5, airflow.OutcomeCreated), true)
-	record(run(1, 5, airflow.OutcomeExisted), true) // a replay of offset 5
+	record(run(1, 5, airflow.OutcomeExisted), true)  // a replay of offset 5
 	record(run(1, 6, airflow.OutcomeCreated), false) // rolled back: no row
 	record(run(0, 9, airflow.OutcomeCreated), true)
 	big := run(1, 7, airflow.OutcomeCreated)
