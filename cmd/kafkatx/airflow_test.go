@@ -66,6 +66,11 @@ func (s *standIn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	limit, _ := strconv.Atoi(q.Get("limit"))
 	offset, _ := strconv.Atoi(q.Get("offset"))
+	// Airflow 3.3 refuses an order_by its model does not allow (asset events: not id).
+	if o := q.Get("order_by"); o != "" && o != "-run_after" && o != "timestamp" {
+		http.Error(w, `{"detail":"Ordering with '`+o+`' is disallowed"}`, http.StatusBadRequest)
+		return
+	}
 	if r.Method == http.MethodGet && q.Has("limit") && (limit < 1 || limit > 100) {
 		http.Error(w, `{"detail":"limit"}`, http.StatusBadRequest)
 		return

@@ -58,7 +58,7 @@ func (f *fakeAssets) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		since, err := time.Parse(time.RFC3339Nano, q.Get("timestamp_gte"))
 		limit, _ := strconv.Atoi(q.Get("limit"))
 		offset, _ := strconv.Atoi(q.Get("offset"))
-		if err != nil || q.Get("asset_id") != "9" || limit < 1 || limit > 100 {
+		if err != nil || q.Get("asset_id") != "9" || limit < 1 || limit > 100 || q.Get("order_by") != "timestamp" {
 			http.Error(w, `{"detail":"bad query"}`, http.StatusBadRequest)
 			return
 		}

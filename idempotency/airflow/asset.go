@@ -125,12 +125,13 @@ func (c *Client) AssetID(ctx context.Context, name string) (int64, error) {
 func (c *Client) forgetAsset(name string) { c.assetCache().Delete(name) }
 
 // AssetEvents pages through the events of asset id assetID whose timestamp is at or after
-// since (zero: all), oldest first (order_by=id, PageSize a page), calling each for every event
+// since (zero: all), oldest first (order_by=timestamp: Airflow 3.3 refuses order_by=id;
+// PageSize a page), calling each for every event
 // until each returns false. Errors as TriggerDAGRun's.
 func (c *Client) AssetEvents(ctx context.Context, assetID int64, since time.Time, each func(AssetEventInfo) bool) error {
 	for offset := 0; ; offset += PageSize {
 		u := c.base.JoinPath("api", "v2", "assets", "events")
-		q := url.Values{"asset_id": {strconv.FormatInt(assetID, 10)}, "limit": {strconv.Itoa(PageSize)}, "offset": {strconv.Itoa(offset)}, "order_by": {"id"}}
+		q := url.Values{"asset_id": {strconv.FormatInt(assetID, 10)}, "limit": {strconv.Itoa(PageSize)}, "offset": {strconv.Itoa(offset)}, "order_by": {"timestamp"}}
 		if !since.IsZero() {
 			q.Set("timestamp_gte", timeParam(since))
 		}
@@ -206,7 +207,9 @@ func (c *Client) CreateAssetEvent(ctx context.Context, e AssetEvent) (AssetResul
 	if !e.MaybeSentSince.IsZero() {
 		ev, ok, err := c.findAssetEvent(ctx, assetID, e.MaybeSentSince.Add(-AssetSettleMargin), e.KafkatxID)
 		if err != nil {
-			return AssetResult{AssetID: assetID}, fmt.Errorf("airflow: settle asset event %s on %s: %w", e.KafkatxID, e.Asset, err)
+			// Airflow's answer, not the event, is at fault: wait (never post blindly, never
+			// dead-letter an event because its settling read failed).
+			return AssetResult{AssetID: assetID}, &UnavailableError{Err: fmt.Errorf("airflow: settle asset event %s on %s by reading the asset's events back: %w", e.KafkatxID, e.Asset, err)}
 		}
 		if ok {
 			c.log.Info("asset event found before posting: an earlier try created it", zap.String("asset", e.Asset), zap.String("kafkatx_id", e.KafkatxID), zap.Int64("event_id", ev.ID))
@@ -238,8 +241,9 @@ func (c *Client) CreateAssetEvent(ctx context.Context, e AssetEvent) (AssetResul
 				return true, nil
 			}
 			if rerr != nil {
-				// Not known whether the POST arrived: never post again blindly.
-				return false, backoff.Permanent(fmt.Errorf("%w; reading the asset's events back to settle it failed: %w", err, rerr))
+				// Not known whether the POST arrived: never post again blindly. The caller's
+				// next try (with the pending mark's time) reads back again.
+				return false, backoff.Permanent(&UnavailableError{Err: fmt.Errorf("%w; reading the asset's events back to settle it failed: %w", err, rerr)})
 			}
 		}
 		return false, err

@@ -59,7 +59,7 @@ func (a *assetAirflow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		_ = json.NewEncoder(w).Encode(ev)
 	case r.URL.Path == "/api/v2/assets/events":
-		if a.failRead || r.URL.Query().Get("asset_id") != "4" || r.URL.Query().Get("timestamp_gte") == "" {
+		if a.failRead || r.URL.Query().Get("asset_id") != "4" || r.URL.Query().Get("timestamp_gte") == "" || r.URL.Query().Get("order_by") != "timestamp" {
 			http.Error(w, "read failed", http.StatusInternalServerError)
 			return
 		}
@@ -132,7 +132,7 @@ func TestAssetEventSettledByReadingBack(t *testing.T) {
 		t.Fatalf("a lost answer whose read-back fails: %v after %d posts; want an error after the one post", err, a.posts)
 	}
 	var se *airflow.StatusError
-	if !errors.As(err, &se) {
-		t.Errorf("error %v carries no StatusError", err)
+	if !errors.As(err, &se) || !airflow.IsUnavailable(err) {
+		t.Errorf("error %v: want an UnavailableError carrying the StatusError (the partition waits; nothing dead-letters)", err)
 	}
 }
