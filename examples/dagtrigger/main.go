@@ -12,6 +12,12 @@
 // truncates and logical messages are skipped); tombstones, heartbeats and transaction
 // metadata never do.
 //
+// With --asset NAME instead of --dag-id it creates one asset event per event on the asset
+// named NAME (POST /api/v2/assets/events), its extra carrying kafkatx_id (the run id the event
+// would get) and the row; a try that may have posted already reads the asset's events back
+// instead of posting again. Every run or asset event is recorded in the Airflow ledger in the
+// transaction that advances the watermark (`kafkatx airflow status|repair`).
+//
 // Its command-line contract is in docs/examples.md. stdout carries only the JSON summary line;
 // logs go to stderr.
 package main

@@ -171,7 +171,9 @@ func outcome(created bool) airflow.Outcome {
 }
 
 // handle records, in the consumer's transaction, the event prepare started: its identity is
-// claimed (an event re-published at another offset is counted as a repeat) and the run
+// claimed (an event re-published at another offset is counted as a repeat), the run or asset
+// event handed to Airflow is written to the Airflow ledger (airflow.RecordTx: its offset, run
+// id or kafkatx_id, outcome and payload; the asset event's pending mark is cleared) and
 // counted. Tombstones, heartbeats and ops not started are counted and skipped.
 func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
 	p, _ := m.Context().Value(preparedKey{}).(*prepared)
