@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
+	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
 // standIn is an httptest stand-in of Airflow 3's REST API v2 for airflow status and repair:
@@ -311,5 +314,61 @@ func TestAirflowStatusAssetEvents(t *testing.T) {
 	}
 	if n != 1 || s.posts != 1 {
 		t.Errorf("after two repairs Airflow has kafkatx__a2 %d times (%d posts), want once", n, s.posts)
+	}
+}
+
+// Bad input is exit 2 with one line naming the flag, before anything connects, and no secret
+// in the output; a group with no ledger row is exit 7; --dry-run re-creates nothing.
+func TestAirflowCommandsExitStatuses(t *testing.T) {
+	bin := buildCLI(t)
+	pw := t.TempDir() + "/pw"
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--database-url", "postgres://u@127.0.0.1:1/x", "--group", "g"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"airflow", "status", "--group", "g"}, "--airflow-url"},
+		{append([]string{"airflow", "status", "--airflow-url", "ftp://x"}, base...), "--airflow-url"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://u:s3cret@h:1"}, base...), "must not carry credentials"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://h:1", "--from", "5", "--to", "3"}, base...), "--from 5 --to 3"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://h:1", "--airflow-username", "admin"}, base...), "go together"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://h:1", "--airflow-token-file", pw, "--airflow-username", "a", "--airflow-password-file", pw}, base...), "excludes"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://h:1", "--airflow-token-file", "/nonexistent/token"}, base...), "--airflow-token-file"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://h:1", "--queued-for", "0s"}, base...), "--queued-for"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://h:1", "--output", "yaml"}, base...), "--output"},
+		{append([]string{"airflow", "repair", "--airflow-url", "http://h:1", "--reason", " "}, base...), "--reason is empty"},
+		{append([]string{"airflow", "status", "--airflow-url", "http://h:1", "--partition", "-1"}, base...), "--partition -1"},
+	} {
+		testenv.RequireUsageError(t, bin, c.args, nil, c.want)
+	}
+
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	if _, err := migrations.Apply(context.Background(), pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := runCLI(t, bin, "airflow", "status", "--database-url", os.Getenv("DATABASE_URL"), "--schema", schema, "--group", "nobody", "--airflow-url", "http://127.0.0.1:1")
+	if code != offsetsExitUnknown || !strings.Contains(errOut, "no row for group nobody") {
+		t.Errorf("status of a group without ledger rows: exit %d %q, want %d", code, errOut, offsetsExitUnknown)
+	}
+}
+
+// --dry-run names what it would re-create and creates nothing.
+func TestAirflowRepairDryRun(t *testing.T) {
+	s, c := newStandIn(t)
+	now := time.Now()
+	entries := []airflow.LedgerEntry{runEntry(0, "kafkatx__gone", now)}
+	s.addRun("process_customer", "someone_else", "success", now)
+	rep, err := compareAirflow(context.Background(), c, entries, time.Minute, now)
+	if err != nil || rep.count(driftMissing) != 1 {
+		t.Fatalf("%+v %v, want 1 missing", rep, err)
+	}
+	var out bytes.Buffer
+	res, err := repairAirflow(context.Background(), c, rep, true, &out)
+	if err != nil || s.posts != 0 || len(res.done) != 0 || !strings.Contains(out.String(), "would re-create run process_customer/kafkatx__gone (t[1]@0)") {
+		t.Errorf("dry run: %v, %d posts, %q", err, s.posts, out.String())
 	}
 }
