@@ -52,6 +52,7 @@ type CLI struct {
 	Relay   RelayCmd   `cmd:"" help:"Publish the outbox to Kafka (the sidecar): leader election, NOTIFY wake-up, health endpoint."`
 	Outbox  OutboxCmd  `cmd:"" help:"Parked outbox rows: list, release, discard."`
 	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"Dead letters: list, show, replay through the outbox, discard (audited)."`
+	Airflow AirflowCmd `cmd:"" help:"The Airflow ledger against Airflow: status (missing, queued, failed runs and asset events) and repair."`
 	Console ConsoleCmd `cmd:"" help:"Serve the operator console: web UI and JSON API (partitions, dead letters, outbox, offsets), behind a token."`
 }
 

@@ -142,6 +142,8 @@ type Client struct {
 	token     string
 	expires   time.Time // zero: no exp claim
 	refreshAt time.Time
+
+	assets sync.Map // asset ids by name (asset.go: AssetID)
 }
 
 // New validates cfg and returns a Client. It sends nothing.
@@ -252,7 +254,11 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("airflow answered %d %s to POST %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Endpoint, e.Detail)
+	method := "POST " // Endpoint names its method when it is not a POST ("GET /api/v2/...")
+	if strings.HasPrefix(e.Endpoint, "GET ") {
+		method = ""
+	}
+	return fmt.Sprintf("airflow answered %d %s to %s%s: %s", e.StatusCode, http.StatusText(e.StatusCode), method, e.Endpoint, e.Detail)
 }
 
 // Unwrap exposes a Retry-After delay to the backoff loop.

@@ -27,6 +27,10 @@ const (
 	// KindWatermarkDeleted is written by the same trigger when a watermark row is deleted;
 	// [From, To) is the deleted row's [first_offset, next_offset).
 	KindWatermarkDeleted = "watermark_deleted"
+	// KindAirflowRepair is `kafkatx airflow repair` re-creating in Airflow the runs or asset
+	// events of [From, To) its ledger held and Airflow had lost; the watermark does not move.
+	// The reason ends with the counts re-created.
+	KindAirflowRepair = "airflow_repair"
 )
 
 // Audit row statuses: pending for an operator command recorded but not yet applied, applied,
@@ -60,6 +64,7 @@ var Kinds = []KindInfo{
 	{Kind: KindLogAdopted, Attention: "the watermark moved onto another log (the topic recreated, or another cluster)"},
 	{Kind: KindUnexplainedMove, Attention: "the watermark was moved outside kafkatx"},
 	{Kind: KindWatermarkDeleted, Attention: "a watermark row was deleted outside kafkatx"},
+	{Kind: KindAirflowRepair},
 }
 
 // StatusAttention says why an operator must not miss an audit row of status abandoned.

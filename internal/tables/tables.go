@@ -29,6 +29,10 @@ type Names struct {
 	OutboxSettings string
 	// PartitionSamples holds the console's per-partition lag samples.
 	PartitionSamples string
+	// AirflowLedger records each DAG run or asset event a consumer handed to Airflow;
+	// AirflowPending the asset events about to be posted (migration 014).
+	AirflowLedger  string
+	AirflowPending string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -54,6 +58,8 @@ func For(schema string) Names {
 		DoneOffsets:          q("done_offsets"),
 		OutboxSettings:       q("outbox_settings"),
 		PartitionSamples:     q("partition_samples"),
+		AirflowLedger:        q("airflow_ledger"),
+		AirflowPending:       q("airflow_pending"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }
