@@ -42,11 +42,14 @@ func (w Writer) writePacks(ctx context.Context, tx pgx.Tx, records []Record, sid
 		to := from
 		for ; to < len(records) && to-from < PackMaxRecords; to++ {
 			r := &records[to]
-			hk, hv := make([][]byte, len(r.Headers)), make([][]byte, len(r.Headers))
-			for j, h := range r.Headers {
-				hk[j], hv[j] = []byte(h.Key), h.Value
-				if hv[j] == nil {
-					hv[j] = []byte{}
+			var hk, hv [][]byte
+			if len(r.Headers) > 0 {
+				hk, hv = make([][]byte, len(r.Headers)), make([][]byte, len(r.Headers))
+				for j, h := range r.Headers {
+					hk[j], hv[j] = []byte(h.Key), h.Value
+					if hv[j] == nil {
+						hv[j] = []byte{}
+					}
 				}
 			}
 			s := pack.Size(r.Topic, r.Key, r.Value, hk, hv)

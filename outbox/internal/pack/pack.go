@@ -108,7 +108,11 @@ func Decode(p []byte) ([]Record, error) {
 	for i := range out {
 		r := &out[i]
 		copy(r.OutboxID[:], d.take(16))
-		r.Topic = string(d.take(int(d.uvarint())))
+		if t := d.take(int(d.uvarint())); i > 0 && string(t) == out[i-1].Topic {
+			r.Topic = out[i-1].Topic // a pack's records mostly share a topic: one string
+		} else {
+			r.Topic = string(t)
+		}
 		r.Key = d.nullable()
 		r.Value = d.nullable()
 		if pt := d.uvarint(); pt > 0 {
