@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/kafkatx/kafkatx/internal/outboxpack"
 	"github.com/kafkatx/kafkatx/internal/tables"
-	"github.com/kafkatx/kafkatx/outbox/internal/pack"
 )
 
 // PackMaxRecords and PackMaxBytes bound one packed row (Writer.Pack): a WriteTx call's
@@ -34,7 +34,7 @@ func (w Writer) writePacks(ctx context.Context, tx pgx.Tx, records []Record, sid
 	random := bufio.NewReaderSize(rand.Reader, min(16*len(records), 64<<10))
 	ids := make([]int64, 0, len(records))
 	for from := 0; from < len(records); {
-		e := pack.NewEncoder(0)
+		e := outboxpack.NewEncoder(0)
 		size := 0
 		var topics []string
 		var keys [][]byte
@@ -52,7 +52,7 @@ func (w Writer) writePacks(ctx context.Context, tx pgx.Tx, records []Record, sid
 					}
 				}
 			}
-			s := pack.Size(r.Topic, r.Key, r.Value, hk, hv)
+			s := outboxpack.Size(r.Topic, r.Key, r.Value, hk, hv)
 			if to > from && size+s > PackMaxBytes {
 				break
 			}
