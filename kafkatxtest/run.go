@@ -14,6 +14,7 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/engine"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/outboxpack"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
@@ -371,9 +372,10 @@ func (tx *Tx) Outcome(offset int64) Outcome {
 	return Outcome{}
 }
 
-// OutboxRecord is one row of the outbox written in the transaction.
+// OutboxRecord is one record of the outbox written in the transaction: a row, or a record of
+// a packed row (outbox.Writer.Pack).
 type OutboxRecord struct {
-	ID int64 // the outbox table's id
+	ID int64 // the outbox table's id; for a record of a packed row, the record's own (pack_ids)
 	// OutboxID is the record's kafkatx-outbox-id (the outbox_id column): for a record written
 	// for a message the kit ran, the id the loop would give it (outbox.SourceID).
 	OutboxID uuid.UUID
@@ -388,28 +390,51 @@ type OutboxRecord struct {
 func (tx *Tx) Outbox() []OutboxRecord {
 	tx.k.t.Helper()
 	tx.checkDefaultOutbox()
-	rows, err := tx.Query(tx.k.ctx(), `SELECT id, outbox_id::text, topic, key, value, header_keys, header_values, partition
+	// A packed row (outbox.Writer.Pack) holds several records, each with its own id.
+	rows, err := tx.Query(tx.k.ctx(), `SELECT id, outbox_id::text, topic, key, value, header_keys, header_values, partition,
+			CASE WHEN state = 'packed' THEN pack END, pack_ids
 		FROM `+tables.For(tx.k.schema).Outbox+` WHERE txid = pg_current_xact_id() ORDER BY id`)
 	if err != nil {
 		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRecord, error) {
+	var recs []OutboxRecord
+	for rows.Next() {
 		var r OutboxRecord
 		var hk, hv [][]byte
 		var id string
-		if err := row.Scan(&r.ID, &id, &r.Topic, &r.Key, &r.Value, &hk, &hv, &r.Partition); err != nil {
-			return r, err
+		var packed []byte
+		var ids []int64
+		if err := rows.Scan(&r.ID, &id, &r.Topic, &r.Key, &r.Value, &hk, &hv, &r.Partition, &packed, &ids); err != nil {
+			rows.Close()
+			tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
+		}
+		if packed != nil {
+			prs, err := outboxpack.Decode(packed)
+			if err != nil || len(prs) != len(ids) {
+				rows.Close()
+				tx.k.t.Fatalf("kafkatxtest: read the outbox: packed row %d: %v (%d records, %d ids)", r.ID, err, len(prs), len(ids))
+			}
+			for i, p := range prs {
+				pr := OutboxRecord{ID: ids[i], OutboxID: uuid.UUID(p.OutboxID)}
+				pr.Topic, pr.Key, pr.Value, pr.Partition = p.Topic, p.Key, p.Value, p.Partition
+				for j := range p.HK {
+					pr.Headers = append(pr.Headers, outbox.Header{Key: string(p.HK[j]), Value: p.HV[j]})
+				}
+				recs = append(recs, pr)
+			}
+			continue
 		}
 		var err error
 		if r.OutboxID, err = uuid.Parse(id); err != nil {
-			return r, err
+			rows.Close()
+			tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 		}
 		for i := range hk {
 			r.Headers = append(r.Headers, outbox.Header{Key: string(hk[i]), Value: hv[i]})
 		}
-		return r, nil
-	})
-	if err != nil {
+		recs = append(recs, r)
+	}
+	if err := rows.Err(); err != nil {
 		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 	}
 	return recs
