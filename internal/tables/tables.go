@@ -29,6 +29,8 @@ type Names struct {
 	OutboxSettings string
 	// PartitionSamples holds the console's per-partition lag samples.
 	PartitionSamples string
+	// KeyParking holds a consumer group's parked keys' messages (internal/parking).
+	KeyParking string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -54,6 +56,7 @@ func For(schema string) Names {
 		DoneOffsets:          q("done_offsets"),
 		OutboxSettings:       q("outbox_settings"),
 		PartitionSamples:     q("partition_samples"),
+		KeyParking:           q("key_parking"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }
