@@ -21,6 +21,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/parking"
 )
 
 // Loop is one consumer's poll loop and its partition workers. Create one with New and run it
@@ -37,6 +38,8 @@ type Loop struct {
 	breaker *Breaker           // shared failures across partitions (breaker.go)
 	units   chan struct{}      // process-wide unit slots (Settings.MaxUnits); nil: no cap
 	gate    *gate              // a probe's turn to run alone in the process (isolate.go)
+
+	parkStore *parking.Store // the parked keys (Settings.ParkKeys, park.go)
 
 	failed        atomic.Pointer[error]                // first error of a worker that stops the consumer (fail)
 	lastMessage   atomic.Int64                         // unix nanos of the last polled record
@@ -76,16 +79,17 @@ type fetch struct {
 	stall      stall // the stall watchdog's view (stall.go)
 }
 
-// inFlight counts the partition's messages not yet committed: queued, kept, or held by the
-// worker.
+// inFlight counts the partition's messages not yet committed: queued, kept, held by the
+// worker, or parked (park.go: a parked key keeps the consumer from being idle).
 func (f *fetch) inFlight() int {
-	return len(f.w.in) + int(f.pendingLen.Load()) + int(f.w.busy.Load())
+	return len(f.w.in) + int(f.pendingLen.Load()) + int(f.w.busy.Load()) + f.w.parked.messages()
 }
 
 // New returns a Loop that runs body for set's topics with pool, reporting to emit.
 func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 	l := &Loop{
 		group: set.Group, set: set, pool: pool, store: offsetstore.New(set.Schema), body: body, emit: emit,
+		parkStore:   parking.New(set.Schema),
 		log:         set.Logger.With(zap.String("group", set.Group)),
 		gate:        newGate(),
 		parts:       map[offsetstore.TP]*fetch{},

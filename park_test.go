@@ -1,0 +1,247 @@
+package kafkatx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// keyed returns n records on partition 0 with keys k0..k(keys-1) in turn: record i has key
+// k(i mod keys).
+func keyedRecords(n, keys int) []testRecord {
+	out := make([]testRecord, n)
+	for i := range out {
+		out[i] = testRecord{key: []byte(fmt.Sprintf("k%d", i%keys)), value: []byte(fmt.Sprintf(`{"i":%d}`, i)), partition: 0}
+	}
+	return out
+}
+
+// keyOrder fails t unless key's effects were applied once each, in offset order.
+func (b *testBundle) keyOrder(t *testing.T, key string, want int) {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), fmt.Sprintf(`SELECT "offset", applied FROM %s ORDER BY seq`,
+		pgx.Identifier{b.schema, "effects"}.Sanitize()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var offs []int64
+	for rows.Next() {
+		var off int64
+		var applied int
+		if err := rows.Scan(&off, &applied); err != nil {
+			t.Fatal(err)
+		}
+		if applied != 1 {
+			t.Fatalf("offset %d applied %d times", off, applied)
+		}
+		offs = append(offs, off)
+	}
+	var mine []int64
+	for _, o := range offs {
+		if fmt.Sprintf("k%d", o%10) == key { // the tests' records: key k(offset mod keys), keys = 10
+			mine = append(mine, o)
+		}
+	}
+	if len(mine) != want {
+		t.Fatalf("key %s: %d messages applied, want %d", key, len(mine), want)
+	}
+	for i := 1; i < len(mine); i++ {
+		if mine[i] < mine[i-1] {
+			t.Fatalf("key %s applied out of offset order: %v", key, mine)
+		}
+	}
+}
+
+// One key failing parks, with Concurrency 1 and 4: the partition's other keys are all applied
+// while it still fails, the key's messages wait in key_parking (none applied, none run before
+// the ones parked before them), and once it recovers they are applied once each, in offset
+// order; the consumer is not idle while the key is parked.
+func TestParkedKeyLetsOtherKeysFlow(t *testing.T) {
+	for _, n := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency-%d", n), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			produce(t, b.brokers, b.topic, keyedRecords(200, 10))
+			var down atomic.Bool
+			down.Store(true)
+			var tries atomic.Int64
+			cfg := b.config(t)
+			cfg.Concurrency = n
+			cfg.Park.Enabled = true
+			cfg.Retry.MaxAttempts = 1000
+			r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+				if string(m.Key) == "k7" && down.Load() {
+					tries.Add(1)
+					return errors.New("tenant 7's service answered 503")
+				}
+				return applyEffect(ctx, tx, b.schema, m)
+			}, cfg)
+			r.waitFor(t, 90*time.Second, "the 180 messages of the other keys applied while k7 fails", func() bool {
+				return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 180
+			})
+			if got := b.q(t, "SELECT count(*) FROM {{schema}}.key_parking"); got != 20 {
+				t.Fatalf("%d parked messages while k7 fails, want its 20", got)
+			}
+			r.waitFor(t, 30*time.Second, "the head of k7 tried again by the retrier", func() bool { return tries.Load() >= 3 })
+			if s := r.c.Stats(); s.InFlight < 20 {
+				t.Fatalf("Stats.InFlight %d while k7's 20 messages are parked: the consumer would look idle", s.InFlight)
+			}
+			if got := b.q(t, "SELECT count(*) FROM {{schema}}.effects WHERE \"offset\" % 10 = 7"); got != 0 {
+				t.Fatalf("%d messages of k7 applied while it fails", got)
+			}
+			w := b.q(t, "SELECT next_offset FROM {{schema}}.watermarks")
+			if w != 200 {
+				t.Fatalf("watermark %d while k7 is parked, want 200 (parked offsets are passed)", w)
+			}
+			down.Store(false)
+			r.waitFor(t, 60*time.Second, "k7's messages applied after it recovers", func() bool {
+				return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 200 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 0
+			})
+			b.keyOrder(t, "k7", 20)
+			if got := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); got != 0 {
+				t.Fatalf("%d dead letters", got)
+			}
+		})
+	}
+}
+
+// A key whose dependency answers Unavailable parks spending no attempt, while the others go
+// on; it is applied once the dependency answers again.
+func TestParkedKeyUnavailableSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, keyedRecords(100, 10))
+	var down atomic.Bool
+	down.Store(true)
+	var tries atomic.Int64
+	cfg := b.config(t)
+	cfg.Park.Enabled = true
+	cfg.Retry.MaxAttempts = 2
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if string(m.Key) == "k3" && down.Load() {
+			tries.Add(1)
+			return Unavailable(errors.New("503 for tenant 3"))
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}, cfg)
+	r.waitFor(t, 90*time.Second, "the others applied and k3's head tried 5 times", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 90 && tries.Load() >= 5
+	})
+	if got := b.q(t, "SELECT coalesce(max(attempts), 0) FROM {{schema}}.key_parking"); got != 0 {
+		t.Fatalf("a parked Unavailable head counts %d attempts, want 0", got)
+	}
+	if got := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); got != 0 {
+		t.Fatalf("%d dead letters after Unavailable answers with MaxAttempts 2", got)
+	}
+	down.Store(false)
+	r.waitFor(t, 60*time.Second, "k3 applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 100 })
+	b.keyOrder(t, "k3", 10)
+}
+
+// A parked key's head that exhausts its attempts is dead-lettered, and the key's next
+// message runs next, in order.
+func TestParkedHeadExhaustedDeadLettersThenNextRuns(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, keyedRecords(50, 10))
+	cfg := b.config(t)
+	cfg.Park.Enabled = true
+	cfg.Retry.MaxAttempts = 3
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if m.Offset == 5 { // k5's first message: a poison pill
+			return errors.New("bad record")
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}, cfg)
+	r.waitFor(t, 90*time.Second, "49 applied and offset 5 dead-lettered", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 49 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 0
+	})
+	if got := b.q(t, `SELECT count(*) FROM {{schema}}.dead_letters WHERE "offset" = 5 AND attempts = 3`); got != 1 {
+		t.Fatalf("%d dead letters of offset 5 after 3 attempts, want 1", got)
+	}
+	b.keyOrder(t, "k5", 4)
+}
+
+// A failure every key meets is shared, not a key's: the breaker opens after a few keys
+// parked (threshold 3: at most 2), the partition is held as without parking — nothing
+// dead-lettered, not every key parked — and once it recovers everything is applied once, each
+// key in order.
+func TestSharedFailureDoesNotParkEveryKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, keyedRecords(100, 10))
+	var down atomic.Bool
+	down.Store(true)
+	var tries atomic.Int64
+	cfg := b.config(t)
+	cfg.Park.Enabled = true
+	cfg.Breaker.Probe = 100 * time.Millisecond
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if down.Load() {
+			tries.Add(1)
+			return errors.New("the orchestrator answered 503 to everyone")
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}, cfg)
+	r.waitFor(t, 60*time.Second, "the breaker open", func() bool { return r.c.Readiness(context.Background()).Breaker != nil && tries.Load() > 10 })
+	time.Sleep(time.Second)
+	if got := b.q(t, "SELECT count(DISTINCT key_hash) FROM {{schema}}.key_parking"); got > 2 {
+		t.Fatalf("%d keys parked by a failure every key meets, want at most 2 (the breaker's threshold less one)", got)
+	}
+	if got := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); got != 0 {
+		t.Fatalf("%d dead letters during a shared failure", got)
+	}
+	down.Store(false)
+	r.waitFor(t, 60*time.Second, "everything applied", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 100 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 0
+	})
+	for k := 0; k < 10; k++ {
+		b.keyOrder(t, fmt.Sprintf("k%d", k), 10)
+	}
+}
+
+// A consumer restarted (a rebalance to another member) with a key parked loads the parked
+// keys at assignment: the key's later messages park behind it, never run before it.
+func TestParkedKeySurvivesRestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, keyedRecords(50, 10))
+	var down atomic.Bool
+	down.Store(true)
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if string(m.Key) == "k2" && down.Load() {
+			return errors.New("503")
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	cfg := b.config(t)
+	cfg.Park.Enabled = true
+	cfg.Retry.MaxAttempts = 1000
+	r := b.start(t, h, cfg)
+	r.waitFor(t, 60*time.Second, "45 applied, k2 parked", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 45 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 5
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, b.brokers, b.topic, keyedRecords(50, 10)[:30]) // offsets 50..79: k2 at 52, 62, 72
+	r = b.start(t, h, b.config(t).withPark())
+	r.waitFor(t, 60*time.Second, "the new messages of the other keys applied, k2's parked behind", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 72 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 8
+	})
+	down.Store(false)
+	r.waitFor(t, 60*time.Second, "k2 applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 80 })
+	b.keyOrder(t, "k2", 8)
+}
+
+func (c *Config) withPark() *Config {
+	c.Park.Enabled = true
+	c.Retry.MaxAttempts = 1000
+	return c
+}
