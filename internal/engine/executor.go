@@ -96,7 +96,7 @@ func (p *worker) run() {
 	}
 	for {
 		var err error
-		if (p.set.Concurrency > 1 || len(p.doneAbove) > 0 || p.parked != nil) && !p.sus.holds(p.watermark.Load()) {
+		if (p.set.Concurrency > 1 || len(p.doneAbove) > 0) && !p.sus.holds(p.watermark.Load()) {
 			err = p.laneRound(max(1, p.set.Concurrency))
 		} else {
 			err = p.serialRound()
