@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -244,4 +245,42 @@ func (c *Config) withPark() *Config {
 	c.Park.Enabled = true
 	c.Retry.MaxAttempts = 1000
 	return c
+}
+
+// SIGKILL at each step of parking — a key's first failing message parked, a later one parked
+// behind it, the retrier's try of the head before and after its commit, the next parked
+// message's run, a head's dead letter — then a restart: every message applied once or
+// dead-lettered once, each key's in offset order, nothing left parked.
+func TestParkedKeysSIGKILLAtEachStep(t *testing.T) {
+	t.Parallel()
+	requireServices(t)
+	for _, c := range []struct {
+		step string
+		off  int64
+		n    int
+	}{{"park", 7, 1}, {"park", 17, 1}, {"handled", 7, 1}, {"parked-done", 7, 1}, {"handled", 17, 1}, {"dead-letter", 3, 1}, {"park", 7, 4}, {"parked-done", 7, 4}} {
+		t.Run(fmt.Sprintf("%s-%d-concurrency-%d", c.step, c.off, c.n), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			recs := keyedRecords(60, 10)
+			recs[7].value = []byte("flaky")   // k7's first message: fails twice, then is applied
+			recs[3].value = []byte("fail-me") // k3's first message: always fails, dead-lettered
+			produce(t, b.brokers, b.topic, recs)
+			s := childSpec{b: b, crashStep: c.step, crashOffset: c.off, crashMark: filepath.Join(t.TempDir(), "crashed"),
+				runsFile: filepath.Join(t.TempDir(), "runs"), maxAttempts: 4, backoff: 50 * time.Millisecond, idle: 2 * time.Second,
+				concurrency: c.n, park: true}
+			if !s.runChild(t) {
+				t.Fatalf("the child was not killed at step %s of offset %d", c.step, c.off)
+			}
+			if s.runChild(t) {
+				t.Fatal("the restarted child was killed again")
+			}
+			b.checkExact(t, 60, []int64{3})
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.key_parking"); n != 0 {
+				t.Fatalf("%d messages left parked", n)
+			}
+			b.keyOrder(t, "k7", 6)
+			b.keyOrder(t, "k3", 5)
+		})
+	}
 }
