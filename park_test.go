@@ -284,3 +284,56 @@ func TestParkedKeysSIGKILLAtEachStep(t *testing.T) {
 		})
 	}
 }
+
+// The bounds hold the partition instead of parking more, and lose nothing: a key at
+// Park.MaxPerKey holds its next message (and at Concurrency 1 the partition) until its head
+// is done; a new failing key past Park.MaxKeys is retried in place. Once the keys recover,
+// everything is applied once, each key in order.
+func TestParkBoundsHoldThePartition(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		perKey, keys     int
+		failing          []string
+		appliedWhileDown int64 // offsets below the held message, the failing keys' aside
+	}{
+		{"max-per-key", 3, 0, []string{"k7"}, 34},   // k7's 7, 17, 27 parked; 37 held
+		{"max-keys", 0, 1, []string{"k3", "k7"}, 6}, // k3 parked; k7's 7 retried in place
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			produce(t, b.brokers, b.topic, keyedRecords(50, 10))
+			var down atomic.Bool
+			down.Store(true)
+			cfg := b.config(t)
+			cfg.Park = ParkConfig{Enabled: true, MaxPerKey: c.perKey, MaxKeys: c.keys}
+			cfg.Retry.MaxAttempts = 1000
+			cfg.Breaker.Threshold = -1
+			r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+				for _, k := range c.failing {
+					if string(m.Key) == k && down.Load() {
+						return errors.New("503")
+					}
+				}
+				return applyEffect(ctx, tx, b.schema, m)
+			}, cfg)
+			r.waitFor(t, 60*time.Second, "the messages before the held one applied", func() bool {
+				return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == c.appliedWhileDown
+			})
+			time.Sleep(2 * time.Second)
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects"); n != c.appliedWhileDown {
+				t.Fatalf("%d applied while the bound holds, want %d", n, c.appliedWhileDown)
+			}
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.key_parking"); c.perKey > 0 && n != int64(c.perKey) || c.keys > 0 && n != 1 {
+				t.Fatalf("%d parked past the bound", n)
+			}
+			down.Store(false)
+			r.waitFor(t, 60*time.Second, "everything applied", func() bool {
+				return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 50 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 0
+			})
+			for _, k := range c.failing {
+				b.keyOrder(t, k, 5)
+			}
+		})
+	}
+}
