@@ -198,6 +198,11 @@ type errPark struct {
 func (e *errPark) Error() string { return e.cause.Error() }
 func (e *errPark) Unwrap() error { return e.cause }
 
+// KeyFailure reports whether a failure err of a message may park its key (with parking on and
+// the breaker closed): it is not the database's (sharedFailure). The loop and the test kit
+// (kafkatxtest) both ask it.
+func KeyFailure(err error) bool { return !sharedFailure(err) }
+
 // sharedFailure reports whether err is the database's rather than one key's: a PostgreSQL
 // error anywhere in its chain (a refused write, a revoked privilege, a constraint the whole
 // table now meets), or the server's own condition. Such failures never park (park.go).
@@ -216,7 +221,7 @@ func sharedFailure(err error) bool {
 // breaker is closed and the failure is not the database's (sharedFailure).
 func (u *lane) mayPark(cause error) bool {
 	p := u.p
-	return p.set.ParkKeys && p.parked != nil && !sharedFailure(cause) && p.breaker.State() == nil
+	return p.set.ParkKeys && p.parked != nil && KeyFailure(cause) && p.breaker.State() == nil
 }
 
 // keyHash is km's key identity for parking.
