@@ -337,3 +337,36 @@ func TestParkBoundsHoldThePartition(t *testing.T) {
 		})
 	}
 }
+
+// A rebalance while a key is parked and its retrier runs: a second member joins, the first
+// leaves; whoever owns the partition loads the parked key, parks its later messages behind
+// it, and after the key recovers every message is applied once, the key's in offset order.
+func TestParkedKeyAcrossARebalance(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, keyedRecords(50, 10))
+	var down atomic.Bool
+	down.Store(true)
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if string(m.Key) == "k4" && down.Load() {
+			return errors.New("503")
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	a := b.start(t, h, b.config(t).withPark())
+	a.waitFor(t, 60*time.Second, "45 applied, k4 parked", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 45 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 5
+	})
+	bb := b.start(t, h, b.config(t).withPark())
+	time.Sleep(3 * time.Second) // the group rebalances with both members
+	produce(t, b.brokers, b.topic, keyedRecords(20, 10))
+	if err := a.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	bb.waitFor(t, 60*time.Second, "the new messages of the other keys applied, k4's parked behind", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 63 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 7
+	})
+	down.Store(false)
+	bb.waitFor(t, 60*time.Second, "k4 applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 70 })
+	b.keyOrder(t, "k4", 7)
+}
