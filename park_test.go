@@ -370,3 +370,28 @@ func TestParkedKeyAcrossARebalance(t *testing.T) {
 	bb.waitFor(t, 60*time.Second, "k4 applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 70 })
 	b.keyOrder(t, "k4", 7)
 }
+
+// A parked message is not in flight for the offsets without a record (transaction markers):
+// the watermark passes the commit marker after the records and reaches the log end while a
+// message (a nil key: a key of its own) is still parked.
+func TestParkedMessageDoesNotHoldTransactionMarkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produceTx(t, b.brokers, b.topic, true, "v0", "v1", "fail", "v3", "v4") // offsets 0-4; commit marker 5
+	var down atomic.Bool
+	down.Store(true)
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if string(m.Value) == "fail" && down.Load() {
+			return errors.New("503")
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}, b.config(t).withPark())
+	r.waitFor(t, 60*time.Second, "the watermark at the log end (6) while offset 2 is parked", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), -1) FROM {{schema}}.watermarks") == 6 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 1
+	})
+	if s := r.c.Stats(); s.InFlight != 1 {
+		t.Fatalf("Stats.InFlight %d, want the 1 parked message", s.InFlight)
+	}
+	down.Store(false)
+	r.waitFor(t, 60*time.Second, "all applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 5 })
+}

@@ -354,7 +354,7 @@ func (p *worker) retryParked(stop <-chan struct{}) {
 		if p.workCtx.Err() != nil {
 			return
 		}
-		if time.Since(lastReconcile) >= parkReconcileEvery {
+		if time.Since(lastReconcile) >= parkReconcileEvery && p.parked.messages() > 0 {
 			lastReconcile = time.Now()
 			if gen, ok := p.parked.snapshot(); ok {
 				if counts, err := p.parkStore.Counts(p.workCtx, p.pool, p.group, p.tp.Topic, p.tp.Partition); err == nil {
