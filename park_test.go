@@ -174,6 +174,14 @@ func TestParkedHeadExhaustedDeadLettersThenNextRuns(t *testing.T) {
 // dead-lettered, not every key parked — and once it recovers everything is applied once, each
 // key in order.
 func TestSharedFailureDoesNotParkEveryKey(t *testing.T) {
+	for _, unavailable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unavailable-%v", unavailable), func(t *testing.T) { sharedFailure(t, unavailable) })
+	}
+}
+
+// sharedFailure: every key fails alike — an error, or an Unavailable answer worded its own
+// way for each message (a run id in its text, as an orchestrator's refusal names its run).
+func sharedFailure(t *testing.T, unavailable bool) {
 	t.Parallel()
 	b := setup(t, 1)
 	produce(t, b.brokers, b.topic, keyedRecords(100, 10))
@@ -183,9 +191,16 @@ func TestSharedFailureDoesNotParkEveryKey(t *testing.T) {
 	cfg := b.config(t)
 	cfg.Park.Enabled = true
 	cfg.Breaker.Probe = 100 * time.Millisecond
+	// Attempts enough that the parked heads' retries (20 ms backoff) do not exhaust before the
+	// third key opens the breaker on a slow machine: dead letters by exhaustion are not what
+	// this test is about (without parking the first messages would be dead-lettered as well).
+	cfg.Retry.MaxAttempts = 1000
 	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
 		if down.Load() {
 			tries.Add(1)
+			if unavailable {
+				return Unavailable(fmt.Errorf("trigger run kafkatx__%c%c: the orchestrator answered 503", rune('a'+m.Offset%26), rune('a'+m.Offset/26%26)))
+			}
 			return errors.New("the orchestrator answered 503 to everyone")
 		}
 		return applyEffect(ctx, tx, b.schema, m)

@@ -37,9 +37,10 @@ import (
 // and the failure is not the database's (a *pgconn.PgError in the handler's error, or the
 // server's own condition): a database refusing writes, or a far side down for everyone, is met
 // by every key, and parking them one by one would only move the whole partition into the
-// table. Failures that park count in the breaker as they do without parking (an Unavailable
-// answer too, which otherwise never counts): distinct messages failing alike with no commit
-// between open it at Settings.BreakerThreshold (default 3), and from then on the partition is
+// table. Failures that park count in the breaker as they do without parking, and so do
+// Unavailable answers, which otherwise never count, all alike whatever their text
+// (errUnavailableAlike): distinct messages failing alike with no commit between open it at
+// Settings.BreakerThreshold (default 3), and from then on the partition is
 // held as before — at most threshold-1 keys parked by a shared failure, none once it is open.
 // One key's failures never open it: the other keys' commits close each spell.
 //
@@ -187,6 +188,12 @@ func (u *lane) parksNext(km *kafka.Message) bool {
 	_, ok := u.toPark[int64(km.TopicPartition.Offset)]
 	return ok
 }
+
+// errUnavailableAlike is what the breaker counts for an Unavailable answer that would park its
+// key: every Unavailable answer is alike, whatever its text, since a far side down for
+// everyone answers each message with its own words (a run id, a URL, a tenant) that the
+// breaker's signature of an error text would keep apart.
+var errUnavailableAlike = errors.New("a dependency answered Unavailable (kafkatx.Unavailable) for several keys with no success between")
 
 // errPark ends a unit whose message at index at answered Unavailable for its key alone, with
 // parking allowed: the caller parks the message (no attempt spent) instead of waiting.
