@@ -33,6 +33,8 @@ type Names struct {
 	// AirflowPending the asset events about to be posted (migration 014).
 	AirflowLedger  string
 	AirflowPending string
+	// KeyParking holds a consumer group's parked keys' messages (internal/parking).
+	KeyParking string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -60,6 +62,7 @@ func For(schema string) Names {
 		PartitionSamples:     q("partition_samples"),
 		AirflowLedger:        q("airflow_ledger"),
 		AirflowPending:       q("airflow_pending"),
+		KeyParking:           q("key_parking"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }
