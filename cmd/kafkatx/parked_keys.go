@@ -57,7 +57,11 @@ func (ParkedKeysListCmd) Help() string {
 its head (the lowest parked offset, tried next), how many messages of the key are parked, the
 head's age (since it was parked), attempts, last error and next try ("now" when due). Keys are
 summarized (size, SHA-256, a short escaped prefix) unless --show-value is given; key_hash is the
-key's identity for release and dead-letter (--key-hash).`
+key's identity for release and dead-letter (--key-hash).
+With --brokers (or KAFKA_BOOTSTRAP_SERVERS) it also marks a partition BLOCKED by a key at
+offset X: it has parked keys, lag, and a watermark X that has not moved for 2m; the key named is
+the one with the most parked messages (the consumer's log names the exact one). Without Kafka
+the list is printed without that mark.`
 }
 
 // Validate refuses a --limit outside 1 to 100,000 and a partition below -1.
@@ -83,6 +87,9 @@ type parkedKeyJSON struct {
 	ErrorClass string     `json:"error_class,omitempty"`
 	LastError  string     `json:"last_error,omitempty"`
 	NextTry    *time.Time `json:"next_try"` // null: due now
+	// BlockedAt is set on the key its partition is blocked by (console.BlockingKey): the
+	// watermark the partition waits at. Only when Kafka is reachable (--brokers).
+	BlockedAt *int64 `json:"blocked_at,omitempty"`
 }
 
 func toParkedKeyJSON(k parking.Key, full bool, now time.Time) parkedKeyJSON {
@@ -131,9 +138,14 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 		defer fmt.Fprintf(os.Stderr, "kafkatx: parked-keys list: the first %d parked keys shown (--limit %d); more are parked: narrow with --topic and --partition, or raise --limit\n",
 			c.Limit, c.Limit)
 	}
+	blocked := c.blocked(ctx, g, topics, keys, now)
 	if c.Output == "json" {
 		for _, k := range keys {
-			b, _ := json.Marshal(toParkedKeyJSON(k, c.ShowValue, now))
+			j := toParkedKeyJSON(k, c.ShowValue, now)
+			if b, ok := blocked[partKey{k.Topic, k.Partition}]; ok && string(b.key) == string(k.KeyHash) {
+				j.BlockedAt = &b.at
+			}
+			b, _ := json.Marshal(j)
 			fmt.Println(string(b))
 		}
 		return nil
@@ -149,6 +161,10 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 				if t := totals[j]; t.Topic == k.Topic && t.Partition == k.Partition {
 					fmt.Printf("%s[%d]: %d parked keys, %d parked messages, oldest parked %s ago\n", termText(k.Topic), k.Partition,
 						t.Keys, t.Messages, ageText(now.Sub(t.Oldest)))
+					if b, ok := blocked[partKey{k.Topic, k.Partition}]; ok {
+						fmt.Printf("  BLOCKED by key_hash %x at offset %d: the watermark has not moved for %v with lag %d (the consumer's log names the key it waits on)\n",
+							b.key, b.at, console.BlockedAfter, b.lag)
+					}
 					last = j
 					break
 				}
@@ -167,6 +183,50 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 			k.HeadOffset, k.Count, ageText(now.Sub(k.ParkedAt)), k.Attempts, next, j.Key, j.KeyHash, errText)
 	}
 	return nil
+}
+
+type partKey struct {
+	topic     string
+	partition int32
+}
+
+type blockedBy struct {
+	key     []byte // key hash
+	at, lag int64
+}
+
+// blocked finds the partitions of keys that are blocked by a parked key (console.BlockingKey)
+// when Kafka is reachable (--brokers; the lag needs the log end); without it, or when Kafka
+// does not answer, nil (a line on stderr says why for the latter).
+func (c *ParkedKeysListCmd) blocked(ctx context.Context, g *Globals, topics []string, keys []parking.Key, now time.Time) map[partKey]blockedBy {
+	if g.Brokers == "" || len(keys) == 0 {
+		return nil
+	}
+	op, closeAll, err := g.offsetsOperator(ctx, true)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kafkatx: parked-keys list: whether a partition is blocked is not shown: %s\n", errLine(err))
+		return nil
+	}
+	defer closeAll()
+	byPart := map[partKey][]parking.Key{}
+	for _, k := range keys {
+		byPart[partKey{k.Topic, k.Partition}] = append(byPart[partKey{k.Topic, k.Partition}], k)
+	}
+	out := map[partKey]blockedBy{}
+	for _, t := range topics {
+		sts, err := op.Status(ctx, c.Group, t)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kafkatx: parked-keys list: whether a partition of %s is blocked is not shown: %s\n", termText(t), errLine(err))
+			continue
+		}
+		for _, s := range sts {
+			pk := partKey{s.Topic, s.Partition}
+			if k, ok := console.BlockingKey(s, byPart[pk], now); ok {
+				out[pk] = blockedBy{key: k.KeyHash, at: *s.Watermark, lag: s.Lag}
+			}
+		}
+	}
+	return out
 }
 
 // ageText writes d rounded to the second (0s for a negative d: clocks of two hosts).

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/migrations"
@@ -17,8 +19,8 @@ import (
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
-// parkForTest writes parked messages of group g, topic orders as the consumer would.
-func parkForTest(t *testing.T, pool *pgxpool.Pool, schema string, ms ...parking.Message) {
+// parkForTest writes parked messages of group g as the consumer would.
+func parkForTest(t *testing.T, pool *pgxpool.Pool, schema, topic string, ms ...parking.Message) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
@@ -27,7 +29,7 @@ func parkForTest(t *testing.T, pool *pgxpool.Pool, schema string, ms ...parking.
 	}
 	defer tx.Rollback(ctx)
 	for _, m := range ms {
-		m.Group, m.Topic, m.KeyHash, m.Value = "g", "orders", parking.KeyHash(m.Key, m.Offset), []byte("v")
+		m.Group, m.Topic, m.KeyHash, m.Value = "g", topic, parking.KeyHash(m.Key, m.Offset), []byte("v")
 		if err := parking.New(schema).ParkTx(ctx, tx, m); err != nil {
 			t.Fatal(err)
 		}
@@ -50,8 +52,23 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 	if _, err := migrations.Apply(ctx, pool, schema); err != nil {
 		t.Fatal(err)
 	}
+	// A real topic: 12 records on partition 0, the watermark at 10 and still for 10 minutes
+	// (lag 2), so that list marks partition 0 blocked by its key with the most parked messages.
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 2)
+	var recs []kafka.Message
+	for i := range 12 {
+		recs = append(recs, kafka.Message{Value: []byte(fmt.Sprint(i))})
+	}
+	testenv.Produce(t, brokers, topic, recs)
+	if _, _, err := offsetstore.New(schema).Init(ctx, pool, "g", offsetstore.TP{Topic: topic, Partition: 0}, 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+tables.For(schema).Watermarks+` SET updated_at = now() - interval '10 minutes'`); err != nil {
+		t.Fatal(err)
+	}
 	later := time.Now().Add(time.Hour)
-	parkForTest(t, pool, schema,
+	parkForTest(t, pool, schema, topic,
 		parking.Message{Partition: 0, Offset: 3, Key: []byte("k1"), Attempts: 2, ErrorClass: "handler", LastError: "503 from tenant 7",
 			FirstFailureAt: time.Now().Add(-time.Minute), NextTry: later, Headers: []parking.Header{{Key: "h", Value: []byte("x")}}},
 		parking.Message{Partition: 0, Offset: 5, Key: []byte("k1")},
@@ -95,11 +112,20 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 		j.NextTry == nil || j.Partition != 0 || j.Key.Prefix != `"k1"` {
 		t.Fatalf("key k1: %+v", j)
 	}
-	if got := list("--topic", "orders", "--partition", "1"); len(got) != 2 {
+	if j := got[k1]; j.BlockedAt == nil || *j.BlockedAt != 10 {
+		t.Fatalf("key k1 is not marked as blocking partition 0 at offset 10: %+v", j)
+	}
+	for h, j := range got {
+		if h != k1 && j.BlockedAt != nil {
+			t.Fatalf("key %s marked blocking too: %+v", h, j)
+		}
+	}
+	if got := list("--topic", topic, "--partition", "1"); len(got) != 2 {
 		t.Fatalf("--partition 1: %d keys, want 2", len(got))
 	}
 	out, _, code := run("parked-keys", "list", "--group", "g")
-	if code != 0 || !strings.Contains(out, "orders[0]: 2 parked keys, 4 parked messages") || !strings.Contains(out, "last error: handler: 503 from tenant 7") ||
+	if code != 0 || !strings.Contains(out, topic+"[0]: 2 parked keys, 4 parked messages") ||
+		!strings.Contains(out, "BLOCKED by key_hash "+k1+" at offset 10") || !strings.Contains(out, "last error: handler: 503 from tenant 7") ||
 		!strings.Contains(out, "key_hash:   "+k1) || strings.Contains(out, "\x1b") {
 		t.Fatalf("text list: exit %d:\n%s", code, out)
 	}
@@ -110,7 +136,7 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 
 	audit := func(kind string) []offsetstore.Event {
 		t.Helper()
-		evs, err := offsetstore.New(schema).Events(ctx, pool, "g", "orders")
+		evs, err := offsetstore.New(schema).Events(ctx, pool, "g", topic)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,11 +150,11 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 	}
 
 	// Release: a dry run changes nothing; then the head is due now, audited.
-	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", "orders", "--partition", "0", "--key", "k1", "--reason", "tenant 7 is back", "--dry-run")
+	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", topic, "--partition", "0", "--key", "k1", "--reason", "tenant 7 is back", "--dry-run")
 	if code != 0 || !strings.Contains(out, "dry run") || list()[k1].NextTry == nil || len(audit(offsetstore.KindParkedKeyReleased)) != 0 {
 		t.Fatalf("release --dry-run: exit %d, %q", code, out)
 	}
-	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", "orders", "--partition", "0", "--key", "k1", "--reason", "tenant 7 is back")
+	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", topic, "--partition", "0", "--key", "k1", "--reason", "tenant 7 is back")
 	if code != 0 || !strings.Contains(out, "offset 3, is due now") || list()[k1].NextTry != nil {
 		t.Fatalf("release: exit %d, %q; %+v", code, out, list()[k1])
 	}
@@ -136,7 +162,7 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 		evs[0].Reason != "key_hash "+k1+": tenant 7 is back" || evs[0].Actor == "" {
 		t.Fatalf("release audit: %+v", evs)
 	}
-	_, errOut, code = run("parked-keys", "release", "--group", "g", "--topic", "orders", "--partition", "0", "--key", "nope", "--reason", "r")
+	_, errOut, code = run("parked-keys", "release", "--group", "g", "--topic", topic, "--partition", "0", "--key", "nope", "--reason", "r")
 	if code != exitNotActionable || !strings.Contains(errOut, "not parked") {
 		t.Fatalf("release of a key not parked: exit %d, stderr %q", code, errOut)
 	}
@@ -160,7 +186,7 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 		return out
 	}
 	// Dead-letter: a dry run changes nothing; the head alone; then --all.
-	args := []string{"parked-keys", "dead-letter", "--group", "g", "--topic", "orders", "--partition", "0", "--key-hash", k1, "--reason", "give up"}
+	args := []string{"parked-keys", "dead-letter", "--group", "g", "--topic", topic, "--partition", "0", "--key-hash", k1, "--reason", "give up"}
 	out, _, code = run(append(args, "--dry-run")...)
 	if code != 0 || !strings.Contains(out, "would dead-letter 1 parked message(s)") || len(deadLetters()) != 0 || list()[k1].Count != 3 {
 		t.Fatalf("dead-letter --dry-run: exit %d, %q", code, out)
@@ -186,7 +212,7 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 
 	// --all-keys at --rate 2: two keys, the second half a second after the first.
 	start := time.Now()
-	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", "orders", "--partition", "1", "--all-keys", "--rate", "2", "--reason", "all back")
+	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", topic, "--partition", "1", "--all-keys", "--rate", "2", "--reason", "all back")
 	if code != 0 || !strings.Contains(out, "released 2 parked key(s)") || time.Since(start) < 500*time.Millisecond {
 		t.Fatalf("release --all-keys: exit %d after %v, %q", code, time.Since(start), out)
 	}
@@ -200,7 +226,7 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 	}
 
 	// Bad input: exit 2, one line, before anything is done.
-	base := []string{"parked-keys", "release", "--group", "g", "--topic", "orders"}
+	base := []string{"parked-keys", "release", "--group", "g", "--topic", topic}
 	for _, bad := range [][]string{
 		append(base, "--partition", "0", "--reason", "r"),
 		append(base, "--partition", "0", "--key", "a", "--key-hash", k1, "--reason", "r"),
@@ -210,7 +236,7 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 		append(base, "--partition", "0", "--all-keys", "--rate", "0", "--reason", "r"),
 		append(base, "--partition", "0", "--all-keys", "--rate", "1001", "--reason", "r"),
 		append(base, "--partition", "0", "--all-keys", "--key", "a", "--reason", "r"),
-		{"parked-keys", "dead-letter", "--group", "g", "--topic", "orders", "--partition", "0", "--reason", "r"},
+		{"parked-keys", "dead-letter", "--group", "g", "--topic", topic, "--partition", "0", "--reason", "r"},
 		{"parked-keys", "list", "--group", "g", "--limit", "0"},
 		{"parked-keys", "list", "--group", "g", "--partition", "-2"},
 		{"parked-keys", "list", "--group", "g", "--output", "yaml"},

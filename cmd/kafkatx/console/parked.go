@@ -64,22 +64,33 @@ type BlockedByKey struct {
 	Why     string `json:"why"`
 }
 
-// blockedByKey is the one rule of the "blocked by key K at offset X" state the console shows:
-// a partition with parked keys (p) whose watermark X has not moved for BlockedAfter while it
-// has lag (offsets.PartitionStatus.Stalled) waits on a key — the consumer logs the exact one
+// BlockingKey is the one rule of the "blocked by key K at offset X" state that the console
+// and `kafkatx parked-keys list` show: a partition with parked keys (keys, its parked keys as
+// parking.Store.Keys lists them) whose watermark X has not moved for BlockedAfter while it has
+// lag (offsets.PartitionStatus.Stalled) waits on a key — the consumer logs the exact one
 // ("blocked by key K at offset X": a key at Config.Park.MaxPerKey, or Config.Park.MaxKeys
-// reached). The console reads the database, not the consumer's memory, so it names the
-// parked key with the most parked messages (the one a per-key bound holds; the earliest head
-// on a tie). keys are the partition's parked keys. nil when not blocked.
-func (h *Handler) blockedByKey(s offsets.PartitionStatus, p *ParkedTotals, keys []parking.Key, now time.Time) *BlockedByKey {
-	if p == nil || p.Keys == 0 || s.Watermark == nil || !s.Stalled(BlockedAfter, now) || len(keys) == 0 {
-		return nil
+// reached). Both read the database, not the consumer's memory, so they name the parked key
+// with the most parked messages (the one a per-key bound holds; the earliest head on a tie).
+// ok is false when the partition is not blocked; X is *s.Watermark.
+func BlockingKey(s offsets.PartitionStatus, keys []parking.Key, now time.Time) (k parking.Key, ok bool) {
+	if len(keys) == 0 || s.Watermark == nil || !s.Stalled(BlockedAfter, now) {
+		return k, false
 	}
-	top := keys[0]
-	for _, k := range keys[1:] {
-		if k.Count > top.Count || k.Count == top.Count && k.HeadOffset < top.HeadOffset {
-			top = k
+	k = keys[0]
+	for _, c := range keys[1:] {
+		if c.Count > k.Count || c.Count == k.Count && c.HeadOffset < k.HeadOffset {
+			k = c
 		}
+	}
+	return k, true
+}
+
+// blockedByKey is BlockingKey for a row of the console (p its parked totals); nil when not
+// blocked.
+func (h *Handler) blockedByKey(s offsets.PartitionStatus, p *ParkedTotals, keys []parking.Key, now time.Time) *BlockedByKey {
+	top, ok := BlockingKey(s, keys, now)
+	if p == nil || !ok {
+		return nil
 	}
 	b := &BlockedByKey{Key: h.keySummary(top.Key), KeyHash: hex.EncodeToString(top.KeyHash), Offset: *s.Watermark, Count: top.Count}
 	b.Why = fmt.Sprintf("blocked by key %s at offset %d: the watermark has not moved for %v with lag %d and %d parked key(s); the key has %d parked message(s) (the consumer's log names the key it waits on)",
