@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -244,4 +245,153 @@ func (c *Config) withPark() *Config {
 	c.Park.Enabled = true
 	c.Retry.MaxAttempts = 1000
 	return c
+}
+
+// SIGKILL at each step of parking — a key's first failing message parked, a later one parked
+// behind it, the retrier's try of the head before and after its commit, the next parked
+// message's run, a head's dead letter — then a restart: every message applied once or
+// dead-lettered once, each key's in offset order, nothing left parked.
+func TestParkedKeysSIGKILLAtEachStep(t *testing.T) {
+	t.Parallel()
+	requireServices(t)
+	for _, c := range []struct {
+		step string
+		off  int64
+		n    int
+	}{{"park", 7, 1}, {"park", 17, 1}, {"handled", 7, 1}, {"parked-done", 7, 1}, {"handled", 17, 1}, {"dead-letter", 3, 1}, {"park", 7, 4}, {"parked-done", 7, 4}} {
+		t.Run(fmt.Sprintf("%s-%d-concurrency-%d", c.step, c.off, c.n), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			recs := keyedRecords(60, 10)
+			recs[7].value = []byte("flaky")   // k7's first message: fails twice, then is applied
+			recs[3].value = []byte("fail-me") // k3's first message: always fails, dead-lettered
+			produce(t, b.brokers, b.topic, recs)
+			s := childSpec{b: b, crashStep: c.step, crashOffset: c.off, crashMark: filepath.Join(t.TempDir(), "crashed"),
+				runsFile: filepath.Join(t.TempDir(), "runs"), maxAttempts: 4, backoff: 50 * time.Millisecond, idle: 2 * time.Second,
+				concurrency: c.n, park: true}
+			if !s.runChild(t) {
+				t.Fatalf("the child was not killed at step %s of offset %d", c.step, c.off)
+			}
+			if s.runChild(t) {
+				t.Fatal("the restarted child was killed again")
+			}
+			b.checkExact(t, 60, []int64{3})
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.key_parking"); n != 0 {
+				t.Fatalf("%d messages left parked", n)
+			}
+			b.keyOrder(t, "k7", 6)
+			b.keyOrder(t, "k3", 5)
+		})
+	}
+}
+
+// The bounds hold the partition instead of parking more, and lose nothing: a key at
+// Park.MaxPerKey holds its next message (and at Concurrency 1 the partition) until its head
+// is done; a new failing key past Park.MaxKeys is retried in place. Once the keys recover,
+// everything is applied once, each key in order.
+func TestParkBoundsHoldThePartition(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		perKey, keys     int
+		failing          []string
+		appliedWhileDown int64 // offsets below the held message, the failing keys' aside
+	}{
+		{"max-per-key", 3, 0, []string{"k7"}, 34},   // k7's 7, 17, 27 parked; 37 held
+		{"max-keys", 0, 1, []string{"k3", "k7"}, 6}, // k3 parked; k7's 7 retried in place
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			produce(t, b.brokers, b.topic, keyedRecords(50, 10))
+			var down atomic.Bool
+			down.Store(true)
+			cfg := b.config(t)
+			cfg.Park = ParkConfig{Enabled: true, MaxPerKey: c.perKey, MaxKeys: c.keys}
+			cfg.Retry.MaxAttempts = 1000
+			cfg.Breaker.Threshold = -1
+			r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+				for _, k := range c.failing {
+					if string(m.Key) == k && down.Load() {
+						return errors.New("503")
+					}
+				}
+				return applyEffect(ctx, tx, b.schema, m)
+			}, cfg)
+			r.waitFor(t, 60*time.Second, "the messages before the held one applied", func() bool {
+				return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == c.appliedWhileDown
+			})
+			time.Sleep(2 * time.Second)
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.effects"); n != c.appliedWhileDown {
+				t.Fatalf("%d applied while the bound holds, want %d", n, c.appliedWhileDown)
+			}
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.key_parking"); c.perKey > 0 && n != int64(c.perKey) || c.keys > 0 && n != 1 {
+				t.Fatalf("%d parked past the bound", n)
+			}
+			down.Store(false)
+			r.waitFor(t, 60*time.Second, "everything applied", func() bool {
+				return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 50 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 0
+			})
+			for _, k := range c.failing {
+				b.keyOrder(t, k, 5)
+			}
+		})
+	}
+}
+
+// A rebalance while a key is parked and its retrier runs: a second member joins, the first
+// leaves; whoever owns the partition loads the parked key, parks its later messages behind
+// it, and after the key recovers every message is applied once, the key's in offset order.
+func TestParkedKeyAcrossARebalance(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produce(t, b.brokers, b.topic, keyedRecords(50, 10))
+	var down atomic.Bool
+	down.Store(true)
+	h := func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if string(m.Key) == "k4" && down.Load() {
+			return errors.New("503")
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}
+	a := b.start(t, h, b.config(t).withPark())
+	a.waitFor(t, 60*time.Second, "45 applied, k4 parked", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 45 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 5
+	})
+	bb := b.start(t, h, b.config(t).withPark())
+	time.Sleep(3 * time.Second) // the group rebalances with both members
+	produce(t, b.brokers, b.topic, keyedRecords(20, 10))
+	if err := a.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	bb.waitFor(t, 60*time.Second, "the new messages of the other keys applied, k4's parked behind", func() bool {
+		return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 63 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 7
+	})
+	down.Store(false)
+	bb.waitFor(t, 60*time.Second, "k4 applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 70 })
+	b.keyOrder(t, "k4", 7)
+}
+
+// A parked message is not in flight for the offsets without a record (transaction markers):
+// the watermark passes the commit marker after the records and reaches the log end while a
+// message (a nil key: a key of its own) is still parked.
+func TestParkedMessageDoesNotHoldTransactionMarkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	produceTx(t, b.brokers, b.topic, true, "v0", "v1", "fail", "v3", "v4") // offsets 0-4; commit marker 5
+	var down atomic.Bool
+	down.Store(true)
+	r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+		if string(m.Value) == "fail" && down.Load() {
+			return errors.New("503")
+		}
+		return applyEffect(ctx, tx, b.schema, m)
+	}, b.config(t).withPark())
+	r.waitFor(t, 60*time.Second, "the watermark at the log end (6) while offset 2 is parked", func() bool {
+		return b.q(t, "SELECT coalesce(max(next_offset), -1) FROM {{schema}}.watermarks") == 6 && b.q(t, "SELECT count(*) FROM {{schema}}.key_parking") == 1
+	})
+	if s := r.c.Stats(); s.InFlight != 1 {
+		t.Fatalf("Stats.InFlight %d, want the 1 parked message", s.InFlight)
+	}
+	down.Store(false)
+	r.waitFor(t, 60*time.Second, "all applied", func() bool { return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 5 })
 }

@@ -201,6 +201,7 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 // the others as optimistic batches (runBatch) — never across a piece of a suspect range
 // (isolate.go).
 func (u *lane) process(batch []*kafka.Message) error {
+	u.toPark = nil // failed batches' messages to park are this run's (park.go)
 	msgs := batch[:0]
 	for _, m := range batch {
 		if int64(m.TopicPartition.Offset) < u.p.watermark.Load() {

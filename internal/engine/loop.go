@@ -79,10 +79,10 @@ type fetch struct {
 	stall      stall // the stall watchdog's view (stall.go)
 }
 
-// inFlight counts the partition's messages not yet committed: queued, kept, held by the
-// worker, or parked (park.go: a parked key keeps the consumer from being idle).
+// inFlight counts the partition's messages not yet committed: queued, kept, or held by the
+// worker.
 func (f *fetch) inFlight() int {
-	return len(f.w.in) + int(f.pendingLen.Load()) + int(f.w.busy.Load()) + f.w.parked.messages()
+	return len(f.w.in) + int(f.pendingLen.Load()) + int(f.w.busy.Load())
 }
 
 // New returns a Loop that runs body for set's topics with pool, reporting to emit.
@@ -332,7 +332,9 @@ func (l *Loop) Snapshot() Snapshot {
 	s.Stuck = l.stuckNow()
 	s.Stalled = l.stalledNow()
 	for _, f := range l.parts {
-		s.InFlight += f.inFlight()
+		// Parked messages (park.go) count too, so a parked key keeps the consumer from looking
+		// idle; not in inFlight, which decides whether offsets without a record may be passed.
+		s.InFlight += f.inFlight() + f.w.parked.messages()
 		ws := []*waits{f.w.waits}
 		if lanes := f.w.lanes.Load(); lanes != nil {
 			for _, u := range *lanes {

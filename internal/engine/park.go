@@ -198,6 +198,11 @@ type errPark struct {
 func (e *errPark) Error() string { return e.cause.Error() }
 func (e *errPark) Unwrap() error { return e.cause }
 
+// KeyFailure reports whether a failure err of a message may park its key (with parking on and
+// the breaker closed): it is not the database's (sharedFailure). The loop and the test kit
+// (kafkatxtest) both ask it.
+func KeyFailure(err error) bool { return !sharedFailure(err) }
+
 // sharedFailure reports whether err is the database's rather than one key's: a PostgreSQL
 // error anywhere in its chain (a refused write, a revoked privilege, a constraint the whole
 // table now meets), or the server's own condition. Such failures never park (park.go).
@@ -216,7 +221,7 @@ func sharedFailure(err error) bool {
 // breaker is closed and the failure is not the database's (sharedFailure).
 func (u *lane) mayPark(cause error) bool {
 	p := u.p
-	return p.set.ParkKeys && p.parked != nil && !sharedFailure(cause) && p.breaker.State() == nil
+	return p.set.ParkKeys && p.parked != nil && KeyFailure(cause) && p.breaker.State() == nil
 }
 
 // keyHash is km's key identity for parking.
@@ -349,7 +354,7 @@ func (p *worker) retryParked(stop <-chan struct{}) {
 		if p.workCtx.Err() != nil {
 			return
 		}
-		if time.Since(lastReconcile) >= parkReconcileEvery {
+		if time.Since(lastReconcile) >= parkReconcileEvery && p.parked.messages() > 0 {
 			lastReconcile = time.Now()
 			if gen, ok := p.parked.snapshot(); ok {
 				if counts, err := p.parkStore.Counts(p.workCtx, p.pool, p.group, p.tp.Topic, p.tp.Partition); err == nil {
@@ -372,7 +377,7 @@ func (p *worker) retryParked(stop <-chan struct{}) {
 					return
 				default:
 				}
-				again, err := p.runHead(m, unavail)
+				again, err := p.runHead(stop, m, unavail)
 				if err != nil {
 					if errors.Is(err, errStopped) || p.workCtx.Err() != nil {
 						return
@@ -407,7 +412,7 @@ func (p *worker) retryParked(stop <-chan struct{}) {
 // runHead runs parked head m once: its handler and the delete of its row in one transaction;
 // a failure counted on its row, or its dead letter when it has no attempt left. next is true
 // when the head is gone (its key's next message, if any, is due at once).
-func (p *worker) runHead(m parking.Message, unavail map[int64]int) (next bool, err error) {
+func (p *worker) runHead(stop <-chan struct{}, m parking.Message, unavail map[int64]int) (next bool, err error) {
 	ctx := p.workCtx
 	topic := p.tp.Topic
 	km := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: p.tp.Partition, Offset: kafka.Offset(m.Offset)},
@@ -421,12 +426,25 @@ func (p *worker) runHead(m parking.Message, unavail map[int64]int) (next bool, e
 	if GiveUp(m.ErrorClass, m.Attempts, p.set.MaxAttempts) {
 		return p.deadLetterHead(km, h, a)
 	}
+	if err := p.gate.enter(stop); err != nil { // a crash probe runs alone in the process (isolate.go)
+		return false, err
+	}
+	defer p.gate.leave()
+	// Durable before the handler runs: a crash during this try is the message's own attempt.
+	if err := p.parkStore.BeginTry(ctx, p.pool, p.group, p.tp.Topic, p.tp.Partition, m.Offset, m.Attempts+1); err != nil {
+		if errors.Is(err, parking.ErrGone) {
+			p.parked.taken(h)
+			return true, nil
+		}
+		return false, err
+	}
 	start := time.Now()
 	tx, t, err := p.body.TryRecords(ctx, p.begin, p.scopes(), []*kafka.Message{km}, m.Attempts+1)
 	if tx != nil {
 		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
 	if err != nil {
+		p.restoreTry(m)
 		return false, err
 	}
 	switch t.Verdict {
@@ -437,9 +455,11 @@ func (p *worker) runHead(m parking.Message, unavail map[int64]int) (next bool, e
 				p.parked.taken(h) // another owner or an operator took it
 				return true, nil
 			}
+			p.restoreTry(m)
 			return false, err
 		}
 		if err := tx.Commit(ctx); err != nil && !p.headGone(m.Offset) {
+			p.restoreTry(m)
 			return false, err
 		}
 		delete(unavail, m.Offset)
@@ -491,6 +511,13 @@ func (p *worker) runHead(m parking.Message, unavail map[int64]int) (next bool, e
 	d := p.set.Backoff(n)
 	p.emit.RetryScheduled(p.tp, m.Offset, n, class, d)
 	return false, p.parkStore.Failed(ctx, p.pool, p.group, p.tp.Topic, p.tp.Partition, m.Offset, n, class, msg, time.Now().Add(d))
+}
+
+// restoreTry gives back the attempt BeginTry counted for a try of head m that ended on the
+// loop's own trouble (a database error), not the handler's answer.
+func (p *worker) restoreTry(m parking.Message) {
+	_ = p.parkStore.Failed(context.WithoutCancel(p.workCtx), p.pool, p.group, p.tp.Topic, p.tp.Partition, m.Offset, m.Attempts,
+		m.ErrorClass, m.LastError, time.Now().Add(p.set.Backoff(1)))
 }
 
 // headGone reads whether parked offset's row is gone, settling a COMMIT whose answer was lost

@@ -242,6 +242,24 @@ func (s *Store) Failed(ctx context.Context, q pg.Querier, group, topic string, p
 	return nil
 }
 
+// BeginTry durably records, before the consumer runs the parked head at offset, that try n of
+// it is about to run, its outcome unknown: attempts becomes n and the error class empty until
+// Failed records the try's outcome or TakeTx deletes the row. A process that dies during the
+// try (a message that crashes it) leaves it so: the next owner counts the crash as an attempt
+// and dead-letters the message at the bound instead of crashing forever. ErrGone when the row
+// is not there.
+func (s *Store) BeginTry(ctx context.Context, q pg.Querier, group, topic string, partition int32, offset int64, n int) error {
+	tag, err := q.Exec(ctx, `UPDATE `+s.t.KeyParking+` SET attempts = $5, error_class = ''
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND "offset" = $4`, group, topic, partition, offset, n)
+	if err != nil {
+		return fmt.Errorf("record parked try %s[%d]@%d: %w", topic, partition, offset, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrGone
+	}
+	return nil
+}
+
 // Key is one parked key of a partition, as an operator sees it.
 type Key struct {
 	Group     string
