@@ -386,8 +386,10 @@ func (c *ParkedKeysReleaseCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 // releaseOne releases key h and writes its audit row in one transaction (rolled back, with
-// errDryRun, under --dry-run), returning the head's offset: head when known (--all-keys' list),
-// else (head < 0) read in the transaction.
+// errDryRun, under --dry-run), returning the head's offset: head when known (--all-keys' list,
+// read once for the partition rather than once a key: a head the consumer ran since is
+// audited as listed, while the key's next message is made due), else (head < 0) read in the
+// transaction.
 func (c *ParkedKeysReleaseCmd) releaseOne(ctx context.Context, pool *pgxpool.Pool, schema string, h []byte, head int64, actor string) (int64, error) {
 	st := parking.New(schema)
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
