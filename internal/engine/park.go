@@ -362,7 +362,7 @@ func (p *worker) retryParked(stop <-chan struct{}) {
 				}
 			}
 		}
-		wait := parkLookEvery
+		wait, failing := parkLookEvery, false
 		if p.parked.messages() > 0 {
 			due, err := p.parkStore.Due(p.workCtx, p.pool, p.group, p.tp.Topic, p.tp.Partition, time.Now(), 64)
 			if err != nil {
@@ -370,6 +370,7 @@ func (p *worker) retryParked(stop <-chan struct{}) {
 					return
 				}
 				p.log.Warn("read due parked keys; trying again", zap.Error(err))
+				failing = true
 			}
 			for _, m := range due {
 				select {
@@ -383,12 +384,15 @@ func (p *worker) retryParked(stop <-chan struct{}) {
 						return
 					}
 					p.log.Warn("parked key's head: database error; trying again later (not an attempt)", zap.Int64("offset", m.Offset), zap.Error(err))
+					failing = true
 				}
 				if again {
 					wait = 0 // its key's next message is due at once
 				}
 			}
-			if wait > 0 {
+			if failing { // the database's trouble: look again after parkLookEvery, not at once
+				wait = parkLookEvery
+			} else if wait > 0 {
 				if next, err := p.parkStore.NextDue(p.workCtx, p.pool, p.group, p.tp.Topic, p.tp.Partition); err == nil && !next.IsZero() {
 					wait = min(wait, max(time.Until(next), 10*time.Millisecond))
 				}
