@@ -236,7 +236,7 @@ func ageText(d time.Duration) string { return max(d, 0).Round(time.Second).Strin
 type parkedKeyFlags struct {
 	Group     string `required:"" help:"Consumer group id."`
 	Topic     string `required:"" help:"Topic."`
-	Partition int32  `default:"-1" help:"Partition (required)."`
+	Partition int32  `required:"" placeholder:"P" help:"Partition of the parked key (parked-keys list prints it)."`
 	Key       string `help:"The key, as its text; a key that is not text, an empty or a nil key: --key-hash."`
 	KeyHash   string `name:"key-hash" help:"The key's hash as parked-keys list prints it (key_hash, 64 hex digits)."`
 	Reason    string `required:"" help:"Why (recorded in the offset audit)."`
@@ -247,7 +247,7 @@ type parkedKeyFlags struct {
 func (f *parkedKeyFlags) validate(allKeys bool) error {
 	switch {
 	case f.Partition < 0:
-		return fmt.Errorf("--partition: give the partition of the parked key, 0 or more (parked-keys list prints it)")
+		return fmt.Errorf("--partition %d: give the partition of the parked key, 0 or more (parked-keys list prints it)", f.Partition)
 	case f.Key != "" && f.KeyHash != "":
 		return errors.New("give --key or --key-hash, not both")
 	case allKeys && (f.Key != "" || f.KeyHash != ""):
