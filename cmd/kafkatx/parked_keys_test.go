@@ -210,6 +210,17 @@ func TestParkedKeysListReleaseDeadLetter(t *testing.T) {
 		t.Fatalf("dead-letter of a key no longer parked: exit %d, want %d", code, exitNotActionable)
 	}
 
+	// --all-keys --dry-run prints the plan and changes nothing.
+	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", topic, "--partition", "1", "--all-keys", "--reason", "all back", "--dry-run")
+	if code != 0 || !strings.Contains(out, "plan: release 2 parked key(s)") || !strings.Contains(out, "dry run: nothing changed") ||
+		len(audit(offsetstore.KindParkedKeyReleased)) != 1 {
+		t.Fatalf("release --all-keys --dry-run: exit %d, %q", code, out)
+	}
+	for _, j := range list("--partition", "1") {
+		if j.NextTry == nil {
+			t.Fatalf("key %s released by a dry run: %+v", j.KeyHash, j)
+		}
+	}
 	// --all-keys at --rate 2: two keys, the second half a second after the first.
 	start := time.Now()
 	out, _, code = run("parked-keys", "release", "--group", "g", "--topic", topic, "--partition", "1", "--all-keys", "--rate", "2", "--reason", "all back")
