@@ -295,7 +295,7 @@ func (c *Client) readDAG(ctx context.Context, dag string) (DAGStatus, string) {
 		if err != nil {
 			return DAGUnknown, err.Error()
 		}
-		status, body, _, err := c.roundTrip(ctx, http.MethodGet, u.String(), nil, token, 256<<10)
+		status, body, _, err := c.roundTrip(ctx, http.MethodGet, u.String(), nil, token, 256<<10, true)
 		if err != nil {
 			return DAGUnknown, err.Error()
 		}

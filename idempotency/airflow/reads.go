@@ -43,7 +43,7 @@ func (c *Client) get(ctx context.Context, u *url.URL, out any, notFoundOK bool) 
 				}
 				return 0, backoff.Permanent(err)
 			}
-			status, body, hdr, err := c.roundTrip(ctx, http.MethodGet, u.String(), nil, token, maxListBody)
+			status, body, hdr, err := c.roundTrip(ctx, http.MethodGet, u.String(), nil, token, maxListBody, true)
 			if err != nil {
 				if ctx.Err() != nil {
 					return 0, backoff.Permanent(context.Cause(ctx))
