@@ -31,6 +31,11 @@ const (
 	// events of [From, To) its ledger held and Airflow had lost; the watermark does not move.
 	// The reason ends with the counts re-created.
 	KindAirflowRepair = "airflow_repair"
+	// KindAirflowClear is `kafkatx offsets reset --mode skip --clear-airflow` clearing in
+	// Airflow what the skip's neighbourhood still had queued there: [From, To) covers the
+	// offsets of the runs marked failed and of the asset events whose queue rows were deleted;
+	// the reason names the operator_skip row and what was cleared.
+	KindAirflowClear = "airflow_clear"
 )
 
 // Audit row statuses: pending for an operator command recorded but not yet applied, applied,
@@ -65,6 +70,7 @@ var Kinds = []KindInfo{
 	{Kind: KindUnexplainedMove, Attention: "the watermark was moved outside kafkatx"},
 	{Kind: KindWatermarkDeleted, Attention: "a watermark row was deleted outside kafkatx"},
 	{Kind: KindAirflowRepair},
+	{Kind: KindAirflowClear},
 }
 
 // StatusAttention says why an operator must not miss an audit row of status abandoned.
