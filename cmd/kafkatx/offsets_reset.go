@@ -119,7 +119,8 @@ func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		c.printNeighbourhoods(os.Stdout, ns)
 	}
-	if len(plan.Group.Members) > 0 {
+	if n := len(plan.Group.Members); n > 0 {
+		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", termText(c.Group), termText(plan.Group.State), n)
 		return &exitError{code: offsetsExitActive, err: &offsets.ActiveGroupError{Group: c.Group, State: plan.Group.State, Members: plan.Group.Members}}
 	}
 	clear := c.ClearAirflow && slices.ContainsFunc(ns, (*skipNeighbourhood).clearable)
@@ -191,8 +192,5 @@ func offsetsPrintPlan(p *offsets.Plan) {
 		default:
 			fmt.Printf("  %s: no change: %s\n", s.TP, termText(s.Note))
 		}
-	}
-	if n := len(p.Group.Members); n > 0 {
-		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", termText(r.Group), termText(p.Group.State), n)
 	}
 }
