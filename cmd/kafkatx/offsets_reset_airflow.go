@@ -304,7 +304,12 @@ func (c *OffsetsResetCmd) clearNeighbourhoods(ctx context.Context, g *Globals, n
 		return err
 	}
 	defer pool.Close()
-	store := offsetstore.New(pg.SchemaOr(g.Schema))
+	return c.clearInAirflow(ctx, client, pool, g.Schema, ns, w)
+}
+
+// clearInAirflow is clearNeighbourhoods with its Airflow client and database.
+func (c *OffsetsResetCmd) clearInAirflow(ctx context.Context, client *airflow.Client, q pg.Querier, schema string, ns []*skipNeighbourhood, w io.Writer) error {
+	store := offsetstore.New(pg.SchemaOr(schema))
 	actor := offsets.Actor()
 	var firstErr error
 	for _, n := range ns {
@@ -372,7 +377,7 @@ func (c *OffsetsResetCmd) clearNeighbourhoods(ctx context.Context, g *Globals, n
 		}
 		e := offsetstore.Event{Group: c.Group, Topic: n.tp.Topic, Partition: n.tp.Partition, Kind: offsetstore.KindAirflowClear,
 			From: lo, To: hi, Actor: actor, Reason: clearAuditReason(c.Reason, audit, marked, queues)}
-		id, err := store.InsertEvent(ctx, pool, e)
+		id, err := store.InsertEvent(ctx, q, e)
 		if err != nil {
 			return errors.Join(firstErr, err)
 		}
