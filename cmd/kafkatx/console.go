@@ -98,7 +98,9 @@ func (ConsoleCmd) Help() string {
 dead letters (filters, failure fingerprints, replay or discard after a dry run) and the outbox
 (backlog, parked rows, the relay's leader, replication slots). Every page and API call needs
 the token (Authorization: Bearer <token>, or a session opened on /signin); every action is
-audited with the operator's name and a reason. The whole API is in docs/console.md.`
+audited with the operator's name and a reason. With --airflow-url (and its credentials, as
+kafkatx airflow status) a group's offsets page also shows its Airflow drift. The whole API is
+in docs/console.md.`
 }
 
 func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {

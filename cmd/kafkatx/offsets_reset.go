@@ -50,6 +50,14 @@ and changes nothing; --execute applies it.
 
 It refuses while the group has active members: stop every consumer of the group first.
 
+A skip on a group that hands events to Airflow (its Airflow ledger has rows) also names the
+ledger rows of the skipped range and of the --airflow-before offsets below it (default 100).
+With --airflow-url and its credentials it reads their runs' states and the asset queue rows
+they are in; --clear-airflow --execute then, after the skip, marks each run still queued
+failed with a note naming the skip (failed, not deleted: its run id stays taken, so no replay
+or airflow repair re-creates it) and deletes those asset queue rows, audited per partition as
+airflow_clear. Run the same command again to finish a clear an Airflow failure interrupted.
+
 Exit status: 0 done (or a dry run with nothing in the way), 2 a usage error (an empty
 --reason among them), 5 the group has active members, 1 on an error (for example a skip below
 the watermark).`
