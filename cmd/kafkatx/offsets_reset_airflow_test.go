@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -175,5 +176,33 @@ func TestSkipClearsQueuedRunsAndTouchedAssetQueues(t *testing.T) {
 	}
 	if rep.Cleared != 1 || len(rep.Drift) != 1 || rep.Drift[0].RunID != "r9" || rep.Drift[0].Kind != driftFailed {
 		t.Errorf("after the clear: %d cleared, drift %+v; want r1 cleared and r9 failed drift", rep.Cleared, rep.Drift)
+	}
+}
+
+// The Airflow flags of offsets reset and the console: usage errors exit 2 with one line that
+// names the flag, and never quote a secret.
+func TestAirflowFlagsOfResetAndConsoleUsageErrors(t *testing.T) {
+	bin := buildCLI(t)
+	pw := t.TempDir() + "/pw"
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reset := []string{"--database-url", "postgres://u@127.0.0.1:1/x", "offsets", "reset", "--group", "g", "--topic", "t", "--to-offset", "5", "--reason", "r"}
+	console := []string{"--database-url", "postgres://u@127.0.0.1:1/x", "console", "--token-file", pw}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(reset, "--mode", "skip", "--clear-airflow"), "--clear-airflow needs --airflow-url"},
+		{append(reset, "--mode", "replay", "--clear-airflow", "--airflow-url", "http://h:1"), "--clear-airflow goes with --mode skip"},
+		{append(reset, "--mode", "skip", "--airflow-before", "-1"), "--airflow-before -1"},
+		{append(reset, "--mode", "skip", "--airflow-username", "admin", "--airflow-password-file", pw), "need --airflow-url"},
+		{append(reset, "--mode", "skip", "--airflow-url", "http://u:s3cret@h:1"), "must not carry credentials"},
+		{append(reset, "--mode", "skip", "--airflow-url", "http://h:1", "--airflow-username", "admin"), "go together"},
+		{append(console, "--airflow-token-file", pw), "need --airflow-url"},
+		{append(console, "--airflow-url", "http://h:1", "--airflow-token-file", "/nonexistent/token"), "--airflow-token-file"},
+		{append(console, "--airflow-url", "http://h:1", "--airflow-queued-for", "0s"), "--airflow-queued-for"},
+	} {
+		testenv.RequireUsageError(t, bin, c.args, nil, c.want)
 	}
 }
