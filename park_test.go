@@ -211,6 +211,11 @@ func sharedFailure(t *testing.T, unavailable bool) {
 	}, cfg)
 	r.waitFor(t, 60*time.Second, "the breaker open", func() bool { return r.c.Readiness(context.Background()).Breaker != nil && tries.Load() > 10 })
 	time.Sleep(time.Second)
+	// A dependency's Unavailable answers hold as a breaker of their own kind, and the consumer
+	// stays ready (a partition waiting on a dependency does); a handler's failures make it unready.
+	if rd := r.c.Readiness(context.Background()); rd.Breaker == nil || rd.Breaker.Dependency != unavailable || rd.Ready != unavailable {
+		t.Fatalf("readiness during a shared failure (unavailable %v): ready %v, breaker %+v; want ready and Dependency only for Unavailable answers", unavailable, rd.Ready, rd.Breaker)
+	}
 	if got := b.q(t, "SELECT count(DISTINCT key_hash) FROM {{schema}}.key_parking"); got > 2 {
 		t.Fatalf("%d keys parked by a failure every key meets, want at most 2 (the breaker's threshold less one)", got)
 	}
