@@ -15,8 +15,9 @@
 //
 // The limit L (Config.Initial at the start) is updated once per window, about one round trip:
 // a window counts only the calls started after it opened (under its limit) and closes when
-// min(10, L/2) of them have completed, or one was dropped. With avg the mean latency of the
-// window's successful calls and base the latency without load:
+// min(10, L/2) of them have completed, or one was refused (a refusal that counts: below).
+// With avg the mean latency of the window's successful calls and base the latency without
+// load:
 //
 //   - a call in the window was refused — Overloaded (429, a Retry-After, a refused connection),
 //     or Dropped (a timeout, a 5xx) and not a repeat of its key's refusal (below): L = L × 0.5,
@@ -53,8 +54,8 @@
 //   - a Dropped call of a key not remembered — its first refusal, or its first after a success
 //     — shrinks L as above, and the key is remembered;
 //   - a Success of a key forgets it (it recovered);
-//   - a call that names no key (no WithKey, an empty key) and an Overloaded call (the far side
-//     says it is overloaded for everyone: 429, a Retry-After) always count as refusals.
+//   - a Dropped call that names no key (no WithKey, an empty key) and an Overloaded call (the
+//     far side says it is overloaded for everyone: 429, a Retry-After) always count.
 //
 // A failure shared by the far side's keys therefore still shrinks L as before: it refuses keys
 // that were not refusing a moment ago (each key's first refusal counts, and under overload a
