@@ -77,6 +77,17 @@ type Readiness struct {
 	// Checks holds the failing checks of what else the process runs (AddReadinessCheck): an
 	// in-process outbox relay that cannot publish, say. Not ready while any fails.
 	Checks []CheckFailure `json:"checks,omitempty"`
+	// Notes holds what the process reports without being made unready (AddReadinessNote): an
+	// Airflow DAG that is paused, say — a state of a dependency a restart would not change.
+	// They never change Ready.
+	Notes []ReadinessNote `json:"notes,omitempty"`
+}
+
+// ReadinessNote is a note added with AddReadinessNote that had something to say: its name
+// and text.
+type ReadinessNote struct {
+	Name string `json:"name"`
+	Note string `json:"note"`
 }
 
 // CheckFailure is a readiness check added with AddReadinessCheck that failed: its name and
@@ -88,8 +99,26 @@ type CheckFailure struct {
 
 // readinessChecks are the checks AddReadinessCheck added.
 type readinessChecks struct {
-	mu   sync.Mutex
-	list []namedCheck
+	mu    sync.Mutex
+	list  []namedCheck
+	notes []namedNote // AddReadinessNote
+}
+
+type namedNote struct {
+	name string
+	note func(ctx context.Context) string
+}
+
+// AddReadinessNote makes Readiness also ask note, named name, for something an operator
+// should see that does not make the consumer unready — a dependency's state a restart would
+// not change, such as an Airflow DAG that is paused (examples/dagtrigger adds
+// airflow.Client.ReadinessNote). A non-empty answer is listed in Readiness.Notes; Ready is
+// unchanged. note must answer quickly (a probe calls it) and is called with Readiness's
+// context. Safe from any goroutine, before or during Run.
+func (c *Consumer) AddReadinessNote(name string, note func(ctx context.Context) string) {
+	c.checks.mu.Lock()
+	defer c.checks.mu.Unlock()
+	c.checks.notes = append(c.checks.notes, namedNote{name: name, note: note})
 }
 
 type namedCheck struct {
@@ -253,7 +282,13 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 	}
 	c.checks.mu.Lock()
 	checks := append([]namedCheck(nil), c.checks.list...)
+	notes := append([]namedNote(nil), c.checks.notes...)
 	c.checks.mu.Unlock()
+	for _, n := range notes {
+		if s := n.note(ctx); s != "" {
+			r.Notes = append(r.Notes, ReadinessNote{Name: n.name, Note: s})
+		}
+	}
 	for _, ch := range checks {
 		if err := ch.check(ctx); err != nil {
 			r.Checks = append(r.Checks, CheckFailure{Name: ch.name, Error: err.Error()})

@@ -18,7 +18,8 @@ import (
 const backpressureInterval = 100 * time.Millisecond
 
 // WaitBelow returns a function for kafkatx.Config.Backpressure: it returns nil at once while
-// w.Schema's outbox holds at most rows open rows (pending or parked), and otherwise waits
+// w.Schema's outbox holds at most rows open records (pending or parked; a packed row counts
+// the records it holds, Writer.Pack), and otherwise waits
 // until it does (or ctx ends: then ctx's error). rows <= 0 returns a function that never
 // waits.
 //
@@ -26,7 +27,8 @@ const backpressureInterval = 100 * time.Millisecond
 // The rows it knows of are the last exact count of the open rows (up to rows+1), plus every
 // id the outbox's id sequence handed out since (pg_sequence_last_value), plus the open rows
 // of the transactions that count's snapshot could not see (running then, committed since).
-// That sum is at least the open rows (rows published or rolled back since still count), so
+// A packed row's records each take an id of the sequence (and the row one more), so the
+// sequence bounds records as it bounds rows. That sum is at least the open rows (rows published or rolled back since still count), so
 // while it is at most rows the answer is true; once it passes rows, the rows are counted
 // again (at most once a second: a count of 100,000 rows costs about 80 ms; until then it waits). Each call reads the sequence (one query:
 // a sequence page and an index lookup of those few transactions), under a lock shared by
@@ -132,9 +134,10 @@ func (e *liveRows) over(ctx context.Context) (bool, error) {
 	// lookups of the transactions the last count could not see.
 	var seq, late int64
 	err := e.q.QueryRow(ctx, `SELECT coalesce(pg_sequence_last_value($1::regclass), 0),
-		CASE WHEN $4::text IS NULL THEN 0 ELSE (SELECT count(*) FROM `+e.table+` o
+		CASE WHEN $4::text IS NULL THEN 0 ELSE (SELECT coalesce(sum(o.pack_count), 0) FROM `+e.table+` o
 			WHERE (o.txid = ANY($2::text[]::xid8[]) OR o.txid >= $4::text::xid8 AND o.txid < $5::text::xid8)
-			  AND o.id <= $3 AND o.state IN ('pending', 'parked')) END`,
+			  AND CASE WHEN o.state = 'packed' THEN o.pack_ids[1] ELSE o.id END <= $3
+			  AND o.state IN ('pending', 'parked', 'packed')) END`,
 		e.seqName, e.countRunning, e.countSeq, e.countXmax, e.countNext).Scan(&seq, &late)
 	if err != nil {
 		return false, fmt.Errorf("outbox: read the outbox's id sequence: %w", err)
@@ -155,8 +158,8 @@ func (e *liveRows) over(ctx context.Context) (bool, error) {
 	var n int64
 	var running []string
 	var xmax, next string
-	err = e.q.QueryRow(ctx, `SELECT (SELECT count(*) FROM (SELECT 1 FROM `+e.table+` o
-		WHERE o.state IN ('pending', 'parked') LIMIT $1) x),
+	err = e.q.QueryRow(ctx, `SELECT (SELECT coalesce(sum(x.n), 0) FROM (SELECT o.pack_count AS n FROM `+e.table+` o
+		WHERE o.state IN ('pending', 'parked', 'packed') LIMIT $1) x),
 		ARRAY(SELECT x::text FROM pg_snapshot_xip(pg_current_snapshot()) x),
 		pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_xact_id()::text`, e.bound+1).Scan(&n, &running, &xmax, &next)
 	if err != nil {

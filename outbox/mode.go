@@ -240,7 +240,7 @@ func setMode(ctx context.Context, pool *pgxpool.Pool, schema string, mode Mode, 
 		}
 		if mode == ModeWAL {
 			var pending bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE state = 'pending')`).Scan(&pending); err != nil {
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+t+` WHERE state IN ('pending', 'packed'))`).Scan(&pending); err != nil {
 				return fmt.Errorf("outbox: set mode: %w", err)
 			}
 			if pending {

@@ -65,6 +65,14 @@ type Record struct {
 type Writer struct {
 	// Schema holds the outbox table. Defaults to "kafkatx".
 	Schema string
+	// Pack, in table mode, writes a WriteTx call's records into packed rows (at most
+	// PackMaxRecords records and about PackMaxBytes each, usually one row) instead of one row
+	// per record: a few rows to write, read and delete per batch instead of one per record
+	// (docs/outbox-table.md#packed-rows). Publication, per-key order, parking, ids and counts
+	// are the same. Default false: only relays of this version or later publish packed rows
+	// (older ones leave them alone), so turn it on once every relay of the schema runs this
+	// version (docs/upgrading.md). Ignored in WAL mode.
+	Pack bool
 }
 
 // WriteTx writes records into kafkatx.outbox in the caller's transaction, which it never
@@ -121,6 +129,9 @@ func (w Writer) WriteTx(ctx context.Context, tx pgx.Tx, records ...Record) ([]in
 			records = withSourceHeaders(records, sids)
 		}
 		return w.writeWAL(ctx, tx, records)
+	}
+	if w.Pack {
+		return w.writePacks(ctx, tx, records, sids)
 	}
 	schema := w.schema()
 	// The rows are inserted in the records' order, so the ids nextval assigns ascend with it.

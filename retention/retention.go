@@ -1,7 +1,8 @@
 // Package retention deletes kafkatx's rows that have served their purpose, in either outbox
 // mode: attempt rows untouched for AttemptsRetention, dead letters resolved (replayed or
 // discarded) more than DeadLetterRetention ago, expired idempotency keys and stored responses
-// (idempotency_keys.expires_at, idempotency_responses.expires_at) and, in table mode,
+// (idempotency_keys.expires_at, idempotency_responses.expires_at), Airflow ledger rows (and
+// pending asset-event marks) older than AirflowLedgerRetention and, in table mode,
 // published and discarded outbox rows older than the table relay's KeepPublished.
 //
 // It is configured once (Config) and run by whichever relay serves the schema: the table
@@ -30,6 +31,8 @@ const (
 	DefaultBatchSize           = 1000
 	DefaultAttemptsRetention   = 7 * 24 * time.Hour
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
+	// DefaultAirflowLedgerRetention is Config.AirflowLedgerRetention's default.
+	DefaultAirflowLedgerRetention = 30 * 24 * time.Hour
 )
 
 // Config configures retention. The zero value means every default.
@@ -49,6 +52,12 @@ type Config struct {
 	// resolved; new dead letters are never deleted. Defaults to 30 days; negative keeps them
 	// forever.
 	DeadLetterRetention time.Duration
+	// AirflowLedgerRetention keeps rows of the Airflow ledger (airflow_ledger: the DAG runs
+	// and asset events a consumer handed to Airflow, idempotency/airflow.RecordTx) this long
+	// after they were written, and pending asset-event marks (airflow_pending) as long: `kafkatx
+	// airflow status` and `repair` see only what is kept. Defaults to 30 days; negative keeps
+	// them forever.
+	AirflowLedgerRetention time.Duration
 }
 
 // WithDefaults returns c with every zero field set to its default.
@@ -64,6 +73,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.DeadLetterRetention == 0 {
 		c.DeadLetterRetention = DefaultDeadLetterRetention
+	}
+	if c.AirflowLedgerRetention == 0 {
+		c.AirflowLedgerRetention = DefaultAirflowLedgerRetention
 	}
 	return c
 }
@@ -117,6 +129,10 @@ func New(pool *pgxpool.Pool, schema string, cfg Config, log *zap.Logger, opts ..
 			WHERE updated_at < now() - make_interval(secs => $1) LIMIT $2)`},
 		{"dead_letters", c.cfg.DeadLetterRetention, `DELETE FROM ` + t.DeadLetters + ` WHERE id IN (SELECT id FROM ` + t.DeadLetters + `
 			WHERE status IN ('replayed', 'discarded') AND resolved_at < now() - make_interval(secs => $1) LIMIT $2)`},
+		{"airflow_ledger", c.cfg.AirflowLedgerRetention, `DELETE FROM ` + t.AirflowLedger + ` WHERE id IN (SELECT id FROM ` + t.AirflowLedger + `
+			WHERE created_at < now() - make_interval(secs => $1) ORDER BY created_at LIMIT $2)`},
+		{"airflow_pending", c.cfg.AirflowLedgerRetention, `DELETE FROM ` + t.AirflowPending + ` WHERE kafkatx_id IN (SELECT kafkatx_id FROM ` + t.AirflowPending + `
+			WHERE sent_at < now() - make_interval(secs => $1) LIMIT $2 FOR UPDATE SKIP LOCKED)`},
 	}
 	// Expired idempotency keys and stored responses: expires_at is the row's own deadline,
 	// so $1 (a retention) is not used; SKIP LOCKED leaves a key a transaction holds.

@@ -33,6 +33,9 @@ func TestCleanDeletesWhatIsPastItsRetentionOnly(t *testing.T) {
 		`INSERT INTO ` + id("attempts") + ` (group_id, topic, partition, "offset", attempts, updated_at)
 			VALUES ('g','t',0,4,1, now() - interval '9 days'), ('g','t',0,5,1, now() - interval '1 minute')`,
 		`INSERT INTO ` + id("idempotency_keys") + ` (scope, key, expires_at) VALUES ('g', 'old', now() - interval '1 second'), ('g', 'live', now() + interval '1 hour')`,
+		`INSERT INTO ` + id("airflow_ledger") + ` (group_id, topic, partition, "offset", idempotency_key, target, dag_id, run_id, outcome, created_at)
+			VALUES ('g','t',0,6,'k6','dag_run','d','r6','created', now() - interval '2 hours'), ('g','t',0,7,'k7','dag_run','d','r7','created', now())`,
+		`INSERT INTO ` + id("airflow_pending") + ` (kafkatx_id, group_id, asset_name, sent_at) VALUES ('old','g','a', now() - interval '2 hours'), ('live','g','a', now())`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
@@ -45,12 +48,12 @@ func TestCleanDeletesWhatIsPastItsRetentionOnly(t *testing.T) {
 		}
 		return n
 	}
-	got, err := retention.New(pool, schema, retention.Config{AttemptsRetention: time.Hour, DeadLetterRetention: time.Hour, BatchSize: 1}, nil).Clean(ctx)
+	got, err := retention.New(pool, schema, retention.Config{AttemptsRetention: time.Hour, DeadLetterRetention: time.Hour, AirflowLedgerRetention: time.Hour, BatchSize: 1}, nil).Clean(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got["dead_letters"] != 1 || got["attempts"] != 1 || got["idempotency_keys"] != 1 {
-		t.Errorf("deleted %v, want 1 dead letter, 1 attempt row, 1 idempotency key", got)
+	if got["dead_letters"] != 1 || got["attempts"] != 1 || got["idempotency_keys"] != 1 || got["airflow_ledger"] != 1 || got["airflow_pending"] != 1 {
+		t.Errorf("deleted %v, want 1 dead letter, 1 attempt row, 1 idempotency key, 1 Airflow ledger row, 1 pending mark", got)
 	}
 	for _, c := range []struct {
 		table, where string
@@ -58,6 +61,7 @@ func TestCleanDeletesWhatIsPastItsRetentionOnly(t *testing.T) {
 	}{
 		{"dead_letters", `status = 'new'`, 1}, {"dead_letters", `status = 'discarded'`, 0}, {"dead_letters", `status = 'replayed'`, 1},
 		{"attempts", `true`, 1}, {"idempotency_keys", `key = 'live'`, 1}, {"idempotency_keys", `key = 'old'`, 0},
+		{"airflow_ledger", `run_id = 'r7'`, 1}, {"airflow_ledger", `run_id = 'r6'`, 0}, {"airflow_pending", `kafkatx_id = 'live'`, 1},
 	} {
 		if n := count(c.table, c.where); n != c.want {
 			t.Errorf("%s where %s: %d rows left, want %d", c.table, c.where, n, c.want)

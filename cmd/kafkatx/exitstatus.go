@@ -12,10 +12,10 @@ const (
 	exitOK             = 0
 	exitFailed         = 1 // the command failed (database or Kafka unreachable, a missing table, ...)
 	exitUsage          = 2 // the command line is wrong: one line on stderr says what, --help says more
-	offsetsExitDrift   = 3 // offsets status: Kafka and the database disagree
+	offsetsExitDrift   = 3 // offsets status: Kafka and the database disagree; airflow status: the ledger and Airflow disagree
 	offsetsExitGap     = 4 // offsets account: a watermark move nothing explains
 	offsetsExitActive  = 5 // offsets reset: the group has active members
-	exitNotActionable  = 6 // outbox release|discard, dlq show|replay|discard: not in a state the command acts on
+	exitNotActionable  = 6 // outbox release|discard, dlq show|replay|discard, parked-keys release|dead-letter: not in a state the command acts on
 	offsetsExitUnknown = 7 // offsets status: the group has no watermark and no committed offset
 	offsetsExitStalled = 8 // offsets status: lag with a watermark that has not moved for --stalled-after
 	// offsets status: the log behind a watermark is another one (the topic recreated, another
@@ -36,14 +36,14 @@ var exitStatuses = []exitStatus{
 	{exitFailed, "error (the message on stderr says which)", "error (the message on stderr says which)"},
 	{exitUsage, "usage error (unknown command or flag, bad value, invalid --schema, a relay flag that means nothing in the schema's outbox mode)",
 		"usage error: unknown command or flag, bad value (out of its range, a negative duration, `--output yaml`, an empty `--reason`, a `--database-url` that does not parse: one line names the flag and what it accepts, never the URL), empty or over-long `--schema` (PostgreSQL identifiers are at most 63 bytes), a `relay` flag that means nothing in the schema's outbox mode (`--poll-interval` in WAL mode)"},
-	{offsetsExitDrift, "offsets status: drift (Kafka's committed offset and the database watermark disagree)",
-		"`offsets status`: drift (Kafka's committed offset and the database watermark disagree)"},
+	{offsetsExitDrift, "offsets status: drift (Kafka's committed offset and the database watermark disagree); airflow status: drift (the Airflow ledger and Airflow disagree)",
+		"`offsets status`: drift (Kafka's committed offset and the database watermark disagree); `airflow status`: drift (a run or asset event of the Airflow ledger missing in Airflow, queued past `--queued-for`, or failed)"},
 	{offsetsExitGap, "offsets account: offsets nothing accounts for", "`offsets account`: offsets nothing accounts for"},
 	{offsetsExitActive, "offsets reset: the group has active members (stop the consumers first)", "`offsets reset`: the group has active members"},
-	{exitNotActionable, "outbox release|discard, dlq show|replay|discard: no such row, or not in a state the command acts on",
-		"`outbox release`/`discard`, `dlq show`/`replay`/`discard`: no such row, or not in a state the command acts on"},
-	{offsetsExitUnknown, "offsets status: the group has no watermark and no committed offset",
-		"`offsets status`: the group has no watermark and no committed offset"},
+	{exitNotActionable, "outbox release|discard, dlq show|replay|discard, parked-keys release|dead-letter: no such row or parked key, or not in a state the command acts on",
+		"`outbox release`/`discard`, `dlq show`/`replay`/`discard`, `parked-keys release`/`dead-letter`: no such row or parked key, or not in a state the command acts on"},
+	{offsetsExitUnknown, "offsets status: the group has no watermark and no committed offset; airflow status|repair: the Airflow ledger has no row for the group",
+		"`offsets status`: the group has no watermark and no committed offset; `airflow status`/`repair`: the Airflow ledger has no row for the group (and the range given)"},
 	{offsetsExitStalled, "offsets status: a partition with lag whose watermark has not moved for --stalled-after",
 		"`offsets status`: no drift, but a partition with lag whose watermark has not moved for `--stalled-after` (default 2m): stalled"},
 	{offsetsExitLogChanged, "offsets status: the log behind a watermark changed (topic recreated, another cluster): log_changed",

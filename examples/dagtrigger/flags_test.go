@@ -32,7 +32,10 @@ func TestBadFlagValuesExit2WithOneLine(t *testing.T) {
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--cdc-ops", ""}:                              "--cdc-ops names no op",
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--cdc-delete-before", "x"}:                   "--cdc-delete-before",
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--airflow-token-file", "/nonexistent/token"}: "--airflow-token-file",
-		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "stray"}:                                      "unexpected argument \"stray\"",
+		// Issue 44: exactly one target, a DAG or an asset.
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1"}:                                  "--dag-id or --asset is required",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--asset", "a"}: "--dag-id and --asset exclude each other",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "stray"}:        "unexpected argument \"stray\"",
 	} {
 		testenv.RequireUsageError(t, bin, *args, nil, want)
 	}

@@ -12,6 +12,12 @@
 // truncates and logical messages are skipped); tombstones, heartbeats and transaction
 // metadata never do.
 //
+// With --asset NAME instead of --dag-id it creates one asset event per event on the asset
+// named NAME (POST /api/v2/assets/events), its extra carrying kafkatx_id (the run id the event
+// would get) and the row; a try that may have posted already reads the asset's events back
+// instead of posting again. Every run or asset event is recorded in the Airflow ledger in the
+// transaction that advances the watermark (`kafkatx airflow status|repair`).
+//
 // Its command-line contract is in docs/examples.md. stdout carries only the JSON summary line;
 // logs go to stderr.
 package main
@@ -44,11 +50,12 @@ import (
 
 type options struct {
 	service.Flags
-	airflowURL, dagID, tokenFile          string
+	airflowURL, dagID, asset, tokenFile   string
 	username, passwordFile                string
 	cdcOps, deleteBefore                  string
 	keyRetention, airflowTimeout, waitMax time.Duration
 	minCalls, maxCalls                    int
+	paused                                pausedFlags // --when-paused, --airflow-dag-state-interval (paused.go)
 }
 
 // defaultConcurrency is --concurrency's default (docs/benchmarks.md, "dagtrigger against the Airflow
@@ -66,7 +73,8 @@ func run() int {
 	o.Register(fs, service.Flags{Group: "dagtrigger", Partitions: 3, Schema: pg.DefaultSchema, MaxAttempts: 5, BatchSize: 20, Concurrency: defaultConcurrency}, "event")
 	fs.Lookup("concurrency").Usage += "; the default, 16, measured against a stand-in answering in 200 ms: 6 partitions reached 318 runs/s at 16, 368 at 32 and 599 at 64 (29 at 1; docs/benchmarks.md); the Airflow call runs before the transaction and holds no pooled connection"
 	fs.StringVar(&o.airflowURL, "airflow-url", "", "base URL of the Airflow API server, http://host:8080 (required); /api/v2/dags/{dag_id}/dagRuns is appended")
-	fs.StringVar(&o.dagID, "dag-id", "", "DAG to start one run of per event (required)")
+	fs.StringVar(&o.dagID, "dag-id", "", "DAG to start one run of per event (this or --asset)")
+	fs.StringVar(&o.asset, "asset", "", "instead of --dag-id: the asset (Airflow's asset name) to create one asset event of per event, its extra carrying kafkatx_id (unique per event, stable across retries and crashes) and the row; DAGs scheduled on the asset run as Airflow's asset scheduling decides (several queued events may start one run)")
 	fs.StringVar(&o.tokenFile, "airflow-token-file", "", "file holding a bearer token for Airflow, re-read per request and after a 401; without it (or a username) no Authorization header is sent")
 	fs.StringVar(&o.username, "airflow-username", "", "Airflow user whose password (--airflow-password-file) is exchanged for tokens at POST /auth/token, refreshed before they expire")
 	fs.StringVar(&o.passwordFile, "airflow-password-file", "", "file holding --airflow-username's password, re-read at each token exchange")
@@ -74,6 +82,7 @@ func run() int {
 	fs.DurationVar(&o.airflowTimeout, "airflow-timeout", 10*time.Second, "timeout of one request to Airflow, from when it holds a permit of the call limit (time waiting for a permit does not count)")
 	fs.IntVar(&o.minCalls, "airflow-min-calls", limit.DefaultMin, "lowest limit of requests in flight to Airflow over the whole process (1 to 4096); the limit adapts between --airflow-min-calls and --airflow-max-calls to Airflow's latency and errors")
 	fs.IntVar(&o.maxCalls, "airflow-max-calls", limit.DefaultMax, "highest limit of requests in flight to Airflow over the whole process (1 to 4096, at least --airflow-min-calls; equal to it: a fixed limit); a default Airflow 3.3.2 (one api-server worker, database pool 5 + 10) settles the adaptive limit at a few, a far side answering in constant time lets it grow to this")
+	o.paused.register(fs)
 	fs.DurationVar(&o.keyRetention, "key-retention", 7*24*time.Hour, "how long an event's source position is remembered to skip re-published copies")
 	fs.StringVar(&o.cdcOps, "cdc-ops", "c,u,d,r", "Debezium ops that start a run, comma-separated: c (create), u (update), d (delete), r (snapshot read), t (truncate), m (logical message); others are skipped and counted")
 	fs.StringVar(&o.deleteBefore, "cdc-delete-before", "key", "a delete's conf.before: key (only the record key's columns; the others are placeholders under PostgreSQL's default replica identity) or full (the whole before image, for REPLICA IDENTITY FULL tables)")
@@ -88,8 +97,9 @@ func run() int {
 		flagcheck.Int("airflow-min-calls", o.minCalls, 1, 4096),
 		flagcheck.Int("airflow-max-calls", o.maxCalls, max(1, o.minCalls), 4096),
 		o.Check(),
+		o.paused.check(),
 		flagcheck.NonEmpty("airflow-url", o.airflowURL, "the Airflow API server's base URL, http://host:8080"),
-		flagcheck.NonEmpty("dag-id", o.dagID, "the DAG to start one run of per event"),
+		checkTarget(o.dagID, o.asset),
 		checkAirflowURL(o.airflowURL),
 		checkDAGID(o.dagID),
 		checkOps(o.cdcOps),
@@ -127,8 +137,8 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		return errors.New("--topic is required")
 	case o.airflowURL == "":
 		return errors.New("--airflow-url is required (the Airflow API server's base URL)")
-	case o.dagID == "":
-		return errors.New("--dag-id is required")
+	case (o.dagID == "") == (o.asset == ""):
+		return errors.New("exactly one of --dag-id and --asset is required")
 	case o.deleteBefore != "key" && o.deleteBefore != "full":
 		return fmt.Errorf("--cdc-delete-before %q: want key or full", o.deleteBefore)
 	}
@@ -140,6 +150,7 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
 	af, err := airflow.New(airflow.Config{
 		BaseURL:        o.airflowURL,
 		TokenFile:      o.tokenFile,
@@ -155,12 +166,12 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		MaxBackoff:  time.Second,
 		Logger:      log,
 		Limiter:     calls, // every request of the process, whatever its partition and lane
+		DAGState:    o.paused.config(reg),
 	})
 	if err != nil {
 		return err
 	}
 	// --metrics-addr answers while the topics and the database are waited for.
-	reg := prometheus.NewRegistry()
 	probes, err := service.StartProbes(o.MetricsAddr, reg)
 	if err != nil {
 		return err
@@ -188,8 +199,10 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		pool:       pool,
 		airflow:    af,
 		dagID:      o.dagID,
+		asset:      o.asset,
+		group:      o.Group,
 		schema:     o.Schema,
-		scope:      "dagtrigger/" + o.Group + "/" + o.dagID,
+		scope:      scope(o.Group, o.dagID, o.asset),
 		retention:  o.keyRetention,
 		log:        log.Named("dagtrigger"),
 		ops:        ops,
@@ -208,6 +221,10 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	// A paused DAG (or one Airflow does not know) is noted on /readyz; it keeps the service
+	// ready: a restart would not unpause it (--when-paused hold: its partitions are listed
+	// as waiting, like any dependency reported Unavailable).
+	c.AddReadinessNote("airflow", func(context.Context) string { return af.ReadinessNote() })
 	go logLimit(ctx, log, calls)
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
 		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr, Probes: probes})
@@ -290,6 +307,27 @@ func checkDAGID(id string) error {
 		return fmt.Errorf("--dag-id: %w", err)
 	}
 	return nil
+}
+
+// checkTarget refuses anything but exactly one of --dag-id and --asset.
+func checkTarget(dagID, asset string) error {
+	switch {
+	case dagID == "" && asset == "":
+		return errors.New("--dag-id or --asset is required: the DAG to start one run of per event, or the asset to create one event on per event")
+	case dagID != "" && asset != "":
+		return errors.New("--dag-id and --asset exclude each other: pass one (a run of the DAG per event, or an event on the asset per event)")
+	case asset != "" && strings.TrimSpace(asset) != asset:
+		return fmt.Errorf("--asset %q: leading or trailing white space", asset)
+	}
+	return nil
+}
+
+// scope is the idempotency scope of the events' keys: per group and target.
+func scope(group, dagID, asset string) string {
+	if asset != "" {
+		return "dagtrigger/" + group + "/asset:" + asset
+	}
+	return "dagtrigger/" + group + "/" + dagID
 }
 
 // checkOps refuses a --cdc-ops parseOps would refuse.

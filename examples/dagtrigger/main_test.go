@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,6 +40,10 @@ type fakeAirflow struct {
 	// notFoundUntil: until then every post gets Airflow's 404 for a DAG not parsed yet.
 	notFoundUntil time.Time
 	notFound      int
+	// pausedUntil: until then GET /api/v2/dags/process_customer answers is_paused true
+	// (dagReads counts those reads; a paused DAG's runs are still created, as Airflow does).
+	pausedUntil time.Time
+	dagReads    int
 }
 
 func newFake(t *testing.T, delay time.Duration) (*fakeAirflow, string) {
@@ -50,6 +55,18 @@ func newFake(t *testing.T, delay time.Duration) (*fakeAirflow, string) {
 
 func (f *fakeAirflow) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	time.Sleep(f.delay)
+	if r.Method == http.MethodGet && r.URL.Path == "/api/v2/dags/process_customer" {
+		f.mu.Lock()
+		f.dagReads++
+		missing, paused := time.Now().Before(f.notFoundUntil), time.Now().Before(f.pausedUntil)
+		f.mu.Unlock()
+		if missing {
+			http.Error(w, `{"detail":"Dag with dag_id: 'process_customer' not found"}`, http.StatusNotFound)
+			return
+		}
+		fmt.Fprintf(w, `{"dag_id":"process_customer","is_paused":%t}`, paused)
+		return
+	}
 	raw, _ := io.ReadAll(r.Body)
 	var body struct {
 		DAGRunID    string          `json:"dag_run_id"`
@@ -145,9 +162,14 @@ func newEnv(t *testing.T, airflowURL string) *env {
 	}
 }
 
+// command runs dagtrigger on the DAG process_customer, or on an asset when extra holds --asset.
 func (e *env) command(extra ...string) *exec.Cmd {
-	args := append([]string{"--brokers", e.brokers, "--database-url", e.dbURL, "--topic", e.topic, "--group", e.group,
-		"--airflow-url", e.airflowURL, "--dag-id", "process_customer", "--instance-id", "test-dag-1", "--session-timeout", "10s"}, extra...)
+	target := []string{"--dag-id", "process_customer"}
+	if slices.Contains(extra, "--asset") || slices.Contains(extra, "--dag-id") {
+		target = nil
+	}
+	args := append(append([]string{"--brokers", e.brokers, "--database-url", e.dbURL, "--topic", e.topic, "--group", e.group,
+		"--airflow-url", e.airflowURL, "--instance-id", "test-dag-1", "--session-timeout", "10s"}, target...), extra...)
 	return exec.Command(e.bin, args...)
 }
 
@@ -195,6 +217,34 @@ func (e *env) finish(t *testing.T, run int, extra ...string) map[string]int64 {
 		t.Fatalf("stdout is not one JSON summary line: %q", stdout.String())
 	}
 	return sum
+}
+
+// ledger returns the group's Airflow ledger: the outcomes recorded per run id (dag runs) or
+// kafkatx_id (asset events).
+func ledger(t *testing.T, e *env) map[string][]string {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rows, err := pool.Query(context.Background(), `SELECT coalesce(run_id, kafkatx_id), outcome FROM kafkatx.airflow_ledger WHERE group_id = $1 ORDER BY id`, e.group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string][]string{}
+	for rows.Next() {
+		var id, outcome string
+		if err := rows.Scan(&id, &outcome); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = append(out[id], outcome)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func tail(b []byte, n int) []byte {
@@ -294,6 +344,21 @@ func TestKillBetweenAirflowCallAndCommit(t *testing.T) {
 	}
 	if sum["dead_lettered"] != 0 {
 		t.Errorf("summary %v: dead letters", sum)
+	}
+	// The ledger: one row per event, each run once, written only by committed transactions
+	// (the killed ones left none); a run found existing (409) is recorded as existed.
+	rows := ledger(t, e)
+	existed := 0
+	for id, outcomes := range rows {
+		if len(outcomes) != 1 {
+			t.Errorf("ledger holds run %s %d times (%v), want once", id, len(outcomes), outcomes)
+		}
+		if outcomes[0] == "existed" {
+			existed++
+		}
+	}
+	if len(rows) != n || existed < kills {
+		t.Errorf("ledger: %d runs (%d existed), want %d runs and at least %d existed (one per kill)", len(rows), existed, n, kills)
 	}
 	t.Logf("runs=%d posts=%d conflicts=%d final summary %v", len(f.runs), f.posts, f.conflicts, sum)
 }

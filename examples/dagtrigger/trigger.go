@@ -21,9 +21,13 @@ import (
 
 // trigger starts one DAG run per change event.
 type trigger struct {
-	pool      *pgxpool.Pool // for prepare's read of claimed keys
-	airflow   *airflow.Client
-	dagID     string
+	pool    *pgxpool.Pool // for prepare's read of claimed keys
+	airflow *airflow.Client
+	dagID   string
+	// asset, when set (--asset), is the asset to create one event on per change event,
+	// instead of a run of dagID.
+	asset     string
+	group     string // the consumer group, for the Airflow ledger
 	schema    string
 	scope     string
 	retention time.Duration
@@ -54,6 +58,8 @@ type prepared struct {
 	skip    bool   // nothing to run: a tombstone, a heartbeat, an op not started, or a Permanent failure recorded by handle
 	key     string // the event's identity (idempotency.DebeziumEvent.Key)
 	created bool   // Airflow created the run now (false: it existed, 409)
+	// handed is what was handed to Airflow, for the ledger (nil: nothing was: a repeat).
+	handed *airflow.LedgerEntry
 }
 
 type preparedKey struct{}
@@ -106,7 +112,11 @@ func (t *trigger) start(ctx context.Context, m *kafkatx.Message) (*prepared, err
 	}
 	// The row (the record key) is what Airflow may refuse alone: its repeated refusals do not
 	// shrink the limit on requests to Airflow for every row (package limit).
-	res, err := t.airflow.TriggerDAGRun(limit.WithKey(ctx, m.Key), airflow.Trigger{DAGID: t.dagID, Key: key, Conf: c})
+	ctx = limit.WithKey(ctx, m.Key)
+	if t.asset != "" {
+		return t.startAsset(ctx, key, c)
+	}
+	res, err := t.airflow.TriggerDAGRun(ctx, airflow.Trigger{DAGID: t.dagID, Key: key, Conf: c})
 	if err != nil {
 		if kafkatx.IsUnavailable(err) {
 			return nil, err
@@ -122,11 +132,52 @@ func (t *trigger) start(ctx context.Context, m *kafkatx.Message) (*prepared, err
 		}
 		return nil, err // anything else: retried, then dead-lettered
 	}
-	return &prepared{key: key, created: res.Created}, nil
+	return &prepared{key: key, created: res.Created, handed: &airflow.LedgerEntry{Key: key, Target: airflow.TargetDAGRun,
+		DAGID: t.dagID, RunID: res.RunID, Payload: c, Outcome: outcome(res.Created)}}, nil
+}
+
+// startAsset creates m's asset event (--asset) or finds it created: its kafkatx_id is derived
+// from the event's key as a run id would be (airflow.RunID), and a pending mark committed
+// before the POST makes a later try (after a crash, or a transaction that failed after the
+// POST) read Airflow's events back instead of posting a second one.
+func (t *trigger) startAsset(ctx context.Context, key string, row json.RawMessage) (*prepared, error) {
+	id := airflow.RunID("", key)
+	var since time.Time
+	if t.pool != nil {
+		var err error
+		if since, err = airflow.MarkAssetPending(ctx, t.pool, t.schema, t.group, t.asset, id); err != nil {
+			return nil, kafkatx.Unavailable(err) // the database, not the event
+		}
+	}
+	extra := map[string]any{airflow.KafkatxIDKey: id, "row": row}
+	res, err := t.airflow.CreateAssetEvent(ctx, airflow.AssetEvent{Asset: t.asset, KafkatxID: id, Extra: extra, MaybeSentSince: since})
+	if err != nil {
+		if kafkatx.IsUnavailable(err) {
+			return nil, err // Airflow down, or no such asset yet: the partition waits
+		}
+		var se *airflow.StatusError
+		if errors.As(err, &se) && (se.StatusCode == http.StatusBadRequest || se.StatusCode == http.StatusUnprocessableEntity) {
+			return nil, kafkatx.Permanent(err)
+		}
+		return nil, err
+	}
+	payload, _ := json.Marshal(extra)
+	return &prepared{key: key, created: res.Created, handed: &airflow.LedgerEntry{Key: key, Target: airflow.TargetAssetEvent,
+		AssetID: res.AssetID, AssetName: t.asset, AssetEventID: res.EventID, KafkatxID: id, Payload: payload, Outcome: outcome(res.Created)}}, nil
+}
+
+// outcome is the ledger's outcome of a create that created (or found) its run or event.
+func outcome(created bool) airflow.Outcome {
+	if created {
+		return airflow.OutcomeCreated
+	}
+	return airflow.OutcomeExisted
 }
 
 // handle records, in the consumer's transaction, the event prepare started: its identity is
-// claimed (an event re-published at another offset is counted as a repeat) and the run
+// claimed (an event re-published at another offset is counted as a repeat), the run or asset
+// event handed to Airflow is written to the Airflow ledger (airflow.RecordTx: its offset, run
+// id or kafkatx_id, outcome and payload; the asset event's pending mark is cleared) and
 // counted. Tombstones, heartbeats and ops not started are counted and skipped.
 func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) error {
 	p, _ := m.Context().Value(preparedKey{}).(*prepared)
@@ -157,6 +208,14 @@ func (t *trigger) handle(ctx context.Context, tx pgx.Tx, m *kafkatx.Message) err
 		t.log.Info("event seen before at another offset; skipped",
 			zap.String("topic", m.Topic), zap.Int32("partition", m.Partition), zap.Int64("offset", m.Offset))
 		return nil
+	}
+	if p.handed != nil {
+		// The ledger row, in the transaction that advances the watermark past m.
+		e := *p.handed
+		e.Group, e.Topic, e.Partition, e.Offset = t.group, m.Topic, m.Partition, m.Offset
+		if _, err := airflow.RecordTx(ctx, tx, t.schema, e); err != nil {
+			return err
+		}
 	}
 	if p.created {
 		t.created.Add(1)

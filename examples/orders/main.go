@@ -40,6 +40,7 @@ type options struct {
 	produceOnly, inProcessBroker bool
 	traceStderr                  bool
 	outboxMode                   string
+	outboxPack                   bool
 }
 
 func main() {
@@ -59,6 +60,7 @@ func run() int {
 	fs.IntVar(&o.crashEvery, "crash-every", 0, "with --generate, make every K-th message a crash pill: a valid-looking order (its own id) with the header "+order.CrashPillHeader+", whose handling makes the process exit with status 3 at once, every time it is handled")
 	fs.BoolVar(&o.produceOnly, "produce-only", false, "exit after producing")
 	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (counted, not estimated), so the relay is not left behind without bound; 0: no bound")
+	fs.BoolVar(&o.outboxPack, "outbox-pack", false, "table mode: write each batch's events into a few packed outbox rows (outbox.Writer.Pack) instead of one row an event; needs every relay of the schema at this version or later (docs/upgrading.md)")
 	fs.StringVar(&o.outboxMode, "outbox-mode", "", "how events and dead letters go through the outbox: wal (logical-decoding messages relayed from a replication slot) or table (rows; the default of a new schema). Stored with the schema: empty follows it, a value that conflicts with it exits 2")
 	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
 	if code, ok := flagcheck.Parse(fs, os.Args[1:]); !ok {
@@ -209,7 +211,7 @@ func consume(ctx context.Context, pools *service.Pools, probes *service.Probes, 
 	}()
 	// Trace context per order: the middleware continues each message's traceparent in a
 	// consumer span; the event written for the order carries that span's (annotate).
-	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema}.WriteTx, Annotate: tr.annotate(o.traceStderr),
+	svc := &order.Service{EventsTopic: o.eventsTopic, WriteEvents: outbox.Writer{Schema: o.Schema, Pack: o.outboxPack}.WriteTx, Annotate: tr.annotate(o.traceStderr),
 		CrashPill: func(m *kafkatx.Message) {
 			// The seed's incident, on purpose: the process dies in the handler, inside the
 			// transaction, before anything commits (no deferred function runs).

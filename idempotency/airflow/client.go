@@ -123,6 +123,11 @@ type Config struct {
 	// one api-server worker of a default Airflow 3.3.2 (SQLAlchemy pool 5 + 10 overflow)
 	// locked up under 96 creates in flight. limit.Fixed(n) holds n.
 	Limiter *limit.Limiter
+
+	// DAGState configures the read of a DAG's is_paused before its creates, cached per DAG
+	// (dagstate.go): a paused DAG is reported, and posted to or held (DAGStateConfig).
+	// Defaults: read every 30 s, runs posted to a paused DAG.
+	DAGState DAGStateConfig
 }
 
 // Client triggers DAG runs. Create one with New; it is safe for concurrent use.
@@ -131,11 +136,14 @@ type Client struct {
 	base *url.URL
 	http *http.Client
 	log  *zap.Logger
+	dags *dagStates // the DAGs' is_paused, cached
 
 	mu        sync.Mutex // guards the exchanged token
 	token     string
 	expires   time.Time // zero: no exp claim
 	refreshAt time.Time
+
+	assets sync.Map // asset ids by name (asset.go: AssetID)
 }
 
 // New validates cfg and returns a Client. It sends nothing.
@@ -187,7 +195,11 @@ func New(cfg Config) (*Client, error) {
 	if hc == nil {
 		hc = &http.Client{Timeout: cfg.RequestTimeout}
 	}
-	return &Client{cfg: cfg, base: u, http: hc, log: cfg.Logger.Named("kafkatx.airflow")}, nil
+	c := &Client{cfg: cfg, base: u, http: hc, log: cfg.Logger.Named("kafkatx.airflow")}
+	if c.dags, err = newDAGStates(c, cfg.DAGState); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // Trigger describes one DAG run to start.
@@ -224,6 +236,9 @@ type Result struct {
 	// lost after the request went out), and a read of the run by its id found it (the run was
 	// created before the answer failed): Created is then true, and no other create is sent.
 	Settled bool
+	// Paused is true when the client read the DAG as paused before posting
+	// (DAGStateConfig.WhenPaused PausedPost): the run stays queued until it is unpaused.
+	Paused bool
 }
 
 // StatusError is an answer from Airflow that is neither success nor 409.
@@ -239,7 +254,11 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("airflow answered %d %s to POST %s: %s", e.StatusCode, http.StatusText(e.StatusCode), e.Endpoint, e.Detail)
+	method := "POST " // Endpoint names its method when it is not a POST ("GET /api/v2/...")
+	if strings.HasPrefix(e.Endpoint, "GET ") {
+		method = ""
+	}
+	return fmt.Sprintf("airflow answered %d %s to %s%s: %s", e.StatusCode, http.StatusText(e.StatusCode), method, e.Endpoint, e.Detail)
 }
 
 // Unwrap exposes a Retry-After delay to the backoff loop.
@@ -284,6 +303,8 @@ type postBody struct {
 //     after the retries; the last network error (refused connection, timeout) after the
 //     retries; an unreadable token or password file; a failed token exchange;
 //   - a plain *StatusError for any other answer (400, 422: Airflow refuses this run);
+//   - an *UnavailableError wrapping a *PausedError when the DAG is read as paused and
+//     DAGStateConfig.WhenPaused is PausedHold (nothing is posted);
 //   - the context's error when ctx ends.
 func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	if t.DAGID == "" {
@@ -322,6 +343,10 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("airflow: encode request: %w", err)
 	}
+	paused, err := c.dags.before(ctx, t.DAGID)
+	if err != nil {
+		return Result{RunID: runID}, err
+	}
 	// The ids as escaped path segments: JoinPath takes escaped text and resolves ".." (both
 	// ids are checked above).
 	endpoint := c.base.JoinPath("api", "v2", "dags", url.PathEscape(t.DAGID), "dagRuns")
@@ -351,6 +376,7 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 			c.log.Warn("trigger DAG run: HTTP request failed; retrying", zap.String("dag_id", t.DAGID), zap.String("run_id", runID),
 				zap.Int("attempt", attempts), zap.Duration("backoff", d), zap.Error(err))
 		}))
+	c.dags.after(t.DAGID, paused, err)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
 			return Result{RunID: runID, Attempts: attempts}, err
@@ -364,7 +390,7 @@ func (c *Client) TriggerDAGRun(ctx context.Context, t Trigger) (Result, error) {
 		}
 		return Result{RunID: runID, Attempts: attempts}, err
 	}
-	return Result{RunID: runID, Created: created, Attempts: attempts, Settled: st.settled}, nil
+	return Result{RunID: runID, Created: created, Attempts: attempts, Settled: st.settled, Paused: paused}, nil
 }
 
 // UnavailableError is a failure of Airflow rather than of the request (see TriggerDAGRun):

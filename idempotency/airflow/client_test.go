@@ -111,7 +111,8 @@ func (f *fakeAirflow) count() int {
 }
 
 func fastConfig(url string) Config {
-	return Config{BaseURL: url, InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+	// No read of the DAG's is_paused: these stand-ins count every request (dagstate_test.go reads it).
+	return Config{BaseURL: url, InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, DAGState: DAGStateConfig{Interval: -1}}
 }
 
 func TestTriggerCreatesThenConflictIsSuccess(t *testing.T) {

@@ -22,7 +22,7 @@ func TestDAGIDsAreCheckedAndEscaped(t *testing.T) {
 		_, _ = w.Write([]byte(`{"dag_run_id":"x","state":"queued"}`))
 	}))
 	defer srv.Close()
-	c, err := New(Config{BaseURL: srv.URL, MaxAttempts: 1})
+	c, err := New(Config{BaseURL: srv.URL, MaxAttempts: 1, DAGState: DAGStateConfig{Interval: -1}}) // paths of creates only
 	if err != nil {
 		t.Fatal(err)
 	}

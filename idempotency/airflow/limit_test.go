@@ -29,6 +29,10 @@ type slowStandIn struct {
 }
 
 func (s *slowStandIn) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.Path == "/api/v2/dags/d" {
+		_, _ = io.WriteString(w, `{"dag_id":"d","is_paused":false}`) // the client's read of is_paused
+		return
+	}
 	if r.Method == http.MethodGet {
 		s.mu.Lock()
 		s.gets++

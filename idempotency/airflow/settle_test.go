@@ -29,7 +29,8 @@ func newStandIn(t *testing.T) (*standIn, *Client) {
 	s := &standIn{runs: map[string]int{}}
 	srv := httptest.NewServer(s)
 	t.Cleanup(srv.Close)
-	c, err := New(Config{BaseURL: srv.URL, MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	c, err := New(Config{BaseURL: srv.URL, MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+		DAGState: DAGStateConfig{Interval: -1}}) // the stand-in counts every request; dagstate_test.go reads is_paused
 	if err != nil {
 		t.Fatal(err)
 	}

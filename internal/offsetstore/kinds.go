@@ -27,6 +27,25 @@ const (
 	// KindWatermarkDeleted is written by the same trigger when a watermark row is deleted;
 	// [From, To) is the deleted row's [first_offset, next_offset).
 	KindWatermarkDeleted = "watermark_deleted"
+	// KindAirflowRepair is `kafkatx airflow repair` re-creating in Airflow the runs or asset
+	// events of [From, To) its ledger held and Airflow had lost; the watermark does not move.
+	// The reason ends with the counts re-created.
+	KindAirflowRepair = "airflow_repair"
+	// KindParkedKeyReleased is an operator's `kafkatx parked-keys release`: the parked key's
+	// head at From (To = From+1) made due now; the watermark does not move. The reason starts
+	// with the key's hash ("key_hash <hex>: ").
+	KindParkedKeyReleased = "parked_key_released"
+	// KindParkedKeyDeadLettered is an operator's `kafkatx parked-keys dead-letter`: a parked
+	// key's head, or all its parked messages, written to the dead-letter table and their
+	// parked rows deleted in one transaction; [From, To) spans their offsets (below the
+	// watermark: accounted for as parked, then as dead letters). The reason starts with the
+	// key's hash and the offsets ("key_hash <hex>, offsets 3, 7: ").
+	KindParkedKeyDeadLettered = "parked_key_dead_lettered"
+	// KindAirflowClear is `kafkatx offsets reset --mode skip --clear-airflow` clearing in
+	// Airflow what the skip's neighbourhood still had queued there: [From, To) covers the
+	// offsets of the runs marked failed and of the asset events whose queue rows were deleted;
+	// the reason names the operator_skip row and what was cleared.
+	KindAirflowClear = "airflow_clear"
 )
 
 // Audit row statuses: pending for an operator command recorded but not yet applied, applied,
@@ -60,6 +79,10 @@ var Kinds = []KindInfo{
 	{Kind: KindLogAdopted, Attention: "the watermark moved onto another log (the topic recreated, or another cluster)"},
 	{Kind: KindUnexplainedMove, Attention: "the watermark was moved outside kafkatx"},
 	{Kind: KindWatermarkDeleted, Attention: "a watermark row was deleted outside kafkatx"},
+	{Kind: KindAirflowRepair},
+	{Kind: KindParkedKeyReleased},
+	{Kind: KindParkedKeyDeadLettered},
+	{Kind: KindAirflowClear},
 }
 
 // StatusAttention says why an operator must not miss an audit row of status abandoned.

@@ -29,6 +29,12 @@ type Names struct {
 	OutboxSettings string
 	// PartitionSamples holds the console's per-partition lag samples.
 	PartitionSamples string
+	// AirflowLedger records each DAG run or asset event a consumer handed to Airflow;
+	// AirflowPending the asset events about to be posted (migration 014).
+	AirflowLedger  string
+	AirflowPending string
+	// KeyParking holds a consumer group's parked keys' messages (internal/parking).
+	KeyParking string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -54,6 +60,9 @@ func For(schema string) Names {
 		DoneOffsets:          q("done_offsets"),
 		OutboxSettings:       q("outbox_settings"),
 		PartitionSamples:     q("partition_samples"),
+		AirflowLedger:        q("airflow_ledger"),
+		AirflowPending:       q("airflow_pending"),
+		KeyParking:           q("key_parking"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }

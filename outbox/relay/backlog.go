@@ -8,15 +8,16 @@ import (
 	"go.uber.org/zap"
 )
 
-// Backlog returns the number of outbox rows waiting to be published and the age of the
+// Backlog returns the number of outbox records waiting to be published and the age of the
 // oldest (0 when none), by the database clock. Parked rows and the rows of their keys that
-// wait behind them are not counted: they need an operator, not the relay. One indexed query
+// wait behind them are not counted (a packed row counts its records, all of them: which of
+// them wait behind a parked row is known only once the pack is read): they need an operator, not the relay. One indexed query
 // over the pending rows; a service uses it to refuse to exit idle while rows wait.
 func (r *Relay) Backlog(ctx context.Context) (count int64, oldest time.Duration, err error) {
 	var secs float64
-	err = r.pool.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(o.created_at)), 0)::float8
+	err = r.pool.QueryRow(ctx, `SELECT coalesce(sum(o.pack_count), 0), coalesce(extract(epoch FROM clock_timestamp() - min(o.created_at)), 0)::float8
 		FROM `+r.t.Outbox+` o
-		WHERE o.state = 'pending'
+		WHERE o.state IN ('pending', 'packed')
 		  AND `+r.notBehindParked()).Scan(&count, &secs)
 	if err != nil {
 		return 0, 0, fmt.Errorf("relay: read outbox backlog: %w", err)
@@ -40,7 +41,7 @@ func (r *Relay) Pending(ctx context.Context) (bool, error) {
 	}
 	var pending bool
 	err := r.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o
-		WHERE o.state = 'pending'
+		WHERE o.state IN ('pending', 'packed')
 		  AND `+r.notBehindParked()+`)`).Scan(&pending)
 	if err != nil {
 		return false, fmt.Errorf("relay: read outbox backlog: %w", err)
@@ -64,7 +65,14 @@ func (r *Relay) Pending(ctx context.Context) (bool, error) {
 // bytes or more did not fit in a B-tree entry, and parking its record failed); the check
 // compares the hashes, which the index answers, then the values.
 func (r *Relay) notBehindParked() string {
-	return `(NOT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p0 WHERE p0.state = 'parked')
+	return r.notBehindParkedIf(`NOT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p0 WHERE p0.state = 'parked')`)
+}
+
+// notBehindParkedIf is notBehindParked with its first arm given: noneParked, an uncorrelated
+// condition that holds while no row is parked (the round's read computes it once for the
+// statement, and also returns it: any_parked).
+func (r *Relay) notBehindParkedIf(noneParked string) string {
+	return `(` + noneParked + `
 		OR NOT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p WHERE p.state = 'parked'
 			AND md5(p.topic) = md5(o.topic) AND sha256(p.key) = sha256(o.key) AND p.topic = o.topic AND p.key = o.key))`
 }

@@ -50,7 +50,7 @@ func (r *Relay) clean(ctx context.Context, c *retention.Cleaner) error {
 	for {
 		tag, err := r.pool.Exec(ctx, `DELETE FROM `+r.commits+` WHERE txid IN (SELECT c.txid FROM `+r.commits+` c
 			WHERE c.commit_seq IS NOT NULL -- finished is finished
-			  AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked'))
+			  AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked', 'packed'))
 			LIMIT $1)`, r.cfg.Janitor.BatchSize)
 		if err != nil {
 			return fmt.Errorf("janitor: delete old outbox_commits rows: %w", err)
@@ -69,7 +69,7 @@ func (r *Relay) clean(ctx context.Context, c *retention.Cleaner) error {
 	// Rows of finished transactions without a commit row: committed with the triggers off.
 	tag, err := r.pool.Exec(ctx, `INSERT INTO `+r.commits+` (txid)
 		SELECT DISTINCT o.txid FROM `+r.t.Outbox+` o
-		 WHERE o.state IN ('pending', 'parked') AND o.txid < pg_snapshot_xmin(pg_current_snapshot())
+		 WHERE o.state IN ('pending', 'parked', 'packed') AND o.txid < pg_snapshot_xmin(pg_current_snapshot())
 		   AND NOT EXISTS (SELECT 1 FROM `+r.commits+` c WHERE c.txid = o.txid)
 		ON CONFLICT DO NOTHING`)
 	if err != nil {

@@ -124,7 +124,7 @@ func (m *marker) advance(rows []row, results []result, full bool) {
 		}
 	}
 	last := rows[len(rows)-1]
-	m.afterSeq, m.afterID = last.commitSeq, last.id
+	m.afterSeq, m.afterID = last.commitSeq, last.pos()
 }
 
 // finish waits for the mark in flight at the end of a leadership, at most the shutdown

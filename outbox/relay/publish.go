@@ -28,6 +28,20 @@ type row struct {
 	hk, hv    [][]byte
 	partition *int32
 	createdAt time.Time
+	// pack is the id of the packed row the record was read from (0: a plain row); id is
+	// then the record's own id (pack_ids), under which it becomes a plain row if it is not
+	// delivered (packs.go). behindParked: a record of a pack whose (topic, key) has a parked
+	// row; it waits (a plain row's read leaves such rows out).
+	pack         int64
+	behindParked bool
+}
+
+// pos is the row's place in the table: the packed row's id for a record of a pack.
+func (w *row) pos() int64 {
+	if w.pack != 0 {
+		return w.pack
+	}
+	return w.id
 }
 
 // keyID identifies a (topic, key) for per-key order; nil keys have no order.
@@ -119,7 +133,7 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 	if res.full {
 		// More rows wait: read them while these are produced (readAhead).
 		last := rows[len(rows)-1]
-		r.ahead.start(ctx, skip, last.commitSeq, last.id)
+		r.ahead.start(ctx, skip, last.commitSeq, last.pos())
 	}
 	results := make([]result, len(rows))
 	alone := false
@@ -130,7 +144,13 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 		}
 	}
 	blocked := map[keyID]bool{} // keys with a failed row this round: their later rows wait
-	topics := topicStates{}     // each topic's state, looked up once a round
+	for i := range rows {
+		if rows[i].behindParked {
+			k, _ := rows[i].keyID()
+			blocked[k] = true
+		}
+	}
+	topics := topicStates{} // each topic's state, looked up once a round
 	if alone {
 		// After a batch-level refusal: one record in flight at a time, so a refusal is the
 		// record's own. Rare, and slow on purpose.
@@ -395,13 +415,30 @@ func (r *Relay) fetch(ctx context.Context, skipTopics []string, afterSeq, afterI
 	if err != nil {
 		return nil, r.readError(ctx, qctx, err)
 	}
-	out, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+	var out []row
+	var packs []packRead
+	var anyParked bool
+	for rows.Next() {
 		var w row
-		err := cr.Scan(&w.commitSeq, &w.txid, &w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt)
-		return w, err
-	})
-	if err != nil {
+		var pk packRead
+		if err := rows.Scan(&w.commitSeq, &w.txid, &w.id, &w.outboxID, &w.topic, &w.key, &w.value, &w.hk, &w.hv, &w.partition, &w.createdAt,
+			&pk.bytes, &pk.ids, &anyParked); err != nil {
+			rows.Close()
+			return nil, r.readError(ctx, qctx, err)
+		}
+		if pk.bytes != nil {
+			pk.at, pk.row = len(out), w
+			packs = append(packs, pk)
+		}
+		out = append(out, w)
+	}
+	if err := rows.Err(); err != nil {
 		return nil, r.readError(ctx, qctx, err)
+	}
+	if len(packs) > 0 {
+		if out, err = r.unpack(qctx, out, packs, anyParked); err != nil {
+			return nil, r.readError(ctx, qctx, err)
+		}
 	}
 	return out, nil
 }
@@ -419,19 +456,33 @@ func (r *Relay) readError(ctx, qctx context.Context, err error) error {
 // fetchSQL is fetch's statement: $1 the most rows, $2 the topics to skip, $3 and $4 the row
 // to read after (0, 0: from the head).
 func (r *Relay) fetchSQL() string {
-	return `SELECT c.commit_seq, o.txid, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at
+	// A packed row (state 'packed', migration 015) holds pack_count records: the rows are cut
+	// where the records read reach $1 (the window's running count), so a round of packs reads
+	// about $1 records, not $1 packs. A pack's key is NULL, so it passes notBehindParked;
+	// unpack checks its records' keys.
+	// any_parked (one probe of outbox_parked_idx a read) tells unpack whether a pack's keys
+	// need checking at all.
+	return `WITH parked AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM ` + r.t.Outbox + ` p0 WHERE p0.state = 'parked') AS any)
+		SELECT x.commit_seq, x.txid, x.id, x.outbox_id, x.topic, x.key, x.value, x.header_keys, x.header_values, x.partition, x.created_at,
+		       x.pack, x.pack_ids, (SELECT parked.any FROM parked) AS any_parked
+		FROM (
+		SELECT c.commit_seq, o.txid, o.id, o.outbox_id::text, o.topic, o.key, o.value, o.header_keys, o.header_values, o.partition, o.created_at,
+		       CASE WHEN o.state = 'packed' THEN o.pack END AS pack, o.pack_ids, o.pack_count,
+		       sum(o.pack_count) OVER (ORDER BY c.commit_seq, o.id) AS upto
 		FROM ` + r.commits + ` c
 		CROSS JOIN LATERAL (
 			SELECT * FROM ` + r.t.Outbox + ` o
-			 WHERE o.txid = c.txid AND o.state = 'pending' AND o.topic <> ALL($2::text[])
+			 WHERE o.txid = c.txid AND o.state IN ('pending', 'packed') AND (o.state = 'packed' OR o.topic <> ALL($2::text[]))
 			   AND (o.txid, o.id) > (c.txid, CASE WHEN c.commit_seq = $3 THEN $4 ELSE 0 END)
-			   AND ` + r.notBehindParked() + `
+			   AND ` + r.notBehindParkedIf(`NOT (SELECT parked.any FROM parked)`) + `
 			 ORDER BY o.id
 			 LIMIT $1
 		) o
 		WHERE c.commit_seq >= $3
 		ORDER BY c.commit_seq, o.id
-		LIMIT $1`
+		LIMIT $1) x
+		WHERE x.upto - x.pack_count < $1
+		ORDER BY x.commit_seq, x.id`
 }
 
 // mark records the round's outcomes in one round trip: delivered rows deleted (or marked
@@ -444,19 +495,26 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 	var firstRetry *row // the first row to retry, logged for all of them (one line a mark)
 	var firstErr error
 	now := time.Now()
+	pm := packMarks(rows, results) // the records of packed rows are marked by their pack (packs.go)
 	for i, res := range results {
 		w := &rows[i]
 		switch res.outcome {
 		case outcomeDelivered:
-			pubIDs = append(pubIDs, w.id)
+			if w.pack == 0 {
+				pubIDs = append(pubIDs, w.id)
+			}
 		case outcomePark:
-			parkIDs = append(parkIDs, w.id)
-			parkErrs = append(parkErrs, pg.SanitizeText(res.err.Error(), 1024))
+			if w.pack == 0 {
+				parkIDs = append(parkIDs, w.id)
+				parkErrs = append(parkErrs, pg.SanitizeText(res.err.Error(), 1024))
+			}
 			r.log.Error("outbox row parked: the broker refused it for good; later rows of its key wait behind it",
 				zap.Int64("outbox_row", w.id), zap.String("outbox_id", w.outboxID), zap.String("topic", w.topic), zap.Error(res.err))
 		case outcomeRetry, outcomeIsolate:
-			retryIDs = append(retryIDs, w.id)
-			retryErrs = append(retryErrs, pg.SanitizeText(res.err.Error(), 1024))
+			if w.pack == 0 {
+				retryIDs = append(retryIDs, w.id)
+				retryErrs = append(retryErrs, pg.SanitizeText(res.err.Error(), 1024))
+			}
 			if firstRetry == nil {
 				firstRetry, firstErr = w, res.err
 			}
@@ -466,11 +524,11 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 		// One line a mark, not one a row: a round of rows produced one at a time after a
 		// batch-level refusal logged tens of thousands of lines. Each row's error is stored
 		// in its last_error and reported to HookPublishRetried.
-		r.log.Warn("outbox rows not published; will retry", zap.Int("rows", len(retryIDs)),
+		r.log.Warn("outbox rows not published; will retry", zap.Int("rows", len(retryIDs)), zap.Int("packed_rows", len(pm.packIDs)),
 			zap.Int64("first_outbox_row", firstRetry.id), zap.String("first_outbox_id", firstRetry.outboxID),
 			zap.String("topic", firstRetry.topic), zap.Error(firstErr))
 	}
-	if len(pubIDs)+len(parkIDs)+len(retryIDs) == 0 {
+	if len(pubIDs)+len(parkIDs)+len(retryIDs)+len(pm.packIDs) == 0 {
 		return nil
 	}
 	// Delivered rows are deleted by range (deleteRanges), or by id once a range held a row
@@ -499,7 +557,7 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 			b.Queue(fmt.Sprintf(`SET LOCAL idle_in_transaction_session_timeout = %d`, r.cfg.LeaderTimeout.Milliseconds()))
 		}
 		if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 && !byID {
-			r.deleteRanges(b, rows, results, delivered)
+			r.deleteRanges(b, pm.plainRows, pm.plainResults, delivered)
 		} else if len(pubIDs) > 0 && r.cfg.KeepPublished == 0 {
 			b.Queue(`DELETE FROM `+r.t.Outbox+` WHERE id = ANY($1) AND state = 'pending'`, pubIDs)
 		} else if len(pubIDs) > 0 {
@@ -514,7 +572,8 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 			b.Queue(`UPDATE `+r.t.Outbox+` o SET attempts = o.attempts + 1, last_error = f.err
 			FROM unnest($1::bigint[], $2::text[]) AS f(id, err) WHERE o.id = f.id AND o.state = 'pending'`, retryIDs, retryErrs)
 		}
-		if len(pubIDs) > 0 {
+		pm.queue(b, r.t.Outbox, r.commits, r.cfg.KeepPublished != 0)
+		if len(pubIDs) > 0 || len(pm.packIDs) > 0 {
 			// The bookkeeping row of a transaction goes once none of its rows is open.
 			seqs := make([]int64, 0, 8)
 			seen := map[int64]bool{}
@@ -525,7 +584,7 @@ func (r *Relay) mark(ctx context.Context, rows []row, results []result) error {
 				}
 			}
 			b.Queue(`DELETE FROM `+r.commits+` c WHERE c.commit_seq = ANY($1)
-			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked'))`, seqs)
+			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked', 'packed'))`, seqs)
 		}
 		return b
 	}
@@ -643,8 +702,39 @@ func (r *Relay) markByRow(ctx context.Context, rows []row, results []result) (sk
 		}
 		var seqs []int64
 		seen := map[int64]bool{}
+		if pm := packMarks(rows, results); len(pm.packIDs) > 0 {
+			// The packs in one statement, under their own savepoint: refused, they stay as
+			// they are (published again, with the same ids) and the plain rows are marked.
+			b := &pgx.Batch{}
+			pm.queue(b, r.t.Outbox, r.commits, r.cfg.KeepPublished != 0)
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if err := sp.SendBatch(ctx, b).Close(); err != nil {
+				if rerr := sp.Rollback(ctx); rerr != nil || !rowRefusal(err) {
+					return err
+				}
+				for i := range rows {
+					if rows[i].pack != 0 && results[i].outcome != outcomeNone {
+						refused = append(refused, refusal{i, err})
+					}
+				}
+			} else if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+			for _, w := range rows {
+				if w.pack != 0 && !seen[w.commitSeq] {
+					seen[w.commitSeq] = true
+					seqs = append(seqs, w.commitSeq)
+				}
+			}
+		}
 		for i, res := range results {
 			w := &rows[i]
+			if w.pack != 0 {
+				continue // marked with its pack, above
+			}
 			var sql string
 			args := []any{w.id}
 			switch res.outcome {
@@ -686,7 +776,7 @@ func (r *Relay) markByRow(ctx context.Context, rows []row, results []result) (sk
 		}
 		if len(seqs) > 0 {
 			if _, err := tx.Exec(ctx, `DELETE FROM `+r.commits+` c WHERE c.commit_seq = ANY($1)
-			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked'))`, seqs); err != nil {
+			AND NOT EXISTS (SELECT 1 FROM `+r.t.Outbox+` o WHERE o.txid = c.txid AND o.state IN ('pending', 'parked', 'packed'))`, seqs); err != nil {
 				return err
 			}
 		}

@@ -30,7 +30,8 @@ var modes = []outbox.Mode{outbox.ModeTable, outbox.ModeWAL}
 // topic. In every mode the four are parked — the same four, with the same reason — and the
 // two good ones are published, in order. Before the shared publish core, the nil key on a
 // compacted topic was parked in table mode and refused by the broker (aborting the Kafka
-// transaction) in WAL mode.
+// transaction) in WAL mode. Table mode runs twice: with plain rows and with the records in one
+// packed row (outbox.Writer.Pack), whose refused records are parked alone as plain rows.
 func TestConformanceSameRecordsSameOutcomeInEveryMode(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	dsn := testenv.Database(t)
@@ -43,9 +44,20 @@ func TestConformanceSameRecordsSameOutcomeInEveryMode(t *testing.T) {
 		_, _ = pool.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
 		pool.Close()
 	})
-	reasons := map[outbox.Mode]map[string]string{}
+	reasons := map[string]map[string]string{}
+	type variant struct {
+		name string
+		mode outbox.Mode
+		pack bool // outbox.Writer.Pack: the records in one packed row (table mode)
+	}
+	var variants []variant
 	for _, mode := range modes {
-		t.Run(string(mode), func(t *testing.T) {
+		variants = append(variants, variant{string(mode), mode, false})
+	}
+	variants = append(variants, variant{"table-packed", outbox.ModeTable, true})
+	for _, v := range variants {
+		mode := v.mode
+		t.Run(v.name, func(t *testing.T) {
 			schema := testenv.UniqueName(t, "c_", 40)
 			if _, err := migrations.Apply(ctx, pool, schema); err != nil {
 				t.Fatal(err)
@@ -69,7 +81,7 @@ func TestConformanceSameRecordsSameOutcomeInEveryMode(t *testing.T) {
 				{Topic: good, Key: []byte("k2"), Value: []byte("second")},
 			}
 			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-				_, err := outbox.Writer{Schema: schema}.WriteTx(ctx, tx, recs...)
+				_, err := outbox.Writer{Schema: schema, Pack: v.pack}.WriteTx(ctx, tx, recs...)
 				return err
 			}); err != nil {
 				t.Fatal(err)
@@ -124,11 +136,11 @@ func TestConformanceSameRecordsSameOutcomeInEveryMode(t *testing.T) {
 			if e := parked["nil key"]; !strings.Contains(e, "nil key") || !strings.Contains(e, "compact") {
 				t.Errorf("%s mode: the nil-key record's reason %q does not name the compacted topic's rule", mode, e)
 			}
-			reasons[mode] = parked
+			reasons[v.name] = parked
 		})
 	}
 	// One reason, written once (publish.ErrNilKeyOnCompactedTopic), whichever mode parked it.
-	if a, b := reasons[outbox.ModeTable]["nil key"], reasons[outbox.ModeWAL]["nil key"]; a != b {
-		t.Errorf("the nil-key reason differs by mode: table %q, WAL %q", a, b)
+	if a, b, c := reasons["table"]["nil key"], reasons["wal"]["nil key"], reasons["table-packed"]["nil key"]; a != b || a != c {
+		t.Errorf("the nil-key reason differs by mode: table %q, WAL %q, table with packed rows %q", a, b, c)
 	}
 }

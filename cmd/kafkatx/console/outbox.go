@@ -15,7 +15,8 @@ import (
 // maxParkedShown bounds the parked rows listed.
 const maxParkedShown = 500
 
-// BacklogRow counts the outbox rows of one topic in one state (pending or parked).
+// BacklogRow counts the outbox records of one topic in one state (pending, parked, or packed:
+// in packed rows, counted under each pack's first record's topic). Rows counts records.
 type BacklogRow struct {
 	Topic  string    `json:"topic"`
 	State  string    `json:"state"`
@@ -84,8 +85,10 @@ type OutboxAudit struct {
 func (h *Handler) outboxView(ctx context.Context) (*OutboxView, error) {
 	t := tables.For(h.cfg.Schema)
 	v := &OutboxView{Backlog: []BacklogRow{}, Parked: []ParkedItem{}, Slots: []SlotHealth{}, Audit: []OutboxAudit{}}
-	rows, err := h.cfg.Pool.Query(ctx, `SELECT topic, state, count(*), min(created_at), extract(epoch FROM now() - min(created_at))::float8
-		FROM `+t.Outbox+` WHERE state IN ('pending', 'parked') GROUP BY topic, state ORDER BY topic, state`)
+	// Records, not rows: a packed row (state 'packed', migration 015) counts the records it
+	// holds, under its first record's topic (a pack may hold records of other topics too).
+	rows, err := h.cfg.Pool.Query(ctx, `SELECT topic, state, sum(pack_count)::bigint, min(created_at), extract(epoch FROM now() - min(created_at))::float8
+		FROM `+t.Outbox+` WHERE state IN ('pending', 'parked', 'packed') GROUP BY topic, state ORDER BY topic, state`)
 	if err != nil {
 		return nil, fmt.Errorf("outbox backlog: %w", err)
 	}

@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 )
 
@@ -117,5 +119,40 @@ func TestOutboxParkedRowsAndRelayLeader(t *testing.T) {
 			t.Fatalf("the relay stopped but the console still names leader %+v", v.Leader)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// The outbox page's backlog counts the records of packed rows (outbox.Writer.Pack), not the
+// rows, beside plain rows.
+func TestOutboxBacklogCountsPackedRecords(t *testing.T) {
+	t.Parallel()
+	f := newSchemaFixture(t)
+	ctx := context.Background()
+	srv := f.server(nil)
+	var recs []outbox.Record
+	for i := 0; i < 12; i++ {
+		recs = append(recs, outbox.Record{Topic: f.topic, Key: []byte(fmt.Sprint(i)), Value: []byte("v")})
+	}
+	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		if _, err := (outbox.Writer{Schema: f.schema, Pack: true}).WriteTx(ctx, tx, recs...); err != nil {
+			return err
+		}
+		_, err := (outbox.Writer{Schema: f.schema}).WriteTx(ctx, tx, recs[:3]...)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body := call(t, nil, "GET", srv.URL+"/api/outbox", f.token, "")
+	var v OutboxView
+	if err := json.Unmarshal([]byte(body), &v); code != 200 || err != nil {
+		t.Fatalf("GET /api/outbox: %d %s", code, body)
+	}
+	got := map[string]int64{}
+	for _, b := range v.Backlog {
+		got[b.State] += b.Rows
+	}
+	if len(got) != 2 || got["packed"] != 12 || got["pending"] != 3 {
+		t.Fatalf("backlog %+v; want 12 records packed and 3 pending", v.Backlog)
 	}
 }
