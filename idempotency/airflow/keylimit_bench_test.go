@@ -17,7 +17,8 @@ import (
 // BenchmarkOtherRowsBesideOneRefusedRow measures what one row refused by Airflow costs the
 // other rows through the Client's default (adaptive) limit: 8 callers — a consumer's 8 lanes
 // (--concurrency 8) — trigger runs against a stand-in answering every request after 80 ms (a
-// create: 200, or 409 for a run it holds; a read of a run: 404), about 98 runs/s for 8 callers.
+// create: 200, or 409 for a run it holds; a read of a run: 404; the DAG: not paused), about 98
+// runs/s for 8 callers.
 // With refused=one, the first caller's run is answered 503 every time, as dagtrigger's client
 // tries it (3 tries, backoff 200 ms to 1 s), and tried again 200 ms after each failure (a
 // consumer's first waits before its next try); the 7 others trigger new runs, one after the
@@ -32,7 +33,11 @@ func BenchmarkOtherRowsBesideOneRefusedRow(b *testing.B) {
 			var mu sync.Mutex
 			held := map[string]bool{}
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				time.Sleep(80 * time.Millisecond) // reads too: a read answered at once would be the limit's latency without load
+				time.Sleep(80 * time.Millisecond)                                 // reads too: a read answered at once would be the limit's latency without load
+				if r.Method == http.MethodGet && r.URL.Path == "/api/v2/dags/d" { // the DAG's state: not paused
+					_, _ = io.WriteString(w, `{"dag_id":"d","is_paused":false}`)
+					return
+				}
 				if r.Method == http.MethodGet {
 					http.Error(w, `{"detail":"not found"}`, http.StatusNotFound)
 					return
