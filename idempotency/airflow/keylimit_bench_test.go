@@ -33,8 +33,10 @@ func BenchmarkOtherRowsBesideOneRefusedRow(b *testing.B) {
 			var mu sync.Mutex
 			held := map[string]bool{}
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				time.Sleep(80 * time.Millisecond)                                 // reads too: a read answered at once would be the limit's latency without load
-				if r.Method == http.MethodGet && r.URL.Path == "/api/v2/dags/d" { // the DAG's state: not paused
+				// Reads too: a read answered at once would be the limit's latency without load.
+				time.Sleep(80 * time.Millisecond)
+				if r.Method == http.MethodGet && r.URL.Path == "/api/v2/dags/d" {
+					// The DAG's state, which the client reads before its creates: not paused.
 					_, _ = io.WriteString(w, `{"dag_id":"d","is_paused":false}`)
 					return
 				}
