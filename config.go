@@ -184,7 +184,11 @@ type Config struct {
 
 	// UnavailableMaxWait is how long a partition waits, for one message, for a dependency its
 	// handler reported Unavailable before further Unavailable answers count as ordinary
-	// failures (attempts). Defaults to UnavailableMaxWaitDefault (30 minutes).
+	// failures (attempts). Defaults to UnavailableMaxWaitDefault (30 minutes). An answer
+	// naming a target that does not exist yet — an error in its chain with a method
+	// WaitUnbounded() bool returning true, as idempotency/airflow's for a DAG or an asset
+	// Airflow does not know (404) — is waited out without this bound and never becomes an
+	// attempt (engine.WaitsUnbounded).
 	UnavailableMaxWait time.Duration
 
 	// StallAfter is the watchdog's bound: a partition this member holds, with lag (its log

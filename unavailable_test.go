@@ -163,3 +163,63 @@ type marked struct {
 func (m marked) Error() string     { return "marked" }
 func (m marked) Unavailable() bool { return m.on }
 func (m marked) Unwrap() error     { return m.inner }
+
+// notParsedYet is a dependency's answer that its target does not exist yet (as
+// idempotency/airflow's for a DAG Airflow has not parsed): engine.WaitsUnbounded.
+type notParsedYet struct{}
+
+func (notParsedYet) Error() string       { return "404 DAG process_customer not found" }
+func (notParsedYet) WaitUnbounded() bool { return true }
+
+// An Unavailable answer naming a target that does not exist yet is waited out past
+// Config.UnavailableMaxWait — no attempt, no dead letter, with or without parking (where every
+// key answering it holds the partition as a breaker of the dependency kind) — and everything
+// is applied once, in key order, when the target appears.
+func TestUnavailableForAMissingTargetIsNeverDeadLettered(t *testing.T) {
+	for _, park := range []bool{false, true} {
+		t.Run(fmt.Sprintf("park-%v", park), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 1)
+			produce(t, b.brokers, b.topic, keyedRecords(30, 10))
+			cfg := b.config(t)
+			cfg.Retry.MaxAttempts = 2
+			cfg.UnavailableMaxWait = 300 * time.Millisecond
+			cfg.Breaker.Probe = 50 * time.Millisecond
+			cfg.Park.Enabled = park
+			var missing atomic.Bool
+			missing.Store(true)
+			var tries atomic.Int64
+			start := time.Now()
+			r := b.start(t, func(ctx context.Context, tx pgx.Tx, m *Message) error {
+				if missing.Load() {
+					tries.Add(1)
+					return Unavailable(notParsedYet{})
+				}
+				return applyEffect(ctx, tx, b.schema, m)
+			}, cfg)
+			// Well past the window (and the breaker's bound, which is the same setting).
+			waitFor(t, 60*time.Second, "tries for 2 s, 7 windows", func() bool {
+				return time.Since(start) > 2*time.Second && tries.Load() > 10
+			})
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); n != 0 {
+				t.Fatalf("%d dead letters for a target that does not exist yet; want none", n)
+			}
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.attempts WHERE attempts > 0"); n != 0 {
+				t.Fatalf("%d attempt rows for a target that does not exist yet; want none", n)
+			}
+			if s := r.c.Stats(); s.DeadLettered != 0 || s.Unavailable == 0 {
+				t.Fatalf("stats while the target is missing: %+v; want Unavailable > 0 and no dead letter", s)
+			}
+			missing.Store(false)
+			waitFor(t, 60*time.Second, "all 30 applied once the target exists", func() bool {
+				return b.q(t, "SELECT count(*) FROM {{schema}}.effects") == 30
+			})
+			for k := 0; k < 10; k++ {
+				b.keyOrder(t, fmt.Sprintf("k%d", k), 3)
+			}
+			if n := b.q(t, "SELECT count(*) FROM {{schema}}.dead_letters"); n != 0 {
+				t.Fatalf("%d dead letters", n)
+			}
+		})
+	}
+}

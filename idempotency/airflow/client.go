@@ -405,6 +405,14 @@ func (e *UnavailableError) Error() string     { return "airflow unavailable: " +
 func (e *UnavailableError) Unwrap() error     { return e.Err }
 func (e *UnavailableError) Unavailable() bool { return true }
 
+// WaitUnbounded reports whether Airflow answered 404 — a DAG or an asset it does not know: not
+// parsed yet, or deleted — so that kafkatx's loop waits without Config.UnavailableMaxWait's
+// bound (engine.WaitsUnbounded): an event for a DAG parsed late is never dead-lettered for it.
+func (e *UnavailableError) WaitUnbounded() bool {
+	var se *StatusError
+	return errors.As(e.Err, &se) && se.StatusCode == http.StatusNotFound
+}
+
 // IsUnavailable reports whether err or an error it wraps is an *UnavailableError.
 func IsUnavailable(err error) bool {
 	var ue *UnavailableError

@@ -111,7 +111,7 @@ func (b *Breaker) failed(pos Position, err error, count bool) bool {
 		if b.open.Signature != sig || b.expired {
 			return false
 		}
-		if time.Since(b.open.Since) >= b.maxOpen {
+		if time.Since(b.open.Since) >= b.maxOpen && !WaitsUnbounded(err) {
 			b.expired = true
 			b.log.Warn("breaker open past its bound; tries of the failing messages count as attempts again",
 				zap.String("signature", sig), zap.Duration("bound", b.maxOpen))
@@ -135,7 +135,7 @@ func (b *Breaker) failed(pos Position, err error, count bool) bool {
 		return false
 	}
 	b.open = &BreakerState{Since: time.Now(), Signature: sig, SQLState: state, Example: pg.SanitizeText(err.Error(), 512),
-		Messages: len(ms), Held: []offsetstore.TP{pos.TP}, Dependency: err == errUnavailableAlike}
+		Messages: len(ms), Held: []offsetstore.TP{pos.TP}, Dependency: errors.As(err, new(unavailableAlike))}
 	b.log.Error("breaker open: messages of several partitions fail alike; the failing partitions pause and probe, spending no attempts and dead-lettering nothing until a transaction succeeds",
 		zap.String("signature", sig), zap.Int("messages", len(ms)), zap.String("example", b.open.Example),
 		zap.Duration("probe", b.probe), zap.Duration("bound", b.maxOpen))

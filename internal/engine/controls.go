@@ -6,6 +6,30 @@ import "errors"
 // method, as net.Error's Timeout is, so that the engine (and a client package such as
 // idempotency/airflow) need not import package kafkatx.
 
+// WaitsUnbounded reports whether err, an Unavailable answer, names a target that does not exist
+// yet rather than a dependency that is down: an error in its chain has a method
+// WaitUnbounded() bool that returns true (idempotency/airflow's *UnavailableError for a DAG or
+// an asset Airflow does not know: a DAG is often parsed after its first event). Such an answer
+// is waited out without Settings.UnavailableMaxWait's bound — its tries never become attempts,
+// so its message is never dead-lettered for it — and the wait is reported as any other.
+func WaitsUnbounded(err error) bool {
+	var m interface{ WaitUnbounded() bool }
+	for e := err; e != nil; {
+		if !errors.As(e, &m) {
+			return false
+		}
+		if m.WaitUnbounded() {
+			return true
+		}
+		u, ok := m.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		e = u.Unwrap()
+	}
+	return false
+}
+
 // IsUnavailable reports whether err or an error it wraps has a method Unavailable() bool that
 // returns true (*kafkatx.UnavailableError has one). An error whose Unavailable method returns
 // false ends the search only when it wraps nothing.

@@ -406,7 +406,7 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 			// unless it is one more of a shared failure — counted in the breaker, as failures
 			// are, it opens at the threshold, and the partition then waits as without parking.
 			at := msgs[t.Failed]
-			if !u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, errUnavailableAlike, t.Failed == 0) && u.p.breaker.State() == nil {
+			if !u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, alikeOf(t.Err), t.Failed == 0) && u.p.breaker.State() == nil {
 				return &errPark{cause: t.Cause, at: t.Failed}
 			}
 		}

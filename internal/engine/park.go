@@ -193,7 +193,19 @@ func (u *lane) parksNext(km *kafka.Message) bool {
 // key: every Unavailable answer is alike, whatever its text, since a far side down for
 // everyone answers each message with its own words (a run id, a URL, a tenant) that the
 // breaker's signature of an error text would keep apart.
-var errUnavailableAlike = errors.New("a dependency answered Unavailable (kafkatx.Unavailable) for several keys with no success between")
+var errUnavailableAlike error = unavailableAlike{}
+
+// unavailableAlike is errUnavailableAlike's text; unbounded: the answers name a target that does
+// not exist yet (WaitsUnbounded), which the open breaker holds past its bound.
+type unavailableAlike struct{ unbounded bool }
+
+func (unavailableAlike) Error() string {
+	return "a dependency answered Unavailable (kafkatx.Unavailable) for several keys with no success between"
+}
+func (a unavailableAlike) WaitUnbounded() bool { return a.unbounded }
+
+// alikeOf is what the breaker counts for the Unavailable answer err that would park its key.
+func alikeOf(err error) error { return unavailableAlike{unbounded: WaitsUnbounded(err)} }
 
 // errPark ends a unit whose message at index at answered Unavailable for its key alone, with
 // parking allowed: the caller parks the message (no attempt spent) instead of waiting.
@@ -490,7 +502,7 @@ func (p *worker) runHead(stop <-chan struct{}, m parking.Message, unavail map[in
 		cause = t.Err
 	}
 	class, msg, _ := Describe(cause)
-	held := t.Verdict == Wait && (m.FirstFailureAt.IsZero() || time.Since(m.FirstFailureAt) < p.set.UnavailableMaxWait)
+	held := t.Verdict == Wait && (m.FirstFailureAt.IsZero() || time.Since(m.FirstFailureAt) < p.set.UnavailableMaxWait || WaitsUnbounded(t.Err))
 	if !held && t.Verdict == Failed && PermanentCause(cause) == nil {
 		held = p.breaker.failed(Position{TP: p.tp, Offset: m.Offset}, cause, false) // the open breaker holds it: no attempt
 	}

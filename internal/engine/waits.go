@@ -250,6 +250,16 @@ func (w *waits) stillUnavailable(herr error) bool {
 	if w.unavailSince.IsZero() || time.Since(w.unavailSince) < w.p.set.UnavailableMaxWait {
 		return true
 	}
+	if WaitsUnbounded(herr) {
+		// A target that does not exist yet (WaitsUnbounded): the partition waits on, past the
+		// window, and says so once.
+		if !w.unavailExpired {
+			w.unavailExpired = true
+			w.p.log.Warn("dependency still unavailable after the partition's wait window; its target does not exist yet, so the partition waits on (never attempts, never a dead letter)",
+				zap.Duration("window", w.p.set.UnavailableMaxWait), zap.String("error", pg.SanitizeText(herr.Error(), 512)))
+		}
+		return true
+	}
 	if !w.unavailExpired {
 		w.unavailExpired = true
 		w.p.log.Warn("dependency still unavailable after the partition's wait window; the message's tries now count as attempts",
