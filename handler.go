@@ -74,8 +74,15 @@ func newBody(h BatchHandler, idem IdempotencyConfig, schema string) *engine.Body
 
 // keyed gives m to the idempotency key function.
 func keyed(m *Message) idempotency.Message {
-	return idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: m.Header}
+	k := idempotency.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Header: noHeaders}
+	if len(m.Headers) > 0 {
+		k.Header = m.Header // a method value: one allocation, only for a message with headers
+	}
+	return k
 }
+
+// noHeaders is idempotency.Message.Header of a message without headers.
+func noHeaders(string) ([]byte, bool) { return nil, false }
 
 // toMessages converts one try's polled records for the handler at attempt, each message with
 // its outbox source in scope (the loop's "group/epoch/topic id": engine.Scopes.Sources). The messages, their sources and their

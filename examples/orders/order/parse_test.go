@@ -106,3 +106,80 @@ func FuzzParseIsNoMoreLenientThanEncodingJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestParseCommonAgrees: whatever the fast path accepts, the full parse accepts as the same
+// order — over the sample orders, the strictness cases and every one-byte change of them
+// (deleted, or replaced by a byte that matters to JSON) — and the generated shape takes it.
+func TestParseCommonAgrees(t *testing.T) {
+	seeds := []string{
+		`{"order_id":"o-1732999999-000123","customer":"c-7","item":"widget","quantity":3,"price":24.50}`,
+		` {"quantity":1,"price":1.05,"item":"w","customer":"c","order_id":"A"} `,
+		"{\"order_id\":\"A\u00e9\",\"customer\":\"c\",\"item\":\"\",\"quantity\":1000000,\"price\":999999999.99}",
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":7.1000}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":0}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":1,"price":1e2}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":-0,"price":-0.0}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":01.00}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":1.}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":1.00,}`,
+		`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":1.00}}`,
+	}
+	for _, g := range seeds[:4] {
+		if _, ok := parseCommon([]byte(g)); !ok {
+			t.Errorf("parseCommon(%s) took the full path", g)
+		}
+	}
+	check := func(b []byte) {
+		o, ok := parseCommon(b)
+		if !ok {
+			return
+		}
+		full, err := parseFull(b)
+		if err != nil || full != o {
+			t.Errorf("parseCommon(%q) = %+v; the full parse: %+v, %v", b, o, full, err)
+		}
+		if got, err := Parse(b); err != nil || got != o {
+			t.Errorf("Parse(%q) = %+v, %v; want %+v", b, got, err, o)
+		}
+	}
+	for _, s := range seeds {
+		b := []byte(s)
+		check(b)
+		for i := range b {
+			check(append(append([]byte{}, b[:i]...), b[i+1:]...))
+			for _, c := range []byte(" \t\x00\x1f\"\\{}[],:.-+eE019ancu\xff") {
+				m := append([]byte{}, b...)
+				m[i] = c
+				check(m)
+			}
+		}
+	}
+}
+
+// FuzzParseCommonAgrees: whatever the fast path accepts, the full parse accepts as the same
+// order (go -C examples test -fuzz FuzzParseCommon ./orders/order/).
+func FuzzParseCommonAgrees(f *testing.F) {
+	f.Add([]byte(`{"order_id":"A","customer":"c","item":"w","quantity":2,"price":9.99}`))
+	f.Add([]byte(` {"quantity":1,"price":1.05,"item":"w","customer":"c","order_id":"A"} `))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		o, ok := parseCommon(b)
+		if !ok {
+			return
+		}
+		if full, err := parseFull(b); err != nil || full != o {
+			t.Fatalf("parseCommon(%q) = %+v; the full parse: %+v, %v", b, o, full, err)
+		}
+	})
+}
+
+// BenchmarkParseFull measures the full path alone (fastjson), for comparison with
+// BenchmarkParse (the common shape's fast path).
+func BenchmarkParseFull(b *testing.B) {
+	msg := []byte(`{"order_id":"o-1732999999-000123","customer":"c-7","item":"widget","quantity":3,"price":24.50}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseFull(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

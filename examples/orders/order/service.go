@@ -126,14 +126,19 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	type sum struct{ orders, cents int64 }
 	byCustomer := map[string]*sum{}
 	events := make([]outbox.Record, 0, n)
-	var id string // one variable for every row: Scan's target escapes to the heap
 	for rows.Next() {
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return fmt.Errorf("insert orders: %w", err)
+		// The returned order id's bytes (text: the same in either wire format), looked up
+		// without a copy; the id is the batch's own string. A Scan would allocate each row.
+		raw := rows.RawValues()
+		i, ok := 0, false
+		if len(raw) == 1 {
+			i, ok = first[string(raw[0])]
 		}
-		i := first[id]
-		c, cents := customers[i], totals[i]
+		if !ok {
+			rows.Close()
+			return fmt.Errorf("insert orders: RETURNING gave %q, not an order id of the batch", raw)
+		}
+		id, c, cents := ids[i], customers[i], totals[i]
 		if s.EventsTopic != "" {
 			ev, _ := json.Marshal(Applied{OrderID: id, Customer: c, TotalCents: cents})
 			// Source: the event's id is derived from its order's message, so an order
