@@ -96,11 +96,12 @@ type worker struct {
 // run).
 func (l *Loop) newWorker(tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt, done []int64) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
+	sh := l.shardOf(tp)
 	p := &worker{
-		group: l.group, set: l.set, pool: l.pool, store: l.store, begin: l.begin, body: l.body, emit: l.emit,
+		group: l.group, set: l.set, pool: sh.pool, store: l.store, begin: l.beginOn(sh.pool), body: l.body, emit: l.emit,
 		commits: l.commits, logEnds: l.logEnds, resyncs: l.resyncs, fail: l.fail,
 		breaker: l.breaker, units: l.units, gate: l.gate,
-		lastCommit: &l.lastCommit, db: &l.db,
+		lastCommit: &l.lastCommit, db: &sh.db,
 
 		tp:          tp,
 		log:         l.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition)),

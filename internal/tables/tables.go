@@ -33,6 +33,8 @@ type Names struct {
 	// AirflowPending the asset events about to be posted (migration 014).
 	AirflowLedger  string
 	AirflowPending string
+	// ShardDirectory maps each partition of a group to its shard (migration 016).
+	ShardDirectory string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -58,6 +60,7 @@ func For(schema string) Names {
 		DoneOffsets:          q("done_offsets"),
 		OutboxSettings:       q("outbox_settings"),
 		PartitionSamples:     q("partition_samples"),
+		ShardDirectory:       q("shard_directory"),
 		AirflowLedger:        q("airflow_ledger"),
 		AirflowPending:       q("airflow_pending"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
