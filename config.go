@@ -14,9 +14,9 @@ import (
 
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/engine"
-	"github.com/kafkatx/kafkatx/shards"
 	"github.com/kafkatx/kafkatx/limit"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/shards"
 )
 
 // AheadPolicy says what the consumer does when Kafka's committed offset K is ahead of the
