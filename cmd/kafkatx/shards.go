@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/shards"
+)
+
+// shardURL is one --shard NAME=URL.
+type shardURL struct{ name, url string }
+
+// shardURLs parses --shard NAME=URL (repeated, in order): a missing '=', a bad or repeated
+// name, or a URL that does not parse is refused before anything connects; the message never
+// quotes the URL.
+func (g *Globals) shardURLs() ([]shardURL, error) {
+	var out []shardURL
+	seen := map[string]bool{}
+	for i, s := range g.Shard {
+		name, url, ok := strings.Cut(s, "=")
+		if !ok || url == "" {
+			return nil, fmt.Errorf("--shard %d: want NAME=URL", i+1)
+		}
+		if err := shards.CheckName(name); err != nil {
+			return nil, fmt.Errorf("--shard %d: %w", i+1, err)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("--shard: shard %q named twice", name)
+		}
+		seen[name] = true
+		if err := flagcheck.DatabaseURL("shard "+name, url); err != nil {
+			return nil, err
+		}
+		out = append(out, shardURL{name: name, url: url})
+	}
+	return out, nil
+}
+
+// shardSet opens a pool on every --shard (a shard whose URL is --database-url's shares dir, the
+// directory's pool) and returns the set, or nil without --shard; closeAll closes what it
+// opened.
+func (g *Globals) shardSet(ctx context.Context, dir *pgxpool.Pool) (set *shards.Set, closeAll func(), err error) {
+	us, err := g.shardURLs()
+	if err != nil || len(us) == 0 {
+		return nil, func() {}, err
+	}
+	var opened []*pgxpool.Pool
+	closeAll = func() {
+		for _, p := range opened {
+			p.Close()
+		}
+	}
+	set = &shards.Set{Directory: dir}
+	for _, u := range us {
+		if u.url == g.DatabaseURL {
+			set.Shards = append(set.Shards, shards.Shard{Name: u.name, Pool: dir})
+			continue
+		}
+		cfg, _, err := pg.ParsePoolConfig(ctx, u.url)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("shard %s: %w", u.name, err)
+		}
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err == nil {
+			if err = p.Ping(ctx); err != nil {
+				p.Close()
+			}
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("shard %s: %w", u.name, err)
+		}
+		opened = append(opened, p)
+		set.Shards = append(set.Shards, shards.Shard{Name: u.name, Pool: p})
+	}
+	return set, closeAll, nil
+}
+
+// ShardsCmd reads and changes the shard directory.
+type ShardsCmd struct {
+	Status ShardsStatusCmd `cmd:"" help:"Print the shard directory: each partition's shard, epoch and state (moves in progress), and each shard's watermarks."`
+	Assign ShardsAssignCmd `cmd:"" help:"Map a partition that has no shard yet to a shard (a partition never assigned goes to the first --shard at its first assignment)."`
+}
+
+// Help is the long help of shards.
+func (ShardsCmd) Help() string {
+	return `With --database-url naming the directory's database and --shard NAME=URL for each shard
+(the flag repeated, in order), the same flags a sharded service runs with. The directory is
+kafkatx's table shard_directory in --schema of --database-url's database; kafkatx migrate up
+with the same flags creates it there and migrates every shard.`
+}
+
+func (g *Globals) needShards() error {
+	if len(g.Shard) == 0 {
+		return errors.New("no shards: pass --shard NAME=URL for each shard (the flags the service runs with)")
+	}
+	return nil
+}
+
+// ShardsStatusCmd prints the directory.
+type ShardsStatusCmd struct {
+	Group  string `help:"Only this consumer group (default: every group)."`
+	Output string `default:"text" enum:"text,json" help:"text or json (one object per line per partition: group, topic, partition, shard, epoch, state, moving_to, updated_at, and the partition's watermark on its shard: watermark, -1 when it has none yet)."`
+}
+
+// shardRow is one line of shards status.
+type shardRow struct {
+	shards.Entry
+	Watermark int64 `json:"watermark"`
+}
+
+func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.needShards(); err != nil {
+		return err
+	}
+	dir, err := g.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	set, closeAll, err := g.shardSet(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	es, err := shards.NewDirectory(dir, g.Schema).List(ctx, c.Group)
+	if err != nil {
+		return err
+	}
+	rows := make([]shardRow, len(es))
+	for i, e := range es {
+		rows[i] = shardRow{Entry: e, Watermark: -1}
+		pool := set.Pool(e.Shard)
+		if pool == nil {
+			continue // a shard these flags do not name: no watermark read
+		}
+		tp := offsetstore.TP{Topic: e.Topic, Partition: e.Partition}
+		ws, err := offsetstore.New(g.Schema).Watermarks(ctx, pool, e.Group, []offsetstore.TP{tp})
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", e.Shard, err)
+		}
+		if w, ok := ws[tp]; ok {
+			rows[i].Watermark = w.Next
+		}
+	}
+	if c.Output == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tSHARD\tEPOCH\tSTATE\tWATERMARK\tUPDATED")
+	for _, r := range rows {
+		state := r.State
+		if r.MovingTo != "" {
+			state += " to " + r.MovingTo
+		}
+		w := "-"
+		if r.Watermark >= 0 {
+			w = fmt.Sprint(r.Watermark)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", termText(r.Group), termText(r.Topic), r.Partition, termText(r.Shard), r.Epoch,
+			termText(state), w, r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"))
+	}
+	return tw.Flush()
+}
+
+// ShardsAssignCmd maps an unmapped partition to a shard.
+type ShardsAssignCmd struct {
+	Group     string `required:"" help:"Consumer group id."`
+	Topic     string `required:"" help:"Topic."`
+	Partition int32  `required:"" help:"Partition (>= 0)."`
+	To        string `required:"" help:"The shard (a --shard NAME)."`
+}
+
+func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.needShards(); err != nil {
+		return err
+	}
+	if c.Partition < 0 {
+		return fmt.Errorf("--partition %d: want >= 0", c.Partition)
+	}
+	dir, err := g.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	set, closeAll, err := g.shardSet(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	if set.Pool(c.To) == nil {
+		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
+	}
+	e, changed, err := shards.NewDirectory(dir, g.Schema).Assign(ctx, c.Group, c.Topic, c.Partition, c.To)
+	if err != nil {
+		return err
+	}
+	what := "assigned"
+	if !changed {
+		what = "already on"
+	}
+	fmt.Printf("partition %d of %s (group %s) %s shard %s (epoch %d)\n", e.Partition, termText(e.Topic), termText(e.Group), what, termText(e.Shard), e.Epoch)
+	return nil
+}
