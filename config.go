@@ -224,6 +224,12 @@ type Config struct {
 	// order, exactly as without it.
 	Concurrency int
 
+	// Park parks a key in trouble in PostgreSQL so that the partition's other keys go on
+	// (docs/design.md, "Parked keys"). Off by default: parking lets other keys of a partition
+	// overtake a parked one, which a consumer relying on a partition's order across keys
+	// (related rows of one table, foreign keys between them) must not be given unasked.
+	Park ParkConfig
+
 	// MaxUnits caps the units in flight over the whole consumer (all partitions); a unit
 	// waits for a free slot. Defaults to MaxUnitsDefault (256).
 	MaxUnits int
@@ -486,7 +492,41 @@ const (
 	BreakerProbeDefault       = 5 * time.Second        // BreakerConfig.Probe
 	ConcurrencyDefault        = 1                      // Config.Concurrency
 	MaxUnitsDefault           = 256                    // Config.MaxUnits
+	ParkMaxPerKeyDefault      = 10_000                 // ParkConfig.MaxPerKey, in messages
+	ParkMaxKeysDefault        = 10_000                 // ParkConfig.MaxKeys, in keys per partition
 )
+
+// ParkConfig configures parked keys (Config.Park). With Enabled, a message whose handling is
+// to be retried — it failed with attempts left, or its dependency answered Unavailable for it
+// — parks its key, with any Concurrency (1 included): the message is written to the
+// key_parking table in a transaction that also records its offset done (fenced on the
+// watermark), the watermark moves past it, and every later message of the key is parked behind
+// it without running until the key's parked messages are done. The consumer retries each
+// parked key's first message at its next try (Retry's backoff; an Unavailable answer spends no
+// attempt, until UnavailableMaxWait since its first failure), dead-letters it after
+// Retry.MaxAttempts, and then runs the key's next parked message: a key's messages are applied
+// in offset order, other keys overtake it. A failure shared by many keys never parks them
+// all: a PostgreSQL error of the handler or the database's own condition never parks, and
+// failures that park count in the breaker (Breaker) — once it opens, the partition waits as
+// without parking. Parked messages count as in flight (Stats.InFlight), so a parked key keeps a
+// consumer from being idle.
+type ParkConfig struct {
+	// Enabled turns parking on. Default false.
+	Enabled bool
+	// MaxPerKey bounds one key's parked messages. At the bound the key's next message is not
+	// parked: it waits in its lane (at Concurrency 1 the partition waits) until the key's
+	// first message is done, logged as "blocked by key K at offset X" and reported by the
+	// stall watchdog — the key is held rather than its first message dead-lettered early,
+	// which would punish it for the number of messages behind it. Defaults to
+	// ParkMaxPerKeyDefault (10,000); negative: no bound.
+	MaxPerKey int
+	// MaxKeys bounds a partition's parked keys. At the bound a failing message of a key not
+	// yet parked is retried in place as without parking (holding its lane, at Concurrency 1
+	// its partition), logged as "blocked by key K at offset X" and reported by the stall
+	// watchdog: many keys failing at once is a shared failure more than a key's. Defaults to
+	// ParkMaxKeysDefault (10,000); negative: no bound.
+	MaxKeys int
+}
 
 // BreakerConfig configures the breaker: when Threshold distinct messages — of any partitions
 // of the consumer — fail alike (the same SQLSTATE for a PostgreSQL error, otherwise the same
@@ -566,6 +606,12 @@ func (c *Config) WithDefaults() Config {
 	}
 	if out.MaxUnits <= 0 {
 		out.MaxUnits = MaxUnitsDefault
+	}
+	if out.Park.MaxPerKey == 0 {
+		out.Park.MaxPerKey = ParkMaxPerKeyDefault
+	}
+	if out.Park.MaxKeys == 0 {
+		out.Park.MaxKeys = ParkMaxKeysDefault
 	}
 	if out.Prepare != nil && out.PrepareLimit == nil {
 		out.PrepareLimit = limit.MustNew(limit.Config{})
@@ -655,6 +701,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 		Schema: d.Schema, Logger: d.Logger.Named("kafkatx.consumer"), Placer: placerOf(d.Shards, d.Schema),
 		BeginSQL: d.Transaction.beginSQL(), IdleTimeout: d.Transaction.IdleTimeout,
 		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait, Concurrency: d.Concurrency, MaxUnits: d.MaxUnits,
+		ParkKeys: d.Park.Enabled, ParkMaxPerKey: d.Park.MaxPerKey, ParkMaxKeys: d.Park.MaxKeys,
 		MaxAttempts: d.Retry.MaxAttempts, Backoff: d.Retry.Backoff, UnavailableBackoff: unavail.Backoff,
 		UnavailableMaxWait: d.UnavailableMaxWait, BreakerThreshold: d.Breaker.Threshold, BreakerProbe: d.Breaker.Probe,
 		StuckAfter: stuckAfter(d.Transaction), StallAfter: d.StallAfter, ShutdownTimeout: d.ShutdownTimeout, CloseTimeout: d.CloseTimeout,

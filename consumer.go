@@ -72,6 +72,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	body := newBody(withGroup(chained, set.Group), d.Idempotency, set.Schema)
 	body.Prepare, body.PrepareLimit = d.Prepare, d.PrepareLimit
 	c.loop = engine.New(pool, body, set, emit)
+	prom.watchParked(set.Group, c.loop)
 	return c, nil
 }
 

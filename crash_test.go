@@ -41,6 +41,7 @@ type childSpec struct {
 	idle        time.Duration
 	concurrency int           // Config.Concurrency; 0: its default
 	slow        time.Duration // each handler call sleeps this long first
+	park        bool          // Config.Park.Enabled
 }
 
 func (s childSpec) cmd(t *testing.T) *exec.Cmd {
@@ -59,6 +60,7 @@ func (s childSpec) cmd(t *testing.T) *exec.Cmd {
 		"CHILD_IDLE="+s.idle.String(),
 		"CHILD_CONCURRENCY="+strconv.Itoa(s.concurrency),
 		"CHILD_SLOW="+s.slow.String(),
+		"CHILD_PARK="+strconv.FormatBool(s.park),
 	)
 	out, _ := os.Create(filepath.Join(t.TempDir(), "child.log"))
 	cmd.Stdout, cmd.Stderr = out, out
@@ -162,6 +164,10 @@ func childMain() int {
 			return errors.New("this message always fails")
 		case "poison":
 			return Permanent(errors.New("poison pill"))
+		case "flaky":
+			if m.Attempt < 3 {
+				return errors.New("fails its first two tries")
+			}
 		}
 		if m.Attempt > 1 && env("CHILD_CHARGED_FILE") != "" {
 			recordIn(env("CHILD_CHARGED_FILE"), m)
@@ -174,8 +180,10 @@ func childMain() int {
 	multiplier, _ := strconv.ParseFloat(env("CHILD_MULTIPLIER"), 64)
 	idle, _ := time.ParseDuration(env("CHILD_IDLE"))
 	concurrency, _ := strconv.Atoi(env("CHILD_CONCURRENCY"))
+	park, _ := strconv.ParseBool(env("CHILD_PARK"))
 	c, err := NewConsumer(pool, h, &Config{
 		Concurrency: concurrency,
+		Park:        ParkConfig{Enabled: park},
 		Kafka: kafka.ConfigMap{"bootstrap.servers": env("CHILD_BROKERS"), "group.id": env("CHILD_GROUP"),
 			"group.instance.id": "child-1", "session.timeout.ms": 6000},
 		Topics: []string{env("CHILD_TOPIC")},

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kafkatx/kafkatx/internal/engine"
 	"github.com/kafkatx/kafkatx/internal/metrics"
 )
 
@@ -23,6 +24,19 @@ func newPromHook(reg prometheus.Registerer) (*promHook, error) {
 		return nil, err
 	}
 	return &promHook{c: c}, nil
+}
+
+// watchParked makes loop's parked counts (Config.Park) the source of the gauges
+// kafkatx_parked_keys and kafkatx_parked_messages of group, read at each scrape (no event
+// moves them: metrics.Parked).
+func (m *promHook) watchParked(group string, loop *engine.Loop) {
+	m.c.Parked.Add(func() []metrics.ParkedPartition {
+		var out []metrics.ParkedPartition
+		for _, p := range loop.Parked() {
+			out = append(out, metrics.ParkedPartition{Group: group, Topic: p.TP.Topic, Partition: p.TP.Partition, Keys: p.Keys, Messages: p.Messages})
+		}
+		return out
+	})
 }
 
 func partitionLabel(p int32) string { return strconv.Itoa(int(p)) }

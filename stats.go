@@ -35,7 +35,8 @@ type Stats struct {
 	// Assigned is the number of partitions currently assigned.
 	Assigned int
 	// InFlight is the number of received messages not yet committed, dead-lettered or
-	// dropped, including those waiting in a backoff.
+	// dropped, including those waiting in a backoff and those parked (Config.Park) in the
+	// assigned partitions.
 	InFlight int
 	// FirstAssignedAt is when the consumer first held an assignment (zero before).
 	FirstAssignedAt time.Time

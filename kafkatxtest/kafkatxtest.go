@@ -66,7 +66,8 @@ type Options struct {
 	// then public.
 	Pool *pgxpool.Pool
 
-	// Config supplies the loop's rules: Retry.MaxAttempts, Idempotency, DeadLetter, Prepare
+	// Config supplies the loop's rules: Retry.MaxAttempts, Idempotency, DeadLetter, Park
+	// (a message to be retried, and its key's later messages, are Parked), Prepare
 	// (run before each try, as the loop runs it before each transaction) and Middleware (applied around the handler as the loop applies it, kafkatx.Chain). Kafka,
 	// Topics, Schema and the loop's other settings are ignored (the schema is the kit's).
 	// Defaults to nil: the defaults of kafkatx.Config (5 attempts, business keys from the
@@ -97,6 +98,7 @@ type Kit struct {
 	middleware []kafkatx.Middleware
 	dlqTopic   func(string) string // nil: dead letters kept in the database only
 	prepare    func(context.Context, []*kafkatx.Message) error
+	park       bool // Config.Park.Enabled
 }
 
 // New creates a fresh schema named "kafkatxtest_<16 hex digits>", applies kafkatx's migrations
@@ -125,6 +127,7 @@ func New(t testing.TB, opts *Options) *Kit {
 	k.idem = cfg.Idempotency
 	k.middleware = cfg.Middleware
 	k.prepare = cfg.Prepare
+	k.park = cfg.Park.Enabled
 	if !cfg.DeadLetter.Disabled {
 		k.dlqTopic = cfg.DeadLetter.Topic
 	}

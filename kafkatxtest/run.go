@@ -14,6 +14,8 @@ import (
 	"github.com/kafkatx/kafkatx/idempotency"
 	"github.com/kafkatx/kafkatx/internal/engine"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/outboxpack"
+	"github.com/kafkatx/kafkatx/internal/parking"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
@@ -40,6 +42,13 @@ const (
 	// Unavailable: the handler answered kafkatx.Unavailable; the try is rolled back, the
 	// partition waits and runs it again, and it is not an attempt.
 	Unavailable
+	// Parked: with Config.Park.Enabled, the message's key is parked: the handler failed with
+	// attempts left, or answered kafkatx.Unavailable, with a failure not the database's (the
+	// loop's rule, engine.KeyFailure; the kit has no breaker), or an earlier message of its
+	// key was parked in the same Tx — then the handler did not run for it. Its row of
+	// key_parking is written in the transaction as the loop writes it; the loop runs it later,
+	// after the key's earlier parked messages, in offset order.
+	Parked
 	// RunAgain: the handler returned a PostgreSQL error of a lost race (docs/failures.md;
 	// see kafkatx.Handler), the transaction's connection was lost under it (and its error is not
 	// its own context ending), or the test's context ended; the try is rolled back and run
@@ -64,6 +73,8 @@ func (k Kind) String() string {
 		return "unavailable"
 	case RunAgain:
 		return "run-again"
+	case Parked:
+		return "parked"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -102,6 +113,7 @@ type Tx struct {
 	pgx.Tx
 	k        *Kit
 	outcomes []Outcome
+	parked   map[string]bool // keys parked in this Tx (parking.KeyHash), with Config.Park
 }
 
 // LockTimeout is the lock_timeout of the kit's transactions. Transactions of one test stay
@@ -231,7 +243,7 @@ func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafka
 	tx.k.t.Helper()
 	failed := map[int]error{} // message index -> its failure in a batch's try
 	sp := engine.Split{
-		Alone: func(i int) bool { _, ok := failed[i]; return ok },
+		Alone: func(i int) bool { _, ok := failed[i]; return ok || tx.keyParked(msgs[i]) },
 		Batch: func(i, j int) (int, error) {
 			f, herr := tx.try(ctx, h, msgs[i:j])
 			if f >= 0 {
@@ -239,7 +251,14 @@ func (tx *Tx) process(ctx context.Context, h kafkatx.BatchHandler, msgs []*kafka
 			}
 			return f, nil
 		},
-		One: func(i int) error { tx.settle(ctx, msgs[i], failed[i]); return nil },
+		One: func(i int) error {
+			if tx.keyParked(msgs[i]) {
+				tx.park(ctx, Outcome{Message: msgs[i], Kind: Parked, Attempt: attempt(msgs[i])}, false)
+				return nil
+			}
+			tx.settle(ctx, msgs[i], failed[i])
+			return nil
+		},
 	}
 	_ = sp.Run(len(msgs)) // the kit's callbacks fail the test instead of returning errors
 }
@@ -268,6 +287,9 @@ func (tx *Tx) try(ctx context.Context, h kafkatx.BatchHandler, batch []*kafkatx.
 	}
 	if err != nil {
 		k.t.Fatalf("kafkatxtest: claim idempotency keys: %v (a lock timeout: another open Tx of this test claimed the same key; see LockTimeout)", err)
+	}
+	if t.Verdict == engine.Wait && k.park && kafkatx.IsUnavailable(t.Err) && t.Failed >= 0 && engine.KeyFailure(t.Cause) {
+		return t.Failed, &unavailableForKey{t.Cause} // parked when it runs alone (settle), no attempt spent
 	}
 	switch t.Verdict {
 	case engine.Again, engine.Wait:
@@ -328,8 +350,19 @@ func keyed(m *kafkatx.Message) idempotency.Message {
 func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
 	tx.k.t.Helper()
 	k := tx.k
+	if u, ok := herr.(*unavailableForKey); ok {
+		o := Outcome{Message: m, Kind: Parked, Attempt: attempt(m), Err: u.cause}
+		o.ErrorClass, o.ErrorMessage, o.Stack = engine.Describe(u.cause)
+		tx.park(ctx, o, true)
+		return
+	}
 	o := Outcome{Message: m, Kind: Retried, Attempt: attempt(m), Err: herr}
 	o.ErrorClass, o.ErrorMessage, o.Stack = engine.Describe(herr)
+	if !engine.GiveUp(o.ErrorClass, o.Attempt, k.maxAttempt) && k.park && engine.KeyFailure(herr) {
+		o.Kind = Parked
+		tx.park(ctx, o, false)
+		return
+	}
 	if engine.GiveUp(o.ErrorClass, o.Attempt, k.maxAttempt) {
 		var hs []dlq.Header
 		for _, h := range m.Headers {
@@ -355,6 +388,45 @@ func (tx *Tx) settle(ctx context.Context, m *kafkatx.Message, herr error) {
 
 func attempt(m *kafkatx.Message) int { return max(m.Attempt, 1) }
 
+// unavailableForKey is a message's Unavailable answer that parks its key (Config.Park).
+type unavailableForKey struct{ cause error }
+
+func (u *unavailableForKey) Error() string { return u.cause.Error() }
+
+// keyParked reports whether m's key was parked earlier in tx (a nil key never is: each
+// nil-key message is a key of its own).
+func (tx *Tx) keyParked(m *kafkatx.Message) bool {
+	return tx.k.park && m.Key != nil && tx.parked[string(parking.KeyHash(m.Key, m.Offset))]
+}
+
+// park writes o.Message's row of key_parking in tx as the loop writes it — its attempts so
+// far (none for an Unavailable answer or a message parked behind its key) and its error — and
+// records outcome o.
+func (tx *Tx) park(ctx context.Context, o Outcome, unavailable bool) {
+	tx.k.t.Helper()
+	m := o.Message
+	h := parking.KeyHash(m.Key, m.Offset)
+	pm := parking.Message{Group: tx.k.group, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, TopicID: tx.k.topicIDs[m.Topic],
+		KeyHash: h, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp, ErrorClass: o.ErrorClass, LastError: o.ErrorMessage}
+	if o.Err != nil && !unavailable {
+		pm.Attempts = o.Attempt
+	}
+	if o.Err != nil {
+		pm.FirstFailureAt, pm.NextTry = time.Now(), time.Now()
+	}
+	for _, hd := range m.Headers {
+		pm.Headers = append(pm.Headers, parking.Header{Key: hd.Key, Value: hd.Value})
+	}
+	if err := parking.New(tx.k.schema).ParkTx(ctx, tx.Tx, pm); err != nil {
+		tx.k.t.Fatalf("kafkatxtest: park offset %d: %v%s", m.Offset, err, tx.connClosedHint())
+	}
+	if tx.parked == nil {
+		tx.parked = map[string]bool{}
+	}
+	tx.parked[string(h)] = true
+	tx.outcomes = append(tx.outcomes, o)
+}
+
 // Outcomes returns the outcomes of every Run and RunBatch in tx, in order.
 func (tx *Tx) Outcomes() []Outcome { return tx.outcomes }
 
@@ -371,9 +443,10 @@ func (tx *Tx) Outcome(offset int64) Outcome {
 	return Outcome{}
 }
 
-// OutboxRecord is one row of the outbox written in the transaction.
+// OutboxRecord is one record of the outbox written in the transaction: a row, or a record of
+// a packed row (outbox.Writer.Pack).
 type OutboxRecord struct {
-	ID int64 // the outbox table's id
+	ID int64 // the outbox table's id; for a record of a packed row, the record's own (pack_ids)
 	// OutboxID is the record's kafkatx-outbox-id (the outbox_id column): for a record written
 	// for a message the kit ran, the id the loop would give it (outbox.SourceID).
 	OutboxID uuid.UUID
@@ -388,28 +461,51 @@ type OutboxRecord struct {
 func (tx *Tx) Outbox() []OutboxRecord {
 	tx.k.t.Helper()
 	tx.checkDefaultOutbox()
-	rows, err := tx.Query(tx.k.ctx(), `SELECT id, outbox_id::text, topic, key, value, header_keys, header_values, partition
+	// A packed row (outbox.Writer.Pack) holds several records, each with its own id.
+	rows, err := tx.Query(tx.k.ctx(), `SELECT id, outbox_id::text, topic, key, value, header_keys, header_values, partition,
+			CASE WHEN state = 'packed' THEN pack END, pack_ids
 		FROM `+tables.For(tx.k.schema).Outbox+` WHERE txid = pg_current_xact_id() ORDER BY id`)
 	if err != nil {
 		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (OutboxRecord, error) {
+	var recs []OutboxRecord
+	for rows.Next() {
 		var r OutboxRecord
 		var hk, hv [][]byte
 		var id string
-		if err := row.Scan(&r.ID, &id, &r.Topic, &r.Key, &r.Value, &hk, &hv, &r.Partition); err != nil {
-			return r, err
+		var packed []byte
+		var ids []int64
+		if err := rows.Scan(&r.ID, &id, &r.Topic, &r.Key, &r.Value, &hk, &hv, &r.Partition, &packed, &ids); err != nil {
+			rows.Close()
+			tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
+		}
+		if packed != nil {
+			prs, err := outboxpack.Decode(packed)
+			if err != nil || len(prs) != len(ids) {
+				rows.Close()
+				tx.k.t.Fatalf("kafkatxtest: read the outbox: packed row %d: %v (%d records, %d ids)", r.ID, err, len(prs), len(ids))
+			}
+			for i, p := range prs {
+				pr := OutboxRecord{ID: ids[i], OutboxID: uuid.UUID(p.OutboxID)}
+				pr.Topic, pr.Key, pr.Value, pr.Partition = p.Topic, p.Key, p.Value, p.Partition
+				for j := range p.HK {
+					pr.Headers = append(pr.Headers, outbox.Header{Key: string(p.HK[j]), Value: p.HV[j]})
+				}
+				recs = append(recs, pr)
+			}
+			continue
 		}
 		var err error
 		if r.OutboxID, err = uuid.Parse(id); err != nil {
-			return r, err
+			rows.Close()
+			tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 		}
 		for i := range hk {
 			r.Headers = append(r.Headers, outbox.Header{Key: string(hk[i]), Value: hv[i]})
 		}
-		return r, nil
-	})
-	if err != nil {
+		recs = append(recs, r)
+	}
+	if err := rows.Err(); err != nil {
 		tx.k.t.Fatalf("kafkatxtest: read the outbox: %v", err)
 	}
 	return recs

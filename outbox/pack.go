@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/kafkatx/kafkatx/internal/outboxpack"
 	"github.com/kafkatx/kafkatx/internal/tables"
-	"github.com/kafkatx/kafkatx/outbox/internal/pack"
 )
 
 // PackMaxRecords and PackMaxBytes bound one packed row (Writer.Pack): a WriteTx call's
@@ -34,7 +34,7 @@ func (w Writer) writePacks(ctx context.Context, tx pgx.Tx, records []Record, sid
 	random := bufio.NewReaderSize(rand.Reader, min(16*len(records), 64<<10))
 	ids := make([]int64, 0, len(records))
 	for from := 0; from < len(records); {
-		e := pack.NewEncoder(0)
+		e := outboxpack.NewEncoder(0)
 		size := 0
 		var topics []string
 		var keys [][]byte
@@ -42,14 +42,17 @@ func (w Writer) writePacks(ctx context.Context, tx pgx.Tx, records []Record, sid
 		to := from
 		for ; to < len(records) && to-from < PackMaxRecords; to++ {
 			r := &records[to]
-			hk, hv := make([][]byte, len(r.Headers)), make([][]byte, len(r.Headers))
-			for j, h := range r.Headers {
-				hk[j], hv[j] = []byte(h.Key), h.Value
-				if hv[j] == nil {
-					hv[j] = []byte{}
+			var hk, hv [][]byte
+			if len(r.Headers) > 0 {
+				hk, hv = make([][]byte, len(r.Headers)), make([][]byte, len(r.Headers))
+				for j, h := range r.Headers {
+					hk[j], hv[j] = []byte(h.Key), h.Value
+					if hv[j] == nil {
+						hv[j] = []byte{}
+					}
 				}
 			}
-			s := pack.Size(r.Topic, r.Key, r.Value, hk, hv)
+			s := outboxpack.Size(r.Topic, r.Key, r.Value, hk, hv)
 			if to > from && size+s > PackMaxBytes {
 				break
 			}

@@ -80,7 +80,7 @@ func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("--help exit %d", code)
 	}
-	for _, want := range []string{"Exit status:", "2  usage error", "3  offsets status: drift", "6  outbox release|discard, dlq show|replay|discard: no such row"} {
+	for _, want := range []string{"Exit status:", "2  usage error", "3  offsets status: drift", "6  outbox release|discard, dlq show|replay|discard, parked-keys release|dead-letter: no such row"} {
 		if !strings.Contains(help, want) {
 			t.Fatalf("--help does not document %q:\n%s", want, help)
 		}

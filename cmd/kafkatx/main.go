@@ -49,14 +49,15 @@ type Globals struct {
 type CLI struct {
 	Globals
 
-	Migrate MigrateCmd `cmd:"" help:"Apply or print kafkatx's schema migrations."`
-	Offsets OffsetsCmd `cmd:"" help:"Offsets: the database leads, Kafka follows (status, reset, audit, account)."`
-	Relay   RelayCmd   `cmd:"" help:"Publish the outbox to Kafka (the sidecar): leader election, NOTIFY wake-up, health endpoint."`
-	Outbox  OutboxCmd  `cmd:"" help:"Parked outbox rows: list, release, discard."`
-	DLQ     DLQCmd     `cmd:"" name:"dlq" help:"Dead letters: list, show, replay through the outbox, discard (audited)."`
-	Airflow AirflowCmd `cmd:"" help:"The Airflow ledger against Airflow: status (missing, queued, failed runs and asset events) and repair."`
-	Shards  ShardsCmd  `cmd:"" help:"The shard directory (with --shard NAME=URL ...): status, assign a partition to a shard."`
-	Console ConsoleCmd `cmd:"" help:"Serve the operator console: web UI and JSON API (partitions, dead letters, outbox, offsets), behind a token."`
+	Migrate    MigrateCmd    `cmd:"" help:"Apply or print kafkatx's schema migrations."`
+	Offsets    OffsetsCmd    `cmd:"" help:"Offsets: the database leads, Kafka follows (status, reset, audit, account)."`
+	Relay      RelayCmd      `cmd:"" help:"Publish the outbox to Kafka (the sidecar): leader election, NOTIFY wake-up, health endpoint."`
+	Outbox     OutboxCmd     `cmd:"" help:"Parked outbox rows: list, release, discard."`
+	DLQ        DLQCmd        `cmd:"" name:"dlq" help:"Dead letters: list, show, replay through the outbox, discard (audited)."`
+	ParkedKeys ParkedKeysCmd `cmd:"" name:"parked-keys" help:"A consumer group's parked keys (Config.Park): list, release, dead-letter (audited)."`
+	Airflow    AirflowCmd    `cmd:"" help:"The Airflow ledger against Airflow: status (missing, queued, failed runs and asset events) and repair."`
+	Shards     ShardsCmd     `cmd:"" help:"The shard directory (with --shard NAME=URL ...): status, assign a partition to a shard."`
+	Console    ConsoleCmd    `cmd:"" help:"Serve the operator console: web UI and JSON API (partitions, dead letters, outbox, offsets), behind a token."`
 }
 
 // exitError carries a specific exit status (for example 3 for drift).

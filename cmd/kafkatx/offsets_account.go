@@ -94,6 +94,9 @@ func offsetsPrintAccount(a offsets.Account) {
 	}
 	fmt.Printf("  processed           %d\n", a.Processed)
 	fmt.Printf("  dead-lettered       %d\n", a.DeadLettered)
+	if a.Parked > 0 {
+		fmt.Printf("  parked              %d\n", a.Parked)
+	}
 	fmt.Printf("  operator-skipped    %d\n", a.OperatorSkipped)
 	fmt.Printf("  unexplained skips   %d\n", a.UnexplainedSkipped)
 	for _, s := range a.UnexplainedSkips {

@@ -104,6 +104,9 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			for _, p := range s.Pending {
 				last += fmt.Sprintf("; PENDING %s %s id %d", termText(p.Kind), eventSpan(p.Kind, p.From, p.To), p.ID)
 			}
+			if s.Parked > 0 {
+				last += fmt.Sprintf("; %d messages of %d keys parked below the watermark (Config.Park)", s.Parked, s.ParkedKeys)
+			}
 			if s.DoneAbove > 0 {
 				last += fmt.Sprintf("; %d offsets done above the watermark (Config.Concurrency > 1)", s.DoneAbove)
 			}

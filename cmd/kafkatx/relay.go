@@ -32,7 +32,7 @@ type RelayCmd struct {
 	HealthAddr      string        `name:"health-addr" env:"KAFKATX_HEALTH_ADDR" help:"Serve /healthz, /readyz and /metrics (Prometheus) on this host:port. Off when empty."`
 	ExitWhenIdle    time.Duration `name:"exit-when-idle" help:"Exit 0 once the outbox has had no row waiting for this long (0: run until SIGTERM)."`
 	Migrate         bool          `name:"migrate" help:"Apply kafkatx's migrations before starting (otherwise they must have been applied)."`
-	BatchSize       int           `name:"batch-size" default:"${relay_batch_size}" help:"Rows read, produced and marked per round."`
+	BatchSize       int           `name:"batch-size" default:"${relay_batch_size}" help:"Records read, produced and marked per round (a packed row counts its records)."`
 	PollInterval    time.Duration `name:"poll-interval" default:"${relay_poll_interval}" help:"Read the outbox this often when no NOTIFY arrives."`
 	StandbyInterval time.Duration `name:"standby-interval" default:"${relay_standby_interval}" help:"A standby relay tries to take over this often."`
 	LeaderTimeout   time.Duration `name:"leader-timeout" default:"${relay_leader_timeout}" help:"PostgreSQL ends the leader's session once it stays silent this long (idle_session_timeout), so a frozen leader (SIGSTOP, a paused VM) gives the leadership to a standby; a running leader touches it 4 times as often. Keep it above ${relay_read_timeout} (the read timeout)."`

@@ -7,6 +7,7 @@ import (
 
 	"github.com/alecthomas/kong"
 
+	"github.com/kafkatx/kafkatx/cmd/kafkatx/console"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/pg"
@@ -28,6 +29,8 @@ func cliVars() kong.Vars {
 		"relay_keep_published":   flagDuration(relay.DefaultKeepPublished),
 		"attempts_retention":     flagDuration(retention.DefaultAttemptsRetention),
 		"dead_letter_retention":  flagDuration(retention.DefaultDeadLetterRetention),
+		"redrive_rate":           strconv.Itoa(console.RedriveRateDefault),
+		"redrive_rate_max":       strconv.Itoa(console.MaxRedriveRate),
 	}
 }
 

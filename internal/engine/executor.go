@@ -88,6 +88,12 @@ func (p *worker) run() {
 	defer close(p.done)
 	defer p.abortWork()
 	defer p.waits.available(false)
+	if p.parked != nil {
+		// The retrier of the partition's parked keys (park.go) ends before the worker is done.
+		stop, ended := make(chan struct{}), make(chan struct{})
+		go func() { defer close(ended); p.retryParked(stop) }()
+		defer func() { close(stop); <-ended }()
+	}
 	for {
 		var err error
 		if (p.set.Concurrency > 1 || len(p.doneAbove) > 0) && !p.sus.holds(p.watermark.Load()) {
@@ -195,6 +201,7 @@ func (p *worker) collect(first *kafka.Message) []*kafka.Message {
 // the others as optimistic batches (runBatch) — never across a piece of a suspect range
 // (isolate.go).
 func (u *lane) process(batch []*kafka.Message) error {
+	u.toPark = nil // failed batches' messages to park are this run's (park.go)
 	msgs := batch[:0]
 	for _, m := range batch {
 		if int64(m.TopicPartition.Offset) < u.p.watermark.Load() {
@@ -211,9 +218,14 @@ func (u *lane) process(batch []*kafka.Message) error {
 		}
 		seg, rest := msgs[:n], len(msgs)-n
 		sp := Split{
-			Alone: func(i int) bool { return u.needsCare(seg[i]) },
+			Alone: func(i int) bool { return u.needsCare(seg[i]) || u.keyParked(seg[i]) || u.parksNext(seg[i]) },
 			Batch: func(i, j int) (int, error) { return u.runBatch(seg[i:j]) },
-			One:   func(i int) error { return u.runOne(seg[i]) },
+			One: func(i int) error {
+				if u.keyParked(seg[i]) {
+					return u.parkBehind(seg[i])
+				}
+				return u.runOne(seg[i])
+			},
 			Before: func(i int) error {
 				u.mode.held(u, len(seg)-i+rest)
 				if u.p.stopping() {
@@ -302,6 +314,12 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 		t, err = u.batchTx(ctx, msgs, end)
 		return err
 	}); err != nil {
+		var ep *errPark
+		if errors.As(err, &ep) {
+			// Unavailable for one message's key: it runs alone next (runOne), which parks it.
+			u.parkLater(msgs[ep.at], ep.cause, true)
+			return ep.at, nil
+		}
 		var ik *errIdleKilled
 		if !errors.As(err, &ik) {
 			return -1, err
@@ -327,6 +345,9 @@ func (u *lane) runBatch(msgs []*kafka.Message) (int, error) {
 		off := int64(msgs[t.Failed].TopicPartition.Offset)
 		if err := u.recordFailure(offsetstore.Attempt{Offset: off, Attempts: 1}, t.Cause, "handler failed in a batch; isolating the message"); err != nil {
 			return -1, err
+		}
+		if u.mayPark(t.Cause) {
+			u.parkLater(msgs[t.Failed], t.Cause, false)
 		}
 		return t.Failed, nil
 	}
@@ -380,6 +401,15 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 	case Again:
 		return t.Err
 	case Wait:
+		if IsUnavailable(t.Err) && t.Failed >= 0 && t.Failed < len(msgs) && u.mayPark(t.Cause) {
+			// Unavailable for this message's key (park.go): it parks, spending no attempt,
+			// unless it is one more of a shared failure — counted in the breaker, as failures
+			// are, it opens at the threshold, and the partition then waits as without parking.
+			at := msgs[t.Failed]
+			if !u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, errUnavailableAlike, t.Failed == 0) && u.p.breaker.State() == nil {
+				return &errPark{cause: t.Cause, at: t.Failed}
+			}
+		}
 		if u.waits.stillUnavailable(t.Err) {
 			return &errWaited{cause: t.Err}
 		}
@@ -392,7 +422,7 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 		}
 		// Counted only when the failing message is the first of its transaction: later in a
 		// batch, the messages before it have not committed, and may (a pill among them).
-		if u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
+		if u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, errUnavailableAlike, t.Failed == 0) {
 			return &errHeld{cause: t.Cause}
 		}
 	}
@@ -412,6 +442,14 @@ func (u *lane) runOne(km *kafka.Message) error {
 		return u.deadLetter(km, offsetstore.Attempt{Offset: off, ErrorClass: ClassOversized,
 			ErrorMessage: fmt.Sprintf("value of %d bytes exceeds MaxValueBytes %d; the handler did not run", len(km.Value), u.p.set.MaxValueBytes)})
 	}
+	if pc, ok := u.toPark[off]; ok {
+		delete(u.toPark, off)
+		if !GiveUp(a.ErrorClass, a.Attempts, u.p.set.MaxAttempts) {
+			if ok, err := u.parkHead(km, a, pc.cause, pc.unavailable); ok || err != nil {
+				return err
+			}
+		}
+	}
 	for {
 		if GiveUp(a.ErrorClass, a.Attempts, u.p.set.MaxAttempts) {
 			return u.deadLetter(km, a)
@@ -423,6 +461,18 @@ func (u *lane) runOne(km *kafka.Message) error {
 			}
 		}
 		herr, err := u.try(km, &a, u.p.sus.single(off) || (a.Attempts > 0 && a.ErrorClass == ""))
+		var ep *errPark
+		if errors.As(err, &ep) {
+			a.Attempts-- // an Unavailable answer spends no attempt
+			if ok, err := u.parkHead(km, a, ep.cause, true); ok || err != nil {
+				return err
+			}
+			// A bound refused to park it: wait as without parking, then try again.
+			if err := u.waits.waitUnavailable(off, ep.cause); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -435,6 +485,12 @@ func (u *lane) runOne(km *kafka.Message) error {
 			return err
 		}
 		a, _ = u.p.attempt(off)
+		if !GiveUp(a.ErrorClass, a.Attempts, u.p.set.MaxAttempts) && u.mayPark(herr) {
+			// Its key parks (park.go): the retrier tries it again after the backoff.
+			if ok, err := u.parkHead(km, a, herr, false); ok || err != nil {
+				return err
+			}
+		}
 	}
 }
 

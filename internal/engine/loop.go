@@ -21,6 +21,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/parking"
 )
 
 // Loop is one consumer's poll loop and its partition workers. Create one with New and run it
@@ -38,6 +39,8 @@ type Loop struct {
 	breaker *Breaker           // shared failures across partitions (breaker.go)
 	units   chan struct{}      // process-wide unit slots (Settings.MaxUnits); nil: no cap
 	gate    *gate              // a probe's turn to run alone in the process (isolate.go)
+
+	parkStore *parking.Store // the parked keys (Settings.ParkKeys, park.go)
 
 	failed        atomic.Pointer[error] // first error of a worker that stops the consumer (fail)
 	lastMessage   atomic.Int64          // unix nanos of the last polled record
@@ -90,6 +93,7 @@ func (f *fetch) inFlight() int {
 func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 	l := &Loop{
 		group: set.Group, set: set, pool: pool, store: offsetstore.New(set.Schema), body: body, emit: emit,
+		parkStore:   parking.New(set.Schema),
 		log:         set.Logger.With(zap.String("group", set.Group)),
 		gate:        newGate(),
 		parts:       map[offsetstore.TP]*fetch{},
@@ -336,7 +340,9 @@ func (l *Loop) Snapshot() Snapshot {
 	s.Stuck = l.stuckNow()
 	s.Stalled = l.stalledNow()
 	for _, f := range l.parts {
-		s.InFlight += f.inFlight()
+		// Parked messages (park.go) count too, so a parked key keeps the consumer from looking
+		// idle; not in inFlight, which decides whether offsets without a record may be passed.
+		s.InFlight += f.inFlight() + f.w.parked.messages()
 		ws := []*waits{f.w.waits}
 		if lanes := f.w.lanes.Load(); lanes != nil {
 			for _, u := range *lanes {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/parking"
 )
 
 // The worker of one assigned partition: its collaborators, its state and its lifecycle
@@ -78,6 +79,10 @@ type worker struct {
 	// doneAbove are offsets above the watermark already applied (store.Done), left by units
 	// that committed out of order (Concurrency > 1): they are skipped, never run again.
 	doneAbove map[int64]bool
+	// parked are the partition's parked keys' counts (Settings.ParkKeys, park.go; nil when
+	// off), parkStore their table.
+	parked    *parkedKeys
+	parkStore *parking.Store
 
 	attMu    sync.Mutex // guards attempts: the lanes of one partition share it
 	attempts map[int64]offsetstore.Attempt
@@ -94,7 +99,7 @@ type worker struct {
 // newWorker returns the worker of tp, starting at watermark w with the attempt rows atts and
 // the offsets done above it (done), with the loop's collaborators; it works once started (go
 // run).
-func (l *Loop) newWorker(tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt, done []int64) *worker {
+func (l *Loop) newWorker(tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt, done []int64, parked map[string]int) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
 	sh := l.shardOf(tp)
 	p := &worker{
@@ -120,6 +125,9 @@ func (l *Loop) newWorker(tp offsetstore.TP, w offsetstore.Watermark, atts map[in
 	p.waits = &waits{p: p, stop: p.stopCh}
 	p.serial = &lane{p: p, waits: p.waits, mode: serialMode{}}
 	p.setDoneAbove(done)
+	if l.set.ParkKeys {
+		p.parked, p.parkStore = newParkedKeys(parked), l.parkStore
+	}
 	if w.InflightEnd > w.Next {
 		p.sus = newSuspect(w.Next, w.InflightEnd)
 		p.log.Warn("a batch was in flight when the last owner stopped; its offsets run in pieces, each its own marked batch, to find a message that crashes the process",
@@ -233,6 +241,11 @@ func (p *worker) refence() bool {
 	var w offsetstore.Watermark
 	var atts map[int64]offsetstore.Attempt
 	var done []int64
+	var counts map[string]int
+	var gen uint64
+	if p.parked != nil {
+		gen, _ = p.parked.snapshot()
+	}
 	err := p.waits.untilDone(p.watermark.Load(), func() error {
 		ws, err := p.store.Watermarks(ctx, p.pool, p.group, []offsetstore.TP{p.tp})
 		if err != nil {
@@ -245,7 +258,10 @@ func (p *worker) refence() bool {
 		if atts, err = p.store.Attempts(ctx, p.pool, p.group, p.tp, w.Next); err != nil {
 			return err
 		}
-		done, err = p.store.Done(ctx, p.pool, p.group, p.tp, w.Next)
+		if done, err = p.store.Done(ctx, p.pool, p.group, p.tp, w.Next); err != nil || p.parked == nil {
+			return err
+		}
+		counts, err = p.parkStore.Counts(ctx, p.pool, p.group, p.tp.Topic, p.tp.Partition)
 		return err
 	})
 	if err != nil {
@@ -269,6 +285,9 @@ func (p *worker) refence() bool {
 	p.attMu.Unlock()
 	p.inflightEnd, p.epoch, p.logID = w.InflightEnd, w.ReplayEpoch, w.TopicID
 	p.setDoneAbove(done)
+	if p.parked != nil {
+		p.parked.reconcile(gen, counts) // another owner may have parked keys meanwhile
+	}
 	if w.InflightEnd > w.Next {
 		p.sus = newSuspect(w.Next, w.InflightEnd)
 	} else {
@@ -346,6 +365,11 @@ type lane struct {
 	mode  mode
 	idx   int
 	q     laneQueue // lanes.go; unused by the serial lane
+	// blockedWarned: the lane logged that Settings.ParkMaxKeys refused to park its message.
+	blockedWarned bool
+	// toPark: messages of this lane's current run that answered Unavailable inside a batch,
+	// parked when they run alone next (park.go).
+	toPark map[int64]parkCause
 }
 
 // movedAway stops the consumer when the partition's watermark row, read back after a

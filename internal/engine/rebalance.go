@@ -183,7 +183,13 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		if err != nil {
 			return nil, err
 		}
-		p := l.newWorker(tp, w, atts, done)
+		var parked map[string]int
+		if l.set.ParkKeys {
+			if parked, err = l.parkStore.Counts(ctx, l.pool, l.group, tp.Topic, tp.Partition); err != nil {
+				return nil, err
+			}
+		}
+		p := l.newWorker(tp, w, atts, done, parked)
 		newParts = append(newParts, p)
 		topic := tp.Topic
 		starts = append(starts, kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(start)})

@@ -42,6 +42,12 @@ type Settings struct {
 	MaxUnits    int
 
 	MaxAttempts int
+	// ParkKeys parks a key in trouble (park.go); ParkMaxPerKey bounds a key's parked messages
+	// (reached: its next message waits in its lane), ParkMaxKeys a partition's parked keys
+	// (reached: a new failing key is retried in place). ≤ 0: no bound.
+	ParkKeys      bool
+	ParkMaxPerKey int
+	ParkMaxKeys   int
 	// Backoff is Config.Retry.Backoff: the wait before try attempt+1 (attempt >= 1).
 	Backoff func(attempt int) time.Duration
 	// UnavailableBackoff is the wait after the n-th consecutive Unavailable answer.

@@ -111,7 +111,7 @@ func (w *waits) retry(offset int64, charge bool, op func() error) error {
 			if err := w.afterDBError(try, err); err != nil {
 				return err
 			}
-		case errors.Is(err, errStopped):
+		case errors.Is(err, errStopped), errors.As(err, new(*errPark)):
 			return err
 		case errors.As(err, &waited):
 			if err := w.waitUnavailable(offset, waited.cause); err != nil {

@@ -28,6 +28,8 @@ type Consumer struct {
 	Stuck        *prometheus.GaugeVec
 	Stalled      *prometheus.GaugeVec
 	LogChanges   *prometheus.CounterVec
+	// Parked is read at each scrape from the consumers' in-memory counts (parked.go).
+	Parked *Parked
 }
 
 // NewConsumer creates the consumer's collectors and registers them with reg (nil: none). A
@@ -53,7 +55,9 @@ func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	m.Stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
 	m.Stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stalled", Help: "1 while the partition has lag and its watermark has not moved for Config.StallAfter, whatever the cause."}, []string{"group", "topic", "partition"})
 	m.LogChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_log_changes_total", Help: "Assignments that found the log behind a watermark changed (topic recreated, another cluster), by action: halt or adopt (Config.OnLogChange)."}, []string{"group", "topic", "action"})
+	m.Parked = NewParked()
 	var err error
+	promreg.Into(reg, &m.Parked, &err)
 	promreg.Into(reg, &m.LogChanges, &err)
 	promreg.Into(reg, &m.Stuck, &err)
 	promreg.Into(reg, &m.Stalled, &err)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/parking"
 )
 
 // Segment kinds of an accounting report.
@@ -48,11 +49,15 @@ type Account struct {
 	// Watermark the next offset to process.
 	First     int64 `json:"first_offset"`
 	Watermark int64 `json:"watermark"`
-	// Offsets counts [First, Watermark); it equals Processed + DeadLettered +
+	// Offsets counts [First, Watermark); it equals Processed + DeadLettered + Parked +
 	// OperatorSkipped + UnexplainedSkipped + the gaps' lengths.
-	Offsets            int64 `json:"offsets"`
-	Processed          int64 `json:"processed"`
-	DeadLettered       int64 `json:"dead_lettered"`
+	Offsets      int64 `json:"offsets"`
+	Processed    int64 `json:"processed"`
+	DeadLettered int64 `json:"dead_lettered"`
+	// Parked counts the offsets passed by the watermark whose message is parked (a parked
+	// key's, table key_parking, kafkatx.Config.Park): read, neither applied nor dead-lettered
+	// yet, waiting for their key. Counted apart from Processed.
+	Parked             int64 `json:"parked"`
 	OperatorSkipped    int64 `json:"operator_skipped"`
 	UnexplainedSkipped int64 `json:"unexplained_skipped"`
 	// Segments covers [First, Watermark) in order.
@@ -125,6 +130,9 @@ func (o *Operator) Account(ctx context.Context, group, topic string, p int32) ([
 			w := ws[tp]
 			a := account(group, w, byTP[tp])
 			if err := o.countDeadLetters(ctx, tx, &a); err != nil {
+				return err
+			}
+			if err := o.countParked(ctx, tx, &a); err != nil {
 				return err
 			}
 			out = append(out, a)
@@ -249,6 +257,26 @@ func (o *Operator) countDeadLetters(ctx context.Context, tx pgx.Tx, a *Account) 
 		if i < len(a.Segments) && a.Segments[i].From <= off && a.Segments[i].Kind == SegProcessed {
 			a.Processed--
 			a.DeadLettered++
+		}
+	}
+	return nil
+}
+
+// countParked moves the parked messages' offsets inside processed segments from Processed to
+// Parked (a parked offset is accounted for: invariant 2).
+func (o *Operator) countParked(ctx context.Context, tx pgx.Tx, a *Account) error {
+	offs, err := parking.New(o.t.Schema).Offsets(ctx, tx, a.Group, a.Topic, a.Partition, a.First, a.Watermark)
+	if err != nil {
+		return err
+	}
+	i := 0
+	for _, off := range offs {
+		for i < len(a.Segments) && a.Segments[i].To <= off {
+			i++
+		}
+		if i < len(a.Segments) && a.Segments[i].From <= off && a.Segments[i].Kind == SegProcessed {
+			a.Processed--
+			a.Parked++
 		}
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/parking"
 )
 
 // Mode says which way a reset moves the watermark.
@@ -512,6 +513,15 @@ func (o *Operator) applyStep(ctx context.Context, tx pgx.Tx, group string, s *St
 		// A replay runs everything from the target again, including offsets a consumer with
 		// Config.Concurrency > 1 had applied above the old watermark.
 		if err := o.store.DeleteDone(ctx, tx, group, s.TP, -1); err != nil {
+			return err
+		}
+		// Parked messages (kafkatx.Config.Park) at or above the target are read again from
+		// Kafka by the replay: their rows go, or they would run twice. Those below it stay
+		// parked, and their keys' replayed messages park behind them (a key's order kept).
+		// A skip leaves parked messages alone (they were read; the skip moves past offsets
+		// never read), and so does an adoption (the old log's parked messages are kept whole
+		// in their rows and still run).
+		if _, err := parking.New(o.t.Schema).DeleteTx(ctx, tx, group, s.Topic, s.Partition, s.Target); err != nil {
 			return err
 		}
 	}

@@ -31,6 +31,7 @@ type testBundle struct {
 	tp      offsetstore.TP
 	op      *Operator
 	k       *Kafka
+	park    bool // run's consumer parks keys (kafkatx.Config.Park)
 }
 
 func setup(t *testing.T) *testBundle {
@@ -117,6 +118,7 @@ func (b *testBundle) run(what string, cond func() bool) {
 		Schema: b.schema,
 		Logger: zaptest.NewLogger(b.t, zaptest.Level(zap.ErrorLevel)),
 		Retry:  kafkatx.RetryPolicy{MaxAttempts: 1000, InitialBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond},
+		Park:   kafkatx.ParkConfig{Enabled: b.park},
 	})
 	if err != nil {
 		b.t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/parking"
 )
 
 // PartitionStatus is one partition's view of both sides. Offsets are Kafka offsets; the
@@ -42,6 +43,10 @@ type PartitionStatus struct {
 	// the lowest offset not yet done, and the consumer skips these after a restart. 0 with
 	// Concurrency 1.
 	DoneAbove int64 `json:"done_above"`
+	// Parked counts the partition's parked messages (kafkatx.Config.Park, table key_parking):
+	// below the watermark and accounted for, waiting for their key; ParkedKeys their keys.
+	Parked     int64 `json:"parked"`
+	ParkedKeys int64 `json:"parked_keys"`
 	// LastEvent is the newest offset audit row of the partition, if any.
 	LastEvent *offsetstore.Event `json:"last_event"`
 	// Pending lists operator commands recorded but not yet applied (an operator skip waiting
@@ -162,6 +167,14 @@ func (o *Operator) Status(ctx context.Context, group, topic string) ([]Partition
 				return nil, err
 			}
 			s.DoneAbove = int64(len(done))
+			counts, err := parking.New(o.t.Schema).Counts(ctx, o.pool, group, tp.Topic, tp.Partition)
+			if err != nil {
+				return nil, err
+			}
+			for _, n := range counts {
+				s.Parked += int64(n)
+				s.ParkedKeys++
+			}
 		}
 		if hasK {
 			s.Committed = ptr(k)

@@ -31,6 +31,16 @@ const (
 	// events of [From, To) its ledger held and Airflow had lost; the watermark does not move.
 	// The reason ends with the counts re-created.
 	KindAirflowRepair = "airflow_repair"
+	// KindParkedKeyReleased is an operator's `kafkatx parked-keys release`: the parked key's
+	// head at From (To = From+1) made due now; the watermark does not move. The reason starts
+	// with the key's hash ("key_hash <hex>: ").
+	KindParkedKeyReleased = "parked_key_released"
+	// KindParkedKeyDeadLettered is an operator's `kafkatx parked-keys dead-letter`: a parked
+	// key's head, or all its parked messages, written to the dead-letter table and their
+	// parked rows deleted in one transaction; [From, To) spans their offsets (below the
+	// watermark: accounted for as parked, then as dead letters). The reason starts with the
+	// key's hash and the offsets ("key_hash <hex>, offsets 3, 7: ").
+	KindParkedKeyDeadLettered = "parked_key_dead_lettered"
 )
 
 // Audit row statuses: pending for an operator command recorded but not yet applied, applied,
@@ -65,6 +75,8 @@ var Kinds = []KindInfo{
 	{Kind: KindUnexplainedMove, Attention: "the watermark was moved outside kafkatx"},
 	{Kind: KindWatermarkDeleted, Attention: "a watermark row was deleted outside kafkatx"},
 	{Kind: KindAirflowRepair},
+	{Kind: KindParkedKeyReleased},
+	{Kind: KindParkedKeyDeadLettered},
 }
 
 // StatusAttention says why an operator must not miss an audit row of status abandoned.

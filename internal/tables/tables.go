@@ -35,6 +35,8 @@ type Names struct {
 	AirflowPending string
 	// ShardDirectory maps each partition of a group to its shard (migration 016).
 	ShardDirectory string
+	// KeyParking holds a consumer group's parked keys' messages (internal/parking).
+	KeyParking string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
 	OutboxIdentifier pgx.Identifier
 }
@@ -63,6 +65,7 @@ func For(schema string) Names {
 		ShardDirectory:       q("shard_directory"),
 		AirflowLedger:        q("airflow_ledger"),
 		AirflowPending:       q("airflow_pending"),
+		KeyParking:           q("key_parking"),
 		OutboxIdentifier:     pgx.Identifier{schema, "outbox"},
 	}
 }

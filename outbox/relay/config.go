@@ -54,7 +54,9 @@ type Config struct {
 	// Kafka secrets are never logged. Defaults to zap.NewNop().
 	Logger *zap.Logger
 
-	// BatchSize is the most rows read, produced and marked per round. Defaults to 1000.
+	// BatchSize is the most records read, produced and marked per round: rows, or the
+	// records of packed rows (a pack is read whole, so a round may pass it by one pack's
+	// records, at most outbox.PackMaxRecords). Defaults to 1000.
 	BatchSize int
 
 	// PollInterval is how often an idle leader reads the outbox when no NOTIFY arrives (the

@@ -63,7 +63,7 @@ func newPromHook(reg prometheus.Registerer, schema string) (*promHook, error) {
 	l := prometheus.Labels{"schema": schema}
 	m := &promHook{
 		backlog: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kafkatx_outbox_backlog_rows", ConstLabels: l,
-			Help: "Outbox rows waiting to be published (parked rows and rows waiting behind them excluded)."}),
+			Help: "Outbox records waiting to be published: rows, a packed row counting its records (parked rows and rows waiting behind them excluded)."}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kafkatx_outbox_oldest_age_seconds", ConstLabels: l,
 			Help: "Age of the oldest outbox row waiting to be published, in seconds (0 when none)."}),
 		parkedNow: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kafkatx_outbox_parked_rows", ConstLabels: l,

@@ -7,7 +7,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/kafkatx/kafkatx/outbox/internal/pack"
+	"github.com/kafkatx/kafkatx/internal/outboxpack"
 	"github.com/kafkatx/kafkatx/pg"
 )
 
@@ -36,9 +36,9 @@ type packRead struct {
 // round's keys to be checked cost more than the rest of unpacking).
 func (r *Relay) unpack(ctx context.Context, out []row, packs []packRead, anyParked bool) ([]row, error) {
 	n := len(out) - len(packs)
-	recs := make([][]pack.Record, len(packs))
+	recs := make([][]outboxpack.Record, len(packs))
 	for i, pk := range packs {
-		rs, err := pack.Decode(pk.bytes)
+		rs, err := outboxpack.Decode(pk.bytes)
 		if err != nil {
 			return nil, fmt.Errorf("outbox row %d: %w", pk.row.id, err)
 		}

@@ -54,8 +54,8 @@ type ActionParams struct {
 // RedriveRateDefault is ActionParams.RatePerSecond's default, in items a second.
 const RedriveRateDefault = 50
 
-// maxRedriveRate bounds ActionParams.RatePerSecond.
-const maxRedriveRate = 1000
+// MaxRedriveRate bounds ActionParams.RatePerSecond (and `kafkatx parked-keys release --rate`).
+const MaxRedriveRate = 1000
 
 // rateOf is p's rate, defaulted.
 func (p ActionParams) rateOf() int {
@@ -106,8 +106,8 @@ func checkParams(p ActionParams, ids []int64) error {
 		return errors.New("nothing selected: give at least one id")
 	case len(ids) > maxActionItems:
 		return fmt.Errorf("%d items selected: at most %d in one action", len(ids), maxActionItems)
-	case p.RatePerSecond < 0 || p.RatePerSecond > maxRedriveRate:
-		return fmt.Errorf("rate_per_second %d: want 1 to %d (default %d)", p.RatePerSecond, maxRedriveRate, RedriveRateDefault)
+	case p.RatePerSecond < 0 || p.RatePerSecond > MaxRedriveRate:
+		return fmt.Errorf("rate_per_second %d: want 1 to %d (default %d)", p.RatePerSecond, MaxRedriveRate, RedriveRateDefault)
 	case !p.DryRun && time.Duration(len(ids)-1)*time.Second/time.Duration(p.rateOf()) > RequestTimeout-5*time.Second:
 		return fmt.Errorf("%d items at %d a second take %v, past the request's %v: raise rate_per_second or select fewer", len(ids), p.rateOf(),
 			time.Duration(len(ids)-1)*time.Second/time.Duration(p.rateOf()), RequestTimeout)

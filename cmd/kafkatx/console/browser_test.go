@@ -19,7 +19,9 @@ import (
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/kafkatx/kafkatx/internal/parking"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
@@ -257,6 +259,24 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("the released row is %s", st)
 	}
 
+	// A parked key (issue 45) with a long key and a long error: the read-only parked keys page
+	// fits the viewport like every page.
+	long := strings.Repeat("tenant-7-order-", 12)
+	ptx := mustBegin(t, f)
+	if err := parking.New(f.schema).ParkTx(context.Background(), ptx, parking.Message{Group: f.group, Topic: f.topic, Partition: 0, Offset: 1,
+		KeyHash: parking.KeyHash([]byte(long), 1), Key: []byte(long), Value: []byte("v"), Attempts: 2, ErrorClass: "handler",
+		LastError: strings.Repeat("the tenant's service answered 503 Service Unavailable; ", 6), NextTry: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ptx.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	do("parked keys page", chromedp.Navigate(srv.URL+"/parked-keys?group="+f.group), visible("#parked-keys"))
+	if p := text("#parked-keys tbody"); !strings.Contains(p, "503 Service Unavailable") {
+		t.Fatalf("parked keys: %q", p)
+	}
+	shot("parked-keys")
+
 	// The canary dead letter: its hex dump, headers (one key not UTF-8, shown as its bytes)
 	// and error, with the secret masked everywhere.
 	do("canary dead letter", chromedp.Navigate(fmt.Sprintf("%s/dead-letters/%d", srv.URL, canaryID)), visible("#dl-reason"))
@@ -326,6 +346,17 @@ func TestConsoleInABrowser(t *testing.T) {
 	if len(pageErrors) > 0 {
 		t.Fatalf("the pages raised errors: %s", strings.Join(pageErrors, "; "))
 	}
+}
+
+// mustBegin begins a transaction on f's pool (t.Cleanup rolls it back if it is left open).
+func mustBegin(t *testing.T, f *fixture) pgx.Tx {
+	t.Helper()
+	tx, err := f.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
 }
 
 // layoutJS measures the page for fits: the document's widths and, for every lag chart, its

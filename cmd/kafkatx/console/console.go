@@ -248,6 +248,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /dead-letters/action", h.deadLettersActionForm)
 	m.HandleFunc("GET /outbox", h.outboxPage)
 	m.HandleFunc("POST /outbox/action", h.outboxActionForm)
+	m.HandleFunc("GET /parked-keys", h.parkedKeysPage)
 
 	m.HandleFunc("GET /api/partitions", h.apiPartitions)
 	m.HandleFunc("GET /api/partitions/history", h.apiHistory)
@@ -261,6 +262,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /api/dead-letters/{action}", h.apiDeadLettersAction)
 	m.HandleFunc("GET /api/outbox", h.apiOutbox)
 	m.HandleFunc("POST /api/outbox/{id}/{action}", h.apiOutboxAction)
+	m.HandleFunc("GET /api/parked-keys", h.apiParkedKeys)
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "no such API call: see docs/console.md")
 	})

@@ -61,12 +61,19 @@ type PartitionRow struct {
 	// Error is set, with Topic and Partition empty, when the group could not be compared
 	// (for example a topic it has a watermark on was deleted).
 	Error string `json:"error,omitempty"`
+	// Parked is the partition's parked keys and messages (Config.Park); null when none.
+	Parked *ParkedTotals `json:"parked,omitempty"`
+	// BlockedByKey is set when the partition waits on a parked key (parked.go,
+	// blockedByKey): it needs attention.
+	BlockedByKey *BlockedByKey `json:"blocked_by_key,omitempty"`
+
+	status offsets.PartitionStatus // what the row was made from
 }
 
 func rowOf(s offsets.PartitionStatus) PartitionRow {
 	r := PartitionRow{Group: s.Group, Topic: s.Topic, Partition: s.Partition, Watermark: -1, Committed: -1,
 		LogStart: s.LogStart, LogEnd: s.LogEnd, Lag: s.Lag, Drift: s.Drift, State: string(s.State), Drifted: s.Drifted(),
-		ReplayEpoch: s.ReplayEpoch, LastEvent: s.LastEvent, Pending: s.Pending}
+		ReplayEpoch: s.ReplayEpoch, LastEvent: s.LastEvent, Pending: s.Pending, status: s}
 	if s.Watermark != nil {
 		r.Watermark = *s.Watermark
 	}
@@ -159,6 +166,7 @@ func (h *Handler) partitions(ctx context.Context, group string) ([]PartitionRow,
 		if len(out) == 0 {
 			return
 		}
+		h.addParked(ctx, groups, out)
 		att, err := h.attentionOf(ctx, groups)
 		if err != nil {
 			h.log.Warn("console: " + err.Error())
@@ -167,7 +175,8 @@ func (h *Handler) partitions(ctx context.Context, group string) ([]PartitionRow,
 		for i := range out {
 			r := &out[i]
 			r.Attention = att[tpKey{r.Group, r.Topic, r.Partition}]
-			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != "" || r.State == string(offsetstate.LogChanged) || r.State == string(offsetstate.DatabaseRolledBack)
+			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != "" || r.State == string(offsetstate.LogChanged) || r.State == string(offsetstate.DatabaseRolledBack) ||
+				r.BlockedByKey != nil
 		}
 	}()
 	for _, g := range groups {
@@ -260,6 +269,12 @@ func (h *Handler) partitionsPage(w http.ResponseWriter, r *http.Request) {
 		}
 		if row.NeedsAttention {
 			v.Attention++
+		}
+		if row.BlockedByKey != nil {
+			if byKind[blockedKind] == 0 {
+				v.Kinds = append(v.Kinds, kindCount{Kind: blockedKind})
+			}
+			byKind[blockedKind]++
 		}
 		for _, a := range row.Attention {
 			k := a.Kind

@@ -64,7 +64,7 @@ func runPipeline(ctx context.Context, s spec) error {
 	defer wm.close()
 	pending := func(ctx context.Context) (int64, error) {
 		var n int64
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox.Table(s.Schema)+` WHERE state IN ('pending', 'parked')`).Scan(&n)
+		err := pool.QueryRow(ctx, `SELECT coalesce(sum(pack_count), 0) FROM `+outbox.Table(s.Schema)+` WHERE state IN ('pending', 'parked', 'packed')`).Scan(&n)
 		return n, err
 	}
 

@@ -276,7 +276,7 @@ func (b *bench) scaleRun(ctx context.Context, bin, logs string, k int, events bo
 			x.PeakBack = max(x.PeakBack, applied-pub)
 			if applied >= x.Messages && pub >= x.Messages {
 				var pending int64
-				if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+outbox.Table(pg.DefaultSchema)+` WHERE state IN ('pending', 'parked')`).Scan(&pending); err != nil {
+				if err := pool.QueryRow(ctx, `SELECT coalesce(sum(pack_count), 0) FROM `+outbox.Table(pg.DefaultSchema)+` WHERE state IN ('pending', 'parked', 'packed')`).Scan(&pending); err != nil {
 					return x, err
 				}
 				if pending == 0 {

@@ -32,7 +32,9 @@ type Flags struct {
 	MetricsAddr                        string
 	Partitions, MaxAttempts, BatchSize int
 	// Concurrency is kafkatx.Config.Concurrency: units of one partition in flight at once.
-	Concurrency                  int
+	Concurrency int
+	// ParkKeys is kafkatx.Config.Park.Enabled: on by default in the examples (--park-keys).
+	ParkKeys                     bool
 	ExitWhenIdle, SessionTimeout time.Duration
 	// GroupProtocol is group.protocol: "classic" or "consumer" (KIP-848); empty leaves it to
 	// --kafka-config-file, else kafkatx's default (classic).
@@ -60,6 +62,7 @@ func (f *Flags) Register(fs *flag.FlagSet, def Flags, what string) {
 	fs.StringVar(&f.InstanceID, "instance-id", "", "group.instance.id for static membership (KIP-345): a restarted process with the same id gets its partitions back at once; a clean exit does not leave the group, the broker keeps the member until its session times out")
 	fs.IntVar(&f.BatchSize, "batch-size", def.BatchSize, "most "+what+"s of one partition per transaction")
 	fs.IntVar(&f.Concurrency, "concurrency", max(def.Concurrency, 1), "most units (transactions) of one partition in flight at once, never two of one record key: each key's "+what+"s are applied in offset order, other keys meanwhile (1: one at a time, in offset order)")
+	fs.BoolVar(&f.ParkKeys, "park-keys", true, "park a key in trouble (a "+what+" to be retried: an error with attempts left, or a dependency unavailable for it) in PostgreSQL, so the partition's other keys go on; its "+what+"s run later in offset order (--park-keys=false: a "+what+" in retry holds its lane, as the library does by default)")
 	fs.StringVar(&f.OnLogChange, "on-log-change", "halt", "when the log behind a watermark is another one (the topic deleted and created again, or the brokers are another cluster: its topic or cluster id differs from the recorded one): halt (exit non-zero naming both ids, nothing applied; adopt it with: kafkatx offsets reset --mode adopt), adopt-earliest (process the new log from its start) or adopt-latest (from its end), audited as log_adopted")
 	fs.StringVar(&f.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (processed, dead letters, drift and lag per partition, outbox backlog) on HOST:PORT/metrics, /healthz (200 while the process runs) and /readyz (200 once joined to the group with an assignment, possibly empty, Kafka and the database reachable, no fatal error; else 503 with a JSON reason); off when empty")
 }
@@ -210,6 +213,7 @@ func (f *Flags) ConsumerConfig(log *zap.Logger, reg prometheus.Registerer) *kafk
 		Retry:       kafkatx.RetryPolicy{MaxAttempts: f.MaxAttempts},
 		Batch:       kafkatx.BatchConfig{Size: f.BatchSize},
 		Concurrency: f.Concurrency,
+		Park:        kafkatx.ParkConfig{Enabled: f.ParkKeys},
 	}
 }
 

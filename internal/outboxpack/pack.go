@@ -1,12 +1,12 @@
-// Package pack encodes and decodes the records of a packed outbox row (the pack column of
+// Package outboxpack encodes and decodes the records of a packed outbox row (the pack column of
 // <schema>.outbox, migration 015; docs/outbox-table.md#packed-rows): the writer (package
-// outbox) encodes, the table relay (outbox/relay) decodes.
+// outbox) encodes, the table relay (outbox/relay) and the test kit (kafkatxtest) decode.
 //
 // Format, version 1: the byte 0x01, the record count (uvarint), then each record in write
 // order: its outbox_id (16 bytes), its topic (uvarint length, bytes), its key and its value
 // (uvarint length+1, bytes; 0 is NULL), its partition (uvarint partition+1; 0 is none), its
 // header count (uvarint) and each header's key and value (uvarint length, bytes).
-package pack
+package outboxpack
 
 import (
 	"encoding/binary"
@@ -108,7 +108,11 @@ func Decode(p []byte) ([]Record, error) {
 	for i := range out {
 		r := &out[i]
 		copy(r.OutboxID[:], d.take(16))
-		r.Topic = string(d.take(int(d.uvarint())))
+		if t := d.take(int(d.uvarint())); i > 0 && string(t) == out[i-1].Topic {
+			r.Topic = out[i-1].Topic // a pack's records mostly share a topic: one string
+		} else {
+			r.Topic = string(t)
+		}
 		r.Key = d.nullable()
 		r.Value = d.nullable()
 		if pt := d.uvarint(); pt > 0 {

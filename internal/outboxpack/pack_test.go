@@ -1,4 +1,4 @@
-package pack
+package outboxpack
 
 import (
 	"bytes"
