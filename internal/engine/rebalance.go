@@ -185,7 +185,7 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 		}
 		var parked map[string]int
 		if l.set.ParkKeys {
-			if parked, err = l.parkStore.Counts(ctx, l.pool, l.group, tp.Topic, tp.Partition); err != nil {
+			if parked, err = l.parkStore.Counts(ctx, l.poolOf(tp), l.group, tp.Topic, tp.Partition); err != nil {
 				return nil, err
 			}
 		}
