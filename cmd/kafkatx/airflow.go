@@ -26,40 +26,36 @@ type AirflowCmd struct {
 	Repair AirflowRepairCmd `cmd:"" help:"Re-create in Airflow what the ledger holds and Airflow lost, under the same run id or kafkatx_id, exactly once; audited."`
 }
 
-// AirflowFlags are the flags airflow status and repair share: the group, Airflow and its
-// credentials (as dagtrigger's), and the ledger rows to compare.
-type AirflowFlags struct {
-	Group        string `required:"" help:"Consumer group id."`
-	AirflowURL   string `name:"airflow-url" required:"" help:"Base URL of the Airflow API server, http://host:8080."`
+// AirflowAccess are the flags that reach Airflow: its URL and one way to authenticate (as
+// dagtrigger's). airflow status and repair need them; offsets reset and the console take them
+// optionally.
+type AirflowAccess struct {
+	AirflowURL   string `name:"airflow-url" help:"Base URL of the Airflow API server, http://host:8080."`
 	TokenFile    string `name:"airflow-token-file" help:"File holding a bearer token for Airflow, re-read per request."`
 	Username     string `name:"airflow-username" help:"Airflow user whose password (--airflow-password-file) is exchanged for a token at POST /auth/token."`
 	PasswordFile string `name:"airflow-password-file" help:"File holding --airflow-username's password."`
-	Topic        string `help:"Only this topic."`
-	Partition    *int32 `help:"Only this partition."`
-	From         *int64 `name:"from" help:"Only offsets at or above this one." placeholder:"OFFSET"`
-	To           *int64 `name:"to" help:"Only offsets below this one (half-open: [--from, --to))." placeholder:"OFFSET"`
 }
 
-// validate checks what kong cannot.
-func (f *AirflowFlags) validate() error {
+// given reports whether an Airflow URL was given.
+func (a *AirflowAccess) given() bool { return a.AirflowURL != "" }
+
+// validate checks the access flags (none given is valid: see given), without quoting the URL
+// or a file's content.
+func (a *AirflowAccess) validate() error {
 	switch {
-	case f.Partition != nil && *f.Partition < 0:
-		return fmt.Errorf("--partition %d: partitions are numbered from 0", *f.Partition)
-	case f.From != nil && *f.From < 0:
-		return fmt.Errorf("--from %d: offsets are 0 or more", *f.From)
-	case f.To != nil && *f.To < 0:
-		return fmt.Errorf("--to %d: offsets are 0 or more", *f.To)
-	case f.From != nil && f.To != nil && *f.To <= *f.From:
-		return fmt.Errorf("--from %d --to %d: an empty range ([from, to) is half-open)", *f.From, *f.To)
-	case (f.Username == "") != (f.PasswordFile == ""):
+	case !a.given() && (a.TokenFile != "" || a.Username != "" || a.PasswordFile != ""):
+		return errors.New("--airflow-token-file, --airflow-username and --airflow-password-file need --airflow-url")
+	case !a.given():
+		return nil
+	case (a.Username == "") != (a.PasswordFile == ""):
 		return errors.New("--airflow-username and --airflow-password-file go together")
-	case f.Username != "" && f.TokenFile != "":
+	case a.Username != "" && a.TokenFile != "":
 		return errors.New("--airflow-token-file excludes --airflow-username and --airflow-password-file: pass one way to authenticate")
 	}
-	if err := checkAirflowURL(f.AirflowURL); err != nil {
+	if err := checkAirflowURL(a.AirflowURL); err != nil {
 		return err
 	}
-	for name, path := range map[string]string{"airflow-token-file": f.TokenFile, "airflow-password-file": f.PasswordFile} {
+	for name, path := range map[string]string{"airflow-token-file": a.TokenFile, "airflow-password-file": a.PasswordFile} {
 		if path == "" {
 			continue
 		}
@@ -72,6 +68,40 @@ func (f *AirflowFlags) validate() error {
 	return nil
 }
 
+// client returns the Airflow client of the flags.
+func (a *AirflowAccess) client(g *Globals) (*airflow.Client, error) {
+	return airflow.New(airflow.Config{BaseURL: a.AirflowURL, TokenFile: a.TokenFile, Username: a.Username, PasswordFile: a.PasswordFile,
+		Logger: g.logger(), MaxAttempts: 4, RequestTimeout: 30 * time.Second})
+}
+
+// AirflowFlags are the flags airflow status and repair share: the group, Airflow and its
+// credentials (--airflow-url required), and the ledger rows to compare.
+type AirflowFlags struct {
+	Group         string `required:"" help:"Consumer group id."`
+	AirflowAccess `embed:""`
+	Topic         string `help:"Only this topic."`
+	Partition     *int32 `help:"Only this partition."`
+	From          *int64 `name:"from" help:"Only offsets at or above this one." placeholder:"OFFSET"`
+	To            *int64 `name:"to" help:"Only offsets below this one (half-open: [--from, --to))." placeholder:"OFFSET"`
+}
+
+// validate checks what kong cannot.
+func (f *AirflowFlags) validate() error {
+	switch {
+	case f.AirflowURL == "":
+		return errors.New("--airflow-url is required")
+	case f.Partition != nil && *f.Partition < 0:
+		return fmt.Errorf("--partition %d: partitions are numbered from 0", *f.Partition)
+	case f.From != nil && *f.From < 0:
+		return fmt.Errorf("--from %d: offsets are 0 or more", *f.From)
+	case f.To != nil && *f.To < 0:
+		return fmt.Errorf("--to %d: offsets are 0 or more", *f.To)
+	case f.From != nil && f.To != nil && *f.To <= *f.From:
+		return fmt.Errorf("--from %d --to %d: an empty range ([from, to) is half-open)", *f.From, *f.To)
+	}
+	return f.AirflowAccess.validate()
+}
+
 // checkAirflowURL refuses an --airflow-url that is not an http(s) URL with a host, without
 // quoting it (a URL may carry credentials).
 func checkAirflowURL(s string) error {
@@ -79,12 +109,6 @@ func checkAirflowURL(s string) error {
 		return fmt.Errorf("--airflow-url: %s", strings.TrimPrefix(err.Error(), "airflow: "))
 	}
 	return nil
-}
-
-// client returns the Airflow client of the flags.
-func (f *AirflowFlags) client(g *Globals) (*airflow.Client, error) {
-	return airflow.New(airflow.Config{BaseURL: f.AirflowURL, TokenFile: f.TokenFile, Username: f.Username, PasswordFile: f.PasswordFile,
-		Logger: g.logger(), MaxAttempts: 4, RequestTimeout: 30 * time.Second})
 }
 
 // filter is the ledger filter of the flags.
@@ -125,6 +149,7 @@ type airflowDrift struct {
 	LedgerID int64   `json:"ledger_id"`
 
 	entry airflow.LedgerEntry
+	note  string // a failed run's note
 }
 
 // airflowReport is the comparison of a ledger with Airflow.
@@ -133,6 +158,8 @@ type airflowReport struct {
 	Runs    int
 	Assets  int
 	Drift   []airflowDrift
+	// Cleared counts the failed runs an operator's skip cleared (see clearedBySkip): not drift.
+	Cleared int
 }
 
 func (r *airflowReport) count(kind string) int {
@@ -242,6 +269,9 @@ func compareAirflow(ctx context.Context, c *airflow.Client, entries []airflow.Le
 			case r.State == "failed":
 				d := drift(driftFailed, e)
 				d.State = r.State
+				if r.Note != nil {
+					d.note = *r.Note
+				}
 				rep.Drift = append(rep.Drift, d)
 			case r.State == "queued":
 				since := r.QueuedAt
@@ -391,7 +421,14 @@ func airflowCompare(ctx context.Context, g *Globals, f *AirflowFlags, queuedFor 
 	if err != nil {
 		return nil, err
 	}
-	return compareAirflow(ctx, c, entries, queuedFor, time.Now())
+	rep, err := compareAirflow(ctx, c, entries, queuedFor, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if err := clearedBySkip(ctx, pool, g.Schema, f.Group, rep); err != nil {
+		return nil, err
+	}
+	return rep, nil
 }
 
 // printAirflowStatus prints rep as text or JSON lines and returns exit 3 on drift.
@@ -428,7 +465,11 @@ func printAirflowStatus(w io.Writer, group, output string, rep *airflowReport) e
 			fmt.Fprintf(w, "DRIFT for group %s: %d missing, %d queued, %d failed of %d ledger entries (%d runs, %d asset events); `kafkatx airflow repair` re-creates the missing ones\n",
 				termText(group), rep.count(driftMissing), rep.count(driftQueued), rep.count(driftFailed), rep.Entries, rep.Runs, rep.Assets)
 		} else {
-			fmt.Fprintf(w, "aligned: %d ledger entries of group %s (%d runs, %d asset events) match Airflow\n", rep.Entries, termText(group), rep.Runs, rep.Assets)
+			cleared := ""
+			if rep.Cleared > 0 {
+				cleared = fmt.Sprintf("; %d runs marked failed by an operator's skip (airflow_clear)", rep.Cleared)
+			}
+			fmt.Fprintf(w, "aligned: %d ledger entries of group %s (%d runs, %d asset events) match Airflow%s\n", rep.Entries, termText(group), rep.Runs, rep.Assets, cleared)
 		}
 	}
 	if len(rep.Drift) > 0 {

@@ -7,12 +7,16 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/cmd/kafkatx/console"
+	"github.com/kafkatx/kafkatx/idempotency/airflow"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 )
 
 // ConsoleCmd serves the operator console (package console) over HTTP.
@@ -21,6 +25,70 @@ type ConsoleCmd struct {
 	TokenFile string `name:"token-file" required:"" type:"path" help:"File holding the token every page and API call needs (trimmed; at least 16 bytes; re-read when it changes)."`
 	ReadOnly  bool   `name:"read-only" help:"Refuse every action (403): a console to look, not to touch."`
 	BasePath  string `name:"base-path" help:"Path prefix when a reverse proxy serves the console under one, such as /kafkatx (links and the session cookie use it)."`
+	// Airflow: with --airflow-url the offsets page shows the group's Airflow drift.
+	AirflowAccess    `embed:""`
+	AirflowQueuedFor time.Duration `name:"airflow-queued-for" default:"10m" help:"With --airflow-url: a run queued longer than this counts as queued drift (as kafkatx airflow status --queued-for)."`
+}
+
+// Validate checks what kong cannot.
+func (c *ConsoleCmd) Validate() error {
+	if c.AirflowQueuedFor <= 0 {
+		return fmt.Errorf("--airflow-queued-for %v: want a positive duration", c.AirflowQueuedFor)
+	}
+	return c.AirflowAccess.validate()
+}
+
+// airflowDrift returns the console's Config.AirflowDrift: the group's ledger compared with
+// Airflow as kafkatx airflow status does (the runs an operator's skip cleared counted apart),
+// or nil without --airflow-url.
+func (c *ConsoleCmd) airflowDrift(g *Globals, pool *pgxpool.Pool) (func(context.Context, string) (console.AirflowDrift, error), error) {
+	if !c.AirflowAccess.given() {
+		return nil, nil
+	}
+	client, err := c.AirflowAccess.client(g)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, group string) (console.AirflowDrift, error) {
+		entries, err := airflow.ReadLedger(ctx, pool, g.Schema, airflow.LedgerFilter{Group: group})
+		if pgerr.IsCode(err, "42P01") || err == nil && len(entries) == 0 {
+			return console.AirflowDrift{NoLedger: true}, nil
+		}
+		if err != nil {
+			return console.AirflowDrift{}, err
+		}
+		rep, err := compareAirflow(ctx, client, entries, c.AirflowQueuedFor, time.Now())
+		if err != nil {
+			return console.AirflowDrift{}, err
+		}
+		if err := clearedBySkip(ctx, pool, g.Schema, group, rep); err != nil {
+			return console.AirflowDrift{}, err
+		}
+		return console.AirflowDrift{Entries: rep.Entries, Missing: rep.count(driftMissing), Queued: rep.count(driftQueued),
+			Failed: rep.count(driftFailed), Cleared: rep.Cleared}, nil
+	}, nil
+}
+
+// secrets are the Airflow credentials the console must never render: the password
+// and token files' contents (as read at start) and a password in --airflow-url.
+func (a *AirflowAccess) secrets() []string {
+	var out []string
+	for _, path := range []string{a.TokenFile, a.PasswordFile} {
+		if path == "" {
+			continue
+		}
+		if b, err := os.ReadFile(path); err == nil {
+			if s := strings.TrimSpace(string(b)); s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	if u, err := url.Parse(a.AirflowURL); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			out = append(out, pw)
+		}
+	}
+	return out
 }
 
 // Help is the long help of console.
@@ -30,7 +98,9 @@ func (ConsoleCmd) Help() string {
 dead letters (filters, failure fingerprints, replay or discard after a dry run) and the outbox
 (backlog, parked rows, the relay's leader, replication slots). Every page and API call needs
 the token (Authorization: Bearer <token>, or a session opened on /signin); every action is
-audited with the operator's name and a reason. The whole API is in docs/console.md.`
+audited with the operator's name and a reason. With --airflow-url (and its credentials, as
+kafkatx airflow status) a group's offsets page also shows its Airflow drift. The whole API is
+in docs/console.md.`
 }
 
 func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
@@ -54,8 +124,13 @@ func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
 			secrets = append(secrets, pw)
 		}
 	}
+	secrets = append(secrets, c.AirflowAccess.secrets()...)
+	drift, err := c.airflowDrift(g, pool)
+	if err != nil {
+		return err
+	}
 	h, err := console.New(console.Config{Pool: pool, Schema: g.Schema, Kafka: kcfg, TokenFile: c.TokenFile, ReadOnly: c.ReadOnly,
-		BasePath: c.BasePath, Logger: log, Secrets: secrets})
+		BasePath: c.BasePath, Logger: log, Secrets: secrets, AirflowDrift: drift})
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"slices"
 	"strings"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
@@ -22,6 +24,10 @@ type OffsetsResetCmd struct {
 	Mode       string `help:"skip (move forward; the range is recorded as operator_skip and never processed), replay (move back; the range runs again under a new replay epoch) or adopt (the topic was recreated or the cluster is another one: move onto the new log, audited as log_adopted with both ids)." placeholder:"skip|replay|adopt"`
 	Reason     string `required:"" help:"Why, for the audit trail."`
 	Execute    bool   `help:"Apply the plan. Without it the command only prints the plan (a dry run)."`
+	// Airflow: what a skip touches there (docs/offsets.md, Airflow in lockstep).
+	AirflowAccess `embed:""`
+	ClearAirflow  bool  `name:"clear-airflow" help:"With --mode skip, --airflow-url and --execute: mark failed (with a note) each run of the Airflow ledger's rows in the skipped range and the --airflow-before offsets below it that is still queued, and delete the asset queue rows their asset events are in; audited as airflow_clear."`
+	AirflowBefore int64 `name:"airflow-before" default:"100" help:"How many offsets below a skipped range's start the Airflow ledger is read for runs and asset events still queued in Airflow (the skip's neighbourhood)." placeholder:"N"`
 }
 
 // Help is the long help of offsets reset.
@@ -43,6 +49,14 @@ and changes nothing; --execute applies it.
   --to-database   Kafka's committed offset is set to the watermark (audit kind align).
 
 It refuses while the group has active members: stop every consumer of the group first.
+
+A skip on a group that hands events to Airflow (its Airflow ledger has rows) also names the
+ledger rows of the skipped range and of the --airflow-before offsets below it (default 100).
+With --airflow-url and its credentials it reads their runs' states and the asset queue rows
+they are in; --clear-airflow --execute then, after the skip, marks each run still queued
+failed with a note naming the skip (failed, not deleted: its run id stays taken, so no replay
+or airflow repair re-creates it) and deletes those asset queue rows, audited per partition as
+airflow_clear. Run the same command again to finish a clear an Airflow failure interrupted.
 
 Exit status: 0 done (or a dry run with nothing in the way), 2 a usage error (an empty
 --reason among them), 5 the group has active members, 1 on an error (for example a skip below
@@ -75,7 +89,15 @@ func (c *OffsetsResetCmd) Validate() error {
 	if _, err := offsets.TargetFrom(c.ToOffset, c.ToTime, c.ToEarliest, c.ToLatest); err != nil {
 		return fmt.Errorf("--to-time: %w", err)
 	}
-	return nil
+	switch {
+	case c.AirflowBefore < 0:
+		return fmt.Errorf("--airflow-before %d: want 0 or more offsets", c.AirflowBefore)
+	case c.ClearAirflow && c.Mode != string(offsets.ModeSkip):
+		return errors.New("--clear-airflow goes with --mode skip")
+	case c.ClearAirflow && !c.AirflowAccess.given():
+		return errors.New("--clear-airflow needs --airflow-url and its credentials (--airflow-username and --airflow-password-file, or --airflow-token-file)")
+	}
+	return c.AirflowAccess.validate()
 }
 
 func (c *OffsetsResetCmd) request() offsets.ResetRequest {
@@ -98,16 +120,28 @@ func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	offsetsPrintPlan(plan)
-	if len(plan.Group.Members) > 0 {
+	var ns []*skipNeighbourhood
+	if c.Mode == string(offsets.ModeSkip) {
+		if ns, err = c.airflowNeighbourhoods(ctx, g, plan); err != nil {
+			return err
+		}
+		c.printNeighbourhoods(os.Stdout, ns)
+	}
+	if n := len(plan.Group.Members); n > 0 {
+		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", termText(c.Group), termText(plan.Group.State), n)
 		return &exitError{code: offsetsExitActive, err: &offsets.ActiveGroupError{Group: c.Group, State: plan.Group.State, Members: plan.Group.Members}}
 	}
-	if !plan.Changes() {
+	clear := c.ClearAirflow && slices.ContainsFunc(ns, (*skipNeighbourhood).clearable)
+	if !plan.Changes() && !clear {
 		fmt.Println("nothing to do")
 		return nil
 	}
 	if !c.Execute {
 		fmt.Println("dry run: nothing changed; run again with --execute to apply")
 		return nil
+	}
+	if !plan.Changes() { // a clear run again after an interrupted one
+		return c.clearNeighbourhoods(ctx, g, ns, os.Stdout)
 	}
 	err = op.ExecuteReset(ctx, plan)
 	var active *offsets.ActiveGroupError
@@ -125,6 +159,18 @@ func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	if err != nil {
 		return err
+	}
+	if clear {
+		for _, n := range ns {
+			for _, s := range plan.Steps {
+				if s.TP == n.tp {
+					n.auditID = s.AuditID
+				}
+			}
+		}
+		if err := c.clearNeighbourhoods(ctx, g, ns, os.Stdout); err != nil {
+			return err
+		}
 	}
 	fmt.Println("done: `kafkatx offsets status` should report aligned")
 	return nil
@@ -154,8 +200,5 @@ func offsetsPrintPlan(p *offsets.Plan) {
 		default:
 			fmt.Printf("  %s: no change: %s\n", s.TP, termText(s.Note))
 		}
-	}
-	if n := len(p.Group.Members); n > 0 {
-		fmt.Printf("REFUSED: group %s is %s with %d active member(s); stop every consumer of the group first\n", termText(r.Group), termText(p.Group.State), n)
 	}
 }

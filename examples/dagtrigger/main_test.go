@@ -165,7 +165,7 @@ func newEnv(t *testing.T, airflowURL string) *env {
 // command runs dagtrigger on the DAG process_customer, or on an asset when extra holds --asset.
 func (e *env) command(extra ...string) *exec.Cmd {
 	target := []string{"--dag-id", "process_customer"}
-	if slices.Contains(extra, "--asset") {
+	if slices.Contains(extra, "--asset") || slices.Contains(extra, "--dag-id") {
 		target = nil
 	}
 	args := append(append([]string{"--brokers", e.brokers, "--database-url", e.dbURL, "--topic", e.topic, "--group", e.group,

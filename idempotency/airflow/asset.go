@@ -285,7 +285,7 @@ func (c *Client) postAssetEvent(ctx context.Context, endpoint *url.URL, body []b
 			}
 			return AssetEventInfo{}, backoff.Permanent(err)
 		}
-		status, head, hdr, err := c.roundTrip(ctx, http.MethodPost, endpoint.String(), body, token, 1<<20)
+		status, head, hdr, err := c.roundTrip(ctx, http.MethodPost, endpoint.String(), body, token, 1<<20, false)
 		if err != nil {
 			if ctx.Err() != nil {
 				return AssetEventInfo{}, backoff.Permanent(context.Cause(ctx))

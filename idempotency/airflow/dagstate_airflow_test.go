@@ -49,7 +49,7 @@ func TestRealAirflowPausedDAG(t *testing.T) {
 		if body != "" {
 			b = []byte(body)
 		}
-		status, out, _, err := post.roundTrip(ctx, method, post.base.JoinPath(strings.Split(path, "/")...).String(), b, token, 64<<10)
+		status, out, _, err := post.roundTrip(ctx, method, post.base.JoinPath(strings.Split(path, "/")...).String(), b, token, 64<<10, false)
 		if err != nil {
 			t.Fatalf("%s %s: %v", method, path, err)
 		}

@@ -32,6 +32,12 @@ func timeParam(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.
 // answer: a 404 is returned as (404, nil) when notFoundOK, else as a *StatusError. Errors
 // that are Airflow's rather than the request's are *UnavailableError (see TriggerDAGRun).
 func (c *Client) get(ctx context.Context, u *url.URL, out any, notFoundOK bool) (int, error) {
+	return c.idempotent(ctx, http.MethodGet, u, nil, out, notFoundOK)
+}
+
+// idempotent sends method (GET, or a PATCH or DELETE whose repetition changes nothing more)
+// with body (JSON, or nil) to u as get does.
+func (c *Client) idempotent(ctx context.Context, method string, u *url.URL, body []byte, out any, notFoundOK bool) (int, error) {
 	bo := &backoff.ExponentialBackOff{InitialInterval: c.cfg.InitialBackoff, RandomizationFactor: 0.2, Multiplier: 2, MaxInterval: c.cfg.MaxBackoff}
 	endpoint := "/" + strings.TrimLeft(u.Path, "/")
 	status, err := backoff.Retry(ctx, func() (int, error) {
@@ -43,7 +49,7 @@ func (c *Client) get(ctx context.Context, u *url.URL, out any, notFoundOK bool) 
 				}
 				return 0, backoff.Permanent(err)
 			}
-			status, body, hdr, err := c.roundTrip(ctx, http.MethodGet, u.String(), nil, token, maxListBody)
+			status, answer, hdr, err := c.roundTrip(ctx, method, u.String(), body, token, maxListBody, method == http.MethodGet)
 			if err != nil {
 				if ctx.Err() != nil {
 					return 0, backoff.Permanent(context.Cause(ctx))
@@ -53,15 +59,15 @@ func (c *Client) get(ctx context.Context, u *url.URL, out any, notFoundOK bool) 
 			switch {
 			case status >= 200 && status < 300:
 				if out != nil {
-					if err := json.Unmarshal(body, out); err != nil {
-						return status, backoff.Permanent(fmt.Errorf("airflow: GET %s: undecodable answer: %w", endpoint, err))
+					if err := json.Unmarshal(answer, out); err != nil {
+						return status, backoff.Permanent(fmt.Errorf("airflow: %s %s: undecodable answer: %w", method, endpoint, err))
 					}
 				}
 				return status, nil
 			case status == http.StatusNotFound && notFoundOK:
 				return status, nil
 			}
-			se := &StatusError{StatusCode: status, Detail: strings.ToValidUTF8(string(body[:min(len(body), 512)]), "?"), Endpoint: "GET " + endpoint}
+			se := &StatusError{StatusCode: status, Detail: strings.ToValidUTF8(string(answer[:min(len(answer), 512)]), "?"), Endpoint: method + " " + endpoint}
 			if se.Auth() && !renewed && c.renewable() {
 				continue
 			}
@@ -78,7 +84,7 @@ func (c *Client) get(ctx context.Context, u *url.URL, out any, notFoundOK bool) 
 		backoff.WithMaxTries(uint(c.cfg.MaxAttempts)),
 		backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, d time.Duration) {
-			c.log.Warn("Airflow read failed; retrying", zap.String("endpoint", endpoint), zap.Duration("backoff", d), zap.Error(err))
+			c.log.Warn("Airflow request failed; retrying", zap.String("method", method), zap.String("endpoint", endpoint), zap.Duration("backoff", d), zap.Error(err))
 		}))
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Cause(ctx)) {
@@ -121,6 +127,7 @@ type DAGRunInfo struct {
 	QueuedAt *time.Time      `json:"queued_at"`
 	RunAfter *time.Time      `json:"run_after"`
 	Conf     json.RawMessage `json:"conf"`
+	Note     *string         `json:"note"` // the run's note (MarkRunFailed writes one)
 }
 
 // DAGRuns pages through dagID's runs, newest first (order_by=-run_after, PageSize a page),

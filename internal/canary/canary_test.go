@@ -30,6 +30,8 @@ const (
 	saslCanary  = "CANARYsasl72x"
 	tokenCanary = "CANARYtok73x"
 	authCanary  = "CANARYauth74x"
+	// afPWCanary is an Airflow password (--airflow-password-file).
+	afPWCanary = "CANARYafpw75x"
 )
 
 // forms are the ways a canary could show: as is, base64 (standard, URL, unpadded, and of a
@@ -47,7 +49,7 @@ func forms(c string) []string {
 // leaks reports every canary form found in text.
 func leaks(text string) []string {
 	var found []string
-	for _, c := range []string{dbCanary, saslCanary, tokenCanary, authCanary} {
+	for _, c := range []string{dbCanary, saslCanary, tokenCanary, authCanary, afPWCanary} {
 		for _, f := range forms(c) {
 			if strings.Contains(text, f) {
 				found = append(found, f)
@@ -157,6 +159,20 @@ func get(addr, path string) string {
 // through httpmw (examples/dagservice) — and finds no canary, nor its base64 or URL-encoded
 // form, in stdout, stderr, /metrics, /readyz, dead-letter rows, outbox rows (the .dlq
 // headers) or stored responses.
+// getAuth is get with a bearer token.
+func getAuth(addr, path, token string) string {
+	req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Accept", "text/html")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
 func TestNoCanaryInAnyOutput(t *testing.T) {
 	dsn := testenv.Database(t)
 	brokers := testenv.Brokers(t)
@@ -260,11 +276,60 @@ func TestNoCanaryInAnyOutput(t *testing.T) {
 			time.Sleep(8 * time.Second)
 			served = get(addr, "/metrics") + get(addr, "/readyz")
 		}()
+		dg := testenv.Group(t)
 		out.add("dagtrigger, Airflow 401 and 500", run(t, debug, 12*time.Second, bin("examples/dagtrigger"), "--database-url", dsn, "--brokers", brokers,
-			"--topic", at, "--group", testenv.Group(t), "--airflow-url", srv.URL, "--airflow-token-file", tokenFile, "--dag-id", "d",
+			"--topic", at, "--group", dg, "--airflow-url", srv.URL, "--airflow-token-file", tokenFile, "--dag-id", "d",
 			"--max-attempts", "1", "--airflow-wait-max", "1s", "--metrics-addr", addr))
 		<-stop
 		out.add("dagtrigger /metrics and /readyz", served)
+
+		// The kafkatx command's Airflow flags, with a token file and with a password file:
+		// airflow status, a skip's dry run with --clear-airflow (a ledger row below the
+		// watermark makes it read Airflow), and the console's Airflow drift (page and API).
+		pwFile := filepath.Join(dir, "airflow-password")
+		consoleTok := filepath.Join(dir, "console-token")
+		for file, text := range map[string]string{pwFile: afPWCanary + "\n", consoleTok: "console-token-0123456789abcdef\n"} {
+			if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		lp, err := pgxpool.New(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lp.Close()
+		if _, err := lp.Exec(context.Background(), `INSERT INTO kafkatx.airflow_ledger (group_id, topic, partition, "offset", idempotency_key, target, dag_id, run_id, outcome)
+			VALUES ($1, $2, 0, 0, 'canary', 'dag_run', 'd', 'kafkatx__canary', 'created')`, dg, at); err != nil {
+			t.Fatal(err)
+		}
+		for name, auth := range map[string][]string{"token file": {"--airflow-token-file", tokenFile}, "password file": {"--airflow-username", "u", "--airflow-password-file", pwFile}} {
+			base := []string{"--log-level", "debug", "--database-url", dsn, "--brokers", brokers}
+			af := append([]string{"--airflow-url", srv.URL}, auth...)
+			out.add("kafkatx airflow status, Airflow 401 and 500, "+name, run(t, nil, time.Minute, bin("cmd/kafkatx"),
+				append(append(append([]string{}, base...), "airflow", "status", "--group", dg), af...)...))
+			out.add("kafkatx offsets reset --clear-airflow, Airflow 401 and 500, "+name, run(t, nil, time.Minute, bin("cmd/kafkatx"),
+				append(append(append([]string{}, base...), "offsets", "reset", "--group", dg, "--topic", at, "--to-offset", "1", "--mode", "skip", "--reason", "canary", "--clear-airflow"), af...)...))
+			caddr := testenv.FreeAddr(t)
+			var pages string
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for try := 0; try < 100; try++ {
+					if p := getAuth(caddr, "/offsets?group="+dg, "console-token-0123456789abcdef"); p != "" {
+						pages = p + getAuth(caddr, "/api/airflow/drift?group="+dg, "console-token-0123456789abcdef")
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}()
+			out.add("kafkatx console --airflow-url, Airflow 401 and 500, "+name, run(t, nil, 15*time.Second, bin("cmd/kafkatx"),
+				append(append(append([]string{}, base...), "console", "--addr", caddr, "--token-file", consoleTok), af...)...))
+			<-done
+			if !strings.Contains(pages, "airflow-drift") {
+				t.Errorf("console with Airflow access, %s: no Airflow drift section in the offsets page:\n%s", name, pages)
+			}
+			out.add("kafkatx console pages, Airflow 401 and 500, "+name, pages)
+		}
 	})
 
 	t.Run("httpmw", func(t *testing.T) {

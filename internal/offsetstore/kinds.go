@@ -41,6 +41,11 @@ const (
 	// watermark: accounted for as parked, then as dead letters). The reason starts with the
 	// key's hash and the offsets ("key_hash <hex>, offsets 3, 7: ").
 	KindParkedKeyDeadLettered = "parked_key_dead_lettered"
+	// KindAirflowClear is `kafkatx offsets reset --mode skip --clear-airflow` clearing in
+	// Airflow what the skip's neighbourhood still had queued there: [From, To) covers the
+	// offsets of the runs marked failed and of the asset events whose queue rows were deleted;
+	// the reason names the operator_skip row and what was cleared.
+	KindAirflowClear = "airflow_clear"
 )
 
 // Audit row statuses: pending for an operator command recorded but not yet applied, applied,
@@ -77,6 +82,7 @@ var Kinds = []KindInfo{
 	{Kind: KindAirflowRepair},
 	{Kind: KindParkedKeyReleased},
 	{Kind: KindParkedKeyDeadLettered},
+	{Kind: KindAirflowClear},
 }
 
 // StatusAttention says why an operator must not miss an audit row of status abandoned.

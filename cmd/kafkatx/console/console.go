@@ -80,6 +80,11 @@ type Config struct {
 	// Actor names the console process in audit rows, after the operator's name and address.
 	// Defaults to the OS user at the host name (as the kafkatx command records).
 	Actor string
+	// AirflowDrift, when set, compares a group's Airflow ledger with Airflow (`kafkatx
+	// console --airflow-url` sets it to what `kafkatx airflow status` does); the offsets page
+	// and GET /api/airflow/drift show the counts, each group's kept for AirflowDriftTTL. nil:
+	// no Airflow section. Credentials it uses belong in Secrets.
+	AirflowDrift func(ctx context.Context, group string) (AirflowDrift, error)
 }
 
 // Handler is the console. It is safe for concurrent use; Close releases its Kafka client.
@@ -95,6 +100,7 @@ type Handler struct {
 	stop      chan struct{} // ends the sampling loop
 	stopped   chan struct{}
 	closeOnce sync.Once
+	airflow   airflowCache
 }
 
 // New checks cfg, reads the token file and connects the Kafka admin client.
@@ -261,6 +267,7 @@ func (h *Handler) routes() {
 	m.HandleFunc("POST /api/dead-letters/{id}/{action}", h.apiDeadLetterAction)
 	m.HandleFunc("POST /api/dead-letters/{action}", h.apiDeadLettersAction)
 	m.HandleFunc("GET /api/outbox", h.apiOutbox)
+	m.HandleFunc("GET /api/airflow/drift", h.apiAirflowDrift)
 	m.HandleFunc("POST /api/outbox/{id}/{action}", h.apiOutboxAction)
 	m.HandleFunc("GET /api/parked-keys", h.apiParkedKeys)
 	m.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {

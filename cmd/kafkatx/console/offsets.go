@@ -187,6 +187,8 @@ type offsetsView struct {
 	Topics []string
 	Reset  *ResetResult
 	Form   ResetForm
+	// Airflow is the group's Airflow drift (nil: the console has no Airflow access).
+	Airflow *AirflowDrift
 }
 
 // ResetForm is what the reset form held, to show it again with the plan.
@@ -237,6 +239,7 @@ func (h *Handler) renderOffsets(w http.ResponseWriter, r *http.Request, g, topic
 		v.Events[i], v.Events[j] = v.Events[j], v.Events[i]
 	}
 	h.addCharts(r.Context(), g, v.Rows, 420, 110, true)
+	v.Airflow = h.airflowDrift(r.Context(), g)
 	p.Data = v
 	h.render(w, r, http.StatusOK, "offsets", p)
 }
