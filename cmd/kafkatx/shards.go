@@ -212,7 +212,7 @@ func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	what := "assigned"
+	what := "assigned to"
 	if !changed {
 		what = "already on"
 	}
