@@ -38,15 +38,16 @@ func poolsOf(s *shards.Set) []*pgxpool.Pool {
 
 // placer reads the shard directory for the engine at each assignment (engine.Placer).
 type placer struct {
-	set *shards.Set
-	dir *shards.Directory
+	set   *shards.Set
+	dir   *shards.Directory
+	store *offsetstore.Store
 }
 
 func placerOf(s *shards.Set, schema string) engine.Placer {
 	if s == nil {
 		return nil
 	}
-	return &placer{set: s, dir: shards.NewDirectory(s.Directory, schema)}
+	return &placer{set: s, dir: shards.NewDirectory(s.Directory, schema), store: offsetstore.New(schema)}
 }
 
 // Place maps each partition to its directory row's shard; a partition without a row is
@@ -68,6 +69,11 @@ func (p *placer) Place(ctx context.Context, group string, tps []offsetstore.TP) 
 			if !ok {
 				return nil, fmt.Errorf("the shard directory has no row for partition %d of %s after placing it", part, topic)
 			}
+			if e.State == shards.StateMoving {
+				if e, err = p.moving(ctx, e); err != nil {
+					return nil, err
+				}
+			}
 			pool := p.set.Pool(e.Shard)
 			if pool == nil {
 				return nil, fmt.Errorf("the shard directory maps partition %d of %s (group %s) to shard %q, which this service was not given (it has %v)",
@@ -77,4 +83,24 @@ func (p *placer) Place(ctx context.Context, group string, tps []offsetstore.TP) 
 		}
 	}
 	return out, nil
+}
+
+// moving resolves a row a move left "moving" (in progress, or its mover stopped): the
+// partition is where its watermark row is — on the shard it leaves until the move deletes it
+// there, then on the target — so a consumer never starts a partition over on a shard its state
+// already left.
+func (p *placer) moving(ctx context.Context, e shards.Entry) (shards.Entry, error) {
+	from := p.set.Pool(e.Shard)
+	if from == nil {
+		return e, nil // named in the error below
+	}
+	tp := offsetstore.TP{Topic: e.Topic, Partition: e.Partition}
+	ws, err := p.store.Watermarks(ctx, from, e.Group, []offsetstore.TP{tp})
+	if err != nil {
+		return e, fmt.Errorf("shard %s: %w", e.Shard, err)
+	}
+	if _, ok := ws[tp]; !ok && p.set.Pool(e.MovingTo) != nil {
+		e.Shard = e.MovingTo
+	}
+	return e, nil
 }

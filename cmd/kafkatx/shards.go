@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -91,6 +92,7 @@ func (g *Globals) shardSet(ctx context.Context, dir *pgxpool.Pool) (set *shards.
 type ShardsCmd struct {
 	Status ShardsStatusCmd `cmd:"" help:"Print the shard directory: each partition's shard, epoch and state (moves in progress), and each shard's watermarks."`
 	Assign ShardsAssignCmd `cmd:"" help:"Map a partition that has no shard yet to a shard (a partition never assigned goes to the first --shard at its first assignment)."`
+	Move   ShardsMoveCmd   `cmd:"" help:"Move a partition's kafkatx state to another shard while consumers run: fenced, resumable, audited as shard_move."`
 }
 
 // Help is the long help of shards.
@@ -217,5 +219,61 @@ func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
 		what = "already on"
 	}
 	fmt.Printf("partition %d of %s (group %s) %s shard %s (epoch %d)\n", e.Partition, termText(e.Topic), termText(e.Group), what, termText(e.Shard), e.Epoch)
+	return nil
+}
+
+// ShardsMoveCmd moves a partition to another shard.
+type ShardsMoveCmd struct {
+	Group     string `required:"" help:"Consumer group id."`
+	Topic     string `required:"" help:"Topic."`
+	Partition int32  `required:"" help:"Partition (>= 0)."`
+	To        string `required:"" help:"The target shard (a --shard NAME)."`
+	Reason    string `required:"" help:"Why (written to the shard_move audit rows on both shards)."`
+}
+
+// Help is the long help of shards move.
+func (ShardsMoveCmd) Help() string {
+	return `Moves the partition's kafkatx state (watermark, attempts, done offsets, parked keys, dead
+letters) to the target shard while consumers run (shards.Move): the directory row goes
+"moving" with a higher epoch; on the old shard the watermark row is locked (the batch in
+flight commits first), the state copied to the target with a shard_move audit row, then
+deleted on the old shard in the transaction holding the lock, which fences the old owner's
+next batch; the consumer re-reads the directory and continues on the target. A crash or an
+error leaves the row "moving" and the old shard authoritative: run the same command again to
+resume. Outbox rows already written stay on the old shard and its relay publishes them;
+idempotency keys stay where they were claimed. Your own tables' rows of the partition are
+not moved by this command: call shards.Move with a Hook from your code for that (docs).`
+}
+
+func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.needShards(); err != nil {
+		return err
+	}
+	if c.Partition < 0 {
+		return fmt.Errorf("--partition %d: want >= 0", c.Partition)
+	}
+	if strings.TrimSpace(c.Reason) == "" {
+		return errors.New("--reason is empty: say why (it is audited)")
+	}
+	dir, err := g.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	set, closeAll, err := g.shardSet(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	if set.Pool(c.To) == nil {
+		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
+	}
+	start := time.Now()
+	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("partition %d of %s (group %s) on shard %s (epoch %d, %s) in %s\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch,
+		e.State, time.Since(start).Round(time.Millisecond))
 	return nil
 }

@@ -274,12 +274,19 @@ type resyncRequest struct {
 	p    *worker
 	at   int64
 	done chan struct{}
+	// replace: the partition's state left the worker's shard (a shard move): the poll loop
+	// places it again and starts a new worker there (Loop.replace); the old one has returned.
+	replace bool
 }
 
 // resync drops everything kept in memory for a fenced partition and seeks it to the
 // watermark the worker re-read from the database.
 func (l *Loop) resync(r resyncRequest) {
 	defer close(r.done)
+	if r.replace {
+		l.replace(r.p)
+		return
+	}
 	p := r.p
 	f := l.parts[p.tp]
 	if f == nil || f.w != p {

@@ -246,13 +246,17 @@ func (p *worker) refence() bool {
 	if p.parked != nil {
 		gen, _ = p.parked.snapshot()
 	}
+	moved := false
 	err := p.waits.untilDone(p.watermark.Load(), func() error {
 		ws, err := p.store.Watermarks(ctx, p.pool, p.group, []offsetstore.TP{p.tp})
 		if err != nil {
 			return err
 		}
 		var ok bool
-		if w, ok = ws[p.tp]; !ok {
+		if w, ok = ws[p.tp]; !ok && p.set.Placer != nil {
+			moved = true // a shard move took the partition's state to another shard (shards.go)
+			return nil
+		} else if !ok {
 			return fmt.Errorf("watermark of %s deleted", p.tp)
 		}
 		if atts, err = p.store.Attempts(ctx, p.pool, p.group, p.tp, w.Next); err != nil {
@@ -265,6 +269,10 @@ func (p *worker) refence() bool {
 		return err
 	})
 	if err != nil {
+		return false
+	}
+	if moved {
+		p.replace()
 		return false
 	}
 	if p.logID != "" && w.TopicID != "" && w.TopicID != p.logID {

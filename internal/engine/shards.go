@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"go.uber.org/zap"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -107,3 +111,57 @@ func (l *Loop) beginOn(pool *pgxpool.Pool) func(context.Context) (pgx.Tx, error)
 		return pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: l.set.BeginSQL})
 	}
 }
+
+// replace asks the poll loop to place the worker's partition again (Loop.replace): its
+// watermark row is gone from its shard because a shard move took the partition's state
+// elsewhere. The worker returns after asking; its in-flight transaction was fenced.
+func (p *worker) replace() {
+	p.log.Warn("the partition's watermark left its shard (a shard move): re-reading the shard directory and continuing on the partition's new shard")
+	select {
+	case p.resyncs <- resyncRequest{p: p, done: make(chan struct{}), replace: true}:
+	case <-p.stopCh:
+	}
+}
+
+// replace runs on the poll loop's goroutine: it drops what the poll loop holds for p's
+// partition, reconciles the partition again (the directory read anew, the watermark read on
+// its new shard, a new worker started) and seeks the client there. A directory or shard that
+// does not answer is retried for replaceWithin, then the consumer stops with the error.
+func (l *Loop) replace(p *worker) {
+	f := l.parts[p.tp]
+	if f == nil || f.w != p {
+		return
+	}
+	for _, m := range f.pending {
+		p.bytes.Add(-messageBytes(m))
+	}
+	f.pending = nil
+	f.pendingLen.Store(0)
+	p.requestStop(true) // its lanes are fenced too: their state is gone from this shard
+	deadline := time.Now().Add(replaceWithin)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), replaceWithin)
+		starts, err := l.reconcile(ctx, []kafka.TopicPartition{p.ktp()})
+		cancel()
+		if err == nil {
+			if _, err := l.kc.SeekPartitions(starts); err != nil {
+				l.log.Warn("seek after a shard move", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Error(err))
+			}
+			if f.paused {
+				_ = l.kc.Resume([]kafka.TopicPartition{p.ktp()})
+			}
+			l.log.Info("partition continues on its new shard", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition),
+				zap.String("shard", l.shardOf(p.tp).name), zap.Strings("start", tpOffsets(starts)))
+			return
+		}
+		if time.Now().After(deadline) {
+			l.fail(fmt.Errorf("partition %s: place it after a shard move: %w", p.tp, err))
+			return
+		}
+		l.log.Warn("place the partition after a shard move; retrying", zap.String("topic", p.tp.Topic), zap.Int32("partition", p.tp.Partition), zap.Error(err))
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// replaceWithin bounds Loop.replace's retries.
+const replaceWithin = 30 * time.Second

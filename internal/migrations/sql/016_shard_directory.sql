@@ -23,3 +23,35 @@ CREATE TABLE IF NOT EXISTS {{schema}}.shard_directory (
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (group_id, topic, partition)
 );
+
+-- A shard move (kafkatx shards move) deletes the partition's watermark row on the shard it
+-- leaves, in the transaction that writes its shard_move audit row and sets the
+-- transaction-local kafkatx.audit_id: that deletion is explained, not 'watermark_deleted'.
+-- The function is 004's with that one test added to its DELETE branch.
+CREATE OR REPLACE FUNCTION {{schema}}.log_unexplained_watermark_move() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    who text := session_user || '@' || coalesce(host(inet_client_addr()), 'local')
+        || coalesce(' (' || nullif(current_setting('application_name', true), '') || ')', '');
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF coalesce(current_setting('kafkatx.audit_id', true), '') <> '' THEN
+            RETURN OLD; -- a shard move (its own shard_move row explains the deletion)
+        END IF;
+        INSERT INTO {{schema}}.offset_audit (group_id, topic, partition, kind, from_offset, to_offset, reason, actor)
+        VALUES (OLD.group_id, OLD.topic, OLD.partition, 'watermark_deleted', OLD.first_offset, OLD.next_offset,
+                'watermark row deleted outside kafkatx', who);
+        RETURN OLD;
+    END IF;
+    IF coalesce(current_setting('kafkatx.audit_id', true), '') <> '' THEN
+        RETURN NEW; -- an audited operator command (its own offset_audit row explains the move)
+    END IF;
+    INSERT INTO {{schema}}.offset_audit (group_id, topic, partition, kind, from_offset, to_offset, reason, actor)
+    VALUES (NEW.group_id, NEW.topic, NEW.partition, 'unexplained_move', OLD.next_offset, NEW.next_offset,
+            CASE WHEN NEW.next_offset > OLD.next_offset
+                 THEN 'watermark moved forward outside kafkatx: offsets skipped with no record'
+                 ELSE 'watermark moved back outside kafkatx: offsets will be processed again' END,
+            who);
+    RETURN NEW;
+END
+$$;
