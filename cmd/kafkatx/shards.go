@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/cmd/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/shards"
@@ -276,4 +277,77 @@ func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
 	fmt.Printf("partition %d of %s (group %s) on shard %s (epoch %d, %s) in %s\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch,
 		e.State, time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// shardOperator is the offsets operator of one shard ("" when the command runs unsharded).
+type shardOperator struct {
+	shard string
+	op    *offsets.Operator
+}
+
+// offsetsOperators is offsetsOperator for every shard given with --shard (each its own
+// operator over one shared Kafka client), or the one database's without --shard.
+func (g *Globals) offsetsOperators(ctx context.Context, withKafka bool) ([]shardOperator, func(), error) {
+	op, closeOp, err := g.offsetsOperator(ctx, withKafka)
+	if err != nil || len(g.Shard) == 0 {
+		return []shardOperator{{op: op}}, closeOp, err
+	}
+	set, closeShards, err := g.shardSet(ctx, op.Pool())
+	if err != nil {
+		closeOp()
+		return nil, nil, err
+	}
+	closeAll := func() { closeShards(); closeOp() }
+	var out []shardOperator
+	for _, sh := range set.Shards {
+		if err := offsetsCheckSchema(ctx, sh.Pool, g.Schema); err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("shard %s: %w", sh.Name, err)
+		}
+		out = append(out, shardOperator{shard: sh.Name, op: op.On(sh.Pool)})
+	}
+	return out, closeAll, nil
+}
+
+// shardErr prefixes err with its shard's name (none unsharded).
+func shardErr(shard string, err error) error {
+	if shard == "" || err == nil {
+		return err
+	}
+	return fmt.Errorf("shard %s: %w", shard, err)
+}
+
+// shardStatus is offsets status over every shard: each partition as read on the shard that
+// holds its watermark (Shard set), or, held nowhere yet, as the first shard reads it.
+func shardStatus(ctx context.Context, ops []shardOperator, group, topic string) ([]offsets.PartitionStatus, error) {
+	var out []offsets.PartitionStatus
+	at := map[offsetstore.TP]int{}
+	for _, so := range ops {
+		sts, err := so.op.Status(ctx, group, topic)
+		if err != nil {
+			return nil, shardErr(so.shard, err)
+		}
+		for _, s := range sts {
+			tp := offsetstore.TP{Topic: s.Topic, Partition: s.Partition}
+			if s.Watermark != nil {
+				s.Shard = so.shard
+			}
+			i, seen := at[tp]
+			switch {
+			case !seen:
+				at[tp] = len(out)
+				out = append(out, s)
+			case s.Watermark != nil && out[i].Watermark == nil:
+				out[i] = s
+			}
+		}
+	}
+	return out, nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
