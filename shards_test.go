@@ -128,3 +128,108 @@ func TestShardsValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestShardsMoveUnderLoad moves a partition to the other shard while one consumer runs and
+// messages keep arriving: the old owner is fenced by the move and, with no restart, goes on
+// on the new shard from the moved watermark; every message is applied once, none on both
+// shards (the hook moved the partition's effects), the directory names the target with a
+// higher epoch, both shards hold a shard_move audit row and no deletion is left unexplained.
+func TestShardsMoveUnderLoad(t *testing.T) {
+	b := setup(t, 2)
+	s1, s2 := shardPool(t, b.schema), shardPool(t, b.schema)
+	ctx := context.Background()
+	set := &shards.Set{Directory: b.pool, Shards: []shards.Shard{{Name: "s1", Pool: s1}, {Name: "s2", Pool: s2}}}
+	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
+	h := Handler(func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) })
+	cfg := b.config(t)
+	cfg.Shards = set
+	cfg.Batch.Size = 20
+	r := b.start(t, h, cfg)
+	count := func(pool *pgxpool.Pool, where string) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE `+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	const rounds, per = 20, 50
+	produced := make(chan struct{})
+	moved := make(chan struct{})
+	go func() {
+		defer close(produced)
+		for i := 0; i < rounds; i++ {
+			if i == rounds/2 {
+				<-moved
+			}
+			produce(t, b.brokers, b.topic, values(per, 1, func(j int) string { return fmt.Sprintf("p1-%d-%d", i, j) }))
+			produce(t, b.brokers, b.topic, values(per, 0, func(j int) string { return fmt.Sprintf("p0-%d-%d", i, j) }))
+		}
+	}()
+	r.waitFor(t, 60*time.Second, "partition 1 under way on s1", func() bool { return count(s1, "partition = 1") >= 2*per })
+	hook := func(ctx context.Context, from, to pgx.Tx, group, topic string, partition int32) error {
+		if _, err := to.Exec(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2`, topic, partition); err != nil {
+			return err
+		}
+		rows, err := from.Query(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2 RETURNING topic, partition, "offset", value, applied`, topic, partition)
+		if err != nil {
+			return err
+		}
+		var data [][]any
+		for rows.Next() {
+			vs, err := rows.Values()
+			if err != nil {
+				return err
+			}
+			data = append(data, vs)
+		}
+		if rows.Close(); rows.Err() != nil {
+			return rows.Err()
+		}
+		_, err = to.CopyFrom(ctx, pgx.Identifier{b.schema, "effects"}, []string{"topic", "partition", "offset", "value", "applied"}, pgx.CopyFromRows(data))
+		return err
+	}
+	e, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 1, To: "s2", Reason: "test: move under load", Hook: hook})
+	close(moved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Shard != "s2" || e.State != shards.StateActive || e.Epoch != 2 {
+		t.Fatalf("after the move: %+v; want active on s2 at epoch 2", e)
+	}
+	<-produced
+	r.waitFor(t, 90*time.Second, "every message applied", func() bool {
+		return count(s1, "true")+count(s2, "true") >= 2*rounds*per
+	})
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n1, n2 := count(s1, "true"), count(s2, "true"); n1+n2 != 2*rounds*per {
+		t.Errorf("%d effects on s1 and %d on s2; want %d in all", n1, n2, 2*rounds*per)
+	}
+	for name, pool := range map[string]*pgxpool.Pool{"s1": s1, "s2": s2} {
+		if n := count(pool, "applied > 1"); n != 0 {
+			t.Errorf("%s: %d messages applied twice", name, n)
+		}
+	}
+	if n := count(s1, "partition = 1"); n != 0 {
+		t.Errorf("s1 still holds %d effects of the moved partition", n)
+	}
+	if n := count(s2, "partition = 0"); n != 0 {
+		t.Errorf("s2 holds %d effects of partition 0, which did not move", n)
+	}
+	audit := pgx.Identifier{b.schema, "offset_audit"}.Sanitize()
+	for name, pool := range map[string]*pgxpool.Pool{"s1": s1, "s2": s2} {
+		var moves, deleted int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE kind = 'shard_move'), count(*) FILTER (WHERE kind IN ('watermark_deleted', 'unexplained_move'))
+			FROM `+audit+` WHERE group_id = $1`, b.group).Scan(&moves, &deleted); err != nil {
+			t.Fatal(err)
+		}
+		if moves != 1 || deleted != 0 {
+			t.Errorf("%s: %d shard_move rows and %d unexplained ones; want 1 and 0", name, moves, deleted)
+		}
+	}
+	var w1 int64
+	if err := s2.QueryRow(ctx, `SELECT next_offset FROM `+pgx.Identifier{b.schema, "watermarks"}.Sanitize()+` WHERE group_id = $1 AND partition = 1`, b.group).Scan(&w1); err != nil || w1 != rounds*per {
+		t.Errorf("partition 1's watermark on s2: %d (%v); want %d", w1, err, rounds*per)
+	}
+}
