@@ -116,8 +116,15 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 	if source == nil {
 		return e, fmt.Errorf("shards: partition %d of %s is on shard %q, which was not given (%v)", o.Partition, o.Topic, e.Shard, set.Names())
 	}
-	// 2 and 3.
-	if err := copyState(ctx, source, target, t, e, o); err != nil {
+	// 2 and 3. A deadlock with the owner's batch (the hook's rows) or another conflict is
+	// tried again: the old shard stays authoritative meanwhile.
+	for try := 1; ; try++ {
+		err = copyState(ctx, source, target, t, e, o)
+		if err == nil || !pg.LostRace(err) || try == moveTries {
+			break
+		}
+	}
+	if err != nil {
 		return e, fmt.Errorf("shards: move partition %d of %s from %s to %s (epoch %d; the row stays moving and %s authoritative: run the move again to resume): %w",
 			o.Partition, o.Topic, e.Shard, o.To, e.Epoch, e.Shard, err)
 	}
@@ -130,6 +137,9 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 	}
 	return e, nil
 }
+
+// moveTries bounds Move's tries of its copy after a conflict (deadlock, serialization).
+const moveTries = 5
 
 // copyState is Move's steps 2 and 3: the partition's state copied to target and deleted on
 // source, the watermark row on source locked throughout. A source without a watermark row
