@@ -33,13 +33,12 @@ type MoveOptions struct {
 	Hook         MoveHook
 }
 
-// stateTables are kafkatx's tables whose rows belong to one partition (group_id, topic,
-// partition) and move with it, the watermark last written and first deleted. Outbox rows are
-// not moved: the shard they were written on publishes them (its relay), under their ids
-// derived from the input message. Idempotency keys are keyed by business key, not partition,
-// and stay where they were claimed; the offset audit's history stays on the shard that wrote
-// it (offsets audit reads every shard).
-var stateTables = []string{"attempts", "done_offsets", "key_parking", "dead_letters", "watermarks"}
+// The partition's state that moves: tables.Names.PartitionState (watermark, attempts, done
+// offsets, parked keys, dead letters). Outbox rows are not moved: the shard they were written
+// on publishes them (its relay), under their ids derived from the input message. Idempotency
+// keys are keyed by business key, not partition, and stay where they were claimed; the offset
+// audit's history stays on the shard that wrote it (offsets audit reads every shard); Airflow
+// ledger rows stay too (a first cut: airflow status does not read shards yet).
 
 // Move moves partition o.Partition of o.Topic, read by o.Group, to shard o.To while consumers
 // run, and returns its directory row afterwards (state active on o.To, a higher epoch):
@@ -166,8 +165,8 @@ func copyState(ctx context.Context, source, target *pgxpool.Pool, t tables.Names
 	defer ttx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 	store := offsetstore.New(t.Schema)
 	reason := fmt.Sprintf("partition moved from shard %s to shard %s at watermark %d (directory epoch %d): %s", e.Shard, o.To, w, e.Epoch, o.Reason)
-	for _, name := range stateTables {
-		if err := copyTable(ctx, ftx, ttx, pgx.Identifier{t.Schema, name}, o); err != nil {
+	for _, tb := range t.PartitionState() {
+		if err := copyTable(ctx, ftx, ttx, tb, o); err != nil {
 			return err
 		}
 	}
@@ -189,8 +188,8 @@ func copyState(ctx context.Context, source, target *pgxpool.Pool, t tables.Names
 	if _, err := ftx.Exec(ctx, `SELECT set_config('kafkatx.audit_id', $1, true)`, strconv.FormatInt(id, 10)); err != nil {
 		return err
 	}
-	for _, name := range stateTables {
-		if _, err := ftx.Exec(ctx, `DELETE FROM `+pgx.Identifier{t.Schema, name}.Sanitize()+` WHERE group_id = $1 AND topic = $2 AND partition = $3`, o.Group, o.Topic, o.Partition); err != nil {
+	for _, tb := range t.PartitionState() {
+		if _, err := ftx.Exec(ctx, `DELETE FROM `+tb.Quoted+` WHERE group_id = $1 AND topic = $2 AND partition = $3`, o.Group, o.Topic, o.Partition); err != nil {
 			return err
 		}
 	}
@@ -205,8 +204,8 @@ func copyState(ctx context.Context, source, target *pgxpool.Pool, t tables.Names
 
 // copyTable replaces the partition's rows of table on to by its rows on from: every column but
 // a serial id (a dead letter gets a new id on the target).
-func copyTable(ctx context.Context, from, to pgx.Tx, name pgx.Identifier, o MoveOptions) error {
-	table := name.Sanitize()
+func copyTable(ctx context.Context, from, to pgx.Tx, tb tables.Table, o MoveOptions) error {
+	table := tb.Quoted
 	if _, err := to.Exec(ctx, `DELETE FROM `+table+` WHERE group_id = $1 AND topic = $2 AND partition = $3`, o.Group, o.Topic, o.Partition); err != nil {
 		return fmt.Errorf("clear an earlier copy in %s: %w", table, err)
 	}
@@ -243,7 +242,7 @@ func copyTable(ctx context.Context, from, to pgx.Tx, name pgx.Identifier, o Move
 	if len(data) == 0 {
 		return nil
 	}
-	if _, err := to.CopyFrom(ctx, name, cols, pgx.CopyFromRows(data)); err != nil {
+	if _, err := to.CopyFrom(ctx, tb.Identifier, cols, pgx.CopyFromRows(data)); err != nil {
 		return fmt.Errorf("write %s: %w", table, err)
 	}
 	return nil
