@@ -99,7 +99,7 @@ test-main:
 # other): `make test` runs them in a go test of their own beside test-main, so that they overlap
 # the same package's CDC tests (Kafka Connect; a stand-in Airflow) instead of following them.
 AIRFLOW_TESTS ?= ^TestRealAirflow
-AIRFLOW_TESTS_PKGS ?= ./examples/dagtrigger/
+AIRFLOW_TESTS_PKGS ?= ./examples/dagtrigger/ ./cmd/kafkatx/ ./idempotency/airflow/
 
 ## test-airflow: $(AIRFLOW_TESTS) against the real Airflow (scripts/dev-services up airflow)
 test-airflow: services-up

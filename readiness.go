@@ -60,7 +60,10 @@ type Readiness struct {
 	// written, and the reason names the SQLSTATE.
 	Waiting []WaitingPartition `json:"waiting,omitempty"`
 	// Breaker is set while the breaker is open (Config.Breaker): messages of several
-	// partitions fail alike, and the failing partitions pause and probe. Not ready meanwhile.
+	// partitions fail alike, and the failing partitions pause and probe. Not ready meanwhile,
+	// except when what failed alike is a dependency's Unavailable answers (Dependency: with
+	// Config.Park, several keys answered Unavailable with no success between, so no key
+	// parks): ready then, as for any partition waiting on a dependency.
 	Breaker *BreakerReadiness `json:"breaker,omitempty"`
 	// Stuck lists the partitions whose handler call has run past its bound (Config.Transaction's
 	// statement_timeout plus idle_in_transaction_session_timeout, 70 s by default): the
@@ -177,6 +180,8 @@ type BreakerReadiness struct {
 	Example    string    `json:"example"`
 	Messages   int       `json:"messages"`
 	Partitions []string  `json:"partitions"`
+	// Dependency: the failures are a dependency's Unavailable answers (the consumer stays ready).
+	Dependency bool `json:"dependency,omitempty"`
 }
 
 // WaitingPartition is a partition waiting for an unavailable dependency: the message at
@@ -257,11 +262,13 @@ func (c *Consumer) Readiness(ctx context.Context) Readiness {
 			f.Since.UTC().Format(time.RFC3339), n, f.Error))
 	}
 	if b := snap.Breaker; b != nil {
-		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages}
+		r.Breaker = &BreakerReadiness{Since: b.Since, Signature: b.Signature, SQLState: b.SQLState, Example: b.Example, Messages: b.Messages, Dependency: b.Dependency}
 		for _, tp := range b.Held {
 			r.Breaker.Partitions = append(r.Breaker.Partitions, tp.String())
 		}
 		sort.Strings(r.Breaker.Partitions)
+	}
+	if b := snap.Breaker; b != nil && !b.Dependency {
 		r.Reasons = append(r.Reasons, fmt.Sprintf("breaker open since %s: %d messages of the consumer failed alike (%s); the failing partitions pause and probe, spending no attempts (Config.Breaker)",
 			b.Since.UTC().Format(time.RFC3339), b.Messages, b.Signature))
 	}

@@ -57,6 +57,10 @@ type BreakerState struct {
 	Example   string // one failure's text, sanitized, at most 512 bytes
 	Messages  int
 	Held      []offsetstore.TP
+	// Dependency: the failures are a dependency's Unavailable answers, counted alike so that
+	// parking tells a far side down for everyone from one key's trouble (park.go); the
+	// consumer stays ready meanwhile, as for any partition waiting on a dependency.
+	Dependency bool
 }
 
 func newBreaker(threshold int, probe, maxOpen time.Duration, log *zap.Logger, emit func(bool, BreakerState)) *Breaker {
@@ -131,7 +135,7 @@ func (b *Breaker) failed(pos Position, err error, count bool) bool {
 		return false
 	}
 	b.open = &BreakerState{Since: time.Now(), Signature: sig, SQLState: state, Example: pg.SanitizeText(err.Error(), 512),
-		Messages: len(ms), Held: []offsetstore.TP{pos.TP}}
+		Messages: len(ms), Held: []offsetstore.TP{pos.TP}, Dependency: err == errUnavailableAlike}
 	b.log.Error("breaker open: messages of several partitions fail alike; the failing partitions pause and probe, spending no attempts and dead-lettering nothing until a transaction succeeds",
 		zap.String("signature", sig), zap.Int("messages", len(ms)), zap.String("example", b.open.Example),
 		zap.Duration("probe", b.probe), zap.Duration("bound", b.maxOpen))

@@ -422,7 +422,7 @@ func (u *lane) verdict(t *Tried, msgs []*kafka.Message) error {
 		}
 		// Counted only when the failing message is the first of its transaction: later in a
 		// batch, the messages before it have not committed, and may (a pill among them).
-		if u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, errUnavailableAlike, t.Failed == 0) {
+		if u.p.breaker.failed(Position{TP: u.p.tp, Offset: int64(at.TopicPartition.Offset)}, t.Cause, t.Failed == 0) {
 			return &errHeld{cause: t.Cause}
 		}
 	}
