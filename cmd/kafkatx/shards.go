@@ -106,7 +106,7 @@ with the same flags creates it there and migrates every shard.`
 
 func (g *Globals) needShards() error {
 	if len(g.Shard) == 0 {
-		return errors.New("no shards: pass --shard NAME=URL for each shard (the flags the service runs with)")
+		return &exitError{code: exitUsage, err: errors.New("no shards: pass --shard NAME=URL for each shard, the flags the service runs with (see kafkatx shards --help)")}
 	}
 	return nil
 }
@@ -191,12 +191,17 @@ type ShardsAssignCmd struct {
 	To        string `required:"" help:"The shard (a --shard NAME)."`
 }
 
+// Validate refuses a negative --partition (kong calls it after parsing).
+func (c *ShardsAssignCmd) Validate() error {
+	if c.Partition < 0 {
+		return fmt.Errorf("--partition %d: want >= 0", c.Partition)
+	}
+	return nil
+}
+
 func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
 	if err := g.needShards(); err != nil {
 		return err
-	}
-	if c.Partition < 0 {
-		return fmt.Errorf("--partition %d: want >= 0", c.Partition)
 	}
 	dir, err := g.pool(ctx)
 	if err != nil {
@@ -246,15 +251,20 @@ idempotency keys stay where they were claimed. Your own tables' rows of the part
 not moved by this command: call shards.Move with a Hook from your code for that (docs).`
 }
 
-func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
-	if err := g.needShards(); err != nil {
-		return err
-	}
+// Validate refuses a negative --partition and an empty --reason (kong calls it after parsing).
+func (c *ShardsMoveCmd) Validate() error {
 	if c.Partition < 0 {
 		return fmt.Errorf("--partition %d: want >= 0", c.Partition)
 	}
 	if strings.TrimSpace(c.Reason) == "" {
 		return errors.New("--reason is empty: say why (it is audited)")
+	}
+	return nil
+}
+
+func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.needShards(); err != nil {
+		return err
 	}
 	dir, err := g.pool(ctx)
 	if err != nil {
