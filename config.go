@@ -16,6 +16,7 @@ import (
 	"github.com/kafkatx/kafkatx/internal/engine"
 	"github.com/kafkatx/kafkatx/limit"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/shards"
 )
 
 // AheadPolicy says what the consumer does when Kafka's committed offset K is ahead of the
@@ -124,6 +125,14 @@ type Config struct {
 	// and returns a *MigrationsMissingError naming the missing versions otherwise. Defaults
 	// to false: Run migrates.
 	SkipMigrations bool
+
+	// Shards, when set, keeps each partition's state on, and runs its handler's transactions
+	// on, the shard the directory maps it to (package shards; docs/deployment.md, "When to
+	// shard, and how"): the pool given to NewConsumer is then only the directory's database's
+	// home pool, and Shards.Directory is read at every assignment. Run migrates (or, with
+	// SkipMigrations, checks) Schema on the directory and on every shard. Nil (the default):
+	// one database, as before.
+	Shards *shards.Set
 
 	// Logger receives the consumer's logs, named "kafkatx.consumer". Message values are
 	// never logged. Defaults to zap.NewNop().
@@ -434,6 +443,11 @@ func (c *Config) validate() error {
 	if err := c.validateBounds(); err != nil {
 		return err
 	}
+	if c.Shards != nil {
+		if err := c.Shards.Validate(); err != nil {
+			return fmt.Errorf("kafkatx: Config.Shards: %w", err)
+		}
+	}
 	for _, k := range []string{"bootstrap.servers", "group.id"} {
 		if v, ok := c.Kafka[k]; !ok || fmt.Sprint(v) == "" {
 			return fmt.Errorf("kafkatx: Config.Kafka needs %q", k)
@@ -688,7 +702,7 @@ func (c *Config) settings() (*engine.Settings, error) {
 	return &engine.Settings{
 		Group: fmt.Sprint(km["group.id"]), Topics: d.Topics, Kafka: km, RouteLogs: !logsSet,
 		StartAtEnd: startAt == "latest" || startAt == "largest" || startAt == "end", ConsumerProtocol: proto == "consumer",
-		Schema: d.Schema, Logger: d.Logger.Named("kafkatx.consumer"),
+		Schema: d.Schema, Logger: d.Logger.Named("kafkatx.consumer"), Placer: placerOf(d.Shards, d.Schema),
 		BeginSQL: d.Transaction.beginSQL(), IdleTimeout: d.Transaction.IdleTimeout,
 		BatchSize: d.Batch.Size, BatchWait: d.Batch.Wait, Concurrency: d.Concurrency, MaxUnits: d.MaxUnits,
 		ParkKeys: d.Park.Enabled, ParkMaxPerKey: d.Park.MaxPerKey, ParkMaxKeys: d.Park.MaxKeys,

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/engine"
+	"github.com/kafkatx/kafkatx/shards"
 )
 
 // Consumer is the effectively-once consumer loop: per batch of a partition, the handler's
@@ -20,6 +21,7 @@ type Consumer struct {
 	pool    *pgxpool.Pool
 	set     *engine.Settings
 	skipMig bool
+	shards  *shards.Set // Config.Shards
 	loop    *engine.Loop
 	metrics *promHook // also in the hooks; kept for tests that read a metric
 	stats   counters
@@ -65,7 +67,7 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{pool: pool, set: set, skipMig: d.SkipMigrations, metrics: prom}
+	c := &Consumer{pool: pool, set: set, skipMig: d.SkipMigrations, metrics: prom, shards: d.Shards}
 	emit := &emitter{group: set.Group, log: set.Logger.With(zap.String("group", set.Group)), hooks: hooks, stats: &c.stats}
 	body := newBody(withGroup(chained, set.Group), d.Idempotency, set.Schema)
 	body.Prepare, body.PrepareLimit = d.Prepare, d.PrepareLimit
@@ -118,8 +120,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("kafkatx: Consumer.Run called twice")
 	}
-	if err := prepareSchema(ctx, c.pool, c.set.Schema, c.skipMig, c.set.Logger.With(zap.String("group", c.set.Group))); err != nil {
-		return err
+	for _, pool := range c.pools() {
+		if err := prepareSchema(ctx, pool, c.set.Schema, c.skipMig, c.set.Logger.With(zap.String("group", c.set.Group))); err != nil {
+			return err
+		}
 	}
 	return c.loop.Run(ctx)
 }

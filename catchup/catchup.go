@@ -45,6 +45,13 @@ func (c *Checker) Close() { c.kafka.Close() }
 // for a partition with records and no watermark row; one with an empty log is caught up).
 // Empty means caught up. An error says what could not be asked (the broker, the database).
 func (c *Checker) Behind(ctx context.Context, q pg.Querier, group, topic string) ([]string, error) {
+	return c.BehindOn(ctx, []pg.Querier{q}, group, topic)
+}
+
+// BehindOn is Behind for a sharded group: each partition's watermark is read on every database
+// of qs (the shards) and the highest counts (a partition moved to another shard continues
+// there from where it left the old one).
+func (c *Checker) BehindOn(ctx context.Context, qs []pg.Querier, group, topic string) ([]string, error) {
 	ps, err := c.kafka.Partitions(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("cannot ask the broker for the topic's partitions: %w", err)
@@ -57,9 +64,17 @@ func (c *Checker) Behind(ctx context.Context, q pg.Querier, group, topic string)
 	if err != nil {
 		return nil, fmt.Errorf("cannot ask the broker for the log ends: %w", err)
 	}
-	wms, err := c.store.Watermarks(ctx, q, group, tps)
-	if err != nil {
-		return nil, fmt.Errorf("cannot read the watermarks: %w", err)
+	wms := map[offsetstore.TP]offsetstore.Watermark{}
+	for _, q := range qs {
+		ws, err := c.store.Watermarks(ctx, q, group, tps)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read the watermarks: %w", err)
+		}
+		for tp, w := range ws {
+			if old, ok := wms[tp]; !ok || w.Next > old.Next {
+				wms[tp] = w
+			}
+		}
 	}
 	return behindLogEnd(ranges, wms), nil
 }

@@ -64,6 +64,14 @@ func TestCLIUsageErrorsExitCodesAndSchemaNames(t *testing.T) {
 		{"--database-url", "postgres://u:s3cret@[::1", "dlq", "list"},
 		{"--database-url", "host=127.0.0.1 port=abc user=u password=s3cret", "offsets", "audit", "--group", "g"},
 		{"--database-url", "postgres://127.0.0.1:1/x", "--session-database-url", "postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus", "migrate", "up"},
+		// --shard: NAME=URL, a valid and unique name, a URL that parses, and the shards
+		// commands without any.
+		{"--database-url", "postgres://127.0.0.1:1/x", "--shard", "s1", "shards", "status"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--shard", "=postgres://127.0.0.1:1/x", "shards", "status"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--shard", "a=postgres://127.0.0.1:1/x", "--shard", "a=postgres://127.0.0.1:1/y", "shards", "status"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--shard", "a=postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus", "migrate", "up"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "shards", "status"},
+		{"--database-url", "postgres://127.0.0.1:1/x", "--shard", "a=postgres://127.0.0.1:1/x", "shards", "move", "--group", "g", "--topic", "t", "--partition", "0", "--to", "a", "--reason", " "},
 	} {
 		out, errOut, code := runCLI(t, bin, args...)
 		if code != 2 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/dlq"
@@ -78,6 +79,26 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
+	if len(g.Shard) == 0 {
+		return c.list(ctx, g, pool, "")
+	}
+	// Sharded: each shard's dead letters in turn, each line naming its shard (ids are per
+	// shard: --after and --limit apply to each).
+	set, closeShards, err := g.shardSet(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer closeShards()
+	for _, sh := range set.Shards {
+		if err := c.list(ctx, g, sh.Pool, sh.Name); err != nil {
+			return shardErr(sh.Name, err)
+		}
+	}
+	return nil
+}
+
+// list prints the dead letters of one database (shard: its name, "" unsharded).
+func (c *DLQListCmd) list(ctx context.Context, g *Globals, pool *pgxpool.Pool, shard string) error {
 	status := c.Status
 	if status == "all" {
 		status = ""
@@ -103,14 +124,23 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 		j := toDLQJSON(&ds[i], c.ShowValue, false)
 		if c.Output == "json" {
 			b, _ := json.Marshal(j)
+			if shard != "" { // the shard first, then the dead letter's own fields
+				sb, _ := json.Marshal(shard)
+				b = append(append([]byte(`{"shard":`), sb...), append([]byte(","), b[1:]...)...)
+			}
 			fmt.Println(string(b))
 			continue
+		}
+		if shard != "" {
+			fmt.Printf("shard=%s  ", termText(shard))
 		}
 		fmt.Printf("%d  %s  group=%s  %s[%d]@%d%s  attempts=%d  epoch=%d  last=%s  %s: %s\n    key:   %s\n    value: %s\n",
 			j.ID, termText(j.Status), termText(j.Group), termText(j.Topic), j.Partition, j.Offset, logField("  topic_id=", j.TopicID), j.Attempts, j.ReplayEpoch,
 			j.LastFailure.UTC().Format(time.RFC3339), termText(j.ErrorClass), termText(j.ErrorMessage), j.Key, j.Value)
 	}
-	if c.Output == "text" && len(ds) == 0 {
+	if c.Output == "text" && len(ds) == 0 && shard != "" {
+		fmt.Printf("shard %s: no dead letters\n", termText(shard))
+	} else if c.Output == "text" && len(ds) == 0 {
 		fmt.Println("no dead letters")
 	}
 	return nil

@@ -41,6 +41,8 @@ type Globals struct {
 	SASLMechanism    string   `name:"sasl-mechanism" env:"KAFKATX_SASL_MECHANISM" help:"sasl.mechanism: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER."`
 	SASLUsername     string   `name:"sasl-username" env:"KAFKATX_SASL_USERNAME" help:"sasl.username."`
 	SASLPasswordFile string   `name:"sasl-password-file" env:"KAFKATX_SASL_PASSWORD_FILE" type:"path" help:"Read sasl.password from this file (trailing newline dropped)."`
+
+	Shard []string `name:"shard" sep:"none" help:"A shard, NAME=URL (repeatable, in order; the first takes unmapped partitions): with it, --database-url names the shard directory's database and each partition's state is read on its shard (kafkatx shards)."`
 }
 
 // CLI is the whole command line. Each subcommand lives in its own file.
@@ -54,6 +56,7 @@ type CLI struct {
 	DLQ        DLQCmd        `cmd:"" name:"dlq" help:"Dead letters: list, show, replay through the outbox, discard (audited)."`
 	ParkedKeys ParkedKeysCmd `cmd:"" name:"parked-keys" help:"A consumer group's parked keys (Config.Park): list, release, dead-letter (audited)."`
 	Airflow    AirflowCmd    `cmd:"" help:"The Airflow ledger against Airflow: status (missing, queued, failed runs and asset events) and repair."`
+	Shards     ShardsCmd     `cmd:"" help:"The shard directory (with --shard NAME=URL ...): status, assign a partition to a shard."`
 	Console    ConsoleCmd    `cmd:"" help:"Serve the operator console: web UI and JSON API (partitions, dead letters, outbox, offsets), behind a token."`
 }
 
@@ -243,7 +246,8 @@ func (g *Globals) checkDatabaseURLs() error {
 		}
 		url, name = u, "database-url-file"
 	}
-	return flagcheck.First(flagcheck.DatabaseURL(name, url), flagcheck.DatabaseURL("session-database-url", g.SessionDatabaseURL))
+	_, serr := g.shardURLs()
+	return flagcheck.First(flagcheck.DatabaseURL(name, url), flagcheck.DatabaseURL("session-database-url", g.SessionDatabaseURL), serr)
 }
 
 // sessionHint is the remedy printed under a refusal wrapping pg.ErrTransactionPooled.

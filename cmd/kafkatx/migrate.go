@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/outbox"
 )
@@ -31,27 +33,65 @@ func (c MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer closeSP()
-	done, err := migrations.Apply(ctx, sp, g.Schema)
+	set, closeShards, err := g.shardSet(ctx, pool)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("schema %s at version %d (applied %v)\n", g.Schema, migrations.Latest(), done)
+	defer closeShards()
+	// The directory's database (--database-url), then each --shard whose database is another.
+	targets := []struct {
+		name string
+		pool *pgxpool.Pool
+	}{{"", sp}}
+	if set != nil {
+		for _, sh := range set.Shards {
+			if sh.Pool != pool {
+				targets = append(targets, struct {
+					name string
+					pool *pgxpool.Pool
+				}{sh.Name, sh.Pool})
+			}
+		}
+	}
+	for _, t := range targets {
+		if err := c.migrate(ctx, t.pool, g.Schema, t.name); err != nil {
+			if t.name != "" {
+				return fmt.Errorf("shard %s: %w", t.name, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// migrate brings schema on pool (shard name, "" for --database-url's database) up to date and
+// sets the outbox mode asked for.
+func (c MigrateUpCmd) migrate(ctx context.Context, sp *pgxpool.Pool, schema, shard string) error {
+	on := ""
+	if shard != "" {
+		on = "shard " + shard + ": "
+	}
+	done, err := migrations.Apply(ctx, sp, schema)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%sschema %s at version %d (applied %v)\n", on, schema, migrations.Latest(), done)
 	if c.OutboxMode != "" {
 		set := outbox.SetMode
 		if c.Force {
 			set = outbox.SetModeForce
 		}
-		if err := set(ctx, sp, g.Schema, outbox.Mode(c.OutboxMode)); err != nil {
+		if err := set(ctx, sp, schema, outbox.Mode(c.OutboxMode)); err != nil {
 			return err
 		}
-		st, err := outbox.ReadSettings(ctx, sp, g.Schema)
+		st, err := outbox.ReadSettings(ctx, sp, schema)
 		if err != nil {
 			return err
 		}
 		if st.Mode == outbox.ModeWAL {
-			fmt.Printf("outbox mode wal (slot %s, publication %s)\n", st.Slot, st.Publication)
+			fmt.Printf("%soutbox mode wal (slot %s, publication %s)\n", on, st.Slot, st.Publication)
 		} else {
-			fmt.Printf("outbox mode table\n")
+			fmt.Printf("%soutbox mode table\n", on)
 		}
 	}
 	return nil

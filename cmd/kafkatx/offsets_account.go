@@ -44,7 +44,7 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 	if err := offsetsOutput(c.Output, "text", "json"); err != nil {
 		return err
 	}
-	op, closeAll, err := g.offsetsOperator(ctx, false)
+	ops, closeAll, err := g.offsetsOperators(ctx, false)
 	if err != nil {
 		return err
 	}
@@ -53,9 +53,17 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 	if c.Partition != nil {
 		p = *c.Partition
 	}
-	accts, err := op.Account(ctx, c.Group, c.Topic, p)
-	if err != nil {
-		return err
+	// Each partition is accounted on the shard that holds its watermark (only there has it one).
+	var accts []offsets.Account
+	for _, so := range ops {
+		as, err := so.op.Account(ctx, c.Group, c.Topic, p)
+		if err != nil {
+			return shardErr(so.shard, err)
+		}
+		for i := range as {
+			as[i].Shard = so.shard
+		}
+		accts = append(accts, as...)
 	}
 	if len(accts) == 0 {
 		if c.Topic == "" {
@@ -88,7 +96,11 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 }
 
 func offsetsPrintAccount(a offsets.Account) {
-	fmt.Printf("%s[%d] group %s: offsets [%d, %d), %d in all\n", termText(a.Topic), a.Partition, termText(a.Group), a.First, a.Watermark, a.Offsets)
+	on := ""
+	if a.Shard != "" {
+		on = " on shard " + termText(a.Shard)
+	}
+	fmt.Printf("%s[%d] group %s%s: offsets [%d, %d), %d in all\n", termText(a.Topic), a.Partition, termText(a.Group), on, a.First, a.Watermark, a.Offsets)
 	if e := a.Adopted; e != nil {
 		fmt.Printf("  new log since       audit row %d, %s: %s; the old log's history (watermark %d) is not counted\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), termText(e.Reason), e.From)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"text/tabwriter"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
@@ -29,14 +30,24 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 	if err := offsetsOutput(c.Output, "text", "json"); err != nil {
 		return err
 	}
-	op, closeAll, err := g.offsetsOperator(ctx, false)
+	ops, closeAll, err := g.offsetsOperators(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	events, err := op.Events(ctx, c.Group, c.Topic)
-	if err != nil {
-		return err
+	var events []offsetstore.Event
+	for _, so := range ops { // every shard's rows, oldest first
+		es, err := so.op.Events(ctx, c.Group, c.Topic)
+		if err != nil {
+			return shardErr(so.shard, err)
+		}
+		for i := range es {
+			es[i].Shard = so.shard
+		}
+		events = append(events, es...)
+	}
+	if len(ops) > 1 {
+		sort.SliceStable(events, func(i, j int) bool { return events[i].At.Before(events[j].At) })
 	}
 	if c.Output == "json" {
 		enc := json.NewEncoder(os.Stdout)
@@ -48,8 +59,15 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	shardCol := len(ops) > 1
+	if shardCol {
+		fmt.Fprint(tw, "SHARD\t")
+	}
 	fmt.Fprintln(tw, "ID\tAT\tKIND\tSTATUS\tTOPIC\tPARTITION\tRANGE\tACTOR\tREASON")
 	for _, e := range events {
+		if shardCol {
+			fmt.Fprintf(tw, "%s\t", termText(e.Shard))
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.ID, e.At.UTC().Format("2006-01-02T15:04:05Z"), termText(e.Kind), termText(e.Status),
 			termText(e.Topic), e.Partition, eventSpan(e.Kind, e.From, e.To), termText(e.Actor), termText(e.Reason))
 	}

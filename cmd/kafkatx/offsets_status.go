@@ -54,12 +54,13 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 	if err := offsetsOutput(c.Output, "text", "json", "prometheus"); err != nil {
 		return err
 	}
-	op, closeAll, err := g.offsetsOperator(ctx, true)
+	ops, closeAll, err := g.offsetsOperators(ctx, true)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	sts, err := op.Status(ctx, c.Group, c.Topic)
+	op := ops[0].op
+	sts, err := shardStatus(ctx, ops, c.Group, c.Topic)
 	if err != nil {
 		return err
 	}
@@ -95,6 +96,9 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		}
 		fmt.Printf("group %s: %s, %d active member(s)\n", termText(c.Group), termText(grp.State), len(grp.Members))
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		if len(ops) > 1 {
+			fmt.Fprint(tw, "SHARD\t")
+		}
 		fmt.Fprintln(tw, "TOPIC\tPARTITION\tWATERMARK\tCOMMITTED\tLOG-START\tLOG-END\tLAG\tDRIFT\tSTATE\tLAST EVENT")
 		for _, s := range sts {
 			last := "-"
@@ -117,6 +121,9 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			lag := strconv.FormatInt(s.Lag, 10)
 			if s.State == offsetstate.LogChanged {
 				lag += " (new log)" // the watermark is an offset of the old log: not subtracted (offsets.PartitionStatus.Lag)
+			}
+			if len(ops) > 1 {
+				fmt.Fprintf(tw, "%s\t", orDash(termText(s.Shard)))
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", termText(s.Topic), s.Partition, offsetsOpt(s.Watermark), offsetsOpt(s.Committed),
 				s.LogStart, s.LogEnd, lag, offsetsSigned(s.Drift), state, last)

@@ -29,6 +29,7 @@ import (
 	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/shards"
 )
 
 type options struct {
@@ -41,6 +42,9 @@ type options struct {
 	traceStderr                  bool
 	outboxMode                   string
 	outboxPack                   bool
+	shards                       service.ShardFlags
+	movePartition                int
+	moveTo, moveReason           string
 }
 
 func main() {
@@ -62,6 +66,10 @@ func run() int {
 	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (counted, not estimated), so the relay is not left behind without bound; 0: no bound")
 	fs.BoolVar(&o.outboxPack, "outbox-pack", false, "table mode: write each batch's events into a few packed outbox rows (outbox.Writer.Pack) instead of one row an event; needs every relay of the schema at this version or later (docs/upgrading.md)")
 	fs.StringVar(&o.outboxMode, "outbox-mode", "", "how events and dead letters go through the outbox: wal (logical-decoding messages relayed from a replication slot) or table (rows; the default of a new schema). Stored with the schema: empty follows it, a value that conflicts with it exits 2")
+	fs.Var(&o.shards, "shard", "a shard, NAME=URL (repeat it, one per shard; the first takes the partitions the directory does not map yet): each partition's kafkatx state and orders live on the shard the directory in --database-url's database maps it to (kafkatx shards assign|move|status); a relay and its retention run per shard (table mode only)")
+	fs.IntVar(&o.movePartition, "move-partition", -1, "with --shard: move partition N of --topic (group --group) to the shard --move-to while the service runs elsewhere, its orders with it (order.MovePartition, the shards.Move hook), print the directory row as JSON and exit; nothing is consumed")
+	fs.StringVar(&o.moveTo, "move-to", "", "with --move-partition: the target shard's name")
+	fs.StringVar(&o.moveReason, "move-reason", "", "with --move-partition: why (audited as shard_move)")
 	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
 	if code, ok := flagcheck.Parse(fs, os.Args[1:]); !ok {
 		return code
@@ -93,6 +101,9 @@ func run() int {
 		return 2
 	case o.poisonEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --poison-every (%d) must not be negative (0: no poison pills); see --help\n", o.poisonEvery)
+		return 2
+	case o.movePartition >= 0 && (len(o.shards) == 0 || o.moveTo == "" || o.moveReason == ""):
+		fmt.Fprintln(os.Stderr, "orders: --move-partition needs --shard flags, --move-to and --move-reason; see --help")
 		return 2
 	case o.crashEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --crash-every (%d) must not be negative (0: no crash pills); see --help\n", o.crashEvery)
@@ -159,6 +170,9 @@ func serve(ctx context.Context, o options, log *zap.Logger) error {
 		defer pools.Close()
 		probes.Stage("creating the topics")
 	}
+	if o.movePartition >= 0 {
+		return movePartition(ctx, pools, o)
+	}
 	base := o.ClientConfig()
 	names := []string{o.Topic, o.Topic + ".dlq"}
 	if o.eventsTopic != "" {
@@ -200,6 +214,36 @@ func consume(ctx context.Context, pools *service.Pools, probes *service.Probes, 
 	if err != nil {
 		return err
 	}
+	// With --shard: every shard holds kafkatx's schema, the orders tables and its outbox.
+	set, closeShards, err := o.shards.Open(ctx, pool, o.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer closeShards()
+	backpressure := outbox.Writer{Schema: o.Schema}.WaitBelow(pool, int64(o.maxOutboxRows))
+	if set != nil {
+		var waits []func(context.Context) error
+		for _, sh := range set.Shards {
+			if err := kafkatx.Migrate(ctx, sh.Pool, o.Schema); err != nil {
+				return fmt.Errorf("shard %s: %w", sh.Name, err)
+			}
+			if err := order.Migrate(ctx, sh.Pool); err != nil {
+				return fmt.Errorf("shard %s: %w", sh.Name, err)
+			}
+			if _, err := outbox.EnsureMode(ctx, sh.Pool, o.Schema, mode); err != nil {
+				return fmt.Errorf("shard %s: %w", sh.Name, err)
+			}
+			waits = append(waits, outbox.Writer{Schema: o.Schema}.WaitBelow(sh.Pool, int64(o.maxOutboxRows)))
+		}
+		backpressure = func(ctx context.Context) error { // each shard's outbox under the bound
+			for _, w := range waits {
+				if err := w(ctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
 	tr, err := newTracing(o.traceStderr)
 	if err != nil {
 		return err
@@ -223,14 +267,15 @@ func consume(ctx context.Context, pools *service.Pools, probes *service.Probes, 
 	ccfg := o.ConsumerConfig(log, reg)
 	ccfg.SkipMigrations = true // applied above, on the session pool
 	ccfg.Middleware = []kafkatx.Middleware{tr.tracer.Middleware}
-	ccfg.Backpressure = outbox.Writer{Schema: o.Schema}.WaitBelow(pool, int64(o.maxOutboxRows))
+	ccfg.Backpressure = backpressure
+	ccfg.Shards = set
 	c, err := kafkatx.NewBatchConsumer(pool, svc.HandleBatch, ccfg)
 	if err != nil {
 		return err
 	}
 	err = service.Run(ctx, service.Options{Pool: pool, Consumer: c, Brokers: o.Brokers, Schema: o.Schema,
 		KafkaConfig: o.ClientConfig(), Session: pools.Session.Config().ConnConfig, OutboxMode: mode,
-		ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr, Probes: probes})
+		ExitWhenIdle: o.ExitWhenIdle, Group: o.Group, Shards: set, Topic: o.Topic, Logger: log, Registry: reg, MetricsAddr: o.MetricsAddr, Probes: probes})
 	s := c.Stats()
 	b, _ := json.Marshal(map[string]int64{"processed": s.Processed, "duplicates": s.Duplicates, "retries": s.Retries, "dead_lettered": s.DeadLettered})
 	fmt.Println(string(b))
@@ -240,4 +285,27 @@ func consume(ctx context.Context, pools *service.Pools, probes *service.Probes, 
 func validMode(s string) bool {
 	_, err := outbox.ParseMode(s)
 	return err == nil
+}
+
+// movePartition is --move-partition: the partition's kafkatx state and its orders moved to
+// --move-to by shards.Move with the service's hook (order.MovePartition).
+func movePartition(ctx context.Context, pools *service.Pools, o options) error {
+	set, closeShards, err := o.shards.Open(ctx, pools.Pool, o.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer closeShards()
+	for _, sh := range set.Shards {
+		if err := order.Migrate(ctx, sh.Pool); err != nil {
+			return fmt.Errorf("shard %s: %w", sh.Name, err)
+		}
+	}
+	e, err := shards.Move(ctx, set, o.Schema, shards.MoveOptions{Group: o.Group, Topic: o.Topic, Partition: int32(o.movePartition),
+		To: o.moveTo, Reason: o.moveReason, Actor: "orders --move-partition", Hook: order.MovePartition})
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(e)
+	fmt.Println(string(b))
+	return nil
 }

@@ -34,7 +34,7 @@ type committer struct {
 	commitFn func([]kafka.TopicPartition) ([]kafka.TopicPartition, error)
 	// mark gives the metadata of a commit of a partition in replay epoch epoch (the
 	// consumer's offsetstate.CommitMark, rollback.go); nil or returning nil: none.
-	mark   func(epoch int) *string
+	mark   func(tp offsetstore.TP, epoch int) *string
 	epochs map[offsetstore.TP]int // guarded by mu
 	// flushWait bounds how long flush waits for Kafka (half of Config.CloseTimeout; zero: no
 	// bound).
@@ -95,7 +95,7 @@ func (c *committer) take(only map[offsetstore.TP]bool) []kafka.TopicPartition {
 		topic := tp.Topic
 		ktp := kafka.TopicPartition{Topic: &topic, Partition: tp.Partition, Offset: kafka.Offset(off)}
 		if c.mark != nil {
-			ktp.Metadata = c.mark(c.epochs[tp])
+			ktp.Metadata = c.mark(tp, c.epochs[tp])
 		}
 		out = append(out, ktp)
 		delete(c.pending, tp)

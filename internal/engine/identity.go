@@ -62,7 +62,7 @@ func (l *Loop) onLogChange(ctx context.Context, tp offsetstore.TP, w offsetstore
 		e := l.set.Halt(Halt{State: string(offsetstate.LogChanged), Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
 			Watermark: w.Next, Committed: -1, LogStart: low, LogEnd: high, LogChange: c})
 		log.Error("the log behind the watermark changed ("+c.What()+"); halting: nothing applied from the new log", zap.Int64("log_start", low), zap.Int64("log_end", high))
-		_, _ = l.store.InsertEvent(ctx, l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+		_, _ = l.store.InsertEvent(ctx, l.poolOf(tp), offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
 			Kind: offsetstore.KindHalt, From: w.Next, To: w.Next, Actor: "kafkatx.consumer", Reason: "log changed: " + c.What() + "; nothing processed"})
 		l.emit.LogChanged(tp, c, false)
 		return w, &halted{err: e}
@@ -71,7 +71,7 @@ func (l *Loop) onLogChange(ctx context.Context, tp offsetstore.TP, w offsetstore
 	if l.set.AdoptNewLog == "latest" {
 		start = high
 	}
-	tx, err := l.begin(ctx)
+	tx, err := l.begin(ctx, tp)
 	if err != nil {
 		return w, fmt.Errorf("adopt the new log of %s: %w", tp, err)
 	}
@@ -142,7 +142,7 @@ func (l *Loop) logRewound(p *worker, off int64) {
 		Watermark: w, Committed: -1, LogStart: low, LogEnd: high, LogChange: offsetstate.LogChange{Recorded: recorded, Current: recorded}})
 	log.Error("the client went back below the watermark on its own: the log now ends below it; halting", zap.Int64("watermark", w),
 		zap.Int64("rewound_to", off), zap.Int64("log_start", low), zap.Int64("log_end", high), zap.String("state", string(offsetstate.WatermarkPastLogEnd)))
-	_, _ = l.store.InsertEvent(ctx, l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+	_, _ = l.store.InsertEvent(ctx, l.poolOf(tp), offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
 		Kind: offsetstore.KindHalt, From: max(high, 0), To: w, Actor: "kafkatx.consumer", Reason: e.Error()})
 	l.fatal = e
 }
@@ -226,7 +226,7 @@ func (l *Loop) watchLogs(kc *kafka.Consumer, quit <-chan struct{}) {
 			}
 			log.Error("the log behind the watermark changed while the consumer ran ("+c.What()+"); stopping", zap.Int64("watermark", w),
 				zap.Int64("applied_since_last_check_from", from), zap.String("state", string(offsetstate.LogChanged)))
-			_, _ = l.store.InsertEvent(context.Background(), l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+			_, _ = l.store.InsertEvent(context.Background(), l.poolOf(tp), offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
 				Kind: offsetstore.KindHalt, From: from, To: w, Actor: "kafkatx.consumer", Reason: reason})
 			l.emit.LogChanged(tp, c, false)
 			l.failed.CompareAndSwap(nil, &e)

@@ -31,7 +31,8 @@ type Loop struct {
 	group   string
 	set     *Settings
 	log     *zap.Logger
-	pool    *pgxpool.Pool      // the offset store's statements outside a transaction
+	pool    *pgxpool.Pool      // the offset store's statements outside a transaction (the home shard's)
+	home    *shard             // the shard of pool: every partition's without Settings.Placer (shards.go)
 	store   *offsetstore.Store // watermarks, markers, attempts, audit rows
 	body    Runner             // the transaction body (Body)
 	emit    Emitter            // counted events
@@ -41,11 +42,10 @@ type Loop struct {
 
 	parkStore *parking.Store // the parked keys (Settings.ParkKeys, park.go)
 
-	failed        atomic.Pointer[error]                // first error of a worker that stops the consumer (fail)
-	lastMessage   atomic.Int64                         // unix nanos of the last polled record
-	lastCommit    atomic.Int64                         // unix nanos of the last database commit; the workers store it
-	db            atomic.Pointer[offsetstate.Database] // the database's identity as last read (rollback.go); the workers read it
-	firstAssigned atomic.Int64                         // unix nanos of the first assignment
+	failed        atomic.Pointer[error] // first error of a worker that stops the consumer (fail)
+	lastMessage   atomic.Int64          // unix nanos of the last polled record
+	lastCommit    atomic.Int64          // unix nanos of the last database commit; the workers store it
+	firstAssigned atomic.Int64          // unix nanos of the first assignment
 
 	// Owned by Run. kc and commits are the current Kafka client's (openClient; a rejoin
 	// replaces them).
@@ -63,6 +63,10 @@ type Loop struct {
 	// recordedLog is the log each assigned partition's watermark is in, as reconciled at its
 	// assignment (identity.go); guarded by mu (watchLogs reads it).
 	recordedLog map[offsetstore.TP]offsetstate.LogID
+
+	placeMu sync.Mutex                // guards shards and placed
+	shards  map[*pgxpool.Pool]*shard  // the shards partitions were placed on (shards.go)
+	placed  map[offsetstore.TP]*shard // each assigned partition's shard (Loop.place)
 
 	health    health        // what Readiness reports
 	probeWake chan struct{} // wakes the topic probe
@@ -95,7 +99,11 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		parts:       map[offsetstore.TP]*fetch{},
 		recordedLog: map[offsetstore.TP]offsetstate.LogID{},
 		probeWake:   make(chan struct{}, 1),
+		home:        &shard{pool: pool},
+		shards:      map[*pgxpool.Pool]*shard{},
+		placed:      map[offsetstore.TP]*shard{},
 	}
+	l.shards[pool] = l.home
 	l.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)
 	if set.MaxUnits > 0 {
 		l.units = make(chan struct{}, set.MaxUnits)
@@ -103,9 +111,9 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 	return l
 }
 
-// begin opens a loop transaction (Settings.BeginSQL).
-func (l *Loop) begin(ctx context.Context) (pgx.Tx, error) {
-	return l.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: l.set.BeginSQL})
+// begin opens a loop transaction (Settings.BeginSQL) on tp's shard.
+func (l *Loop) begin(ctx context.Context, tp offsetstore.TP) (pgx.Tx, error) {
+	return l.beginOn(l.poolOf(tp))(ctx)
 }
 
 // fail stops the consumer with err, an unexpected error of a worker: Run returns the first
@@ -266,12 +274,19 @@ type resyncRequest struct {
 	p    *worker
 	at   int64
 	done chan struct{}
+	// replace: the partition's state left the worker's shard (a shard move): the poll loop
+	// places it again and starts a new worker there (Loop.replace); the old one has returned.
+	replace bool
 }
 
 // resync drops everything kept in memory for a fenced partition and seeks it to the
 // watermark the worker re-read from the database.
 func (l *Loop) resync(r resyncRequest) {
 	defer close(r.done)
+	if r.replace {
+		l.replace(r.p)
+		return
+	}
 	p := r.p
 	f := l.parts[p.tp]
 	if f == nil || f.w != p {

@@ -101,11 +101,12 @@ type worker struct {
 // run).
 func (l *Loop) newWorker(tp offsetstore.TP, w offsetstore.Watermark, atts map[int64]offsetstore.Attempt, done []int64, parked map[string]int) *worker {
 	ctx, cancel := context.WithCancel(context.Background())
+	sh := l.shardOf(tp)
 	p := &worker{
-		group: l.group, set: l.set, pool: l.pool, store: l.store, begin: l.begin, body: l.body, emit: l.emit,
+		group: l.group, set: l.set, pool: sh.pool, store: l.store, begin: l.beginOn(sh.pool), body: l.body, emit: l.emit,
 		commits: l.commits, logEnds: l.logEnds, resyncs: l.resyncs, fail: l.fail,
 		breaker: l.breaker, units: l.units, gate: l.gate,
-		lastCommit: &l.lastCommit, db: &l.db,
+		lastCommit: &l.lastCommit, db: &sh.db,
 
 		tp:          tp,
 		log:         l.log.With(zap.String("topic", tp.Topic), zap.Int32("partition", tp.Partition)),
@@ -245,13 +246,17 @@ func (p *worker) refence() bool {
 	if p.parked != nil {
 		gen, _ = p.parked.snapshot()
 	}
+	moved := false
 	err := p.waits.untilDone(p.watermark.Load(), func() error {
 		ws, err := p.store.Watermarks(ctx, p.pool, p.group, []offsetstore.TP{p.tp})
 		if err != nil {
 			return err
 		}
 		var ok bool
-		if w, ok = ws[p.tp]; !ok {
+		if w, ok = ws[p.tp]; !ok && p.set.Placer != nil {
+			moved = true // a shard move took the partition's state to another shard (shards.go)
+			return nil
+		} else if !ok {
 			return fmt.Errorf("watermark of %s deleted", p.tp)
 		}
 		if atts, err = p.store.Attempts(ctx, p.pool, p.group, p.tp, w.Next); err != nil {
@@ -264,6 +269,10 @@ func (p *worker) refence() bool {
 		return err
 	})
 	if err != nil {
+		return false
+	}
+	if moved {
+		p.replace()
 		return false
 	}
 	if p.logID != "" && w.TopicID != "" && w.TopicID != p.logID {

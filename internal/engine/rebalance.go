@@ -82,9 +82,19 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 	for i, a := range assigned {
 		tps[i] = offsetstore.TP{Topic: *a.Topic, Partition: a.Partition}
 	}
-	ws, err := l.store.Watermarks(ctx, l.pool, l.group, tps)
+	order, byShard, err := l.place(ctx, tps)
 	if err != nil {
 		return nil, err
+	}
+	ws := map[offsetstore.TP]offsetstore.Watermark{}
+	for _, s := range order {
+		sw, err := l.store.Watermarks(ctx, s.pool, l.group, byShard[s])
+		if err != nil {
+			return nil, err
+		}
+		for tp, w := range sw {
+			ws[tp] = w
+		}
 	}
 	committed, err := l.kc.Committed(assigned, 10000)
 	if err != nil {
@@ -100,13 +110,22 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 	}
 	// Topics the group read before this assignment: a partition of one without a watermark
 	// was added to it (a partition count raised), which its first_run row says.
-	if l.knownTopics, err = l.store.Topics(ctx, l.pool, l.group); err != nil {
-		return nil, err
+	l.knownTopics = map[string]bool{}
+	for _, s := range l.allShards() {
+		known, err := l.store.Topics(ctx, s.pool, l.group)
+		if err != nil {
+			return nil, err
+		}
+		for t := range known {
+			l.knownTopics[t] = true
+		}
 	}
 	marks := marksOf(committed)
-	db, err := l.readDatabase(ctx)
-	if err != nil {
-		return nil, err
+	dbs := map[*shard]offsetstate.Database{}
+	for _, s := range order {
+		if dbs[s], err = l.readDatabase(ctx, s); err != nil {
+			return nil, err
+		}
 	}
 	var starts []kafka.TopicPartition
 	var newParts []*worker
@@ -131,7 +150,7 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 			start = w.Next
 		} else {
 			mark, marked := marks[tp]
-			here, err := l.store.MarkedHere(ctx, l.pool, l.group, tp, mark, marked, db, w.Next, hasW, k, hasK)
+			here, err := l.store.MarkedHere(ctx, l.poolOf(tp), l.group, tp, mark, marked, dbs[l.shardOf(tp)], w.Next, hasW, k, hasK)
 			if err != nil {
 				return nil, err
 			}
@@ -148,7 +167,7 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 			}
 			start = d.Start
 			if change.Missing() { // a first run, or a row older than the ids: filled on first contact
-				if err := l.store.FillLogIdentity(ctx, l.pool, l.group, tp, change.Current.Topic, change.Current.Cluster); err != nil {
+				if err := l.store.FillLogIdentity(ctx, l.poolOf(tp), l.group, tp, change.Current.Topic, change.Current.Cluster); err != nil {
 					return nil, err
 				}
 				if w.TopicID == "" {
@@ -156,17 +175,17 @@ func (l *Loop) reconcile(ctx context.Context, assigned []kafka.TopicPartition) (
 				}
 			}
 		}
-		atts, err := l.store.Attempts(ctx, l.pool, l.group, tp, w.Next)
+		atts, err := l.store.Attempts(ctx, l.poolOf(tp), l.group, tp, w.Next)
 		if err != nil {
 			return nil, err
 		}
-		done, err := l.store.Done(ctx, l.pool, l.group, tp, w.Next)
+		done, err := l.store.Done(ctx, l.poolOf(tp), l.group, tp, w.Next)
 		if err != nil {
 			return nil, err
 		}
 		var parked map[string]int
 		if l.set.ParkKeys {
-			if parked, err = l.parkStore.Counts(ctx, l.pool, l.group, tp.Topic, tp.Partition); err != nil {
+			if parked, err = l.parkStore.Counts(ctx, l.poolOf(tp), l.group, tp.Topic, tp.Partition); err != nil {
 				return nil, err
 			}
 		}
@@ -218,7 +237,7 @@ func committedOf(res []kafka.TopicPartition) (map[offsetstore.TP]int64, error) {
 func (l *Loop) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.Watermark, k, low, high int64,
 	d offsetstate.Decision, log *zap.Logger) (offsetstore.Watermark, error) {
 	audit := func(kind string, from, to int64, reason string) error {
-		_, err := l.store.InsertEvent(ctx, l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+		_, err := l.store.InsertEvent(ctx, l.poolOf(tp), offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
 			Kind: kind, From: from, To: to, Actor: "kafkatx.consumer", Reason: reason})
 		return err
 	}
@@ -304,7 +323,7 @@ func (l *Loop) applyStart(ctx context.Context, tp offsetstore.TP, w offsetstore.
 // firstRun records a partition's first watermark at start and its first_run audit row in
 // one transaction, and returns the stored row (another member's, if it was first).
 func (l *Loop) firstRun(ctx context.Context, tp offsetstore.TP, start int64, hasK bool) (offsetstore.Watermark, error) {
-	tx, err := l.begin(ctx)
+	tx, err := l.begin(ctx, tp)
 	if err != nil {
 		return offsetstore.Watermark{}, fmt.Errorf("record first watermark %s: %w", tp, err)
 	}
@@ -340,7 +359,7 @@ func startSource(hasK bool) string {
 // operator skip a kafkatx command left pending for exactly [w, k), else as an unexplained
 // skip with reason.
 func (l *Loop) follow(ctx context.Context, tp offsetstore.TP, w, k int64, reason string) (string, error) {
-	tx, err := l.begin(ctx)
+	tx, err := l.begin(ctx, tp)
 	if err != nil {
 		return "", fmt.Errorf("follow Kafka on %s: %w", tp, err)
 	}

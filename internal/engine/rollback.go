@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
@@ -42,14 +43,14 @@ func marksOf(res []kafka.TopicPartition) map[offsetstore.TP]offsetstate.CommitMa
 	return out
 }
 
-// readDatabase reads the database's identity and keeps it for the commit marks; a changed
-// timeline is logged.
-func (l *Loop) readDatabase(ctx context.Context) (offsetstate.Database, error) {
-	d, err := offsetstore.Database(ctx, l.pool)
+// readDatabase reads the identity of shard s's database and keeps it for the commit marks; a
+// changed timeline is logged.
+func (l *Loop) readDatabase(ctx context.Context, s *shard) (offsetstate.Database, error) {
+	d, err := offsetstore.Database(ctx, s.pool)
 	if err != nil {
 		return d, err
 	}
-	if old := l.db.Swap(&d); old != nil && old.Same(d) && old.Timeline != d.Timeline {
+	if old := s.db.Swap(&d); old != nil && old.Same(d) && old.Timeline != d.Timeline {
 		l.log.Warn("the database is on a new timeline (a failover or a point-in-time restore); checking every partition's watermark",
 			zap.Uint32("old_timeline", old.Timeline), zap.Uint32("timeline", d.Timeline))
 	} else if old != nil && !old.Same(d) {
@@ -59,10 +60,10 @@ func (l *Loop) readDatabase(ctx context.Context) (offsetstate.Database, error) {
 	return d, nil
 }
 
-// commitMark is the metadata of an offset commit of tp (committer.go): nil until the
-// database's identity was read.
-func (l *Loop) commitMark(epoch int) *string {
-	d := l.db.Load()
+// commitMark is the metadata of an offset commit of tp (committer.go): nil until the identity
+// of tp's database was read.
+func (l *Loop) commitMark(tp offsetstore.TP, epoch int) *string {
+	d := l.shardOf(tp).db.Load()
 	if d == nil {
 		return nil
 	}
@@ -74,13 +75,13 @@ func (l *Loop) commitMark(epoch int) *string {
 // consumer had committed as mark: the range is re-processed from w (the decision's Start).
 func (l *Loop) replayRollback(ctx context.Context, tp offsetstore.TP, w, k int64, mark offsetstate.CommitMark, log *zap.Logger) error {
 	now := offsetstate.Database{}
-	if d := l.db.Load(); d != nil {
+	if d := l.shardOf(tp).db.Load(); d != nil {
 		now = *d
 	}
 	reason := fmt.Sprintf("Kafka's committed offset %d was committed by kafkatx on this database (timeline %d, replay epoch %d) "+
 		"but the database's watermark is %d (timeline %d): the database lost those transactions (a failover or a restore); re-processing [%d, %d)",
 		k, mark.Timeline, mark.Epoch, w, now.Timeline, w, k)
-	if _, err := l.store.InsertEvent(ctx, l.pool, offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
+	if _, err := l.store.InsertEvent(ctx, l.poolOf(tp), offsetstore.Event{Group: l.group, Topic: tp.Topic, Partition: tp.Partition,
 		Kind: offsetstore.KindRollbackReplay, From: w, To: k, Actor: "kafkatx.consumer", Reason: reason}); err != nil {
 		return err
 	}
@@ -102,14 +103,14 @@ func (l *Loop) checkRollbacks(running *atomic.Bool) {
 		w int64
 	}
 	var ps []idle
-	var tps []offsetstore.TP
+	tps := map[*pgxpool.Pool][]offsetstore.TP{} // per shard
 	for _, f := range l.parts {
 		p := f.w
 		if f.paused || len(f.pending) > 0 || p.stopping() || f.inFlight() > 0 {
 			continue
 		}
 		ps = append(ps, idle{p: p, w: p.watermark.Load()}) // read before the database's
-		tps = append(tps, p.tp)
+		tps[p.pool] = append(tps[p.pool], p.tp)
 	}
 	if !running.CompareAndSwap(false, true) {
 		return
@@ -118,12 +119,21 @@ func (l *Loop) checkRollbacks(running *atomic.Bool) {
 		defer running.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), rollbackCheckEvery)
 		defer cancel()
-		if _, err := l.readDatabase(ctx); err != nil || len(ps) == 0 {
-			return
-		}
-		ws, err := l.store.Watermarks(ctx, l.pool, l.group, tps)
-		if err != nil {
-			return
+		ws := map[offsetstore.TP]offsetstore.Watermark{}
+		for _, s := range l.allShards() {
+			if _, err := l.readDatabase(ctx, s); err != nil {
+				return
+			}
+			if len(tps[s.pool]) == 0 {
+				continue
+			}
+			sw, err := l.store.Watermarks(ctx, s.pool, l.group, tps[s.pool])
+			if err != nil {
+				return
+			}
+			for tp, w := range sw {
+				ws[tp] = w
+			}
 		}
 		for _, i := range ps {
 			if w, ok := ws[i.p.tp]; ok && w.Next < i.w && i.p.watermark.Load() == i.w {

@@ -23,7 +23,9 @@ type Settings struct {
 	// ConsumerProtocol: group.protocol=consumer (KIP-848).
 	ConsumerProtocol bool
 	Schema           string
-	Logger           *zap.Logger
+	// Placer maps partitions to shards at each assignment (shards.go); nil: one database.
+	Placer Placer
+	Logger *zap.Logger
 
 	// BeginSQL opens a loop transaction with Config.Transaction's bounds; IdleTimeout is its
 	// idle_in_transaction_session_timeout, named in a log hint.

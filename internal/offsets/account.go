@@ -42,6 +42,9 @@ func (s Segment) Len() int64 { return s.To - s.From }
 // Account is the accounting report of one partition: [First, Watermark) split into
 // processed, dead-lettered and skipped offsets, and anything that does not add up.
 type Account struct {
+	// Shard names the shard whose database holds the partition's watermark, when the command
+	// reads a sharded group (kafkatx --shard); empty otherwise.
+	Shard     string `json:"shard,omitempty"`
 	Group     string `json:"group"`
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`

@@ -40,6 +40,16 @@ func NewOperator(pool *pgxpool.Pool, k *Kafka, schema string) *Operator {
 	return &Operator{pool: pool, kafka: k, store: s, t: s.Tables()}
 }
 
+// Pool is the database the operator acts on.
+func (o *Operator) Pool() *pgxpool.Pool { return o.pool }
+
+// On returns an operator on pool (a shard's database) sharing o's Kafka client and schema.
+func (o *Operator) On(pool *pgxpool.Pool) *Operator {
+	c := *o
+	c.pool = pool
+	return &c
+}
+
 // Actor names who runs an operator command: the OS user (and the sudo user behind it) at
 // the host name, for example "alice@db-admin-1".
 func Actor() string {

@@ -14,6 +14,9 @@ import (
 // PartitionStatus is one partition's view of both sides. Offsets are Kafka offsets; the
 // watermark is the next offset to process.
 type PartitionStatus struct {
+	// Shard names the shard whose database holds the partition's watermark, when the command
+	// reads a sharded group (kafkatx --shard); empty otherwise.
+	Shard     string `json:"shard,omitempty"`
 	Group     string `json:"group"`
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`

@@ -11,6 +11,9 @@ import (
 
 // Event is one offset audit row.
 type Event struct {
+	// Shard names the shard whose database holds the row, when a command reads a sharded
+	// group (kafkatx --shard); empty otherwise. Not stored: the row's database says it.
+	Shard     string    `json:"shard,omitempty"`
 	ID        int64     `json:"id"`
 	Group     string    `json:"group"`
 	Topic     string    `json:"topic"`

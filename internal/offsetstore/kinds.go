@@ -46,6 +46,11 @@ const (
 	// offsets of the runs marked failed and of the asset events whose queue rows were deleted;
 	// the reason names the operator_skip row and what was cleared.
 	KindAirflowClear = "airflow_clear"
+	// KindShardMove is `kafkatx shards move` (shards.Move) moving a partition's state to
+	// another shard, written on both shards: on the shard it left, in the transaction that
+	// deleted the state there (From = To = the watermark), and on the target, in the
+	// transaction that wrote it. The reason names both shards and the directory's epoch.
+	KindShardMove = "shard_move"
 )
 
 // Audit row statuses: pending for an operator command recorded but not yet applied, applied,
@@ -83,6 +88,7 @@ var Kinds = []KindInfo{
 	{Kind: KindParkedKeyReleased},
 	{Kind: KindParkedKeyDeadLettered},
 	{Kind: KindAirflowClear},
+	{Kind: KindShardMove},
 }
 
 // StatusAttention says why an operator must not miss an audit row of status abandoned.

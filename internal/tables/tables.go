@@ -33,6 +33,8 @@ type Names struct {
 	// AirflowPending the asset events about to be posted (migration 014).
 	AirflowLedger  string
 	AirflowPending string
+	// ShardDirectory maps each partition of a group to its shard (migration 016).
+	ShardDirectory string
 	// KeyParking holds a consumer group's parked keys' messages (internal/parking).
 	KeyParking string
 	// OutboxIdentifier is the outbox table for pgx's CopyFrom.
@@ -60,6 +62,7 @@ func For(schema string) Names {
 		DoneOffsets:          q("done_offsets"),
 		OutboxSettings:       q("outbox_settings"),
 		PartitionSamples:     q("partition_samples"),
+		ShardDirectory:       q("shard_directory"),
 		AirflowLedger:        q("airflow_ledger"),
 		AirflowPending:       q("airflow_pending"),
 		KeyParking:           q("key_parking"),
@@ -70,3 +73,21 @@ func For(schema string) Names {
 // Func returns the quoted, schema-qualified name of one of kafkatx's functions in the schema
 // (the migrations' outbox_emit, outbox_set_mode), for SELECT schema.name(...).
 func (n Names) Func(name string) string { return pgx.Identifier{n.Schema, name}.Sanitize() }
+
+// Table is one table's quoted name (for SQL) and its identifier (for pgx's CopyFrom).
+type Table struct {
+	Quoted     string
+	Identifier pgx.Identifier
+}
+
+// PartitionState lists kafkatx's tables whose rows belong to one partition of a consumer
+// group (columns group_id, topic, partition) and move with it between shards, the watermarks
+// last (package shards' Move writes them last and deletes them first).
+func (n Names) PartitionState() []Table {
+	var out []Table
+	for _, t := range []string{"attempts", "done_offsets", "key_parking", "dead_letters", "watermarks"} {
+		id := pgx.Identifier{n.Schema, t}
+		out = append(out, Table{Quoted: id.Sanitize(), Identifier: id})
+	}
+	return out
+}

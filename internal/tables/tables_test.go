@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-const tableNames = `(watermarks|attempts|dead_letters|offset_audit|outbox|idempotency_keys|schema_migrations|dlq_audit|outbox_audit|outbox_commits|idempotency_responses|done_offsets|outbox_settings|partition_samples|airflow_ledger|airflow_pending|key_parking|outbox_emit|outbox_set_mode)\b`
+const tableNames = `(watermarks|attempts|dead_letters|offset_audit|outbox|idempotency_keys|schema_migrations|dlq_audit|outbox_audit|outbox_commits|idempotency_responses|done_offsets|outbox_settings|partition_samples|airflow_ledger|airflow_pending|key_parking|shard_directory|outbox_emit|outbox_set_mode)\b`
 
 // handBuilt match a schema-qualified name built outside For: a pgx.Identifier of two parts, a
 // quoted schema followed by ".name", quote_ident($1) || '.name', a %s.name format, or the

@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/catchup"
+	"github.com/kafkatx/kafkatx/pg"
 )
 
 // "Idle" for --exit-when-idle means caught up, not "nothing arrived": a broker outage also
@@ -30,7 +30,7 @@ import (
 // (catchup.Checker).
 type idleCheck struct {
 	catchUp *catchup.Checker
-	pool    *pgxpool.Pool
+	pools   []pg.Querier // the database, or every shard
 	group   string
 	topic   string
 }
@@ -40,7 +40,14 @@ func newIdleCheck(o Options, kcfg kafka.ConfigMap) (*idleCheck, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &idleCheck{catchUp: c, pool: o.Pool, group: o.Group, topic: o.Topic}, nil
+	pools := []pg.Querier{o.Pool}
+	if o.Shards != nil {
+		pools = pools[:0]
+		for _, sh := range o.Shards.Shards {
+			pools = append(pools, sh.Pool)
+		}
+	}
+	return &idleCheck{catchUp: c, pools: pools, group: o.Group, topic: o.Topic}, nil
 }
 
 func (c *idleCheck) close() { c.catchUp.Close() }
@@ -50,7 +57,7 @@ func (c *idleCheck) close() { c.catchUp.Close() }
 func (c *idleCheck) caughtUp(ctx context.Context) (ok bool, why string) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	behind, err := c.catchUp.Behind(ctx, c.pool, c.group, c.topic)
+	behind, err := c.catchUp.BehindOn(ctx, c.pools, c.group, c.topic)
 	if err != nil {
 		return false, err.Error()
 	}

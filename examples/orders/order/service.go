@@ -30,7 +30,11 @@ CREATE TABLE IF NOT EXISTS customer_totals (
     customer    text PRIMARY KEY,
     orders      bigint NOT NULL,
     total_cents bigint NOT NULL
-);`
+);
+-- The Kafka partition an order came from: what a shard move takes with the partition
+-- (MovePartition). Orders applied before these columns existed have NULL and stay.
+ALTER TABLE order_totals ADD COLUMN IF NOT EXISTS kafka_topic text, ADD COLUMN IF NOT EXISTS kafka_partition integer;
+CREATE INDEX IF NOT EXISTS order_totals_partition_idx ON order_totals (kafka_topic, kafka_partition);`
 
 // Migrate creates the service's tables, serialized across processes by an advisory lock.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
@@ -115,11 +119,12 @@ func (s *Service) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*kafkatx.Me
 	}
 	// In message order, so that of two messages with one order id the first is inserted: the
 	// events and counters below take the customer and total of the first.
-	rows, err := tx.Query(ctx, `INSERT INTO order_totals (order_id, customer, item, quantity, total_cents)
-		SELECT r.id, r.customer, r.item, r.qty, r.total
+	// A batch is one partition's (kafkatx runs a partition's messages in its own transactions).
+	rows, err := tx.Query(ctx, `INSERT INTO order_totals (order_id, customer, item, quantity, total_cents, kafka_topic, kafka_partition)
+		SELECT r.id, r.customer, r.item, r.qty, r.total, $6, $7
 		  FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[]) WITH ORDINALITY AS r(id, customer, item, qty, total, ord)
 		 ORDER BY r.ord
-		ON CONFLICT (order_id) DO NOTHING RETURNING order_id`, ids, customers, items, qty, totals)
+		ON CONFLICT (order_id) DO NOTHING RETURNING order_id`, ids, customers, items, qty, totals, msgs[0].Topic, msgs[0].Partition)
 	if err != nil {
 		return fmt.Errorf("insert orders: %w", err)
 	}

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/cmd/flagcheck"
+	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/shards"
+)
+
+// shardURL is one --shard NAME=URL.
+type shardURL struct{ name, url string }
+
+// shardURLs parses --shard NAME=URL (repeated, in order): a missing '=', a bad or repeated
+// name, or a URL that does not parse is refused before anything connects; the message never
+// quotes the URL.
+func (g *Globals) shardURLs() ([]shardURL, error) {
+	var out []shardURL
+	seen := map[string]bool{}
+	for i, s := range g.Shard {
+		name, url, ok := strings.Cut(s, "=")
+		if !ok || url == "" {
+			return nil, fmt.Errorf("--shard %d: want NAME=URL", i+1)
+		}
+		if err := shards.CheckName(name); err != nil {
+			return nil, fmt.Errorf("--shard %d: %w", i+1, err)
+		}
+		if seen[name] {
+			return nil, fmt.Errorf("--shard: shard %q named twice", name)
+		}
+		seen[name] = true
+		if err := flagcheck.DatabaseURL("shard "+name, url); err != nil {
+			return nil, err
+		}
+		out = append(out, shardURL{name: name, url: url})
+	}
+	return out, nil
+}
+
+// shardSet opens a pool on every --shard (a shard whose URL is --database-url's shares dir, the
+// directory's pool) and returns the set, or nil without --shard; closeAll closes what it
+// opened.
+func (g *Globals) shardSet(ctx context.Context, dir *pgxpool.Pool) (set *shards.Set, closeAll func(), err error) {
+	us, err := g.shardURLs()
+	if err != nil || len(us) == 0 {
+		return nil, func() {}, err
+	}
+	var opened []*pgxpool.Pool
+	closeAll = func() {
+		for _, p := range opened {
+			p.Close()
+		}
+	}
+	set = &shards.Set{Directory: dir}
+	for _, u := range us {
+		if u.url == g.DatabaseURL {
+			set.Shards = append(set.Shards, shards.Shard{Name: u.name, Pool: dir})
+			continue
+		}
+		cfg, _, err := pg.ParsePoolConfig(ctx, u.url)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("shard %s: %w", u.name, err)
+		}
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err == nil {
+			if err = p.Ping(ctx); err != nil {
+				p.Close()
+			}
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("shard %s: %w", u.name, err)
+		}
+		opened = append(opened, p)
+		set.Shards = append(set.Shards, shards.Shard{Name: u.name, Pool: p})
+	}
+	return set, closeAll, nil
+}
+
+// ShardsCmd reads and changes the shard directory.
+type ShardsCmd struct {
+	Status ShardsStatusCmd `cmd:"" help:"Print the shard directory: each partition's shard, epoch and state (moves in progress), and each shard's watermarks."`
+	Assign ShardsAssignCmd `cmd:"" help:"Map a partition that has no shard yet to a shard (a partition never assigned goes to the first --shard at its first assignment)."`
+	Move   ShardsMoveCmd   `cmd:"" help:"Move a partition's kafkatx state to another shard while consumers run: fenced, resumable, audited as shard_move."`
+}
+
+// Help is the long help of shards.
+func (ShardsCmd) Help() string {
+	return `With --database-url naming the directory's database and --shard NAME=URL for each shard
+(the flag repeated, in order), the same flags a sharded service runs with. The directory is
+kafkatx's table shard_directory in --schema of --database-url's database; kafkatx migrate up
+with the same flags creates it there and migrates every shard.`
+}
+
+func (g *Globals) needShards() error {
+	if len(g.Shard) == 0 {
+		return &exitError{code: exitUsage, err: errors.New("no shards: pass --shard NAME=URL for each shard, the flags the service runs with (see kafkatx shards --help)")}
+	}
+	return nil
+}
+
+// ShardsStatusCmd prints the directory.
+type ShardsStatusCmd struct {
+	Group  string `help:"Only this consumer group (default: every group)."`
+	Output string `default:"text" enum:"text,json" help:"text or json (one object per line per partition: group, topic, partition, shard, epoch, state, moving_to, updated_at, and the partition's watermark on its shard: watermark, -1 when it has none yet)."`
+}
+
+// shardRow is one line of shards status.
+type shardRow struct {
+	shards.Entry
+	Watermark int64 `json:"watermark"`
+}
+
+func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.needShards(); err != nil {
+		return err
+	}
+	dir, err := g.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	set, closeAll, err := g.shardSet(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	es, err := shards.NewDirectory(dir, g.Schema).List(ctx, c.Group)
+	if err != nil {
+		return err
+	}
+	rows := make([]shardRow, len(es))
+	for i, e := range es {
+		rows[i] = shardRow{Entry: e, Watermark: -1}
+		pool := set.Pool(e.Shard)
+		if pool == nil {
+			continue // a shard these flags do not name: no watermark read
+		}
+		tp := offsetstore.TP{Topic: e.Topic, Partition: e.Partition}
+		ws, err := offsetstore.New(g.Schema).Watermarks(ctx, pool, e.Group, []offsetstore.TP{tp})
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", e.Shard, err)
+		}
+		if w, ok := ws[tp]; ok {
+			rows[i].Watermark = w.Next
+		}
+	}
+	if c.Output == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		for _, r := range rows {
+			if err := enc.Encode(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tSHARD\tEPOCH\tSTATE\tWATERMARK\tUPDATED")
+	for _, r := range rows {
+		state := r.State
+		if r.MovingTo != "" {
+			state += " to " + r.MovingTo
+		}
+		w := "-"
+		if r.Watermark >= 0 {
+			w = fmt.Sprint(r.Watermark)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", termText(r.Group), termText(r.Topic), r.Partition, termText(r.Shard), r.Epoch,
+			termText(state), w, r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"))
+	}
+	return tw.Flush()
+}
+
+// ShardsAssignCmd maps an unmapped partition to a shard.
+type ShardsAssignCmd struct {
+	Group     string `required:"" help:"Consumer group id."`
+	Topic     string `required:"" help:"Topic."`
+	Partition int32  `required:"" help:"Partition (>= 0)."`
+	To        string `required:"" help:"The shard (a --shard NAME)."`
+}
+
+// Validate refuses a negative --partition (kong calls it after parsing).
+func (c *ShardsAssignCmd) Validate() error {
+	if c.Partition < 0 {
+		return fmt.Errorf("--partition %d: want >= 0", c.Partition)
+	}
+	return nil
+}
+
+func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.needShards(); err != nil {
+		return err
+	}
+	dir, err := g.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	set, closeAll, err := g.shardSet(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	if set.Pool(c.To) == nil {
+		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
+	}
+	e, changed, err := shards.NewDirectory(dir, g.Schema).Assign(ctx, c.Group, c.Topic, c.Partition, c.To)
+	if err != nil {
+		return err
+	}
+	what := "assigned to"
+	if !changed {
+		what = "already on"
+	}
+	fmt.Printf("partition %d of %s (group %s) %s shard %s (epoch %d)\n", e.Partition, termText(e.Topic), termText(e.Group), what, termText(e.Shard), e.Epoch)
+	return nil
+}
+
+// ShardsMoveCmd moves a partition to another shard.
+type ShardsMoveCmd struct {
+	Group     string `required:"" help:"Consumer group id."`
+	Topic     string `required:"" help:"Topic."`
+	Partition int32  `required:"" help:"Partition (>= 0)."`
+	To        string `required:"" help:"The target shard (a --shard NAME)."`
+	Reason    string `required:"" help:"Why (written to the shard_move audit rows on both shards)."`
+}
+
+// Help is the long help of shards move.
+func (ShardsMoveCmd) Help() string {
+	return `Moves the partition's kafkatx state (watermark, attempts, done offsets, parked keys, dead
+letters) to the target shard while consumers run (shards.Move): the directory row goes
+"moving" with a higher epoch; on the old shard the watermark row is locked (the batch in
+flight commits first), the state copied to the target with a shard_move audit row, then
+deleted on the old shard in the transaction holding the lock, which fences the old owner's
+next batch; the consumer re-reads the directory and continues on the target. A crash or an
+error leaves the row "moving" and the old shard authoritative: run the same command again to
+resume. Outbox rows already written stay on the old shard and its relay publishes them;
+idempotency keys stay where they were claimed. Your own tables' rows of the partition are
+not moved by this command: call shards.Move with a Hook from your code for that (docs).`
+}
+
+// Validate refuses a negative --partition and an empty --reason (kong calls it after parsing).
+func (c *ShardsMoveCmd) Validate() error {
+	if c.Partition < 0 {
+		return fmt.Errorf("--partition %d: want >= 0", c.Partition)
+	}
+	if strings.TrimSpace(c.Reason) == "" {
+		return errors.New("--reason is empty: say why (it is audited)")
+	}
+	return nil
+}
+
+func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.needShards(); err != nil {
+		return err
+	}
+	dir, err := g.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	set, closeAll, err := g.shardSet(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	if set.Pool(c.To) == nil {
+		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
+	}
+	start := time.Now()
+	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("partition %d of %s (group %s) on shard %s (epoch %d, %s) in %s\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch,
+		e.State, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// shardOperator is the offsets operator of one shard ("" when the command runs unsharded).
+type shardOperator struct {
+	shard string
+	op    *offsets.Operator
+}
+
+// offsetsOperators is offsetsOperator for every shard given with --shard (each its own
+// operator over one shared Kafka client), or the one database's without --shard.
+func (g *Globals) offsetsOperators(ctx context.Context, withKafka bool) ([]shardOperator, func(), error) {
+	op, closeOp, err := g.offsetsOperator(ctx, withKafka)
+	if err != nil || len(g.Shard) == 0 {
+		return []shardOperator{{op: op}}, closeOp, err
+	}
+	set, closeShards, err := g.shardSet(ctx, op.Pool())
+	if err != nil {
+		closeOp()
+		return nil, nil, err
+	}
+	closeAll := func() { closeShards(); closeOp() }
+	var out []shardOperator
+	for _, sh := range set.Shards {
+		if err := offsetsCheckSchema(ctx, sh.Pool, g.Schema); err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("shard %s: %w", sh.Name, err)
+		}
+		out = append(out, shardOperator{shard: sh.Name, op: op.On(sh.Pool)})
+	}
+	return out, closeAll, nil
+}
+
+// shardErr prefixes err with its shard's name (none unsharded).
+func shardErr(shard string, err error) error {
+	if shard == "" || err == nil {
+		return err
+	}
+	return fmt.Errorf("shard %s: %w", shard, err)
+}
+
+// shardStatus is offsets status over every shard: each partition as read on the shard that
+// holds its watermark (Shard set), or, held nowhere yet, as the first shard reads it.
+func shardStatus(ctx context.Context, ops []shardOperator, group, topic string) ([]offsets.PartitionStatus, error) {
+	var out []offsets.PartitionStatus
+	at := map[offsetstore.TP]int{}
+	for _, so := range ops {
+		sts, err := so.op.Status(ctx, group, topic)
+		if err != nil {
+			return nil, shardErr(so.shard, err)
+		}
+		for _, s := range sts {
+			tp := offsetstore.TP{Topic: s.Topic, Partition: s.Partition}
+			if s.Watermark != nil {
+				s.Shard = so.shard
+			}
+			i, seen := at[tp]
+			switch {
+			case !seen:
+				at[tp] = len(out)
+				out = append(out, s)
+			case s.Watermark != nil && out[i].Watermark == nil:
+				out[i] = s
+			}
+		}
+	}
+	return out, nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
