@@ -88,13 +88,19 @@ def event(i: int, tag: str, base: int) -> tuple[bytes, bytes]:
     return key, value
 
 
-def produce(brokers: str, topics: list[str], ids: range, tag: str, base: int) -> None:
+def produce(brokers: str, topics: list[str], ids: range, tag: str, base: int, where: dict) -> None:
+    """Produce events ids to each topic; where[topic][id] = (partition, offset) of each."""
     p = Producer({"bootstrap.servers": brokers, "enable.idempotence": True})
+
+    def delivered(err, msg, i):
+        if err is None:
+            where.setdefault(msg.topic(), {})[i] = (msg.partition(), msg.offset())
+
     for i in ids:
         k, v = event(i, tag, base)
         for t in topics:
-            p.produce(t, key=k, value=v)
-    if p.flush(60) != 0:
+            p.produce(t, key=k, value=v, on_delivery=lambda err, msg, i=i: delivered(err, msg, i))
+    if p.flush(60) != 0 or any(len(where.get(t, {})) < sum(1 for _ in ids) for t in topics):
         sys.exit("compare: events not delivered")
 
 
@@ -104,17 +110,12 @@ def create_topics(brokers: str, topics: list[str]) -> None:
         f.result(30)
 
 
-def group_lag(brokers: str, group: str, topic: str) -> int:
-    """Log end minus the group's committed offset, summed over the topic's 3 partitions (what
-    `kafka-consumer-groups --describe` shows an operator)."""
+def committed(brokers: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset per partition of the topic (0 when none): what
+    `kafka-consumer-groups --describe` shows an operator."""
     c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False})
     try:
-        committed = c.committed([TopicPartition(topic, p) for p in range(3)], timeout=30)
-        lag = 0
-        for tp in committed:
-            _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=30)
-            lag += high - max(tp.offset, 0)
-        return lag
+        return {tp.partition: max(tp.offset, 0) for tp in c.committed([TopicPartition(topic, p) for p in range(3)], timeout=30)}
     finally:
         c.close()
 
@@ -181,24 +182,36 @@ class ProviderSide:
         return out
 
 
-def tally(per_event: dict[int, int], runs: dict[str, set] | None, ids: range) -> dict:
-    out = {"lost": sum(1 for i in ids if per_event.get(i, 0) == 0),
-           "duplicated": sum(1 for i in ids if per_event.get(i, 0) > 1),
-           "asset_events": sum(per_event.get(i, 0) for i in ids)}
+def tally(per_event: dict[int, int], runs: dict[str, set] | None, ids: range, where: dict | None = None, commit: dict | None = None) -> dict:
+    """lost: no asset event/run although the group committed past the event's offset (gone for
+    good); waiting: none yet, the event still at or after the committed offset (in Kafka, not
+    consumed when the run ended); without_run: an asset event but no run yet."""
+    missing = [i for i in ids if per_event.get(i, 0) == 0]
+    out = {"asset_events": sum(per_event.get(i, 0) for i in ids),
+           "duplicated": sum(1 for i in ids if per_event.get(i, 0) > 1)}
+    if where is not None and commit is not None:
+        out["lost"] = sum(1 for i in missing if where[i][1] < commit.get(where[i][0], 0))
+        out["waiting"] = len(missing) - out["lost"]
+    else:
+        out["lost"] = len(missing)
     if runs is not None:
         mine = [r & set(ids) for r in runs.values()]
         mine = [r for r in mine if r]
         out["runs"] = len(mine)
         out["merged"] = sum(len(r) - 1 for r in mine if len(r) > 1)
+        in_runs = set().union(*mine) if mine else set()
+        out["without_run"] = sum(1 for i in ids if per_event.get(i, 0) > 0 and i not in in_runs)
     return out
 
 
 def settle(sides: list[ProviderSide], ids: range, quiet: float, cap: float, step=None) -> float:
-    """Poll until no side's count of asset events for ids changes for `quiet` seconds (after
-    step() has nothing left to do), at most `cap` seconds. Returns the seconds taken."""
+    """Poll until no side's count of asset events for ids changes for `quiet` seconds after
+    step() has nothing left to do, at most `cap` seconds. Returns the seconds taken."""
     start, last, seen = time.time(), time.time(), None
     while time.time() - start < cap:
         busy = step(time.time() - start) if step else False
+        if busy:
+            last = time.time()  # quiet counts from the last kill or restart
         now = tuple(sum(s.per_event().get(i, 0) for i in ids) for s in sides)
         if now != seen:
             seen, last = now, time.time()
@@ -217,28 +230,29 @@ def providers(api: API, a, tag: str, base: int) -> list[dict]:
     # Phase kills: the same events on both topics, the same triggerer kills, one broker restart.
     for s in sides:
         api.pause(s.dag_id, False)
-    produce(a.brokers, topics, kill_ids, tag, base)
+    where: dict = {}
+    produce(a.brokers, topics, kill_ids, tag, base, where)
     span = max(a.events * 2.0, 30.0)  # the await trigger handles about one event per 2 s
     kill_at = sorted(random.uniform(5, span) for _ in range(a.kills))
     broker_at = [span / 2] if a.broker_restart else []
 
     def step(t: float) -> bool:
+        """Kill or restart what is due; true while anything was done or is still to do."""
+        acted = False
         if kill_at and t >= kill_at[0]:
             kill_at.pop(0)
             restart_triggerer(a)
             print(f"providers: triggerer SIGKILLed and restarted at {t:.0f} s", flush=True)
+            acted = True
         if broker_at and t >= broker_at[0]:
             broker_at.pop(0)
             restart_broker(a, "providers")
-        return bool(kill_at or broker_at)
+            acted = True
+        return acted or bool(kill_at or broker_at)
 
-    secs = settle(sides, kill_ids, 60, a.cap, step)
-    time.sleep(15)  # the scheduler's runs for the last asset events
-    out = []
-    for s in sides:
-        r = {"side": s.name, "phase": "kills", "events": a.events, "kills": a.kills, "broker_restarts": 1 if a.broker_restart else 0,
-             **tally(s.per_event(), s.runs(), kill_ids), "seconds": round(secs)}
-        out.append(r)
+    # 120 s of quiet after the last kill: a SIGKILLed consumer stays a member of its group until
+    # its session times out (45 s by default), and its successor waits for that rebalance.
+    kill_secs = settle(sides, kill_ids, 120, a.cap, step)
 
     # Phase paused: events arrive while the DAG is paused; unpaused after a wait.
     for s in sides:
@@ -246,20 +260,21 @@ def providers(api: API, a, tag: str, base: int) -> list[dict]:
     # The dag-processor drops a paused DAG's asset watchers at its next parse of the file
     # (every 10 s here); events in that window still become asset events, then none do.
     time.sleep(30)
-    produce(a.brokers, topics, paused_ids, tag, base)
+    produce(a.brokers, topics, paused_ids, tag, base, where)
     settle(sides, paused_ids, 30, 120)
     while_paused = [tally(s.per_event(), None, paused_ids)["asset_events"] for s in sides]
     for s in sides:
         api.pause(s.dag_id, False)
-    secs = settle(sides, paused_ids, 30, 180)
-    time.sleep(20)
-    for s, wp in zip(sides, while_paused):
+    paused_secs = settle(sides, range(1, a.events + a.paused + 1), 60, 300)
+    time.sleep(20)  # the scheduler's runs for the last asset events
+    # Everything is read once, at the end: a slow side gets the whole sitting.
+    out = []
+    for s, topic, group, wp in zip(sides, topics, ("compare-provider-" + tag, "compare-shared-" + tag), while_paused):
+        commit, per, runs = committed(a.brokers, group, topic), s.per_event(), s.runs()
+        out.append({"side": s.name, "phase": "kills", "events": a.events, "kills": a.kills, "broker_restarts": 1 if a.broker_restart else 0,
+                    **tally(per, runs, kill_ids, where[topic], commit), "seconds": round(kill_secs)})
         out.append({"side": s.name, "phase": "paused", "events": a.paused, "kills": 0, "broker_restarts": 0,
-                    "asset_events_while_paused": wp, **tally(s.per_event(), s.runs(), paused_ids), "seconds": round(secs)})
-    lags = {"await": group_lag(a.brokers, "compare-provider-" + tag, a.provider_topic),
-            "shared": group_lag(a.brokers, "compare-shared-" + tag, a.shared_topic)}
-    for r in out:
-        r["group_lag_at_end"] = lags[r["side"]]
+                    "asset_events_while_paused": wp, **tally(per, runs, paused_ids, where[topic], commit), "seconds": round(paused_secs)})
     return out
 
 
@@ -285,7 +300,8 @@ def kafkatx(api: API, a, tag: str, base: int) -> list[dict]:
         out = subprocess.run(args + ["--exit-when-idle", "5s"], stdout=subprocess.PIPE, stderr=log, timeout=600)
         return json.loads(out.stdout.decode().strip().splitlines()[-1]) if out.stdout.strip() else {}
 
-    produce(a.brokers, [a.kafkatx_topic], kill_ids, tag, base)
+    where: dict = {}
+    produce(a.brokers, [a.kafkatx_topic], kill_ids, tag, base, where)
     start = time.time()
     for k in range(a.kills):
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
@@ -302,7 +318,7 @@ def kafkatx(api: API, a, tag: str, base: int) -> list[dict]:
             "asset_events": None, "runs": sum(runs().get(i, 0) for i in kill_ids), "lost": c["lost"], "duplicated": c["duplicated"],
             "merged": 0, "seconds": round(secs), "dead_lettered": summary.get("dead_lettered")}]
 
-    produce(a.brokers, [a.kafkatx_topic], paused_ids, tag, base)
+    produce(a.brokers, [a.kafkatx_topic], paused_ids, tag, base, where)
     start = time.time()
     summary = until_idle()
     secs = time.time() - start
@@ -318,9 +334,11 @@ def kafkatx(api: API, a, tag: str, base: int) -> list[dict]:
                 "asset_events": None, "runs": sum(per.get(i, 0) for i in paused_ids), "queued_while_paused": queued,
                 "lost": c["lost"], "duplicated": c["duplicated"], "merged": 0, "seconds": round(secs),
                 "paused_warnings_logged": warned, "dead_lettered": summary.get("dead_lettered")})
-    lag = group_lag(a.brokers, group, a.kafkatx_topic)
-    for r in out:
-        r["group_lag_at_end"] = lag
+    commit = committed(a.brokers, group, a.kafkatx_topic)
+    per = runs()
+    for r, ids in zip(out, (kill_ids, paused_ids)):
+        c = tally(per, None, ids, where[a.kafkatx_topic], commit)
+        r["lost"], r["waiting"] = c["lost"], c["waiting"]
     return out
 
 
@@ -340,10 +358,10 @@ def main() -> None:
     base = random.randrange(1, 1 << 30) * 64
     results = providers(api, a, a.tag, base) + kafkatx(api, a, a.tag, base + (1 << 40))
     print()
-    cols = ("side", "phase", "events", "kills", "broker_restarts", "asset_events", "runs", "lost", "duplicated", "merged", "group_lag_at_end", "seconds")
-    print(" ".join(f"{c:>16}" for c in cols))
+    cols = ("side", "phase", "events", "kills", "broker_restarts", "asset_events", "runs", "lost", "waiting", "duplicated", "merged", "without_run", "seconds")
+    print(" ".join(f"{c:>12}" for c in cols))
     for r in results:
-        print(" ".join(f"{'-' if r.get(c) is None else r.get(c):>16}" for c in cols))
+        print(" ".join(f"{'-' if r.get(c) is None else r.get(c):>12}" for c in cols))
     print(json.dumps(results))
 
 
