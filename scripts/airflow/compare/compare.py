@@ -217,7 +217,10 @@ def settle(sides: list[ProviderSide], ids: range, quiet: float, cap: float, step
         busy = step(time.time() - start) if step else False
         if busy:
             last = time.time()  # quiet counts from the last kill or restart
-        now = tuple(sum(s.per_event().get(i, 0) for i in ids) for s in sides)
+        try:
+            now = tuple(sum(s.per_event().get(i, 0) for i in ids) for s in sides)
+        except urllib.error.HTTPError:
+            now = seen  # the 500 above, for longer than call() waits: poll again
         if now != seen:
             seen, last = now, time.time()
         if not busy and time.time() - last > quiet:
