@@ -1,16 +1,23 @@
 """The comparison run by scripts/compare-kafka-trigger (run with the Airflow venv's python, which
 has confluent_kafka once the Kafka provider is installed).
 
-Both sides get the same N Debezium-shaped change events and K SIGKILLs at random moments:
-  provider  Airflow's own Kafka event-driven scheduling (AssetWatcher + MessageQueueTrigger on
-            the triggerer, DAG compare_kafka_provider); the triggerer is SIGKILLed and restarted.
-  kafkatx   examples/dagtrigger starting one run of process_customer per event (the DAG is paused
-            so its tasks do not run: a paused DAG still gets its queued runs); dagtrigger is
-            SIGKILLed and restarted.
-Then it reads back from Airflow's API: per event id, how many asset events / runs it got.
-  lost        events with no asset event / no run
+Three sides get the same Debezium-shaped change events, on a broker of the script's own (the
+broker is restarted once in each run):
+  await     the Kafka provider's AwaitMessageTrigger (AssetWatcher + common-messaging
+            MessageQueueTrigger on the triggerer; DAG compare_kafka_provider)
+  shared    the Kafka provider's KafkaSharedStreamTrigger (2.1.0; AssetWatcher on the triggerer's
+            shared-stream manager; DAG compare_kafka_shared)
+  kafkatx   examples/dagtrigger starting one run of process_customer per event
+Phase "kills": EVENTS events; the two provider sides run at once under the same KILLS SIGKILLs of
+the triggerer (with its trigger-runner subprocess) and one broker restart; dagtrigger gets KILLS
+SIGKILLs and one broker restart of its own. Phase "paused": PAUSED more events arrive while each
+side's DAG is paused; the providers' DAGs are unpaused after a wait, dagtrigger's stays paused
+(its runs stay queued; process_customer's tasks need examples/dagservice, which is not run).
+Then it reads back from Airflow's API, per event id:
+  lost        events with no asset event (provider) / no run (kafkatx)
   duplicated  events with more than one asset event / run
   merged      events that share one run with another event (several asset events, one run)
+and, for what an operator can see, each consumer group's committed offsets against the log end.
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -45,18 +53,23 @@ class API:
         body = json.dumps({"username": env("AIRFLOW_USERNAME"), "password": pw}).encode()
         req = urllib.request.Request(self.url + "/auth/token", data=body, headers={"Content-Type": "application/json"})
         self.token = json.load(urllib.request.urlopen(req, timeout=20))["access_token"]
+        self.retried = 0  # calls repeated after a timeout or a 500
 
     def call(self, method: str, path: str, body=None):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Authorization": "Bearer " + self.token, "Content-Type": "application/json"})
-        for attempt in range(5):  # a loaded 2-core machine makes the api-server slow at times
+        for attempt in range(30):
             try:
                 return json.load(urllib.request.urlopen(req, timeout=60))
             except (TimeoutError, urllib.error.URLError) as err:
-                if isinstance(err, urllib.error.HTTPError) or attempt == 4:
+                # A loaded 2-core machine makes the api-server slow at times; and Airflow 3.3.2's
+                # GET /api/v2/assets/events answers 500 while a run created from one of the
+                # events has not started (its start_date is None: a validation error).
+                if isinstance(err, urllib.error.HTTPError) and err.code != 500 or attempt == 29:
                     raise
-                time.sleep(2)
+                self.retried += 1
+                time.sleep(3)
 
     def pages(self, path: str, key: str):
         out, offset = [], 0
@@ -68,6 +81,9 @@ class API:
             if offset >= page["total_entries"]:
                 return out
 
+    def pause(self, dag_id: str, paused: bool) -> None:
+        self.call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": paused})
+
 
 def event(i: int, tag: str, base: int) -> tuple[bytes, bytes]:
     key = json.dumps({"id": i}).encode()
@@ -77,12 +93,19 @@ def event(i: int, tag: str, base: int) -> tuple[bytes, bytes]:
     return key, value
 
 
-def produce(brokers: str, topic: str, n: int, tag: str, base: int) -> None:
+def produce(brokers: str, topics: list[str], ids: range, tag: str, base: int, where: dict) -> None:
+    """Produce events ids to each topic; where[topic][id] = (partition, offset) of each."""
     p = Producer({"bootstrap.servers": brokers, "enable.idempotence": True})
-    for i in range(1, n + 1):
+
+    def delivered(err, msg, i):
+        if err is None:
+            where.setdefault(msg.topic(), {})[i] = (msg.partition(), msg.offset())
+
+    for i in ids:
         k, v = event(i, tag, base)
-        p.produce(topic, key=k, value=v)
-    if p.flush(30) != 0:
+        for t in topics:
+            p.produce(t, key=k, value=v, on_delivery=lambda err, msg, i=i: delivered(err, msg, i))
+    if p.flush(60) != 0 or any(len(where.get(t, {})) < sum(1 for _ in ids) for t in topics):
         sys.exit("compare: events not delivered")
 
 
@@ -92,120 +115,262 @@ def create_topics(brokers: str, topics: list[str]) -> None:
         f.result(30)
 
 
-def counts(ids_per_event: dict[int, int], n: int) -> dict:
-    return {"lost": sum(1 for i in range(1, n + 1) if ids_per_event.get(i, 0) == 0),
-            "duplicated": sum(1 for i in range(1, n + 1) if ids_per_event.get(i, 0) > 1)}
+def committed(brokers: str, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset per partition of the topic (0 when none): what
+    `kafka-consumer-groups --describe` shows an operator."""
+    c = Consumer({"bootstrap.servers": brokers, "group.id": group, "enable.auto.commit": False})
+    try:
+        return {tp.partition: max(tp.offset, 0) for tp in c.committed([TopicPartition(topic, p) for p in range(3)], timeout=30)}
+    finally:
+        c.close()
 
 
-def restart_triggerer(state: str, envsh: str, airflow_bin: str, log: str) -> None:
-    pid = int(open(os.path.join(state, "airflow.pid.triggerer")).read())
+def restart_triggerer(a) -> None:
+    pid = int(open(os.path.join(a.state, "airflow.pid.triggerer")).read())
     try:
         os.killpg(pid, signal.SIGKILL)  # the triggerer and its trigger-runner subprocess
     except ProcessLookupError:
         pass
     time.sleep(1)
-    with open(log, "a") as out:
-        p = subprocess.Popen(["bash", "-c", f'. "{envsh}"; exec "{airflow_bin}" triggerer --skip-serve-logs'],
+    with open(a.triggerer_log, "a") as out:
+        p = subprocess.Popen(["bash", "-c", f'. "{a.envsh}"; exec "{a.airflow_bin}" triggerer --skip-serve-logs'],
                              stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    with open(os.path.join(state, "airflow.pid.triggerer.tmp"), "w") as f:
+    with open(os.path.join(a.state, "airflow.pid.triggerer.tmp"), "w") as f:
         f.write(f"{p.pid}\n")
-    os.replace(os.path.join(state, "airflow.pid.triggerer.tmp"), os.path.join(state, "airflow.pid.triggerer"))
+    os.replace(os.path.join(a.state, "airflow.pid.triggerer.tmp"), os.path.join(a.state, "airflow.pid.triggerer"))
 
 
-def provider_side(api: API, a, tag: str, base: int) -> dict:
-    topic = a.provider_topic
-    produce(a.brokers, topic, a.events, tag, base)
-    start = time.time()
-    # Kills spread over the time the trigger needs (about one event per 2 s).
-    span = max(a.events * 2.0, 30.0)
-    kill_at = sorted(random.uniform(5, span) for _ in range(a.kills))
-    assets = [x for x in api.pages("/api/v2/assets?name_pattern=kafka_compare_events", "assets") if x["name"] == "kafka_compare_events"]
-    if not assets:
-        sys.exit("compare: the asset kafka_compare_events is unknown to Airflow (DAG not parsed?)")
-    asset_id = assets[0]["id"]
+def restart_broker(a, who: str) -> None:
+    """SIGKILL the script's own broker and bring it back (never the shared one)."""
+    t = time.time()
+    subprocess.run(["bash", "-c", a.broker_restart], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    print(f"{who}: broker SIGKILLed and back after {time.time() - t:.0f} s", flush=True)
 
-    def ours():
-        evs = api.pages(f"/api/v2/assets/events?asset_id={asset_id}", "asset_events")
-        return [e for e in evs if ((e.get("extra") or {}).get("payload") or {}).get("tag") == tag]
 
-    last_change, seen = time.time(), 0
-    while True:
-        if kill_at and time.time() - start >= kill_at[0]:
-            kill_at.pop(0)
-            restart_triggerer(a.state, a.envsh, a.airflow_bin, a.triggerer_log)
-            print(f"provider: triggerer SIGKILLed and restarted at {time.time() - start:.0f} s", flush=True)
-        evs = ours()
-        if len(evs) != seen:
-            seen, last_change = len(evs), time.time()
-        if not kill_at and (time.time() - last_change > 60 or seen >= a.events and time.time() - last_change > 20):
+class ProviderSide:
+    def __init__(self, api: API, name: str, asset: str, dag_id: str, tag: str) -> None:
+        self.api, self.name, self.dag_id, self.tag = api, name, dag_id, tag
+        assets = [x for x in api.pages(f"/api/v2/assets?name_pattern={asset}", "assets") if x["name"] == asset]
+        if not assets:
+            sys.exit(f"compare: the asset {asset} is unknown to Airflow (DAG not parsed?)")
+        self.asset_id = assets[0]["id"]
+
+    def payload(self, e: dict) -> dict:
+        p = (e.get("extra") or {}).get("payload")
+        if isinstance(p, str):  # KafkaSharedStreamTrigger: the message's value as text
+            try:
+                after = json.loads(p).get("after") or {}
+            except ValueError:
+                return {}
+            return {"id": after.get("id"), "tag": after.get("e2e")}
+        return p or {}
+
+    def events(self) -> list[dict]:
+        evs = self.api.pages(f"/api/v2/assets/events?asset_id={self.asset_id}", "asset_events")
+        return [e for e in evs if self.payload(e).get("tag") == self.tag]
+
+    def per_event(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for e in self.events():
+            i = self.payload(e)["id"]
+            out[i] = out.get(i, 0) + 1
+        return out
+
+    def runs(self) -> dict[str, set]:
+        """run id -> the event ids of the asset events it consumed."""
+        out = {}
+        for r in self.api.pages(f"/api/v2/dags/{self.dag_id}/dagRuns", "dag_runs"):
+            ups = self.api.call("GET", f"/api/v2/dags/{self.dag_id}/dagRuns/" + urllib.parse.quote(r["dag_run_id"], safe="") + "/upstreamAssetEvents")
+            ids = {self.payload(u).get("id") for u in ups["asset_events"] if self.payload(u).get("tag") == self.tag}
+            if ids:
+                out[r["dag_run_id"]] = ids
+        return out
+
+
+def tally(per_event: dict[int, int], runs: dict[str, set] | None, ids: range, where: dict | None = None, commit: dict | None = None) -> dict:
+    """lost: no asset event/run although the group committed past the event's offset (gone for
+    good); waiting: none yet, the event still at or after the committed offset (in Kafka, not
+    consumed when the run ended); without_run: an asset event but no run yet."""
+    missing = [i for i in ids if per_event.get(i, 0) == 0]
+    out = {"asset_events": sum(per_event.get(i, 0) for i in ids),
+           "duplicated": sum(1 for i in ids if per_event.get(i, 0) > 1)}
+    if where is not None and commit is not None:
+        out["lost"] = sum(1 for i in missing if where[i][1] < commit.get(where[i][0], 0))
+        out["waiting"] = len(missing) - out["lost"]
+    else:
+        out["lost"] = len(missing)
+    if runs is not None:
+        mine = [r & set(ids) for r in runs.values()]
+        mine = [r for r in mine if r]
+        out["runs"] = len(mine)
+        out["merged"] = sum(len(r) - 1 for r in mine if len(r) > 1)
+        in_runs = set().union(*mine) if mine else set()
+        out["without_run"] = sum(1 for i in ids if per_event.get(i, 0) > 0 and i not in in_runs)
+    return out
+
+
+def settle(sides: list[ProviderSide], ids: range, quiet: float, cap: float, step=None) -> float:
+    """Poll until no side's count of asset events for ids changes for `quiet` seconds after
+    step() has nothing left to do, at most `cap` seconds. Returns the seconds taken."""
+    start, last, seen = time.time(), time.time(), None
+    while time.time() - start < cap:
+        busy = step(time.time() - start) if step else False
+        if busy:
+            last = time.time()  # quiet counts from the last kill or restart
+        try:
+            now = tuple(sum(s.per_event().get(i, 0) for i in ids) for s in sides)
+        except urllib.error.HTTPError:
+            now = seen  # the 500 above, for longer than call() waits: poll again
+        if now != seen:
+            seen, last = now, time.time()
+        if not busy and time.time() - last > quiet:
             break
         time.sleep(3)
-    elapsed = time.time() - start
-    per_event: dict[int, int] = {}
-    for e in evs:
-        i = e["extra"]["payload"]["id"]
-        per_event[i] = per_event.get(i, 0) + 1
-    # Wait for the runs the asset events created, then who shares a run.
-    time.sleep(15)
-    runs = [r for r in api.pages("/api/v2/dags/compare_kafka_provider/dagRuns", "dag_runs")]
-    events_in_run: dict[str, set] = {}
-    for r in runs:
-        ups = api.call("GET", "/api/v2/dags/compare_kafka_provider/dagRuns/" + urllib.parse.quote(r["dag_run_id"], safe="") + "/upstreamAssetEvents")
-        ids = {((u.get("extra") or {}).get("payload") or {}).get("id") for u in ups["asset_events"]
-               if ((u.get("extra") or {}).get("payload") or {}).get("tag") == tag}
-        if ids:
-            events_in_run[r["dag_run_id"]] = ids
-    merged = sum(len(ids) - 1 for ids in events_in_run.values() if len(ids) > 1)
-    c = counts(per_event, a.events)
-    return {"side": "provider", "events": a.events, "kills": a.kills, "asset_events": len(evs), "runs": len(events_in_run),
-            "lost": c["lost"], "duplicated": c["duplicated"], "merged": merged, "seconds": round(elapsed)}
+    return time.time() - start
 
 
-def kafkatx_side(api: API, a, tag: str, base: int) -> dict:
-    api.call("PATCH", "/api/v2/dags/process_customer", {"is_paused": True})
-    produce(a.brokers, a.kafkatx_topic, a.events, tag, base)
+def providers(api: API, a, tag: str, base: int) -> list[dict]:
+    sides = [ProviderSide(api, "await", "kafka_compare_events", "compare_kafka_provider", tag),
+             ProviderSide(api, "shared", "kafka_compare_shared_events", "compare_kafka_shared", tag)]
+    topics = [a.provider_topic, a.shared_topic]
+    kill_ids, paused_ids = range(1, a.events + 1), range(a.events + 1, a.events + a.paused + 1)
+
+    # Phase kills: the same events on both topics, the same triggerer kills, one broker restart.
+    for s in sides:
+        api.pause(s.dag_id, False)
+    where: dict = {}
+    produce(a.brokers, topics, kill_ids, tag, base, where)
+    span = max(a.events * 2.0, 30.0)  # the await trigger handles about one event per 2 s
+    kill_at = sorted(random.uniform(5, span) for _ in range(a.kills))
+    broker_at = [span / 2] if a.broker_restart else []
+
+    def step(t: float) -> bool:
+        """Kill or restart what is due; true while anything was done or is still to do."""
+        acted = False
+        if kill_at and t >= kill_at[0]:
+            kill_at.pop(0)
+            restart_triggerer(a)
+            print(f"providers: triggerer SIGKILLed and restarted at {t:.0f} s", flush=True)
+            acted = True
+        if broker_at and t >= broker_at[0]:
+            broker_at.pop(0)
+            restart_broker(a, "providers")
+            acted = True
+        return acted or bool(kill_at or broker_at)
+
+    # 120 s of quiet after the last kill: a SIGKILLed consumer stays a member of its group until
+    # its session times out (45 s by default), and its successor waits for that rebalance.
+    kill_secs = settle(sides, kill_ids, 120, a.cap, step)
+
+    # Phase paused: events arrive while the DAG is paused; unpaused after a wait.
+    for s in sides:
+        api.pause(s.dag_id, True)
+    # The dag-processor drops a paused DAG's asset watchers at its next parse of the file
+    # (every 10 s here); events in that window still become asset events, then none do.
+    time.sleep(30)
+    produce(a.brokers, topics, paused_ids, tag, base, where)
+    settle(sides, paused_ids, 30, 120)
+    while_paused = [tally(s.per_event(), None, paused_ids)["asset_events"] for s in sides]
+    for s in sides:
+        api.pause(s.dag_id, False)
+    paused_secs = settle(sides, range(1, a.events + a.paused + 1), 60, 300)
+    time.sleep(20)  # the scheduler's runs for the last asset events
+    # Everything is read once, at the end: a slow side gets the whole sitting.
+    out = []
+    for s, topic, group, wp in zip(sides, topics, ("compare-provider-" + tag, "compare-shared-" + tag), while_paused):
+        commit, per, runs = committed(a.brokers, group, topic), s.per_event(), s.runs()
+        out.append({"side": s.name, "phase": "kills", "events": a.events, "kills": a.kills, "broker_restarts": 1 if a.broker_restart else 0,
+                    **tally(per, runs, kill_ids, where[topic], commit), "seconds": round(kill_secs)})
+        out.append({"side": s.name, "phase": "paused", "events": a.paused, "kills": 0, "broker_restarts": 0,
+                    "asset_events_while_paused": wp, **tally(per, runs, paused_ids, where[topic], commit), "seconds": round(paused_secs)})
+    return out
+
+
+def kafkatx(api: API, a, tag: str, base: int) -> list[dict]:
+    api.pause("process_customer", True)  # runs are created and stay queued: nothing needs dagservice
+    kill_ids, paused_ids = range(1, a.events + 1), range(a.events + 1, a.events + a.paused + 1)
+    group = "compare-kafkatx-" + tag
     args = [a.dagtrigger, "--brokers", a.brokers, "--database-url", a.database_url, "--topic", a.kafkatx_topic,
-            "--group", "compare-kafkatx-" + tag, "--airflow-url", api.url, "--dag-id", "process_customer",
+            "--group", group, "--airflow-url", api.url, "--dag-id", "process_customer",
             "--airflow-username", env("AIRFLOW_USERNAME"), "--airflow-password-file", env("AIRFLOW_PASSWORD_FILE"),
             "--instance-id", "compare-1", "--session-timeout", "10s", "--batch-size", "1"]
     log = open(a.dagtrigger_log, "a")
+    log_start = log.tell()
+
+    def runs() -> dict[int, int]:
+        per: dict[int, int] = {}
+        for r in api.pages("/api/v2/dags/process_customer/dagRuns", "dag_runs"):
+            if (r.get("conf") or {}).get("e2e") == tag:
+                per[r["conf"]["id"]] = per.get(r["conf"]["id"], 0) + 1
+        return per
+
+    def until_idle() -> dict:
+        out = subprocess.run(args + ["--exit-when-idle", "5s"], stdout=subprocess.PIPE, stderr=log, timeout=600)
+        return json.loads(out.stdout.decode().strip().splitlines()[-1]) if out.stdout.strip() else {}
+
+    where: dict = {}
+    produce(a.brokers, [a.kafkatx_topic], kill_ids, tag, base, where)
     start = time.time()
-    for _ in range(a.kills):
+    for k in range(a.kills):
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
         time.sleep(random.uniform(2.5, 5.0))
+        if a.broker_restart and k == a.kills // 2:
+            restart_broker(a, "kafkatx")
+            time.sleep(random.uniform(1.0, 3.0))
         p.send_signal(signal.SIGKILL)
         p.wait()
-    out = subprocess.run(args + ["--exit-when-idle", "5s"], stdout=subprocess.PIPE, stderr=log, timeout=600)
-    elapsed = time.time() - start
-    runs = [r for r in api.pages("/api/v2/dags/process_customer/dagRuns", "dag_runs") if (r.get("conf") or {}).get("e2e") == tag]
-    per_event: dict[int, int] = {}
-    for r in runs:
-        i = r["conf"]["id"]
-        per_event[i] = per_event.get(i, 0) + 1
-    c = counts(per_event, a.events)
-    summary = json.loads(out.stdout.decode().strip().splitlines()[-1]) if out.stdout.strip() else {}
-    return {"side": "kafkatx", "events": a.events, "kills": a.kills, "asset_events": None, "runs": len(runs),
-            "lost": c["lost"], "duplicated": c["duplicated"], "merged": 0, "seconds": round(elapsed),
-            "dead_lettered": summary.get("dead_lettered")}
+    summary = until_idle()
+    secs = time.time() - start
+    c = tally(runs(), None, kill_ids)
+    out = [{"side": "kafkatx", "phase": "kills", "events": a.events, "kills": a.kills, "broker_restarts": 1 if a.broker_restart else 0,
+            "asset_events": None, "runs": sum(runs().get(i, 0) for i in kill_ids), "lost": c["lost"], "duplicated": c["duplicated"],
+            "merged": 0, "seconds": round(secs), "dead_lettered": summary.get("dead_lettered")}]
+
+    produce(a.brokers, [a.kafkatx_topic], paused_ids, tag, base, where)
+    start = time.time()
+    summary = until_idle()
+    secs = time.time() - start
+    per = runs()
+    c = tally(per, None, paused_ids)
+    queued = sum(1 for r in api.pages("/api/v2/dags/process_customer/dagRuns?state=queued", "dag_runs")
+                 if (r.get("conf") or {}).get("e2e") == tag and r["conf"]["id"] in paused_ids)
+    log.flush()
+    with open(a.dagtrigger_log) as f:
+        f.seek(log_start)
+        warned = sum(1 for line in f if "Airflow reports the DAG paused" in line)
+    out.append({"side": "kafkatx", "phase": "paused", "events": a.paused, "kills": 0, "broker_restarts": 0,
+                "asset_events": None, "runs": sum(per.get(i, 0) for i in paused_ids), "queued_while_paused": queued,
+                "lost": c["lost"], "duplicated": c["duplicated"], "merged": 0, "seconds": round(secs),
+                "paused_warnings_logged": warned, "dead_lettered": summary.get("dead_lettered")})
+    commit = committed(a.brokers, group, a.kafkatx_topic)
+    per = runs()
+    for r, ids in zip(out, (kill_ids, paused_ids)):
+        c = tally(per, None, ids, where[a.kafkatx_topic], commit)
+        r["lost"], r["waiting"] = c["lost"], c["waiting"]
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    for name in ("brokers", "database-url", "dagtrigger", "state", "envsh", "airflow-bin", "provider-topic",
+    for name in ("brokers", "database-url", "dagtrigger", "state", "envsh", "airflow-bin", "provider-topic", "shared-topic",
                  "kafkatx-topic", "triggerer-log", "dagtrigger-log", "tag"):
         ap.add_argument("--" + name, required=True)
-    ap.add_argument("--events", type=int, default=60)
-    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--events", type=int, default=30)
+    ap.add_argument("--kills", type=int, default=3)
+    ap.add_argument("--paused", type=int, default=5, help="events that arrive while the DAG is paused")
+    ap.add_argument("--broker-restart", default="", help="a shell command that SIGKILLs the script's own broker and brings it back; none: no broker restart")
+    ap.add_argument("--cap", type=float, default=600, help="at most this many seconds for the providers' kills phase")
     a = ap.parse_args()
     api = API()
     create_topics(a.brokers, [a.kafkatx_topic])
     base = random.randrange(1, 1 << 30) * 64
-    results = [provider_side(api, a, a.tag, base), kafkatx_side(api, a, a.tag, base + (1 << 40))]
+    results = providers(api, a, a.tag, base) + kafkatx(api, a, a.tag, base + (1 << 40))
     print()
-    print(f"{'side':<9} {'events':>6} {'kills':>5} {'asset events':>12} {'runs':>5} {'lost':>5} {'duplicated':>10} {'merged':>6} {'seconds':>7}")
+    cols = ("side", "phase", "events", "kills", "broker_restarts", "asset_events", "runs", "lost", "waiting", "duplicated", "merged", "without_run", "seconds")
+    print(" ".join(f"{c:>12}" for c in cols))
     for r in results:
-        ae = "-" if r["asset_events"] is None else r["asset_events"]
-        print(f"{r['side']:<9} {r['events']:>6} {r['kills']:>5} {ae:>12} {r['runs']:>5} {r['lost']:>5} {r['duplicated']:>10} {r['merged']:>6} {r['seconds']:>7}")
+        print(" ".join(f"{'-' if r.get(c) is None else r.get(c):>12}" for c in cols))
+    print(f"API calls repeated after a timeout or a 500: {api.retried}")
     print(json.dumps(results))
 
 
