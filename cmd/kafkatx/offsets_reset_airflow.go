@@ -95,6 +95,16 @@ func (c *OffsetsResetCmd) airflowNeighbourhoods(ctx context.Context, g *Globals,
 				continue
 			}
 			start, to = s.Watermark, s.Watermark
+			// Run again after an interrupted clear: the skip is applied, so the plan has nothing
+			// to do; the neighbourhood is the one the first run planned — below the range that
+			// skip moved the watermark over, read from its audit row.
+			if skipped, ok, err := offsetstore.New(pg.SchemaOr(g.Schema)).LastSkipTo(ctx, pool, c.Group, s.TP, s.Watermark); err != nil {
+				if !pgerr.IsCode(err, "42P01") {
+					return nil, err
+				}
+			} else if ok {
+				start = skipped
+			}
 		default:
 			continue
 		}

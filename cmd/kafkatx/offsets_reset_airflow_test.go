@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
@@ -204,5 +208,53 @@ func TestAirflowFlagsOfResetAndConsoleUsageErrors(t *testing.T) {
 		{append(console, "--airflow-url", "http://h:1", "--airflow-queued-for", "0s"), "--airflow-queued-for"},
 	} {
 		testenv.RequireUsageError(t, bin, c.args, nil, c.want)
+	}
+}
+
+// Run again after an interrupted clear, the skip is applied and its plan does nothing: the
+// neighbourhood is still the one the first run planned — --airflow-before offsets below the
+// range the skip moved the watermark over (its operator_skip audit row), not below the new
+// watermark, which would leave the first run's queued runs out (found by a new user: the re-run
+// said "nothing to do" and exited 0 with 10 runs still queued).
+func TestClearRunAgainAfterAnInterruptedOneKeepsTheFirstNeighbourhood(t *testing.T) {
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	schema := testenv.Schema(t, pool)
+	if _, err := migrations.Apply(ctx, pool, schema); err != nil {
+		t.Fatal(err)
+	}
+	tp := offsetstore.TP{Topic: "t", Partition: 1}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := int64(140); off < 163; off++ {
+		id := fmt.Sprintf("r%d", off)
+		if _, err := airflow.RecordTx(ctx, tx, schema, airflow.LedgerEntry{Group: "g", Topic: "t", Partition: 1, Offset: off, Key: id,
+			Target: airflow.TargetDAGRun, DAGID: "process_customer", RunID: id, Outcome: airflow.OutcomeCreated}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s := pgx.Identifier{schema}.Sanitize()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+s+`.offset_audit (group_id, topic, partition, kind, from_offset, to_offset, reason, actor, status)
+		VALUES ('g', 't', 1, 'operator_skip', 163, 180, 'bad batch', 'op', 'applied')`); err != nil {
+		t.Fatal(err)
+	}
+	g := &Globals{DatabaseURL: testenv.DatabaseURL(t), Schema: schema}
+	c := &OffsetsResetCmd{Group: "g", Topic: "t", Mode: "skip", Reason: "bad batch", AirflowBefore: 10}
+	plan := &offsets.Plan{Steps: []offsets.Step{{TP: tp, Watermark: 180, Target: 180, Action: offsets.ActionNone}}}
+	ns, err := c.airflowNeighbourhoods(ctx, g, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ns) != 1 || ns[0].from != 153 || ns[0].start != 163 || ns[0].to != 180 || len(ns[0].entries) != 10 || ns[0].entries[0].Offset != 153 {
+		var got []string
+		for _, n := range ns {
+			got = append(got, fmt.Sprintf("[%d, %d) start %d, %d rows", n.from, n.to, n.start, len(n.entries)))
+		}
+		t.Fatalf("neighbourhood of the run again: %v; want [153, 180) from the skip of [163, 180), its 10 rows 153..162", got)
 	}
 }

@@ -2,8 +2,11 @@ package offsetstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/pg"
@@ -92,6 +95,24 @@ func (s *Store) Events(ctx context.Context, q pg.Querier, group, topic string) (
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// LastSkipTo returns the start of the latest applied operator skip of tp for group that ended
+// at w — its audit row's from_offset — and true; false when the latest operator_skip row of
+// tp ends elsewhere or there is none. A command run again after an interrupted follow-up of a
+// skip (`offsets reset --clear-airflow`) finds with it the range the first run skipped.
+func (s *Store) LastSkipTo(ctx context.Context, q pg.Querier, group string, tp TP, w int64) (int64, bool, error) {
+	var from, to int64
+	err := q.QueryRow(ctx, `SELECT from_offset, to_offset FROM `+s.t.OffsetAudit+`
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND kind = $4 AND status = $5
+		ORDER BY id DESC LIMIT 1`, group, tp.Topic, tp.Partition, KindOperatorSkip, StatusApplied).Scan(&from, &to)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read the offset audit of %s: %w", tp, err)
+	}
+	return from, to == w && from < w, nil
 }
 
 // RewoundByHand reports whether the latest audit row of tp for group records a backward move
