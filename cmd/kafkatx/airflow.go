@@ -462,8 +462,15 @@ func printAirflowStatus(w io.Writer, group, output string, rep *airflowReport) e
 			if err := tw.Flush(); err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "DRIFT for group %s: %d missing, %d queued, %d failed of %d ledger entries (%d runs, %d asset events); `kafkatx airflow repair` re-creates the missing ones\n",
-				termText(group), rep.count(driftMissing), rep.count(driftQueued), rep.count(driftFailed), rep.Entries, rep.Runs, rep.Assets)
+			hint := ""
+			if rep.count(driftMissing) > 0 {
+				hint = "; `kafkatx airflow repair` re-creates the missing ones"
+			}
+			if rep.count(driftQueued) > 0 {
+				hint += "; queued runs wait on Airflow (the reason column), `offsets reset --mode skip --clear-airflow` clears a skipped range's"
+			}
+			fmt.Fprintf(w, "DRIFT for group %s: %d missing, %d queued, %d failed of %d ledger entries (%d runs, %d asset events)%s\n",
+				termText(group), rep.count(driftMissing), rep.count(driftQueued), rep.count(driftFailed), rep.Entries, rep.Runs, rep.Assets, hint)
 		} else {
 			cleared := ""
 			if rep.Cleared > 0 {

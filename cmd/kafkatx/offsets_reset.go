@@ -192,6 +192,10 @@ func offsetsPrintPlan(p *offsets.Plan) {
 		case offsets.ActionReplay:
 			fmt.Printf("  %s: watermark %d -> %d, Kafka committed %s -> %d: replay [%d, %d), %d message(s), in a new replay epoch\n",
 				s.TP, s.Watermark, s.Target, k, s.Target, s.Target, s.Watermark, s.Messages())
+			if s.ParkedReplayed > 0 {
+				fmt.Printf("    %d parked message(s) at or above %d: their rows are deleted and the replay reads them again from Kafka (their keys park again if they still fail)\n",
+					s.ParkedReplayed, s.Target)
+			}
 		case offsets.ActionAlign:
 			fmt.Printf("  %s: Kafka committed %s -> %d (the watermark), as align\n", s.TP, k, s.Target)
 		case offsets.ActionAdopt:

@@ -24,9 +24,12 @@ func TestBadFlagValuesExit2WithOneLine(t *testing.T) {
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--database-url", "postgres://u:s3cret@[::1"}:                        "--database-url: the database URL does not parse",
 		// A fresh-eyes attack: refused before anything connects (they exited 1 after, or
 		// were accepted: a DAG id with ".." was resolved into another API path).
-		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "ü/../x"}:                                          "--dag-id",
-		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", ".."}:                                              "only dots",
-		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "ftp://x", "--dag-id", "d"}:                                                          "--airflow-url \"ftp://x\"",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "ü/../x"}: "--dag-id",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", ".."}:     "only dots",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "ftp://x", "--dag-id", "d"}:                 "--airflow-url: want the Airflow API server's http(s) base URL",
+		// Credentials in the URL: exit 2 as kafkatx's commands do (it was 1), never quoted back.
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://u:s3cret@127.0.0.1:1", "--dag-id", "d"}:                                      "--airflow-url: credentials in the URL are refused",
+		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "ftp://u:s3cret@x", "--dag-id", "d"}:                                                 "--airflow-url: want the Airflow API server's http(s) base URL",
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "not a url", "--dag-id", "d"}:                                                        "--airflow-url",
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--cdc-ops", "x"}:                             "--cdc-ops: unknown op",
 		&[]string{"--topic", "t", "--group", "g", "--airflow-url", "http://127.0.0.1:1", "--dag-id", "d", "--cdc-ops", ""}:                              "--cdc-ops names no op",

@@ -290,9 +290,13 @@ func checkAirflowURL(s string) error {
 	if s == "" {
 		return nil // NonEmpty says so
 	}
+	// The URL is never quoted back: it may carry a password.
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("--airflow-url %q: want the Airflow API server's http(s) base URL, http://host:8080", s)
+		return errors.New("--airflow-url: want the Airflow API server's http(s) base URL, http://host:8080")
+	}
+	if u.User != nil {
+		return errors.New("--airflow-url: credentials in the URL are refused (they would show in process lists and logs): pass --airflow-token-file, or --airflow-username and --airflow-password-file")
 	}
 	return nil
 }

@@ -254,9 +254,11 @@ type StatusError struct {
 }
 
 func (e *StatusError) Error() string {
-	method := "POST " // Endpoint names its method when it is not a POST ("GET /api/v2/...")
-	if strings.HasPrefix(e.Endpoint, "GET ") {
-		method = ""
+	method := "POST " // Endpoint names its method when it is not a POST ("GET /api/v2/...", "PATCH ...")
+	for _, m := range []string{"GET ", "PATCH ", "DELETE ", "PUT "} {
+		if strings.HasPrefix(e.Endpoint, m) {
+			method = ""
+		}
 	}
 	return fmt.Sprintf("airflow answered %d %s to %s%s: %s", e.StatusCode, http.StatusText(e.StatusCode), method, e.Endpoint, e.Detail)
 }

@@ -32,6 +32,9 @@ func TestParkedOffsetsAccountedAndReplayedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(plan.Steps) != 1 || plan.Steps[0].ParkedReplayed != 1 {
+		t.Fatalf("plan %+v: want the replay's step to name the 1 parked message it deletes", plan.Steps)
+	}
 	if err := b.op.ExecuteReset(ctx, plan); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/parking"
+	"github.com/kafkatx/kafkatx/internal/pgerr"
 )
 
 // Mode says which way a reset moves the watermark.
@@ -142,6 +143,10 @@ type Step struct {
 	// Log compares the log the watermark was recorded in with the current one (ActionAdopt
 	// records Log.Current).
 	Log offsetstate.LogChange
+	// ParkedReplayed is, for ActionReplay, how many parked messages (kafkatx.Config.Park) lie
+	// at or above the target: the replay reads them again from Kafka and Execute deletes their
+	// rows, so that they do not run twice.
+	ParkedReplayed int
 }
 
 // Messages is how many offsets the step skips or replays.
@@ -310,6 +315,12 @@ func (o *Operator) PlanReset(ctx context.Context, req ResetRequest) (*Plan, erro
 			s.Action = ActionSkip
 		default:
 			s.Action = ActionReplay
+			// The parked messages the replay reads again, whose rows it deletes (Execute).
+			offs, err := parking.New(o.t.Schema).Offsets(ctx, o.pool, req.Group, tp.Topic, tp.Partition, s.Target, -1)
+			if err != nil && !pgerr.IsCode(err, "42P01") { // a schema before migration 013 has none
+				return nil, err
+			}
+			s.ParkedReplayed = len(offs)
 		}
 		p.Steps = append(p.Steps, s)
 	}
