@@ -205,3 +205,15 @@ lint:
 bench: services-up
 	eval "$$(scripts/dev-services env)"; \
 	$(GO) -C examples run ./internal/bench $(BENCHFLAGS)
+
+## bench-peers: the figures to set beside the published Kafka -> PostgreSQL peers: examples/orders
+## draining N orders (PEERS_N, default 3000000; dagtrigger DAGTRIGGER_N, default a tenth) without events,
+## with the table outbox (plain and packed) and the WAL outbox, and dagtrigger against a stand-in
+## Airflow (examples/internal/airflowstandin); one markdown table with msg/s,
+## msg/s per core, row and message bytes, synchronous_commit, guarantees, duration and load
+## (docs/benchmarks.md, "Set beside the published peers"). Not a CI test.
+PEERS_N ?= 3000000
+.PHONY: bench-peers
+bench-peers: services-up
+	eval "$$(scripts/dev-services env)"; \
+	scripts/bench-peers $(PEERS_N)
