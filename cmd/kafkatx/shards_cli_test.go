@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/parking"
+	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 )
 
@@ -147,5 +149,56 @@ func TestAirflowStatusRepairOverShards(t *testing.T) {
 	}
 	if out, _, code := runCLI(t, cli, append([]string{"airflow", "status"}, args...)...); code != 0 || !strings.HasPrefix(out, "aligned: 2 ledger entries") {
 		t.Fatalf("after repair: exit %d\n%s", code, out)
+	}
+}
+
+// Issue 46: offsets reset with --shard acts on the shard that holds the partition, never on
+// the directory's database: a reset spanning partitions on two shards is refused (exit 2,
+// naming each shard's partitions, nothing changed); --partition 0 (on s2) moves s2's
+// watermark and audits there, and writes nothing on s1.
+func TestOffsetsResetOverShards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 2)
+	var recs []kafka.Message
+	for range 10 {
+		recs = append(recs, kafka.Message{Value: []byte("v")}) // all on partition 0
+	}
+	testenv.Produce(t, brokers, topic, recs)
+	st := offsetstore.New(schema)
+	for shard, p := range map[string]int32{"s1": 1, "s2": 0} {
+		if _, _, err := st.Init(ctx, ps[shard], "g", offsetstore.TP{Topic: topic, Partition: p}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "--brokers", brokers, "offsets", "reset", "--group", "g", "--topic", topic, "--to-offset", "3", "--mode", "skip", "--reason", "shards test")
+	_, errOut, code := runCLI(t, cli, append(args, "--execute")...)
+	if code != exitUsage || !strings.Contains(errOut, "shard s2 holds 0; shard s1 holds 1") {
+		t.Fatalf("reset over two shards: exit %d, stderr %q", code, errOut)
+	}
+	out, errOut, code := runCLI(t, cli, append(args, "--partition", "0", "--execute")...)
+	if code != 0 || !strings.Contains(out, "shard s2: the reset acts on its database (partitions 0)") {
+		t.Fatalf("reset of partition 0: exit %d\n%s%s", code, out, errOut)
+	}
+	wm := func(shard string, p int32) (int64, bool) {
+		var w int64
+		err := ps[shard].QueryRow(ctx, `SELECT next_offset FROM `+tables.For(schema).Watermarks+` WHERE group_id = 'g' AND topic = $1 AND partition = $2`, topic, p).Scan(&w)
+		return w, err == nil
+	}
+	if w, ok := wm("s2", 0); !ok || w != 3 {
+		t.Fatalf("s2's watermark of partition 0: %d (%v), want 3", w, ok)
+	}
+	if w, ok := wm("s1", 0); ok {
+		t.Fatalf("s1 got a watermark for partition 0 (%d): the reset acted on the directory's database", w)
+	}
+	if w, ok := wm("s1", 1); !ok || w != 0 {
+		t.Fatalf("s1's watermark of partition 1 moved: %d (%v)", w, ok)
+	}
+	evs, err := st.Events(ctx, ps["s2"], "g", topic)
+	if err != nil || len(evs) == 0 || evs[len(evs)-1].Kind != offsetstore.KindOperatorSkip {
+		t.Fatalf("s2's audit: %+v, %v; want an operator_skip row", evs, err)
 	}
 }
