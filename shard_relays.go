@@ -75,7 +75,7 @@ func (w *shardRelays) check(ctx context.Context, now time.Time) {
 			w.gauge.WithLabelValues(sh.Name).Set(v)
 		}
 		if unowned && now.Sub(since) < w.after+shardRelayPoll {
-			w.log.Warn("a shard's outbox rows wait and no relay leads it: run a relay for the shard (kafkatx relay with its URL as --database-url)",
+			w.log.Warn("a shard's outbox rows wait and no relay leads it: start a relay for the shard (the relay command or an in-process relay, on the shard's URL)",
 				zap.String("shard", sh.Name), zap.Time("since", since))
 		}
 	}
