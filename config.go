@@ -130,7 +130,9 @@ type Config struct {
 	// on, the shard the directory maps it to (package shards; docs/deployment.md, "When to
 	// shard, and how"): the pool given to NewConsumer is then only the directory's database's
 	// home pool, and Shards.Directory is read at every assignment. Run migrates (or, with
-	// SkipMigrations, checks) Schema on the directory and on every shard. Nil (the default):
+	// SkipMigrations, checks) Schema on the directory and on every shard, and watches that
+	// each shard's outbox has a relay (ShardUnrelayedAfter; the gauge
+	// kafkatx_shard_relay_unowned and the readiness note "shard relays"). Nil (the default):
 	// one database, as before.
 	Shards *shards.Set
 

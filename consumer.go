@@ -27,6 +27,7 @@ type Consumer struct {
 	stats   counters
 	running atomic.Bool
 	checks  readinessChecks // AddReadinessCheck
+	relays  *shardRelays    // with Config.Shards: is each shard relayed (shard_relays.go)
 }
 
 // NewConsumer validates cfg and returns a Consumer that runs handler once per message.
@@ -73,6 +74,10 @@ func newConsumer(pool *pgxpool.Pool, handler BatchHandler, cfg *Config) (*Consum
 	body.Prepare, body.PrepareLimit = d.Prepare, d.PrepareLimit
 	c.loop = engine.New(pool, body, set, emit)
 	prom.watchParked(set.Group, c.loop)
+	if d.Shards != nil {
+		c.relays = newShardRelays(d.Shards, set.Schema, prom.c.ShardRelayUnowned, set.Logger.With(zap.String("group", set.Group)))
+		c.AddReadinessNote("shard relays", c.relays.note)
+	}
 	return c, nil
 }
 
@@ -124,6 +129,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if err := prepareSchema(ctx, pool, c.set.Schema, c.skipMig, c.set.Logger.With(zap.String("group", c.set.Group))); err != nil {
 			return err
 		}
+	}
+	if c.relays != nil {
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); c.relays.run(wctx) }()
+		defer func() { cancel(); <-done }()
 	}
 	return c.loop.Run(ctx)
 }

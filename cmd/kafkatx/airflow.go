@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
@@ -131,6 +133,8 @@ const (
 
 // airflowDrift is one ledger entry Airflow does not match: one JSON line of airflow status.
 type airflowDrift struct {
+	// Shard is the shard whose ledger holds the entry (with --shard; absent unsharded).
+	Shard     string     `json:"shard,omitempty"`
 	Kind      string     `json:"kind"`
 	Group     string     `json:"group"`
 	Topic     string     `json:"topic"`
@@ -160,6 +164,8 @@ type airflowReport struct {
 	Drift   []airflowDrift
 	// Cleared counts the failed runs an operator's skip cleared (see clearedBySkip): not drift.
 	Cleared int
+	// Sharded: the ledgers of every --shard were compared (each drift names its shard).
+	Sharded bool
 }
 
 func (r *airflowReport) count(kind string) int {
@@ -375,6 +381,9 @@ are read one by one.
 partition, offset, topic_id, dag_id and run_id (runs) or asset and kafkatx_id (asset events),
 state, queued_at and reason (queued), ledger_id.
 
+With --shard NAME=URL ... the ledger of every shard is compared, each drift naming its shard
+(a "shard" field first in JSON, a SHARD column in text).
+
 Exit status: 0 aligned, 3 drift, 7 the ledger has no row for the group (and the filters),
 2 a usage error, 1 an error (the database or Airflow unreachable, refused credentials).`
 }
@@ -388,47 +397,100 @@ func (c *AirflowStatusCmd) Validate() error {
 }
 
 func (c *AirflowStatusCmd) Run(ctx context.Context, g *Globals) error {
-	rep, err := airflowCompare(ctx, g, &c.AirflowFlags, c.QueuedFor)
+	dbs, closeAll, err := g.ledgerDBs(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	rep, err := airflowCompare(ctx, g, dbs, &c.AirflowFlags, c.QueuedFor)
 	if err != nil {
 		return err
 	}
 	return printAirflowStatus(os.Stdout, c.Group, c.Output, rep)
 }
 
-// airflowCompare reads the ledger the flags select and compares it with Airflow; a ledger
-// without rows is exit 7.
-func airflowCompare(ctx context.Context, g *Globals, f *AirflowFlags, queuedFor time.Duration) (*airflowReport, error) {
+// ledgerDB is one database whose Airflow ledger is read: the one database (shard "") or a
+// shard given with --shard.
+type ledgerDB struct {
+	shard string
+	pool  *pgxpool.Pool
+}
+
+// ledgerDBs opens the databases whose ledgers the airflow commands read: --database-url's
+// alone, or with --shard every shard in order (the ledger row of an offset is written on the
+// shard that held its partition then). closeAll closes what was opened.
+func (g *Globals) ledgerDBs(ctx context.Context) ([]ledgerDB, func(), error) {
 	pool, err := g.pool(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer pool.Close()
-	if err := offsetsCheckSchema(ctx, pool, g.Schema); err != nil {
-		return nil, err
-	}
-	entries, err := airflow.ReadLedger(ctx, pool, g.Schema, f.filter())
-	if err != nil {
-		if pgerr.IsCode(err, "42P01") {
-			return nil, fmt.Errorf("schema %q has no Airflow ledger: run `kafkatx migrate up --schema %s` first", g.Schema, shellQuote(g.Schema))
+	if len(g.Shard) == 0 {
+		if err := offsetsCheckSchema(ctx, pool, g.Schema); err != nil {
+			pool.Close()
+			return nil, nil, err
 		}
-		return nil, err
+		return []ledgerDB{{pool: pool}}, pool.Close, nil
 	}
-	if len(entries) == 0 {
-		return nil, &exitError{code: offsetsExitUnknown, err: fmt.Errorf("the Airflow ledger has no row for group %s%s: nothing was handed to Airflow (or retention removed it)",
-			termText(f.Group), map[bool]string{true: " in the range given", false: ""}[f.Topic != "" || f.Partition != nil || f.From != nil || f.To != nil])}
-	}
-	c, err := f.client(g)
+	set, closeShards, err := g.shardSet(ctx, pool)
 	if err != nil {
-		return nil, err
+		pool.Close()
+		return nil, nil, err
 	}
-	rep, err := compareAirflow(ctx, c, entries, queuedFor, time.Now())
-	if err != nil {
-		return nil, err
+	closeAll := func() { closeShards(); pool.Close() }
+	var out []ledgerDB
+	for _, sh := range set.Shards {
+		if err := offsetsCheckSchema(ctx, sh.Pool, g.Schema); err != nil {
+			closeAll()
+			return nil, nil, shardErr(sh.Name, err)
+		}
+		out = append(out, ledgerDB{shard: sh.Name, pool: sh.Pool})
 	}
-	if err := clearedBySkip(ctx, pool, g.Schema, f.Group, rep); err != nil {
-		return nil, err
+	return out, closeAll, nil
+}
+
+// airflowCompare reads the ledger the flags select on each of dbs and compares it with
+// Airflow, shard by shard (each drift names its shard); no row on any of them is exit 7.
+func airflowCompare(ctx context.Context, g *Globals, dbs []ledgerDB, f *AirflowFlags, queuedFor time.Duration) (*airflowReport, error) {
+	all := &airflowReport{Sharded: len(g.Shard) > 0}
+	var c *airflow.Client
+	for _, db := range dbs {
+		entries, err := airflow.ReadLedger(ctx, db.pool, g.Schema, f.filter())
+		if err != nil {
+			if pgerr.IsCode(err, "42P01") {
+				return nil, shardErr(db.shard, fmt.Errorf("schema %q has no Airflow ledger: run `kafkatx migrate up --schema %s` first", g.Schema, shellQuote(g.Schema)))
+			}
+			return nil, shardErr(db.shard, err)
+		}
+		if len(entries) == 0 {
+			continue
+		}
+		if c == nil {
+			if c, err = f.client(g); err != nil {
+				return nil, err
+			}
+		}
+		rep, err := compareAirflow(ctx, c, entries, queuedFor, time.Now())
+		if err != nil {
+			return nil, shardErr(db.shard, err)
+		}
+		if err := clearedBySkip(ctx, db.pool, g.Schema, f.Group, rep); err != nil {
+			return nil, shardErr(db.shard, err)
+		}
+		for i := range rep.Drift {
+			rep.Drift[i].Shard = db.shard
+		}
+		all.Entries += rep.Entries
+		all.Runs += rep.Runs
+		all.Assets += rep.Assets
+		all.Cleared += rep.Cleared
+		all.Drift = append(all.Drift, rep.Drift...)
 	}
-	return rep, nil
+	if all.Entries == 0 {
+		return nil, &exitError{code: offsetsExitUnknown, err: fmt.Errorf("the Airflow ledger has no row for group %s%s%s: nothing was handed to Airflow (or retention removed it)",
+			termText(f.Group), map[bool]string{true: " in the range given", false: ""}[f.Topic != "" || f.Partition != nil || f.From != nil || f.To != nil],
+			map[bool]string{true: " on any shard", false: ""}[len(g.Shard) > 0])}
+	}
+	return all, nil
 }
 
 // printAirflowStatus prints rep as text or JSON lines and returns exit 3 on drift.
@@ -443,8 +505,14 @@ func printAirflowStatus(w io.Writer, group, output string, rep *airflowReport) e
 	} else {
 		if len(rep.Drift) > 0 {
 			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			if rep.Sharded {
+				fmt.Fprint(tw, "SHARD\t")
+			}
 			fmt.Fprintln(tw, "KIND\tTOPIC\tPARTITION\tOFFSET\tTARGET\tSTATE\tREASON")
 			for _, d := range rep.Drift {
+				if rep.Sharded {
+					fmt.Fprintf(tw, "%s\t", orDash(termText(d.Shard)))
+				}
 				target := termText(d.DAGID) + " run " + termText(d.RunID)
 				if d.Asset != "" {
 					target = "asset " + termText(d.Asset) + " kafkatx_id " + termText(d.KafkatxID)
@@ -506,7 +574,8 @@ are reported, not changed.
 
 Each partition repaired gets one offset audit row of kind airflow_repair: the range of its
 offsets re-created [first, last+1), the actor (the OS user at the host), the reason and the
-counts. --dry-run prints the plan and changes nothing.
+counts (with --shard, on the shard whose ledger holds the entries). --dry-run prints the plan
+and changes nothing.
 
 Exit status: 0 done (or nothing to do), 2 a usage error (an empty --reason among them), 1 an
 error or an entry that could not be re-created.`
@@ -521,12 +590,12 @@ func (c *AirflowRepairCmd) Validate() error {
 }
 
 func (c *AirflowRepairCmd) Run(ctx context.Context, g *Globals) error {
-	pool, err := g.pool(ctx)
+	dbs, closeAll, err := g.ledgerDBs(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	rep, err := airflowCompare(ctx, g, &c.AirflowFlags, 24*365*time.Hour)
+	defer closeAll()
+	rep, err := airflowCompare(ctx, g, dbs, &c.AirflowFlags, 24*365*time.Hour)
 	if err != nil {
 		return err
 	}
@@ -541,12 +610,18 @@ func (c *AirflowRepairCmd) Run(ctx context.Context, g *Globals) error {
 	if !c.DryRun {
 		store := offsetstore.New(pg.SchemaOr(g.Schema))
 		actor := offsets.Actor()
+		pools := map[string]*pgxpool.Pool{}
+		for _, db := range dbs {
+			pools[db.shard] = db.pool
+		}
 		for _, p := range res.partitions() {
+			// The audit row goes where the ledger row was read: the partition's shard.
+			pool := pools[p.shard]
 			e := offsetstore.Event{Group: c.Group, Topic: p.topic, Partition: p.partition, Kind: offsetstore.KindAirflowRepair,
 				From: p.from, To: p.to, Actor: actor,
 				Reason: fmt.Sprintf("%s (re-created in Airflow: %d runs, %d asset events)", c.Reason, p.runs, p.assets)}
 			if _, err := store.InsertEvent(ctx, pool, e); err != nil {
-				return err
+				return shardErr(p.shard, err)
 			}
 		}
 	}
@@ -570,6 +645,7 @@ type repairResult struct {
 }
 
 type repairedPartition struct {
+	shard        string
 	topic        string
 	partition    int32
 	from, to     int64
@@ -581,12 +657,12 @@ func (r *repairResult) partitions() []repairedPartition {
 	var out []repairedPartition
 	idx := map[string]int{}
 	for _, d := range r.done {
-		k := fmt.Sprintf("%s\x00%d", d.Topic, d.Partition)
+		k := fmt.Sprintf("%s\x00%s\x00%d", d.Shard, d.Topic, d.Partition)
 		i, ok := idx[k]
 		if !ok {
 			i = len(out)
 			idx[k] = i
-			out = append(out, repairedPartition{topic: d.Topic, partition: d.Partition, from: d.Offset, to: d.Offset + 1})
+			out = append(out, repairedPartition{shard: d.Shard, topic: d.Topic, partition: d.Partition, from: d.Offset, to: d.Offset + 1})
 		}
 		p := &out[i]
 		p.from, p.to = min(p.from, d.Offset), max(p.to, d.Offset+1)
@@ -608,6 +684,9 @@ func repairAirflow(ctx context.Context, c *airflow.Client, rep *airflowReport, d
 		}
 		e := d.entry
 		where := fmt.Sprintf("%s[%d]@%d", termText(e.Topic), e.Partition, e.Offset)
+		if d.Shard != "" {
+			where = "shard " + termText(d.Shard) + " " + where
+		}
 		what := "run " + termText(e.DAGID) + "/" + termText(e.RunID)
 		if e.Target == airflow.TargetAssetEvent {
 			what = "asset event on " + termText(e.AssetName) + " kafkatx_id " + termText(e.KafkatxID)

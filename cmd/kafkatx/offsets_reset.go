@@ -58,6 +58,12 @@ failed with a note naming the skip (failed, not deleted: its run id stays taken,
 or airflow repair re-creates it) and deletes those asset queue rows, audited per partition as
 airflow_clear. Run the same command again to finish a clear an Airflow failure interrupted.
 
+With --shard NAME=URL ... (a sharded service's flags) the reset acts on the shard holding the
+partitions it targets (its watermark, else its directory row, else the first --shard): the
+plan, the change, its audit row and the Airflow ledger are that shard's. Partitions on several
+shards, or one being moved, are refused (exit 2): reset one partition at a time with
+--partition, after the move.
+
 Exit status: 0 done (or a dry run with nothing in the way), 2 a usage error (an empty
 --reason among them), 5 the group has active members, 1 on an error (for example a skip below
 the watermark).`
@@ -110,6 +116,13 @@ func (c *OffsetsResetCmd) request() offsets.ResetRequest {
 }
 
 func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
+	if len(g.Shard) > 0 {
+		one, err := c.resetOnShard(ctx, g)
+		if err != nil {
+			return err
+		}
+		g = one
+	}
 	op, closeAll, err := g.offsetsOperator(ctx, true)
 	if err != nil {
 		return err

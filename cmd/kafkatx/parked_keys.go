@@ -61,7 +61,10 @@ key's identity for release and dead-letter (--key-hash).
 With --brokers (or KAFKA_BOOTSTRAP_SERVERS) it also marks a partition BLOCKED by a key at
 offset X: it has parked keys, lag, and a watermark X that has not moved for 2m; the key named is
 the one with the most parked messages (the consumer's log names the exact one). Without Kafka
-the list is printed without that mark.`
+the list is printed without that mark.
+With --shard NAME=URL ... every shard's parked keys are listed in turn, each naming its shard
+(a "shard" field first in JSON, shard=NAME before each partition in text); --limit applies per
+shard.`
 }
 
 // Validate refuses a --limit outside 1 to 100,000 and a partition below -1.
@@ -109,6 +112,29 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
+	if len(g.Shard) == 0 {
+		return c.list(ctx, g, pool, "")
+	}
+	// Sharded: each shard's parked keys in turn, each naming its shard (--limit applies to
+	// each shard).
+	set, closeShards, err := g.shardSet(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer closeShards()
+	for _, sh := range set.Shards {
+		if err := checkParkingTable(ctx, sh.Pool, g.Schema); err != nil {
+			return shardErr(sh.Name, err)
+		}
+		if err := c.list(ctx, g, sh.Pool, sh.Name); err != nil {
+			return shardErr(sh.Name, err)
+		}
+	}
+	return nil
+}
+
+// list prints the parked keys of one database (shard: its name, "" unsharded).
+func (c *ParkedKeysListCmd) list(ctx context.Context, g *Globals, pool *pgxpool.Pool, shard string) error {
 	st := parking.New(g.Schema)
 	totals, err := st.Totals(ctx, pool, c.Group, c.Topic)
 	if err != nil {
@@ -135,10 +161,14 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	if len(keys) > c.Limit {
 		keys = keys[:c.Limit]
-		defer fmt.Fprintf(os.Stderr, "kafkatx: parked-keys list: the first %d parked keys shown (--limit %d); more are parked: narrow with --topic and --partition, or raise --limit\n",
-			c.Limit, c.Limit)
+		on := ""
+		if shard != "" {
+			on = " on shard " + termText(shard)
+		}
+		defer fmt.Fprintf(os.Stderr, "kafkatx: parked-keys list: the first %d parked keys%s shown (--limit %d); more are parked: narrow with --topic and --partition, or raise --limit\n",
+			c.Limit, on, c.Limit)
 	}
-	blocked := c.blocked(ctx, g, topics, keys, now)
+	blocked := c.blocked(ctx, g, pool, topics, keys, now)
 	if c.Output == "json" {
 		for _, k := range keys {
 			j := toParkedKeyJSON(k, c.ShowValue, now)
@@ -146,8 +176,16 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 				j.BlockedAt = &b.at
 			}
 			b, _ := json.Marshal(j)
+			if shard != "" { // the shard first, then the key's own fields
+				sb, _ := json.Marshal(shard)
+				b = append(append([]byte(`{"shard":`), sb...), append([]byte(","), b[1:]...)...)
+			}
 			fmt.Println(string(b))
 		}
+		return nil
+	}
+	if len(keys) == 0 && shard != "" {
+		fmt.Printf("shard %s: no parked keys\n", termText(shard))
 		return nil
 	}
 	if len(keys) == 0 {
@@ -159,6 +197,9 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 		if i == 0 || k.Topic != keys[i-1].Topic || k.Partition != keys[i-1].Partition {
 			for j := last + 1; j < len(totals); j++ {
 				if t := totals[j]; t.Topic == k.Topic && t.Partition == k.Partition {
+					if shard != "" {
+						fmt.Printf("shard=%s  ", termText(shard))
+					}
 					fmt.Printf("%s[%d]: %d parked keys, %d parked messages, oldest parked %s ago\n", termText(k.Topic), k.Partition,
 						t.Keys, t.Messages, ageText(now.Sub(t.Oldest)))
 					if b, ok := blocked[partKey{k.Topic, k.Partition}]; ok {
@@ -197,8 +238,9 @@ type blockedBy struct {
 
 // blocked finds the partitions of keys that are blocked by a parked key (console.BlockingKey)
 // when Kafka is reachable (--brokers; the lag needs the log end); without it, or when Kafka
-// does not answer, nil (a line on stderr says why for the latter).
-func (c *ParkedKeysListCmd) blocked(ctx context.Context, g *Globals, topics []string, keys []parking.Key, now time.Time) map[partKey]blockedBy {
+// does not answer, nil (a line on stderr says why for the latter). The watermarks are read on
+// pool (the keys' shard).
+func (c *ParkedKeysListCmd) blocked(ctx context.Context, g *Globals, pool *pgxpool.Pool, topics []string, keys []parking.Key, now time.Time) map[partKey]blockedBy {
 	if g.Brokers == "" || len(keys) == 0 {
 		return nil
 	}
@@ -208,6 +250,7 @@ func (c *ParkedKeysListCmd) blocked(ctx context.Context, g *Globals, topics []st
 		return nil
 	}
 	defer closeAll()
+	op = op.On(pool)
 	byPart := map[partKey][]parking.Key{}
 	for _, k := range keys {
 		byPart[partKey{k.Topic, k.Partition}] = append(byPart[partKey{k.Topic, k.Partition}], k)
@@ -558,14 +601,21 @@ func (g *Globals) parkingPool(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ok bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tables.For(g.Schema).KeyParking).Scan(&ok); err != nil {
+	if err := checkParkingTable(ctx, pool, g.Schema); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("database: %w", err)
-	}
-	if !ok {
-		pool.Close()
-		return nil, fmt.Errorf("schema %q has no parked keys' table (key_parking): run `kafkatx migrate up --schema %s` first", g.Schema, shellQuote(g.Schema))
+		return nil, err
 	}
 	return pool, nil
+}
+
+// checkParkingTable checks that schema has the parked keys' table (migration 013) on pool.
+func checkParkingTable(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	var ok bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, tables.For(schema).KeyParking).Scan(&ok); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("schema %q has no parked keys' table (key_parking): run `kafkatx migrate up --schema %s` first", schema, shellQuote(schema))
+	}
+	return nil
 }

@@ -27,7 +27,10 @@ type Consumer struct {
 	BreakerOpens *prometheus.CounterVec
 	Stuck        *prometheus.GaugeVec
 	Stalled      *prometheus.GaugeVec
-	LogChanges   *prometheus.CounterVec
+	// ShardRelayUnowned is 1 per shard (Config.Shards) whose outbox rows have waited with no
+	// relay leading for kafkatx.ShardUnrelayedAfter, else 0.
+	ShardRelayUnowned *prometheus.GaugeVec
+	LogChanges        *prometheus.CounterVec
 	// Parked is read at each scrape from the consumers' in-memory counts (parked.go).
 	Parked *Parked
 }
@@ -55,12 +58,14 @@ func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	m.Stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
 	m.Stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stalled", Help: "1 while the partition has lag and its watermark has not moved for Config.StallAfter, whatever the cause."}, []string{"group", "topic", "partition"})
 	m.LogChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_log_changes_total", Help: "Assignments that found the log behind a watermark changed (topic recreated, another cluster), by action: halt or adopt (Config.OnLogChange)."}, []string{"group", "topic", "action"})
+	m.ShardRelayUnowned = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_shard_relay_unowned", Help: "1 while the shard's outbox rows have waited with no relay leading it (no relay and no retention run there) for longer than a minute (Config.Shards)."}, []string{"shard"})
 	m.Parked = NewParked()
 	var err error
 	promreg.Into(reg, &m.Parked, &err)
 	promreg.Into(reg, &m.LogChanges, &err)
 	promreg.Into(reg, &m.Stuck, &err)
 	promreg.Into(reg, &m.Stalled, &err)
+	promreg.Into(reg, &m.ShardRelayUnowned, &err)
 	promreg.Into(reg, &m.BreakerOpen, &err)
 	promreg.Into(reg, &m.BreakerOpens, &err)
 	promreg.Into(reg, &m.Processed, &err)

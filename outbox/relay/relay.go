@@ -261,7 +261,7 @@ func (r *Relay) session(ctx context.Context) error {
 		// the session accepts writes.
 		var ro, got bool
 		err := conn.QueryRow(ctx, `SELECT current_setting('transaction_read_only') = 'on',
-			current_setting('transaction_read_only') <> 'on' AND pg_try_advisory_lock(hashtextextended('kafkatx.relay.' || $1, 0))`, r.cfg.Schema).Scan(&ro, &got)
+			current_setting('transaction_read_only') <> 'on' AND pg_try_advisory_lock(hashtextextended($1, 0))`, LeadershipLockKey(r.cfg.Schema)).Scan(&ro, &got)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/idempotency/airflow"
+	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/offsetstore"
+	"github.com/kafkatx/kafkatx/internal/parking"
+	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/internal/testenv"
+)
+
+// twoShards returns the URLs and pools of two shards in schema: s1 is DATABASE_URL (also the
+// shard directory's database), s2 a fresh database; both migrated.
+func twoShards(t *testing.T) (schema string, urls map[string]string, ps map[string]*pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	p1 := testenv.Postgres(t)
+	schema = testenv.Schema(t, p1)
+	u2 := testenv.Database(t)
+	p2, err := pgxpool.New(ctx, u2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p2.Close)
+	for _, p := range []*pgxpool.Pool{p1, p2} {
+		if _, err := migrations.Apply(ctx, p, schema); err != nil {
+			t.Fatal(err)
+		}
+	}
+	urls = map[string]string{"s1": testenv.DatabaseURL(t), "s2": u2}
+	return schema, urls, map[string]*pgxpool.Pool{"s1": p1, "s2": p2}
+}
+
+func shardArgs(schema string, urls map[string]string) []string {
+	return []string{"--schema", schema, "--database-url", urls["s1"], "--shard", "s1=" + urls["s1"], "--shard", "s2=" + urls["s2"]}
+}
+
+// Issue 46: parked-keys list with --shard lists the parked keys of every shard, each naming
+// its shard (a "shard" field in JSON, shard=NAME in text), where before it read the
+// directory's database alone and missed s2's keys.
+func TestParkedKeysListOverShards(t *testing.T) {
+	t.Parallel()
+	schema, urls, ps := twoShards(t)
+	later := time.Now().Add(time.Hour)
+	parkForTest(t, ps["s1"], schema, "t", parking.Message{Partition: 0, Offset: 3, Key: []byte("on-s1"), Attempts: 1, NextTry: later})
+	parkForTest(t, ps["s2"], schema, "t", parking.Message{Partition: 1, Offset: 7, Key: []byte("on-s2"), Attempts: 1, NextTry: later},
+		parking.Message{Partition: 1, Offset: 8, Key: []byte("on-s2")})
+	cli := buildCLI(t)
+	out, errOut, code := runCLI(t, cli, append(shardArgs(schema, urls), "parked-keys", "list", "--group", "g", "--output", "json")...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	got := map[string]parkedKeyJSON{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var j struct {
+			Shard string `json:"shard"`
+			parkedKeyJSON
+		}
+		if err := json.Unmarshal([]byte(line), &j); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if !strings.HasPrefix(line, `{"shard":`) {
+			t.Fatalf("%q: the shard is not the first field", line)
+		}
+		got[j.Shard] = j.parkedKeyJSON
+	}
+	if len(got) != 2 || got["s1"].Partition != 0 || got["s1"].HeadOffset != 3 || got["s2"].Partition != 1 || got["s2"].Count != 2 {
+		t.Fatalf("parked keys by shard: %+v\n%s", got, out)
+	}
+	out, errOut, code = runCLI(t, cli, append(shardArgs(schema, urls), "parked-keys", "list", "--group", "g")...)
+	if code != 0 || !strings.Contains(out, "shard=s1  t[0]: 1 parked keys") || !strings.Contains(out, "shard=s2  t[1]: 1 parked keys, 2 parked messages") {
+		t.Fatalf("text: exit %d\n%s%s", code, out, errOut)
+	}
+	out, _, code = runCLI(t, cli, append(shardArgs(schema, urls), "parked-keys", "list", "--group", "other")...)
+	if code != 0 || !strings.Contains(out, "shard s1: no parked keys") || !strings.Contains(out, "shard s2: no parked keys") {
+		t.Fatalf("no keys: exit %d\n%s", code, out)
+	}
+}
+
+// Issue 46: airflow status and repair with --shard read the ledger of every shard: a run
+// handed over on s2 and lost by Airflow is drift naming s2 (JSON field, text column), repair
+// re-creates it and audits it on s2, not on the directory's database.
+func TestAirflowStatusRepairOverShards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	s := &standIn{dags: map[string]*standInDAG{}, gets: map[string]int{}}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	now := time.Now()
+	s.addRun("process_customer", "r1", "success", now.Add(-time.Minute))
+	record := func(shard string, e airflow.LedgerEntry) {
+		t.Helper()
+		tx, err := ps[shard].Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := airflow.RecordTx(ctx, tx, schema, e); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e1, e2 := runEntry(1, "r1", now), runEntry(2, "r2", now)
+	e1.Partition, e2.Partition = 0, 1
+	record("s1", e1)
+	record("s2", e2)
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "--group", "g", "--airflow-url", srv.URL)
+	out, errOut, code := runCLI(t, cli, append([]string{"airflow", "status", "--output", "json"}, args...)...)
+	var d airflowDrift
+	if code != offsetsExitDrift || json.Unmarshal([]byte(strings.TrimSpace(out)), &d) != nil || d.Shard != "s2" || d.Kind != driftMissing || d.RunID != "r2" {
+		t.Fatalf("status: exit %d, drift %+v\n%s%s", code, d, out, errOut)
+	}
+	out, _, code = runCLI(t, cli, append([]string{"airflow", "status"}, args...)...)
+	if code != offsetsExitDrift || !strings.HasPrefix(out, "SHARD  KIND") || !strings.Contains(out, "\ns2  ") || !strings.Contains(out, "of 2 ledger entries") {
+		t.Fatalf("status text: exit %d\n%s", code, out)
+	}
+	out, errOut, code = runCLI(t, cli, append([]string{"airflow", "repair", "--reason", "shards test"}, args...)...)
+	if code != 0 || !strings.Contains(out, "re-created 1 of 1 missing") || !strings.Contains(out, "shard s2 t[1]@2") {
+		t.Fatalf("repair: exit %d\n%s%s", code, out, errOut)
+	}
+	for shard, want := range map[string]int{"s1": 0, "s2": 1} {
+		evs, err := offsetstore.New(schema).Events(ctx, ps[shard], "g", "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range evs {
+			if e.Kind == offsetstore.KindAirflowRepair {
+				n++
+			}
+		}
+		if n != want {
+			t.Fatalf("%s holds %d airflow_repair audit rows, want %d: %+v", shard, n, want, evs)
+		}
+	}
+	if out, _, code := runCLI(t, cli, append([]string{"airflow", "status"}, args...)...); code != 0 || !strings.HasPrefix(out, "aligned: 2 ledger entries") {
+		t.Fatalf("after repair: exit %d\n%s", code, out)
+	}
+}
+
+// Issue 46: offsets reset with --shard acts on the shard that holds the partition, never on
+// the directory's database: a reset spanning partitions on two shards is refused (exit 2,
+// naming each shard's partitions, nothing changed); --partition 0 (on s2) moves s2's
+// watermark and audits there, and writes nothing on s1.
+func TestOffsetsResetOverShards(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 2)
+	var recs []kafka.Message
+	for range 10 {
+		recs = append(recs, kafka.Message{Value: []byte("v")}) // all on partition 0
+	}
+	testenv.Produce(t, brokers, topic, recs)
+	st := offsetstore.New(schema)
+	for shard, p := range map[string]int32{"s1": 1, "s2": 0} {
+		if _, _, err := st.Init(ctx, ps[shard], "g", offsetstore.TP{Topic: topic, Partition: p}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "--brokers", brokers, "offsets", "reset", "--group", "g", "--topic", topic, "--to-offset", "3", "--mode", "skip", "--reason", "shards test")
+	_, errOut, code := runCLI(t, cli, append(args, "--execute")...)
+	if code != exitUsage || !strings.Contains(errOut, "shard s2 holds 0; shard s1 holds 1") {
+		t.Fatalf("reset over two shards: exit %d, stderr %q", code, errOut)
+	}
+	out, errOut, code := runCLI(t, cli, append(args, "--partition", "0", "--execute")...)
+	if code != 0 || !strings.Contains(out, "shard s2: the reset acts on its database (partitions 0)") {
+		t.Fatalf("reset of partition 0: exit %d\n%s%s", code, out, errOut)
+	}
+	wm := func(shard string, p int32) (int64, bool) {
+		var w int64
+		err := ps[shard].QueryRow(ctx, `SELECT next_offset FROM `+tables.For(schema).Watermarks+` WHERE group_id = 'g' AND topic = $1 AND partition = $2`, topic, p).Scan(&w)
+		return w, err == nil
+	}
+	if w, ok := wm("s2", 0); !ok || w != 3 {
+		t.Fatalf("s2's watermark of partition 0: %d (%v), want 3", w, ok)
+	}
+	if w, ok := wm("s1", 0); ok {
+		t.Fatalf("s1 got a watermark for partition 0 (%d): the reset acted on the directory's database", w)
+	}
+	if w, ok := wm("s1", 1); !ok || w != 0 {
+		t.Fatalf("s1's watermark of partition 1 moved: %d (%v)", w, ok)
+	}
+	evs, err := st.Events(ctx, ps["s2"], "g", topic)
+	if err != nil || len(evs) == 0 || evs[len(evs)-1].Kind != offsetstore.KindOperatorSkip {
+		t.Fatalf("s2's audit: %+v, %v; want an operator_skip row", evs, err)
+	}
+}
