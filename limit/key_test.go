@@ -3,6 +3,7 @@ package limit
 import (
 	"context"
 	"fmt"
+	"sort"
 	"testing"
 	"time"
 )
@@ -273,10 +274,15 @@ func TestKeyedDropsStillShrinkAnOverloadedFarSide(t *testing.T) {
 			if drop.drops*20 > drop.calls {
 				t.Errorf("%d of %d calls dropped, want < 5%%", drop.drops, drop.calls)
 			}
-			if r.lastLimit < 4 {
-				t.Errorf("limit ended at %d, want near the far side's 10", r.lastLimit)
+			// The limit is a sawtooth under a far side that drops past its capacity (it halves on
+			// a drop and climbs back): its median over the last 30 s is its level, where the last
+			// step alone may sit at a trough (CI: 3 at the last step).
+			late := append([]int(nil), r.limits[len(r.limits)/2:]...)
+			sort.Ints(late)
+			if med := late[len(late)/2]; med < 4 {
+				t.Errorf("limit's median over the last 30 s %d, want near the far side's 10", med)
 			}
-			t.Logf("%d calls, %d dropped, last limit %d", drop.calls, drop.drops, r.lastLimit)
+			t.Logf("%d calls, %d dropped, last limit %d, median of the last 30 s %d", drop.calls, drop.drops, r.lastLimit, late[len(late)/2])
 		})
 	}
 }
