@@ -199,24 +199,37 @@ func (c *ShardsAssignCmd) Validate() error {
 	return nil
 }
 
-func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
+// openShardsTo is the preamble of shards assign and move: --shard required, the directory's
+// pool and every shard's opened, and to (when not empty) one of the shards given. closeAll
+// closes them.
+func (g *Globals) openShardsTo(ctx context.Context, to string) (set *shards.Set, closeAll func(), err error) {
 	if err := g.needShards(); err != nil {
-		return err
+		return nil, nil, err
 	}
 	dir, err := g.pool(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer dir.Close()
-	set, closeAll, err := g.shardSet(ctx, dir)
+	set, closeShards, err := g.shardSet(ctx, dir)
+	if err != nil {
+		dir.Close()
+		return nil, nil, err
+	}
+	closeAll = func() { closeShards(); dir.Close() }
+	if to != "" && set.Pool(to) == nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("--to %q: not one of the shards given (%s)", to, strings.Join(set.Names(), ", "))
+	}
+	return set, closeAll, nil
+}
+
+func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
+	set, closeAll, err := g.openShardsTo(ctx, c.To)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	if set.Pool(c.To) == nil {
-		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
-	}
-	e, changed, err := shards.NewDirectory(dir, g.Schema).Assign(ctx, c.Group, c.Topic, c.Partition, c.To)
+	e, changed, err := shards.NewDirectory(set.Directory, g.Schema).Assign(ctx, c.Group, c.Topic, c.Partition, c.To)
 	if err != nil {
 		return err
 	}
@@ -233,8 +246,11 @@ type ShardsMoveCmd struct {
 	Group     string `required:"" help:"Consumer group id."`
 	Topic     string `required:"" help:"Topic."`
 	Partition int32  `required:"" help:"Partition (>= 0)."`
-	To        string `required:"" help:"The target shard (a --shard NAME)."`
-	Reason    string `required:"" help:"Why (written to the shard_move audit rows on both shards)."`
+	To        string `help:"The target shard (a --shard NAME); required without --cancel, refused with it."`
+	Reason    string `required:"" help:"Why (written to the shard_move or shard_move_cancel audit rows on both shards)."`
+	Cancel    bool   `help:"Cancel the partition's move in progress instead (shards.CancelMove): back to active on the shard it is leaving, epoch raised, the target's copy deleted; refused (exit 6) when no move is in progress or it passed its cut-over."`
+	// DrainWithin bounds the cut-over's wait for the old shard's relay (MoveOptions.DrainWithin).
+	DrainWithin time.Duration `default:"60s" help:"At the cut-over, wait at most this long for the old shard's relay to publish the outbox rows committed there before it (a key's events keep their order across the move); past it the move fails and stays resumable."`
 }
 
 // Help is the long help of shards move.
@@ -246,9 +262,24 @@ flight commits first), the state copied to the target with a shard_move audit ro
 deleted on the old shard in the transaction holding the lock, which fences the old owner's
 next batch; the consumer re-reads the directory and continues on the target. A crash or an
 error leaves the row "moving" and the old shard authoritative: run the same command again to
-resume. Outbox rows already written stay on the old shard and its relay publishes them;
-idempotency keys stay where they were claimed. Your own tables' rows of the partition are
-not moved by this command: call shards.Move with a Hook from your code for that (docs).`
+resume. Outbox rows already written stay on the old shard and its relay publishes them:
+the cut-over waits (at most --drain-within, holding the partition) until it has, so the
+target's relay never publishes a key's newer events before them. Idempotency keys stay
+where they were claimed. Your own tables' rows of the partition are not moved by this
+command: call shards.Move with a Hook from your code for that (docs).
+
+With --cancel (and no --to), a move in progress that has not passed its cut-over is
+cancelled: the row goes back to active on the shard it was leaving with its epoch raised,
+and the state copied to the target is deleted there (audited as shard_move_cancel). Rows
+your own hook copied to the target are not deleted by this command: call
+shards.CancelMove with an Undo from your code for that. Once the cut-over committed (the
+state deleted on the old shard) a cancel is refused with exit 6: finish the move.
+
+Examples:
+  kafkatx --database-url "$DIR_URL" --shard a="$A_URL" --shard b="$B_URL" \
+    shards move --group orders --topic orders --partition 3 --to b --reason "rebalance a"
+  kafkatx --database-url "$DIR_URL" --shard a="$A_URL" --shard b="$B_URL" \
+    shards move --group orders --topic orders --partition 3 --cancel --reason "b is slow"`
 }
 
 // Validate refuses a negative --partition and an empty --reason (kong calls it after parsing).
@@ -259,28 +290,40 @@ func (c *ShardsMoveCmd) Validate() error {
 	if strings.TrimSpace(c.Reason) == "" {
 		return errors.New("--reason is empty: say why (it is audited)")
 	}
+	switch {
+	case c.Cancel && c.To != "":
+		return errors.New("--cancel takes no --to: it cancels the partition's move in progress, whichever its target")
+	case !c.Cancel && c.To == "":
+		return errors.New("missing flags: --to=STRING (or --cancel)")
+	case c.DrainWithin <= 0:
+		return fmt.Errorf("--drain-within %s: want > 0", c.DrainWithin)
+	}
 	return nil
 }
 
 func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
-	if err := g.needShards(); err != nil {
-		return err
-	}
-	dir, err := g.pool(ctx)
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	set, closeAll, err := g.shardSet(ctx, dir)
+	set, closeAll, err := g.openShardsTo(ctx, c.To)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	if set.Pool(c.To) == nil {
-		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
-	}
 	start := time.Now()
-	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason})
+	if c.Cancel {
+		e, err := shards.CancelMove(ctx, set, g.Schema, shards.CancelOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, Reason: c.Reason})
+		var notMoving *shards.NotMovingError
+		var cut *shards.CutOverError
+		if errors.As(err, &notMoving) || errors.As(err, &cut) {
+			return &exitError{code: exitNotActionable, err: err}
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Printf("move cancelled: partition %d of %s (group %s) stays on shard %s (epoch %d, %s) in %s\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch,
+			e.State, time.Since(start).Round(time.Millisecond))
+		return nil
+	}
+	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason,
+		DrainWithin: c.DrainWithin})
 	if err != nil {
 		return err
 	}

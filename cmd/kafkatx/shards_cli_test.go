@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -200,5 +201,67 @@ func TestOffsetsResetOverShards(t *testing.T) {
 	evs, err := st.Events(ctx, ps["s2"], "g", topic)
 	if err != nil || len(evs) == 0 || evs[len(evs)-1].Kind != offsetstore.KindOperatorSkip {
 		t.Fatalf("s2's audit: %+v, %v; want an operator_skip row", evs, err)
+	}
+}
+
+// Issue 46: shards move --cancel. A move whose mover died after copying to s2 (the row
+// moving, the watermark on both shards) is cancelled: the row is active on s1 with its epoch
+// raised past the move's, s2's copy is gone, shard_move_cancel is audited on both shards. A
+// second cancel (no move in progress) and a cancel after the cut-over (the state deleted on
+// s1, living on s2) are refused with exit 6, the latter telling the operator to finish the
+// move, which then does. --cancel with --to is a usage error.
+func TestShardsMoveCancelCLI(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	tb := tables.For(schema)
+	mark := func(shard string, next int64) {
+		t.Helper()
+		if _, err := ps[shard].Exec(ctx, `INSERT INTO `+tb.Watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ('g', 't', 0, $1, 0)`, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marks := func() string {
+		t.Helper()
+		out := ""
+		for _, sh := range []string{"s1", "s2"} {
+			var n, cancels int64
+			if err := ps[sh].QueryRow(ctx, `SELECT (SELECT count(*) FROM `+tb.Watermarks+`), (SELECT count(*) FROM `+tb.OffsetAudit+` WHERE kind = 'shard_move_cancel')`).Scan(&n, &cancels); err != nil {
+				t.Fatal(err)
+			}
+			out += fmt.Sprintf("%s:%d/%d ", sh, n, cancels)
+		}
+		return out
+	}
+	mark("s1", 10)
+	mark("s2", 10) // the copy a mover committed on s2 before it died
+	if _, err := ps["s1"].Exec(ctx, `INSERT INTO `+tb.ShardDirectory+` (group_id, topic, partition, shard, epoch, state, moving_to) VALUES ('g', 't', 0, 's1', 2, 'moving', 's2')`); err != nil {
+		t.Fatal(err)
+	}
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "shards", "move", "--group", "g", "--topic", "t", "--partition", "0")
+	if _, errOut, code := runCLI(t, cli, append(args, "--cancel", "--to", "s2", "--reason", "x")...); code != exitUsage || !strings.Contains(errOut, "--cancel takes no --to") {
+		t.Fatalf("--cancel --to: exit %d, %s", code, errOut)
+	}
+	out, errOut, code := runCLI(t, cli, append(args, "--cancel", "--reason", "test: cancel")...)
+	if code != 0 || !strings.Contains(out, "stays on shard s1 (epoch 3, active)") {
+		t.Fatalf("cancel: exit %d\n%s%s", code, out, errOut)
+	}
+	if got := marks(); got != "s1:1/1 s2:0/1 " {
+		t.Fatalf("after the cancel, watermarks/cancel audit rows: %s; want s1:1/1 s2:0/1", got)
+	}
+	if _, errOut, code := runCLI(t, cli, append(args, "--cancel", "--reason", "again")...); code != exitNotActionable || !strings.Contains(errOut, "no move in progress") {
+		t.Fatalf("a second cancel: exit %d, %s", code, errOut)
+	}
+	// After a cut-over: the state only on s2, the row still moving.
+	if _, err := ps["s1"].Exec(ctx, `DELETE FROM `+tb.Watermarks+`; UPDATE `+tb.ShardDirectory+` SET state = 'moving', moving_to = 's2', epoch = 4`); err != nil {
+		t.Fatal(err)
+	}
+	mark("s2", 10)
+	if _, errOut, code := runCLI(t, cli, append(args, "--cancel", "--reason", "late")...); code != exitNotActionable || !strings.Contains(errOut, "passed its cut-over") || !strings.Contains(errOut, "finish it") {
+		t.Fatalf("a cancel after the cut-over: exit %d, %s", code, errOut)
+	}
+	if out, errOut, code := runCLI(t, cli, append(args, "--to", "s2", "--reason", "finish")...); code != 0 || !strings.Contains(out, "on shard s2 (epoch 4, active)") {
+		t.Fatalf("finishing the move: exit %d\n%s%s", code, out, errOut)
 	}
 }
