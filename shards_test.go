@@ -166,28 +166,7 @@ func TestShardsMoveUnderLoad(t *testing.T) {
 		}
 	}()
 	r.waitFor(t, 60*time.Second, "partition 1 under way on s1", func() bool { return count(s1, "partition = 1") >= 2*per })
-	hook := func(ctx context.Context, from, to pgx.Tx, group, topic string, partition int32) error {
-		if _, err := to.Exec(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2`, topic, partition); err != nil {
-			return err
-		}
-		rows, err := from.Query(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2 RETURNING topic, partition, "offset", value, applied`, topic, partition)
-		if err != nil {
-			return err
-		}
-		var data [][]any
-		for rows.Next() {
-			vs, err := rows.Values()
-			if err != nil {
-				return err
-			}
-			data = append(data, vs)
-		}
-		if rows.Close(); rows.Err() != nil {
-			return rows.Err()
-		}
-		_, err = to.CopyFrom(ctx, pgx.Identifier{b.schema, "effects"}, []string{"topic", "partition", "offset", "value", "applied"}, pgx.CopyFromRows(data))
-		return err
-	}
+	hook := moveEffects(b.schema)
 	e, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 1, To: "s2", Reason: "test: move under load", Hook: hook})
 	close(moved)
 	if err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -199,5 +201,42 @@ func TestMoveCrashedAtEachStepThenResumedOrCancelled(t *testing.T) {
 				t.Errorf("a second cancel: %v; want *NotMovingError", err)
 			}
 		})
+	}
+}
+
+// Issue 46: the cut-over waits for the old shard's outbox. With a row pending on s1 and no
+// relay there, the move fails after DrainWithin with *DrainError, the row stays moving and s1
+// keeps the partition's state; once the row is published, the same move resumes and finishes.
+func TestMoveWaitsForTheOldShardsOutbox(t *testing.T) {
+	ctx := context.Background()
+	f := newMoveFixture(t)
+	if _, err := f.s1.Exec(ctx, `INSERT INTO `+pgx.Identifier{f.schema, "watermarks"}.Sanitize()+` (group_id, topic, partition, next_offset, first_offset)
+		VALUES ('g', 't', 0, 10, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s1.Exec(ctx, `INSERT INTO `+pgx.Identifier{f.schema, "outbox"}.Sanitize()+` (topic, key, value) VALUES ('out', 'k', 'v')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := NewDirectory(f.s1, f.schema).Assign(ctx, "g", "t", 0, "s1"); err != nil {
+		t.Fatal(err)
+	}
+	mo := MoveOptions{Group: "g", Topic: "t", Partition: 0, To: "s2", Reason: "test", Hook: f.hook, DrainWithin: 300 * time.Millisecond}
+	_, err := Move(ctx, f.set, f.schema, mo)
+	var de *DrainError
+	if !errors.As(err, &de) || de.Shard != "s1" || de.Waiting != 1 || !strings.Contains(err.Error(), "run the move again") {
+		t.Fatalf("move with s1's outbox undrained: %v; want *DrainError naming s1 and 1 row", err)
+	}
+	es, err := NewDirectory(f.s1, f.schema).List(ctx, "g")
+	if err != nil || len(es) != 1 || es[0].State != StateMoving || es[0].Shard != "s1" {
+		t.Fatalf("directory after the refused cut-over: %+v, %v; want moving, on s1", es, err)
+	}
+	if got, want := f.where(t), "s1 orders=0 marks=1 cancels=0; s2 orders=0 marks=0 cancels=0; "; got != want {
+		t.Fatalf("after the refused cut-over: %s, want %s", got, want)
+	}
+	if _, err := f.s1.Exec(ctx, `UPDATE `+pgx.Identifier{f.schema, "outbox"}.Sanitize()+` SET state = 'published', resolved_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := Move(ctx, f.set, f.schema, mo); err != nil || e.Shard != "s2" || e.State != StateActive {
+		t.Fatalf("resumed move after the drain: %+v, %v", e, err)
 	}
 }
