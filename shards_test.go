@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -210,5 +211,73 @@ func TestShardsMoveUnderLoad(t *testing.T) {
 	var w1 int64
 	if err := s2.QueryRow(ctx, `SELECT next_offset FROM `+pgx.Identifier{b.schema, "watermarks"}.Sanitize()+` WHERE group_id = $1 AND partition = 1`, b.group).Scan(&w1); err != nil || w1 != rounds*per {
 		t.Errorf("partition 1's watermark on s2: %d (%v); want %d", w1, err, rounds*per)
+	}
+}
+
+// Issue 46: a shard restored from an older backup. Partition 0 was moved to s2 and applied
+// there (watermark 20); s1 comes back holding its old row (watermark 5), while the move's
+// directory row is still "moving" from s1 (its mover died after the cut-over, before step
+// 4). A consumer started then applies the next messages on s2 alone — never on s1's stale
+// copy, whose watermark stays 5 (before, it placed the partition on s1, where a watermark
+// was, and applied 5.. there again); resuming the move is refused with *StaleSourceError,
+// and a cancel with *CutOverError, neither copying nor deleting anything.
+func TestShardsConsumerNeverAppliesOnAStaleCopy(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	s1, s2 := shardPool(t, b.schema), shardPool(t, b.schema)
+	set := &shards.Set{Directory: b.pool, Shards: []shards.Shard{{Name: "s1", Pool: s1}, {Name: "s2", Pool: s2}}}
+	dir := shards.NewDirectory(b.pool, b.schema)
+	if _, _, err := dir.Assign(ctx, b.group, b.topic, 0, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
+	watermarks := pgx.Identifier{b.schema, "watermarks"}.Sanitize()
+	count := func(pool *pgxpool.Pool, where string) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE `+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := Handler(func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) })
+	cfg := b.config(t)
+	cfg.Shards = set
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprintf("a%d", i) }))
+	r := b.start(t, h, cfg)
+	r.waitFor(t, 60*time.Second, "20 messages applied on s2", func() bool { return count(s2, "true") >= 20 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s1.Exec(ctx, `INSERT INTO `+watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ($1, $2, 0, 5, 0)`, b.group, b.topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE `+pgx.Identifier{b.schema, "shard_directory"}.Sanitize()+` SET shard = 's1', state = 'moving', moving_to = 's2', epoch = 2`); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprintf("b%d", i) }))
+	r = b.start(t, h, cfg)
+	r.waitFor(t, 60*time.Second, "40 messages applied", func() bool { return count(s1, "true")+count(s2, "true") >= 40 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n1, n2, twice := count(s1, "true"), count(s2, "true"), count(s2, "applied > 1"); n1 != 0 || n2 != 40 || twice != 0 {
+		t.Errorf("effects: %d on s1, %d on s2 (%d applied twice); want 0, 40, 0", n1, n2, twice)
+	}
+	var w1 int64
+	if err := s1.QueryRow(ctx, `SELECT next_offset FROM `+watermarks).Scan(&w1); err != nil || w1 != 5 {
+		t.Errorf("s1's stale watermark: %d, %v; want it untouched at 5", w1, err)
+	}
+	_, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 0, To: "s2", Reason: "test: resume"})
+	var st *shards.StaleSourceError
+	if !errors.As(err, &st) || st.Source != 5 || st.Target != 40 {
+		t.Errorf("resuming the move over a stale copy: %v; want *StaleSourceError 5 behind 40", err)
+	}
+	_, err = shards.CancelMove(ctx, set, b.schema, shards.CancelOptions{Group: b.group, Topic: b.topic, Partition: 0, Reason: "test: cancel"})
+	var cut *shards.CutOverError
+	if !errors.As(err, &cut) || cut.StaleSource == nil {
+		t.Errorf("cancelling the move over a stale copy: %v; want *CutOverError with its stale source", err)
+	}
+	if count(s2, "true") != 40 || count(s1, "true") != 0 {
+		t.Error("the refused resume or cancel moved effects")
 	}
 }

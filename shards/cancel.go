@@ -46,9 +46,17 @@ func (e *NotMovingError) Error() string {
 // CutOverError is CancelMove's refusal once the move passed its cut-over (Move's step 3
 // committed): the partition's state is gone from the shard it left and lives on the target,
 // where consumers may already apply its messages. Finish the move instead.
-type CutOverError struct{ Entry Entry }
+type CutOverError struct {
+	Entry Entry
+	// StaleSource, when not nil, says the shard the move leaves still holds a watermark, but
+	// behind the target's: a stale copy (that shard restored from an older backup).
+	StaleSource *StaleSourceError
+}
 
 func (e *CutOverError) Error() string {
+	if e.StaleSource != nil {
+		return "the move passed its cut-over; it cannot be cancelled: " + e.StaleSource.Error()
+	}
 	return fmt.Sprintf("the move of partition %d of topic %q (group %q) from shard %q to shard %q (epoch %d) passed its cut-over: the partition's state was deleted on %s and lives on %s, "+
 		"where consumers may already apply it; it cannot be cancelled: finish it with `kafkatx shards move --group %s --topic %s --partition %d --to %s --reason ...`",
 		e.Entry.Partition, e.Entry.Topic, e.Entry.Group, e.Entry.Shard, e.Entry.MovingTo, e.Entry.Epoch, e.Entry.Shard, e.Entry.MovingTo,
@@ -116,6 +124,15 @@ func CancelMove(ctx context.Context, set *Set, schema string, o CancelOptions) (
 		return fail(err)
 	}
 	defer ttx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	if w >= 0 {
+		if err := checkNotStale(ctx, target, t, e, w); err != nil {
+			var st *StaleSourceError
+			if errors.As(err, &st) {
+				return e, &CutOverError{Entry: e, StaleSource: st}
+			}
+			return fail(err)
+		}
+	}
 	if w < 0 {
 		var there bool
 		if err := ttx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3)`,

@@ -205,6 +205,9 @@ func copyState(ctx context.Context, dir, source, target *pgxpool.Pool, t tables.
 	if err != nil {
 		return fmt.Errorf("lock the watermark on %s: %w", e.Shard, err)
 	}
+	if err := checkNotStale(ctx, target, t, e, w); err != nil {
+		return err
+	}
 	// A cancel holds this lock while it changes the directory: under it, the row is either
 	// still moving at e's epoch (and stays so until this transaction ends) or cancelled.
 	var still bool
@@ -264,6 +267,39 @@ func copyState(ctx context.Context, dir, source, target *pgxpool.Pool, t tables.
 		return fmt.Errorf("commit on %s (the copy on %s is replaced when the move is resumed): %w", e.Shard, o.To, err)
 	}
 	return testAfter("source")
+}
+
+// StaleSourceError is Move's and CancelMove's refusal when the shard a move leaves holds a
+// watermark behind the target's: the move's cut-over committed and consumers applied on the
+// target since, so the row on the shard it leaves is a stale copy (that shard restored from an
+// older backup). Nothing is copied or deleted; an operator checks the copy and deletes it on
+// that shard (docs/deployment.md), then runs the move again to finish it.
+type StaleSourceError struct {
+	Entry          Entry
+	Source, Target int64 // the watermarks on Entry.Shard and Entry.MovingTo
+}
+
+func (e *StaleSourceError) Error() string {
+	return fmt.Sprintf("shard %s holds partition %d of %s at watermark %d, behind shard %s's %d: the move's cut-over committed and consumers applied on %s since, so the row on %s is a stale copy (restored from an older backup?); "+
+		"nothing was copied: check it and delete the partition's state on %s, then run the move again to finish it",
+		e.Entry.Shard, e.Entry.Partition, e.Entry.Topic, e.Source, e.Entry.MovingTo, e.Target, e.Entry.MovingTo, e.Entry.Shard, e.Entry.Shard)
+}
+
+// checkNotStale refuses (*StaleSourceError) a source watermark w behind the target's.
+func checkNotStale(ctx context.Context, target *pgxpool.Pool, t tables.Names, e Entry, w int64) error {
+	var tw int64
+	err := target.QueryRow(ctx, `SELECT next_offset FROM `+t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3`,
+		e.Group, e.Topic, e.Partition).Scan(&tw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the watermark on %s: %w", e.MovingTo, err)
+	}
+	if tw > w {
+		return &StaleSourceError{Entry: e, Source: w, Target: tw}
+	}
+	return nil
 }
 
 // copyTable replaces the partition's rows of table on to by its rows on from: every column but

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/offsets"
+	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/shards"
@@ -114,13 +117,14 @@ func (g *Globals) needShards() error {
 // ShardsStatusCmd prints the directory.
 type ShardsStatusCmd struct {
 	Group  string `help:"Only this consumer group (default: every group)."`
-	Output string `default:"text" enum:"text,json" help:"text or json (one object per line per partition: group, topic, partition, shard, epoch, state, moving_to, updated_at, and the partition's watermark on its shard: watermark, -1 when it has none yet)."`
+	Output string `default:"text" enum:"text,json" help:"text or json (one object per line per partition: group, topic, partition, shard, epoch, state, moving_to, updated_at, the partition's watermark on its shard: watermark, -1 when it has none yet, and stale_copies: its watermark rows on shards the directory does not map it to, each {shard, watermark})."`
 }
 
 // shardRow is one line of shards status.
 type shardRow struct {
 	shards.Entry
-	Watermark int64 `json:"watermark"`
+	Watermark   int64               `json:"watermark"`
+	StaleCopies []offsets.StaleCopy `json:"stale_copies,omitempty"`
 }
 
 func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
@@ -157,6 +161,17 @@ func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			rows[i].Watermark = w.Next
 		}
 	}
+	copies, err := shards.StaleCopies(ctx, set, g.Schema, c.Group)
+	if err != nil {
+		return err
+	}
+	for _, sc := range copies {
+		for i := range rows {
+			if r := &rows[i]; r.Group == sc.Group && r.Topic == sc.Topic && r.Partition == sc.Partition {
+				r.StaleCopies = append(r.StaleCopies, offsets.StaleCopy{Shard: sc.Shard, Watermark: sc.Watermark})
+			}
+		}
+	}
 	if c.Output == "json" {
 		enc := json.NewEncoder(os.Stdout)
 		for _, r := range rows {
@@ -167,7 +182,7 @@ func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tSHARD\tEPOCH\tSTATE\tWATERMARK\tUPDATED")
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tSHARD\tEPOCH\tSTATE\tWATERMARK\tUPDATED\tSTALE COPIES")
 	for _, r := range rows {
 		state := r.State
 		if r.MovingTo != "" {
@@ -177,10 +192,25 @@ func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		if r.Watermark >= 0 {
 			w = fmt.Sprint(r.Watermark)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", termText(r.Group), termText(r.Topic), r.Partition, termText(r.Shard), r.Epoch,
-			termText(state), w, r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"))
+		staleText := "-"
+		for j, sc := range r.StaleCopies {
+			if j == 0 {
+				staleText = ""
+			} else {
+				staleText += ", "
+			}
+			staleText += fmt.Sprintf("%s at %d", termText(sc.Shard), sc.Watermark)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", termText(r.Group), termText(r.Topic), r.Partition, termText(r.Shard), r.Epoch,
+			termText(state), w, r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"), staleText)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(copies) > 0 {
+		fmt.Printf("STALE COPY: %d watermark row(s) on shards the directory does not map their partition to (a shard restored from an older backup, or what a failed move left): consumers never apply there; check and delete them (docs/deployment.md, sharding)\n", len(copies))
+	}
+	return nil
 }
 
 // ShardsAssignCmd maps an unmapped partition to a shard.
@@ -332,10 +362,13 @@ func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
 	return nil
 }
 
-// shardOperator is the offsets operator of one shard ("" when the command runs unsharded).
+// shardOperator is the offsets operator of one shard ("" when the command runs unsharded);
+// set and schema, with --shard, are every shard's and the directory's (the same in each).
 type shardOperator struct {
-	shard string
-	op    *offsets.Operator
+	shard  string
+	op     *offsets.Operator
+	set    *shards.Set
+	schema string
 }
 
 // offsetsOperators is offsetsOperator for every shard given with --shard (each its own
@@ -357,7 +390,7 @@ func (g *Globals) offsetsOperators(ctx context.Context, withKafka bool) ([]shard
 			closeAll()
 			return nil, nil, fmt.Errorf("shard %s: %w", sh.Name, err)
 		}
-		out = append(out, shardOperator{shard: sh.Name, op: op.On(sh.Pool)})
+		out = append(out, shardOperator{shard: sh.Name, op: op.On(sh.Pool), set: set, schema: g.Schema})
 	}
 	return out, closeAll, nil
 }
@@ -370,9 +403,38 @@ func shardErr(shard string, err error) error {
 	return fmt.Errorf("shard %s: %w", shard, err)
 }
 
-// shardStatus is offsets status over every shard: each partition as read on the shard that
-// holds its watermark (Shard set), or, held nowhere yet, as the first shard reads it.
+// shardStatus is offsets status over every shard: each partition as read on the shard the
+// directory maps it to (Shard set; while it is being moved, the target once the shard it
+// leaves no longer holds its watermark); a partition the directory does not map, as read on
+// the shard that holds its watermark, or, held nowhere yet, on the first shard. A watermark
+// row on a shard the directory does not map the partition to is listed in StaleCopies
+// (shards.StaleCopies), never shown as the partition's.
 func shardStatus(ctx context.Context, ops []shardOperator, group, topic string) ([]offsets.PartitionStatus, error) {
+	var entries map[offsetstore.TP]shards.Entry
+	stale := map[offsetstore.TP][]offsets.StaleCopy{}
+	isStale := map[offsetstore.TP]map[string]bool{}
+	if set := ops[0].set; set != nil {
+		es, err := shards.NewDirectory(set.Directory, ops[0].schema).List(ctx, group)
+		if err != nil {
+			return nil, err
+		}
+		entries = make(map[offsetstore.TP]shards.Entry, len(es))
+		for _, e := range es {
+			entries[offsetstore.TP{Topic: e.Topic, Partition: e.Partition}] = e
+		}
+		copies, err := shards.StaleCopies(ctx, set, ops[0].schema, group)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range copies {
+			tp := offsetstore.TP{Topic: c.Topic, Partition: c.Partition}
+			stale[tp] = append(stale[tp], offsets.StaleCopy{Shard: c.Shard, Watermark: c.Watermark})
+			if isStale[tp] == nil {
+				isStale[tp] = map[string]bool{}
+			}
+			isStale[tp][c.Shard] = true
+		}
+	}
 	var out []offsets.PartitionStatus
 	at := map[offsetstore.TP]int{}
 	for _, so := range ops {
@@ -382,7 +444,11 @@ func shardStatus(ctx context.Context, ops []shardOperator, group, topic string) 
 		}
 		for _, s := range sts {
 			tp := offsetstore.TP{Topic: s.Topic, Partition: s.Partition}
-			if s.Watermark != nil {
+			if isStale[tp][so.shard] {
+				continue // listed in the mapped shard's row (StaleCopies)
+			}
+			e, mapped := entries[tp]
+			if s.Watermark != nil || (mapped && so.shard == e.Shard) {
 				s.Shard = so.shard
 			}
 			i, seen := at[tp]
@@ -392,9 +458,26 @@ func shardStatus(ctx context.Context, ops []shardOperator, group, topic string) 
 				out = append(out, s)
 			case s.Watermark != nil && out[i].Watermark == nil:
 				out[i] = s
+			case mapped && so.shard == e.Shard && out[i].Shard != e.Shard && out[i].Watermark == nil:
+				out[i] = s
 			}
 		}
 	}
+	for i := range out {
+		out[i].StaleCopies = stale[offsetstore.TP{Topic: out[i].Topic, Partition: out[i].Partition}]
+	}
+	// A partition only a stale copy names (no committed offset, no watermark where mapped).
+	for tp, cs := range stale {
+		if _, seen := at[tp]; seen || (topic != "" && tp.Topic != topic) {
+			continue
+		}
+		at[tp] = len(out)
+		out = append(out, offsets.PartitionStatus{Shard: entries[tp].Shard, Group: group, Topic: tp.Topic, Partition: tp.Partition,
+			State: offsetstate.NoWatermark, StaleCopies: cs})
+	}
+	slices.SortFunc(out, func(a, b offsets.PartitionStatus) int {
+		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
 	return out, nil
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/parking"
 	"github.com/kafkatx/kafkatx/internal/tables"
@@ -263,5 +264,79 @@ func TestShardsMoveCancelCLI(t *testing.T) {
 	}
 	if out, errOut, code := runCLI(t, cli, append(args, "--to", "s2", "--reason", "finish")...); code != 0 || !strings.Contains(out, "on shard s2 (epoch 4, active)") {
 		t.Fatalf("finishing the move: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// Issue 46: a shard restored from an older backup holds a watermark for a partition the
+// directory maps elsewhere. With partition 0 mapped to s2 (watermark 50, aligned with Kafka)
+// and its row copied onto s1 at 20 (what s1 held before the partition moved away), offsets
+// status over the shards shows s2's watermark and names s1's copy (stale_copies, exit 3,
+// STALE-COPY in text), where before it showed s1's row as the partition's; shards status
+// names it too. Before the copy, the same status is aligned (exit 0).
+func TestStaleCopyNamedByStatusViews(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	tb := tables.For(schema)
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 1)
+	group := testenv.Group(t)
+	msgs := make([]kafka.Message, 50)
+	for i := range msgs {
+		msgs[i] = kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: 0}, Value: []byte("v")}
+	}
+	testenv.Produce(t, brokers, topic, msgs)
+	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if err := k.Commit(ctx, group, map[offsetstore.TP]int64{{Topic: topic, Partition: 0}: 50}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ps["s1"].Exec(ctx, `INSERT INTO `+tb.ShardDirectory+` (group_id, topic, partition, shard, epoch) VALUES ($1, $2, 0, 's2', 2)`, group, topic); err != nil {
+		t.Fatal(err)
+	}
+	mark := func(shard string, next int64) {
+		t.Helper()
+		if _, err := ps[shard].Exec(ctx, `INSERT INTO `+tb.Watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ($1, $2, 0, $3, 0)`, group, topic, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark("s2", 50)
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "--brokers", brokers)
+	status := func(wantCode int) offsets.PartitionStatus {
+		t.Helper()
+		out, errOut, code := runCLI(t, cli, append(args, "offsets", "status", "--group", group, "--output", "json")...)
+		var s offsets.PartitionStatus
+		if code != wantCode || json.Unmarshal([]byte(strings.TrimSpace(out)), &s) != nil {
+			t.Fatalf("offsets status: exit %d (want %d)\n%s%s", code, wantCode, out, errOut)
+		}
+		return s
+	}
+	if s := status(0); s.Shard != "s2" || *s.Watermark != 50 || len(s.StaleCopies) != 0 {
+		t.Fatalf("before the stale copy: %+v", s)
+	}
+	mark("s1", 20) // s1 restored from a backup taken before partition 0 left it
+	if s := status(3); s.Shard != "s2" || *s.Watermark != 50 || len(s.StaleCopies) != 1 || s.StaleCopies[0] != (offsets.StaleCopy{Shard: "s1", Watermark: 20}) {
+		t.Fatalf("with s1's stale copy: shard %q, watermark %v, stale copies %+v; want s2, 50, [{s1 20}]", s.Shard, s.Watermark, s.StaleCopies)
+	}
+	out, _, code := runCLI(t, cli, append(args, "offsets", "status", "--group", group)...)
+	if code != 3 || !strings.Contains(out, "STALE-COPY(shard s1 at 20)") || !strings.Contains(out, "STALE COPY: 1 of 1 partition(s)") {
+		t.Fatalf("offsets status text: exit %d\n%s", code, out)
+	}
+	out, errOut, code := runCLI(t, cli, append(args, "shards", "status", "--group", group, "--output", "json")...)
+	var row struct {
+		Shard       string              `json:"shard"`
+		Watermark   int64               `json:"watermark"`
+		StaleCopies []offsets.StaleCopy `json:"stale_copies"`
+	}
+	if code != 0 || json.Unmarshal([]byte(strings.TrimSpace(out)), &row) != nil || row.Shard != "s2" || row.Watermark != 50 ||
+		len(row.StaleCopies) != 1 || row.StaleCopies[0].Shard != "s1" {
+		t.Fatalf("shards status: exit %d, %+v\n%s%s", code, row, out, errOut)
+	}
+	if out, _, _ := runCLI(t, cli, append(args, "shards", "status", "--group", group)...); !strings.Contains(out, "s1 at 20") || !strings.Contains(out, "STALE COPY: 1 watermark row(s)") {
+		t.Fatalf("shards status text:\n%s", out)
 	}
 }
