@@ -1,13 +1,11 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/offsets"
-	"github.com/kafkatx/kafkatx/internal/offsetstate"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/shards"
@@ -403,82 +400,17 @@ func shardErr(shard string, err error) error {
 	return fmt.Errorf("shard %s: %w", shard, err)
 }
 
-// shardStatus is offsets status over every shard: each partition as read on the shard the
-// directory maps it to (Shard set; while it is being moved, the target once the shard it
-// leaves no longer holds its watermark); a partition the directory does not map, as read on
-// the shard that holds its watermark, or, held nowhere yet, on the first shard. A watermark
-// row on a shard the directory does not map the partition to is listed in StaleCopies
-// (shards.StaleCopies), never shown as the partition's.
+// shardStatus is offsets status over every shard (offsets.ShardedStatus), or the one
+// database's without --shard.
 func shardStatus(ctx context.Context, ops []shardOperator, group, topic string) ([]offsets.PartitionStatus, error) {
-	var entries map[offsetstore.TP]shards.Entry
-	stale := map[offsetstore.TP][]offsets.StaleCopy{}
-	isStale := map[offsetstore.TP]map[string]bool{}
-	if set := ops[0].set; set != nil {
-		es, err := shards.NewDirectory(set.Directory, ops[0].schema).List(ctx, group)
-		if err != nil {
-			return nil, err
-		}
-		entries = make(map[offsetstore.TP]shards.Entry, len(es))
-		for _, e := range es {
-			entries[offsetstore.TP{Topic: e.Topic, Partition: e.Partition}] = e
-		}
-		copies, err := shards.StaleCopies(ctx, set, ops[0].schema, group)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range copies {
-			tp := offsetstore.TP{Topic: c.Topic, Partition: c.Partition}
-			stale[tp] = append(stale[tp], offsets.StaleCopy{Shard: c.Shard, Watermark: c.Watermark})
-			if isStale[tp] == nil {
-				isStale[tp] = map[string]bool{}
-			}
-			isStale[tp][c.Shard] = true
-		}
+	if ops[0].set == nil {
+		return ops[0].op.Status(ctx, group, topic)
 	}
-	var out []offsets.PartitionStatus
-	at := map[offsetstore.TP]int{}
-	for _, so := range ops {
-		sts, err := so.op.Status(ctx, group, topic)
-		if err != nil {
-			return nil, shardErr(so.shard, err)
-		}
-		for _, s := range sts {
-			tp := offsetstore.TP{Topic: s.Topic, Partition: s.Partition}
-			if isStale[tp][so.shard] {
-				continue // listed in the mapped shard's row (StaleCopies)
-			}
-			e, mapped := entries[tp]
-			if s.Watermark != nil || (mapped && so.shard == e.Shard) {
-				s.Shard = so.shard
-			}
-			i, seen := at[tp]
-			switch {
-			case !seen:
-				at[tp] = len(out)
-				out = append(out, s)
-			case s.Watermark != nil && out[i].Watermark == nil:
-				out[i] = s
-			case mapped && so.shard == e.Shard && out[i].Shard != e.Shard && out[i].Watermark == nil:
-				out[i] = s
-			}
-		}
+	sops := make([]offsets.ShardOperator, len(ops))
+	for i, so := range ops {
+		sops[i] = offsets.ShardOperator{Shard: so.shard, Op: so.op}
 	}
-	for i := range out {
-		out[i].StaleCopies = stale[offsetstore.TP{Topic: out[i].Topic, Partition: out[i].Partition}]
-	}
-	// A partition only a stale copy names (no committed offset, no watermark where mapped).
-	for tp, cs := range stale {
-		if _, seen := at[tp]; seen || (topic != "" && tp.Topic != topic) {
-			continue
-		}
-		at[tp] = len(out)
-		out = append(out, offsets.PartitionStatus{Shard: entries[tp].Shard, Group: group, Topic: tp.Topic, Partition: tp.Partition,
-			State: offsetstate.NoWatermark, StaleCopies: cs})
-	}
-	slices.SortFunc(out, func(a, b offsets.PartitionStatus) int {
-		return cmp.Or(strings.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
-	})
-	return out, nil
+	return offsets.ShardedStatus(ctx, ops[0].set, ops[0].schema, sops, group, topic)
 }
 
 func orDash(s string) string {
