@@ -125,20 +125,12 @@ type shardRow struct {
 }
 
 func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
-	if err := g.needShards(); err != nil {
-		return err
-	}
-	dir, err := g.pool(ctx)
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	set, closeAll, err := g.shardSet(ctx, dir)
+	set, closeAll, err := g.openShardsTo(ctx, "")
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	es, err := shards.NewDirectory(dir, g.Schema).List(ctx, c.Group)
+	es, err := shards.NewDirectory(set.Directory, g.Schema).List(ctx, c.Group)
 	if err != nil {
 		return err
 	}
@@ -226,7 +218,7 @@ func (c *ShardsAssignCmd) Validate() error {
 	return nil
 }
 
-// openShardsTo is the preamble of shards assign and move: --shard required, the directory's
+// openShardsTo is the preamble of shards status, assign and move: --shard required, the directory's
 // pool and every shard's opened, and to (when not empty) one of the shards given. closeAll
 // closes them.
 func (g *Globals) openShardsTo(ctx context.Context, to string) (set *shards.Set, closeAll func(), err error) {
@@ -375,21 +367,20 @@ func (g *Globals) offsetsOperators(ctx context.Context, withKafka bool) ([]shard
 	if err != nil || len(g.Shard) == 0 {
 		return []shardOperator{{op: op}}, closeOp, err
 	}
-	set, closeShards, err := g.shardSet(ctx, op.Pool())
+	dbs, closeShards, err := g.shardDBs(ctx, op.Pool(), offsetsCheckSchema)
 	if err != nil {
 		closeOp()
 		return nil, nil, err
 	}
-	closeAll := func() { closeShards(); closeOp() }
-	var out []shardOperator
-	for _, sh := range set.Shards {
-		if err := offsetsCheckSchema(ctx, sh.Pool, g.Schema); err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", sh.Name, err)
-		}
-		out = append(out, shardOperator{shard: sh.Name, op: op.On(sh.Pool), set: set, schema: g.Schema})
+	set := &shards.Set{Directory: op.Pool()}
+	for _, db := range dbs {
+		set.Shards = append(set.Shards, shards.Shard{Name: db.shard, Pool: db.pool})
 	}
-	return out, closeAll, nil
+	out := make([]shardOperator, len(dbs))
+	for i, db := range dbs {
+		out[i] = shardOperator{shard: db.shard, op: op.On(db.pool), set: set, schema: g.Schema}
+	}
+	return out, func() { closeShards(); closeOp() }, nil
 }
 
 // shardErr prefixes err with its shard's name (none unsharded).
