@@ -281,3 +281,67 @@ func TestShardsConsumerNeverAppliesOnAStaleCopy(t *testing.T) {
 		t.Error("the refused resume or cancel moved effects")
 	}
 }
+
+// Issue 46: a move that fails halfway (its hook errs, after kafkatx's state was copied in the
+// target's transaction) and is then cancelled while the consumer runs and messages keep
+// arriving: the consumer never leaves s1, every message is applied once there and none on
+// s2, the directory row is active on s1 at epoch 3 (past the move's 2), and s2 holds no
+// watermark of the partition.
+func TestShardsMoveCancelledUnderLoad(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	s1, s2 := shardPool(t, b.schema), shardPool(t, b.schema)
+	set := &shards.Set{Directory: b.pool, Shards: []shards.Shard{{Name: "s1", Pool: s1}, {Name: "s2", Pool: s2}}}
+	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
+	count := func(pool *pgxpool.Pool) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := Handler(func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) })
+	cfg := b.config(t)
+	cfg.Shards = set
+	cfg.Batch.Size = 10
+	r := b.start(t, h, cfg)
+	produce(t, b.brokers, b.topic, values(100, 0, func(i int) string { return fmt.Sprintf("a%d", i) }))
+	r.waitFor(t, 60*time.Second, "partition 0 under way on s1", func() bool { return count(s1) >= 20 })
+	failing := func(ctx context.Context, from, to pgx.Tx, group, topic string, partition int32) error {
+		if err := moveEffects(b.schema)(ctx, from, to, group, topic, partition); err != nil {
+			return err
+		}
+		return errors.New("test: the hook fails after copying")
+	}
+	if _, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 0, To: "s2", Reason: "test", Hook: failing}); err == nil {
+		t.Fatal("the move with a failing hook succeeded")
+	}
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		produce(t, b.brokers, b.topic, values(100, 0, func(i int) string { return fmt.Sprintf("b%d", i) }))
+	}()
+	e, err := shards.CancelMove(ctx, set, b.schema, shards.CancelOptions{Group: b.group, Topic: b.topic, Partition: 0, Reason: "test: cancel under load",
+		Undo: func(ctx context.Context, to pgx.Tx, group, topic string, partition int32) error {
+			_, err := to.Exec(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2`, topic, partition)
+			return err
+		}})
+	if err != nil || e.Shard != "s1" || e.State != shards.StateActive || e.Epoch != 3 {
+		t.Fatalf("cancel: %+v, %v; want active on s1 at epoch 3", e, err)
+	}
+	<-produced
+	r.waitFor(t, 90*time.Second, "200 messages applied on s1", func() bool { return count(s1) >= 200 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var twice, marks2 int64
+	if err := s1.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE applied > 1`).Scan(&twice); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{b.schema, "watermarks"}.Sanitize()).Scan(&marks2); err != nil {
+		t.Fatal(err)
+	}
+	if n1, n2 := count(s1), count(s2); n1 != 200 || n2 != 0 || twice != 0 || marks2 != 0 {
+		t.Errorf("after the cancel: %d effects on s1 (%d twice), %d on s2, %d watermarks on s2; want 200, 0, 0, 0", n1, twice, n2, marks2)
+	}
+}
