@@ -75,7 +75,7 @@ func run() int {
 		return code
 	}
 	o.FromEnv()
-	if err := flagcheck.First(o.Check(), o.checkEventsTopic()); err != nil {
+	if err := flagcheck.First(o.Check(), o.checkEventsTopic(), o.shards.Check()); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		return 2
 	}
@@ -215,11 +215,11 @@ func consume(ctx context.Context, pools *service.Pools, probes *service.Probes, 
 		return err
 	}
 	// With --shard: every shard holds kafkatx's schema, the orders tables and its outbox.
-	set, closeShards, err := o.shards.Open(ctx, pool, o.DatabaseURL)
+	set, err := o.shards.Open(ctx, pool, o.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	defer closeShards()
+	defer set.Close()
 	backpressure := outbox.Writer{Schema: o.Schema}.WaitBelow(pool, int64(o.maxOutboxRows))
 	if set != nil {
 		var waits []func(context.Context) error
@@ -290,11 +290,11 @@ func validMode(s string) bool {
 // movePartition is --move-partition: the partition's kafkatx state and its orders moved to
 // --move-to by shards.Move with the service's hook (order.MovePartition).
 func movePartition(ctx context.Context, pools *service.Pools, o options) error {
-	set, closeShards, err := o.shards.Open(ctx, pools.Pool, o.DatabaseURL)
+	set, err := o.shards.Open(ctx, pools.Pool, o.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	defer closeShards()
+	defer set.Close()
 	for _, sh := range set.Shards {
 		if err := order.Migrate(ctx, sh.Pool); err != nil {
 			return fmt.Errorf("shard %s: %w", sh.Name, err)

@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -11,90 +10,48 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kafkatx/kafkatx/outbox/relays"
-	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/shards"
 )
 
 // ShardFlags is --shard NAME=URL, repeated (flag.Value): the shards of a sharded service, in
-// order (the first takes the partitions the directory does not map yet).
-type ShardFlags []ShardURL
-
-// ShardURL is one --shard.
-type ShardURL struct{ Name, URL string }
+// order (the first takes the partitions the directory does not map yet). Set only collects
+// the values: the flag package quotes a refused value in its error, and a URL may hold a
+// password. Check parses them (shards.ParseSpecs), after the flags are parsed.
+type ShardFlags []string
 
 // String lists the shards' names (never their URLs, which may hold a password).
 func (s *ShardFlags) String() string {
 	var names []string
-	for _, u := range *s {
-		names = append(names, u.Name)
+	for _, v := range *s {
+		name, _, _ := strings.Cut(v, "=")
+		names = append(names, name)
 	}
 	return strings.Join(names, ",")
 }
 
-// Set parses one NAME=URL: a bad or repeated name or a URL that does not parse is refused,
-// without quoting the URL.
+// Set appends one NAME=URL; Check refuses a bad one.
 func (s *ShardFlags) Set(v string) error {
-	name, url, ok := strings.Cut(v, "=")
-	if !ok || url == "" {
-		return errors.New("want NAME=URL")
-	}
-	if err := shards.CheckName(name); err != nil {
-		return err
-	}
-	for _, u := range *s {
-		if u.Name == name {
-			return fmt.Errorf("shard %q named twice", name)
-		}
-	}
-	if _, err := pg.ParseConfig(url); err != nil {
-		return fmt.Errorf("shard %s: %w", name, err)
-	}
-	*s = append(*s, ShardURL{Name: name, URL: url})
+	*s = append(*s, v)
 	return nil
 }
 
-// Open opens a pool on every shard — a shard whose URL is dirURL shares dir, the directory's
-// pool — with at least DefaultMaxConns connections each (the shard's connection budget in
-// this process: pool_max_conns in its URL sets it), and returns the set; nil without --shard.
-// closeAll closes what it opened.
-func (s ShardFlags) Open(ctx context.Context, dir *pgxpool.Pool, dirURL string) (set *shards.Set, closeAll func(), err error) {
-	if len(s) == 0 {
-		return nil, func() {}, nil
+// Check returns shards.ParseSpecs' refusal of the --shard values (a missing '=', a bad or
+// repeated name, a URL that does not parse: never quoting the URL), or nil.
+func (s ShardFlags) Check() error {
+	_, err := shards.ParseSpecs(s)
+	return err
+}
+
+// Open opens a pool on every shard (shards.Open) — a shard whose URL is dirURL shares dir, the
+// directory's pool — with at least DefaultMaxConns connections each (the shard's connection
+// budget in this process: pool_max_conns in its URL sets it), and returns the set; nil
+// without --shard. Set.Close closes what it opened.
+func (s ShardFlags) Open(ctx context.Context, dir *pgxpool.Pool, dirURL string) (*shards.Set, error) {
+	specs, err := shards.ParseSpecs(s)
+	if err != nil {
+		return nil, err
 	}
-	var opened []*pgxpool.Pool
-	closeAll = func() {
-		for _, p := range opened {
-			p.Close()
-		}
-	}
-	set = &shards.Set{Directory: dir}
-	for _, u := range s {
-		if u.URL == dirURL {
-			set.Shards = append(set.Shards, shards.Shard{Name: u.Name, Pool: dir})
-			continue
-		}
-		cfg, _, err := pg.ParsePoolConfig(ctx, u.URL)
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", u.Name, err)
-		}
-		if !strings.Contains(u.URL, "pool_max_conns") {
-			cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
-		}
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err == nil {
-			if err = p.Ping(ctx); err != nil {
-				p.Close()
-			}
-		}
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", u.Name, err)
-		}
-		opened = append(opened, p)
-		set.Shards = append(set.Shards, shards.Shard{Name: u.Name, Pool: p})
-	}
-	return set, closeAll, nil
+	return shards.Open(ctx, specs, shards.OpenOptions{Directory: dir, DirectoryURL: dirURL, MinConns: DefaultMaxConns})
 }
 
 // shardRelays runs one relay per shard (table mode), each on its shard's pool with its own
