@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relays"
 	"github.com/kafkatx/kafkatx/shards"
 )
@@ -54,19 +55,38 @@ func (s ShardFlags) Open(ctx context.Context, dir *pgxpool.Pool, dirURL string) 
 	return shards.Open(ctx, specs, shards.OpenOptions{Directory: dir, DirectoryURL: dirURL, MinConns: DefaultMaxConns})
 }
 
-// shardRelays runs one relay per shard (table mode), each on its shard's pool with its own
-// leadership lock and retention, its metrics labelled shard=NAME: one relays.Relay to Run.
+// shardRelays runs one relay per shard, each on its shard's pool in the shard's stored outbox
+// mode, with its own leadership (table mode: the lock on that database; WAL mode: the shard's
+// slot) and retention, its metrics labelled shard=NAME: one relays.Relay to Run.
 type shardRelays struct {
 	names []string
 	rs    []relays.Relay
 }
 
-func newShardRelays(set *shards.Set, ro relays.Options, reg prometheus.Registerer) (*shardRelays, error) {
+// newShardRelays builds the shards' relays. A WAL shard's relay streams from the slot its
+// schema records (outbox.SlotName of the shard's database and schema, at SetMode) and writes its
+// checkpoint under the shard's system identifier, database and slot; its transactional.id is
+// "kafkatx-wal-<shard>-<slot>" (the prefix with the shard's name), because two shards on two
+// clusters whose database and schema are named alike have the same slot name, and one
+// transactional.id would make their relays fence each other's Kafka transactions.
+func newShardRelays(ctx context.Context, set *shards.Set, ro relays.Options, reg prometheus.Registerer) (*shardRelays, error) {
 	out := &shardRelays{}
 	for _, sh := range set.Shards {
+		st, err := outbox.ReadSettings(ctx, sh.Pool, ro.Schema)
+		if err != nil {
+			return nil, fmt.Errorf("shard %s: %w", sh.Name, err)
+		}
 		o := ro
+		o.Mode = st.Mode
 		o.Session = nil // the shard's own pool's configuration
 		o.Logger = ro.Logger.With(zap.String("shard", sh.Name))
+		if o.Mode == outbox.ModeWAL {
+			prefix := ro.WAL.TransactionalIDPrefix
+			if prefix == "" {
+				prefix = "kafkatx-wal-"
+			}
+			o.WAL.TransactionalIDPrefix = prefix + sh.Name + "-"
+		}
 		if reg != nil {
 			o.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"shard": sh.Name}, reg)
 		}
