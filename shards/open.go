@@ -62,7 +62,8 @@ type OpenOptions struct {
 }
 
 // Open opens a pool on every shard of specs (ParseSpecs) and pings it, and returns the set in
-// specs' order; Set.Close closes the pools it opened (never Directory). A URL that goes through
+// specs' order; Set.Close closes the pools it opened (never Directory). Two shards that reach
+// one database (by two URLs) are refused, naming both. A URL that goes through
 // a transaction pooler is probed as pg.ParsePoolConfig does. On any error the pools already
 // opened are closed and the error names the shard (pgx's errors name the user and database,
 // never the password). No specs: nil, nil.
@@ -87,7 +88,37 @@ func Open(ctx context.Context, specs []Spec, o OpenOptions) (*Set, error) {
 		set.opened = append(set.opened, p)
 		set.Shards = append(set.Shards, Shard{Name: u.Name, Pool: p})
 	}
+	if err := refuseOneDatabaseTwice(ctx, set); err != nil {
+		set.Close()
+		return nil, err
+	}
 	return set, nil
+}
+
+// refuseOneDatabaseTwice refuses two shards that reach one database (two URLs for it, such as
+// another host name or other parameters): the directory would take them for two, and a move
+// from one to the other locks the partition's watermark row on the source and then waits for
+// that same row on the "target", forever. A database is told by its server's system
+// identifier (pg_control_system; where a role may not read it, the postmaster's start time)
+// and its name.
+func refuseOneDatabaseTwice(ctx context.Context, set *Set) error {
+	seen := map[string]string{} // identity -> shard
+	for _, sh := range set.Shards {
+		var id string
+		err := sh.Pool.QueryRow(ctx, `SELECT (SELECT system_identifier FROM pg_control_system())::text || '/' || current_database()`).Scan(&id)
+		if err != nil {
+			err = sh.Pool.QueryRow(ctx, `SELECT pg_postmaster_start_time()::text || '/' || current_database()`).Scan(&id)
+		}
+		if err != nil {
+			return fmt.Errorf("shard %s: %w", sh.Name, err)
+		}
+		if other, ok := seen[id]; ok {
+			_, db, _ := strings.Cut(id, "/")
+			return fmt.Errorf("shards %s and %s are one database (%s on one server): give each database one shard name", other, sh.Name, db)
+		}
+		seen[id] = sh.Name
+	}
+	return nil
 }
 
 func openShard(ctx context.Context, u Spec, o OpenOptions) (*pgxpool.Pool, error) {

@@ -52,11 +52,12 @@ func TestOpenSharesTheDirectoryAndBudgetsEachShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer dir.Close()
+	u2, u3 := testenv.Database(t), testenv.Database(t)
 	sep := "?"
-	if strings.Contains(url, "?") {
+	if strings.Contains(u3, "?") {
 		sep = "&"
 	}
-	specs, err := shards.ParseSpecs([]string{"s1=" + url, "s2=" + url + sep + "application_name=s2", "s3=" + url + sep + "pool_max_conns=2"})
+	specs, err := shards.ParseSpecs([]string{"s1=" + url, "s2=" + u2, "s3=" + u3 + sep + "pool_max_conns=2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestOpenSharesTheDirectoryAndBudgetsEachShard(t *testing.T) {
 	if i := strings.Index(url, "@"); i >= 0 {
 		bad = url[:strings.Index(url, "://")+3] + "nobody_kx:s3cret-pw" + url[i:]
 	}
-	specs, err = shards.ParseSpecs([]string{"s2=" + url + sep + "application_name=s2", "broken=" + bad})
+	specs, err = shards.ParseSpecs([]string{"s2=" + u2, "broken=" + bad})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,4 +107,42 @@ func TestOpenSharesTheDirectoryAndBudgetsEachShard(t *testing.T) {
 	if !strings.HasPrefix(err.Error(), "shard broken: ") || strings.Contains(err.Error(), "s3cret-pw") {
 		t.Errorf("Open's error = %v; want it to name shard broken and not the password", err)
 	}
+}
+
+// Two shard names for one database (two URLs for it) are refused at Open: a move between them
+// locked the partition's watermark row on the source and then waited for it on the "target"
+// forever.
+func TestOpenRefusesOneDatabaseUnderTwoNames(t *testing.T) {
+	url := testenv.Database(t)
+	ctx := context.Background()
+	dir, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	specs, err := shards.ParseSpecs([]string{"a=" + url, "b=" + url + sep + "application_name=b", "c=" + testenv.Database(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := shards.Open(ctx, specs, shards.OpenOptions{Directory: dir, DirectoryURL: url})
+	if err == nil {
+		set.Close()
+		t.Fatal("Open took shards a and b, one database")
+	}
+	if !strings.Contains(err.Error(), "shards a and b are one database") {
+		t.Errorf("Open's error = %v; want it to name shards a and b", err)
+	}
+	if err := dir.Ping(ctx); err != nil {
+		t.Errorf("the refusal closed the directory's pool: %v", err)
+	}
+	specs, _ = shards.ParseSpecs([]string{"a=" + url, "c=" + testenv.Database(t)})
+	set, err = shards.Open(ctx, specs, shards.OpenOptions{Directory: dir, DirectoryURL: url})
+	if err != nil {
+		t.Fatalf("two databases of one server refused: %v", err)
+	}
+	set.Close()
 }
