@@ -44,10 +44,12 @@ type Shard struct {
 
 // Set is a service's shards and the pool of its directory's database. The first shard takes
 // every partition the directory does not map yet. Directory may be one of the shards' pools
-// (the directory's database may also be a shard).
+// (the directory's database may also be a shard). Open builds one from --shard specs.
 type Set struct {
 	Directory *pgxpool.Pool
 	Shards    []Shard
+
+	opened []*pgxpool.Pool // the pools Open opened, which Close closes
 }
 
 // Validate checks the set: a directory pool, at least one shard, names non-empty, valid and

@@ -39,22 +39,25 @@ func (c MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	defer closeShards()
 	// The directory's database (--database-url), then each --shard whose database is another.
-	targets := []struct {
-		name string
-		pool *pgxpool.Pool
-	}{{"", sp}}
+	// With --shard, --outbox-mode is set on the shards only: the directory's database holds no
+	// outbox unless it is a shard too, and a slot there would only retain its WAL.
+	type target struct {
+		name   string
+		pool   *pgxpool.Pool
+		outbox bool // set --outbox-mode here
+	}
+	targets := []target{{"", sp, set == nil}}
 	if set != nil {
 		for _, sh := range set.Shards {
-			if sh.Pool != pool {
-				targets = append(targets, struct {
-					name string
-					pool *pgxpool.Pool
-				}{sh.Name, sh.Pool})
+			if sh.Pool == pool {
+				targets[0].outbox = true
+			} else {
+				targets = append(targets, target{sh.Name, sh.Pool, true})
 			}
 		}
 	}
 	for _, t := range targets {
-		if err := c.migrate(ctx, t.pool, g.Schema, t.name); err != nil {
+		if err := c.migrate(ctx, t.pool, g.Schema, t.name, t.outbox); err != nil {
 			if t.name != "" {
 				return fmt.Errorf("shard %s: %w", t.name, err)
 			}
@@ -64,9 +67,9 @@ func (c MigrateUpCmd) Run(ctx context.Context, g *Globals) error {
 	return nil
 }
 
-// migrate brings schema on pool (shard name, "" for --database-url's database) up to date and
-// sets the outbox mode asked for.
-func (c MigrateUpCmd) migrate(ctx context.Context, sp *pgxpool.Pool, schema, shard string) error {
+// migrate brings schema on pool (shard name, "" for --database-url's database) up to date and,
+// with setMode, sets the outbox mode asked for.
+func (c MigrateUpCmd) migrate(ctx context.Context, sp *pgxpool.Pool, schema, shard string, setMode bool) error {
 	on := ""
 	if shard != "" {
 		on = "shard " + shard + ": "
@@ -76,7 +79,7 @@ func (c MigrateUpCmd) migrate(ctx context.Context, sp *pgxpool.Pool, schema, sha
 		return err
 	}
 	fmt.Printf("%sschema %s at version %d (applied %v)\n", on, schema, migrations.Latest(), done)
-	if c.OutboxMode != "" {
+	if c.OutboxMode != "" && setMode {
 		set := outbox.SetMode
 		if c.Force {
 			set = outbox.SetModeForce

@@ -12,81 +12,41 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kafkatx/kafkatx/cmd/flagcheck"
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
-	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/shards"
 )
 
 // shardURL is one --shard NAME=URL.
 type shardURL struct{ name, url string }
 
-// shardURLs parses --shard NAME=URL (repeated, in order): a missing '=', a bad or repeated
-// name, or a URL that does not parse is refused before anything connects; the message never
-// quotes the URL.
+// shardURLs parses --shard NAME=URL (repeated, in order) with shards.ParseSpecs: a missing
+// '=', a bad or repeated name, or a URL that does not parse is refused before anything
+// connects; the message never quotes the URL.
 func (g *Globals) shardURLs() ([]shardURL, error) {
-	var out []shardURL
-	seen := map[string]bool{}
-	for i, s := range g.Shard {
-		name, url, ok := strings.Cut(s, "=")
-		if !ok || url == "" {
-			return nil, fmt.Errorf("--shard %d: want NAME=URL", i+1)
-		}
-		if err := shards.CheckName(name); err != nil {
-			return nil, fmt.Errorf("--shard %d: %w", i+1, err)
-		}
-		if seen[name] {
-			return nil, fmt.Errorf("--shard: shard %q named twice", name)
-		}
-		seen[name] = true
-		if err := flagcheck.DatabaseURL("shard "+name, url); err != nil {
-			return nil, err
-		}
-		out = append(out, shardURL{name: name, url: url})
+	specs, err := shards.ParseSpecs(g.Shard)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]shardURL, len(specs))
+	for i, s := range specs {
+		out[i] = shardURL{name: s.Name, url: s.URL}
 	}
 	return out, nil
 }
 
-// shardSet opens a pool on every --shard (a shard whose URL is --database-url's shares dir, the
-// directory's pool) and returns the set, or nil without --shard; closeAll closes what it
-// opened.
+// shardSet opens a pool on every --shard (shards.Open: a shard whose URL is --database-url's
+// shares dir, the directory's pool) and returns the set, or nil without --shard; closeAll
+// closes what it opened.
 func (g *Globals) shardSet(ctx context.Context, dir *pgxpool.Pool) (set *shards.Set, closeAll func(), err error) {
-	us, err := g.shardURLs()
-	if err != nil || len(us) == 0 {
+	specs, err := shards.ParseSpecs(g.Shard)
+	if err != nil || len(specs) == 0 {
 		return nil, func() {}, err
 	}
-	var opened []*pgxpool.Pool
-	closeAll = func() {
-		for _, p := range opened {
-			p.Close()
-		}
+	if set, err = shards.Open(ctx, specs, shards.OpenOptions{Directory: dir, DirectoryURL: g.DatabaseURL}); err != nil {
+		return nil, nil, err
 	}
-	set = &shards.Set{Directory: dir}
-	for _, u := range us {
-		if u.url == g.DatabaseURL {
-			set.Shards = append(set.Shards, shards.Shard{Name: u.name, Pool: dir})
-			continue
-		}
-		cfg, _, err := pg.ParsePoolConfig(ctx, u.url)
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", u.name, err)
-		}
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err == nil {
-			if err = p.Ping(ctx); err != nil {
-				p.Close()
-			}
-		}
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", u.name, err)
-		}
-		opened = append(opened, p)
-		set.Shards = append(set.Shards, shards.Shard{Name: u.name, Pool: p})
-	}
-	return set, closeAll, nil
+	return set, set.Close, nil
 }
 
 // ShardsCmd reads and changes the shard directory.

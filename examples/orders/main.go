@@ -66,7 +66,7 @@ func run() int {
 	fs.IntVar(&o.maxOutboxRows, "max-outbox-rows", service.DefaultMaxOutboxRows, "partitions wait before a transaction while the outbox holds more rows than this (counted, not estimated), so the relay is not left behind without bound; 0: no bound")
 	fs.BoolVar(&o.outboxPack, "outbox-pack", true, "table mode: write each batch's events into a few packed outbox rows (outbox.Writer.Pack) instead of one row an event; every relay of the schema must be at this version or later (the in-process one is; a sidecar kafkatx relay of an older release leaves packs unpublished until upgraded: --outbox-pack=false then, docs/upgrading.md); ignored in WAL mode")
 	fs.StringVar(&o.outboxMode, "outbox-mode", "", "how events and dead letters go through the outbox: wal (logical-decoding messages relayed from a replication slot) or table (rows; the default of a new schema). Stored with the schema: empty follows it, a value that conflicts with it exits 2")
-	fs.Var(&o.shards, "shard", "a shard, NAME=URL (repeat it, one per shard; the first takes the partitions the directory does not map yet): each partition's kafkatx state and orders live on the shard the directory in --database-url's database maps it to (kafkatx shards assign|move|status); a relay and its retention run per shard (table mode only)")
+	fs.Var(&o.shards, "shard", "a shard, NAME=URL (repeat it, one per shard; the first takes the partitions the directory does not map yet): each partition's kafkatx state and orders live on the shard the directory in --database-url's database maps it to (kafkatx shards assign|move|status); a relay and its retention run per shard, in the shard's outbox mode (in WAL mode each shard has its own slot and checkpoint)")
 	fs.IntVar(&o.movePartition, "move-partition", -1, "with --shard: move partition N of --topic (group --group) to the shard --move-to while the service runs elsewhere, its orders with it (order.MovePartition, the shards.Move hook), print the directory row as JSON and exit; nothing is consumed")
 	fs.StringVar(&o.moveTo, "move-to", "", "with --move-partition: the target shard's name")
 	fs.StringVar(&o.moveReason, "move-reason", "", "with --move-partition: why (audited as shard_move)")
@@ -75,7 +75,7 @@ func run() int {
 		return code
 	}
 	o.FromEnv()
-	if err := flagcheck.First(o.Check(), o.checkEventsTopic()); err != nil {
+	if err := flagcheck.First(o.Check(), o.checkEventsTopic(), o.shards.Check()); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		return 2
 	}
@@ -210,28 +210,39 @@ func consume(ctx context.Context, pools *service.Pools, probes *service.Probes, 
 		return err
 	}
 	// The outbox mode is stored with the schema; the slot exists before anything is written.
-	mode, err := outbox.EnsureMode(ctx, pools.Session, o.Schema, outbox.Mode(o.outboxMode))
+	// With --shard the directory's database holds no outbox (unless it is also a shard): each
+	// shard's mode is set, and its slot created, on the shard below, and a slot on the
+	// directory's database would only retain its WAL.
+	var mode outbox.Mode
+	if len(o.shards) == 0 {
+		var err error
+		if mode, err = outbox.EnsureMode(ctx, pools.Session, o.Schema, outbox.Mode(o.outboxMode)); err != nil {
+			return err
+		}
+	}
+	// With --shard: every shard holds kafkatx's schema, the orders tables and its outbox, in
+	// the mode --outbox-mode names (empty: each shard's stored one), its relay in that mode.
+	set, err := o.shards.Open(ctx, pool, o.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	// With --shard: every shard holds kafkatx's schema, the orders tables and its outbox.
-	set, closeShards, err := o.shards.Open(ctx, pool, o.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	defer closeShards()
+	defer set.Close()
 	backpressure := outbox.Writer{Schema: o.Schema}.WaitBelow(pool, int64(o.maxOutboxRows))
 	if set != nil {
 		var waits []func(context.Context) error
-		for _, sh := range set.Shards {
+		for i, sh := range set.Shards {
 			if err := kafkatx.Migrate(ctx, sh.Pool, o.Schema); err != nil {
 				return fmt.Errorf("shard %s: %w", sh.Name, err)
 			}
 			if err := order.Migrate(ctx, sh.Pool); err != nil {
 				return fmt.Errorf("shard %s: %w", sh.Name, err)
 			}
-			if _, err := outbox.EnsureMode(ctx, sh.Pool, o.Schema, mode); err != nil {
+			m, err := outbox.EnsureMode(ctx, sh.Pool, o.Schema, outbox.Mode(o.outboxMode))
+			if err != nil {
 				return fmt.Errorf("shard %s: %w", sh.Name, err)
+			}
+			if i == 0 {
+				mode = m // the first shard's, for what names one mode (the relays read each shard's)
 			}
 			waits = append(waits, outbox.Writer{Schema: o.Schema}.WaitBelow(sh.Pool, int64(o.maxOutboxRows)))
 		}
@@ -290,11 +301,11 @@ func validMode(s string) bool {
 // movePartition is --move-partition: the partition's kafkatx state and its orders moved to
 // --move-to by shards.Move with the service's hook (order.MovePartition).
 func movePartition(ctx context.Context, pools *service.Pools, o options) error {
-	set, closeShards, err := o.shards.Open(ctx, pools.Pool, o.DatabaseURL)
+	set, err := o.shards.Open(ctx, pools.Pool, o.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	defer closeShards()
+	defer set.Close()
 	for _, sh := range set.Shards {
 		if err := order.Migrate(ctx, sh.Pool); err != nil {
 			return fmt.Errorf("shard %s: %w", sh.Name, err)

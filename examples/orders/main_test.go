@@ -36,6 +36,11 @@ func TestRefusesToRunWithoutABrokerUnlessAskedForTheInProcessOne(t *testing.T) {
 		{args: []string{"--in-process-broker", "--database-url", "postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus"}, want: "--database-url: the database URL does not parse"},
 		{args: []string{"--in-process-broker"}, env: "DATABASE_URL=postgres://u:s3cret@[::1", want: "--database-url: the database URL does not parse"},
 		{args: []string{"--in-process-broker", "--session-database-url", "host=x port=abc password=s3cret"}, want: "--session-database-url: the database URL does not parse"},
+		// --shard NAME=URL: the flag package quoted a refused value — a shard URL with its
+		// password — in its error; shards.ParseSpecs refuses after parsing, naming the shard.
+		{args: []string{"--in-process-broker", "--shard", "a=postgres://u:s3cret@127.0.0.1:1/x?sslmode=bogus"}, want: "--shard a: the database URL does not parse"},
+		{args: []string{"--in-process-broker", "--shard", "postgres://u:s3cret@127.0.0.1:1/x"}, want: "--shard 1: "},
+		{args: []string{"--in-process-broker", "--shard", "a=postgres://u:s3cret@h/x", "--shard", "a=postgres://u:s3cret@h/y"}, want: `shard "a" named twice`},
 		// A fresh-eyes attack: a stray word ("--batch-size 10 5000") was ignored.
 		{args: []string{"--in-process-broker", "--batch-size", "10", "5000"}, want: "unexpected argument \"5000\""},
 	} {

@@ -58,7 +58,7 @@ func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	m.Stuck = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stuck", Help: "1 while the partition's handler call runs past its bound (Config.Transaction's statement plus idle timeouts)."}, []string{"group", "topic", "partition"})
 	m.Stalled = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_partition_stalled", Help: "1 while the partition has lag and its watermark has not moved for Config.StallAfter, whatever the cause."}, []string{"group", "topic", "partition"})
 	m.LogChanges = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kafkatx_log_changes_total", Help: "Assignments that found the log behind a watermark changed (topic recreated, another cluster), by action: halt or adopt (Config.OnLogChange)."}, []string{"group", "topic", "action"})
-	m.ShardRelayUnowned = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_shard_relay_unowned", Help: "1 while the shard's outbox rows have waited with no relay leading it (no relay and no retention run there) for longer than a minute (Config.Shards)."}, []string{"shard"})
+	m.ShardRelayUnowned = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "kafkatx_shard_relay_unowned", Help: "1 while the shard's outbox has waited with no relay leading it (no relay and no retention run there) for longer than a minute (Config.Shards; table mode: rows pending and nobody holds the leadership lock; WAL mode: the slot is inactive and behind the current WAL)."}, []string{"shard"})
 	m.Parked = NewParked()
 	var err error
 	promreg.Into(reg, &m.Parked, &err)

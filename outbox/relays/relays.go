@@ -25,6 +25,7 @@ import (
 	"github.com/kafkatx/kafkatx/outbox/internal/publish"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/outbox/walrelay"
+	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/retention"
 )
 
@@ -103,4 +104,20 @@ func New(pool *pgxpool.Pool, o Options) (Relay, error) {
 		return walrelay.New(pool, c)
 	}
 	return nil, fmt.Errorf("relays: outbox mode %q: want %s or %s", o.Mode, outbox.ModeTable, outbox.ModeWAL)
+}
+
+// Leading reports whether a relay leads schema's outbox on q's database now and whether
+// something waits to be published there, in the schema's stored mode (outbox.ReadSettings):
+// relay.Leading in table mode (the leadership lock; rows pending or packed), walrelay.Leading
+// in WAL mode (the slot active; its confirmed position behind the current WAL). The consumer's
+// check of each shard's relay (kafkatx_shard_relay_unowned) reads it.
+func Leading(ctx context.Context, q pg.Querier, schema string) (leader, pending bool, err error) {
+	s, err := outbox.ReadSettings(ctx, q, schema)
+	if err != nil {
+		return false, false, err
+	}
+	if s.Mode == outbox.ModeWAL {
+		return walrelay.Leading(ctx, q, schema)
+	}
+	return relay.Leading(ctx, q, schema)
 }

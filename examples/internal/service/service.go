@@ -65,10 +65,11 @@ type Options struct {
 	// its database and topics (StartProbes); Run hands it the consumer's handler instead of
 	// listening on MetricsAddr itself.
 	Probes *Probes
-	// Shards, when set, is the consumer's Config.Shards: Run runs one table relay per shard
-	// (with its retention) instead of one on Pool, and ExitWhenIdle reads each partition's
-	// watermark on the shards. The WAL relay per shard is not in this release: OutboxMode
-	// must be table.
+	// Shards, when set, is the consumer's Config.Shards: Run runs one relay per shard (with
+	// its retention) instead of one on Pool, each in its shard's stored outbox mode
+	// (outbox.ReadSettings; OutboxMode is not used) on its shard's pool — in WAL mode the
+	// shard's own slot, checkpoint and transactional.id — and ExitWhenIdle reads each
+	// partition's watermark on the shards.
 	Shards *shards.Set
 	// AuthFailureExit ends Run with an error once Kafka authentication or authorization has
 	// failed for this long without a success in between (Readiness.AuthErrorSince). Defaults
@@ -106,14 +107,11 @@ func Run(ctx context.Context, o Options) error {
 	var rl inProcessRelay
 	var err error
 	if o.Shards != nil {
-		if ro.Mode != outbox.ModeTable {
-			return fmt.Errorf("outbox mode %s with shards: only table mode runs a relay per shard in this release", ro.Mode)
-		}
 		var reg prometheus.Registerer
 		if o.Registry != nil {
 			reg = o.Registry
 		}
-		if rl, err = newShardRelays(o.Shards, ro, reg); err != nil {
+		if rl, err = newShardRelays(ctx, o.Shards, ro, reg); err != nil {
 			return err
 		}
 	} else if rl, err = relays.New(o.Pool, ro); err != nil {

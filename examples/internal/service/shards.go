@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -10,106 +9,84 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/relays"
-	"github.com/kafkatx/kafkatx/pg"
 	"github.com/kafkatx/kafkatx/shards"
 )
 
 // ShardFlags is --shard NAME=URL, repeated (flag.Value): the shards of a sharded service, in
-// order (the first takes the partitions the directory does not map yet).
-type ShardFlags []ShardURL
-
-// ShardURL is one --shard.
-type ShardURL struct{ Name, URL string }
+// order (the first takes the partitions the directory does not map yet). Set only collects
+// the values: the flag package quotes a refused value in its error, and a URL may hold a
+// password. Check parses them (shards.ParseSpecs), after the flags are parsed.
+type ShardFlags []string
 
 // String lists the shards' names (never their URLs, which may hold a password).
 func (s *ShardFlags) String() string {
 	var names []string
-	for _, u := range *s {
-		names = append(names, u.Name)
+	for _, v := range *s {
+		name, _, _ := strings.Cut(v, "=")
+		names = append(names, name)
 	}
 	return strings.Join(names, ",")
 }
 
-// Set parses one NAME=URL: a bad or repeated name or a URL that does not parse is refused,
-// without quoting the URL.
+// Set appends one NAME=URL; Check refuses a bad one.
 func (s *ShardFlags) Set(v string) error {
-	name, url, ok := strings.Cut(v, "=")
-	if !ok || url == "" {
-		return errors.New("want NAME=URL")
-	}
-	if err := shards.CheckName(name); err != nil {
-		return err
-	}
-	for _, u := range *s {
-		if u.Name == name {
-			return fmt.Errorf("shard %q named twice", name)
-		}
-	}
-	if _, err := pg.ParseConfig(url); err != nil {
-		return fmt.Errorf("shard %s: %w", name, err)
-	}
-	*s = append(*s, ShardURL{Name: name, URL: url})
+	*s = append(*s, v)
 	return nil
 }
 
-// Open opens a pool on every shard — a shard whose URL is dirURL shares dir, the directory's
-// pool — with at least DefaultMaxConns connections each (the shard's connection budget in
-// this process: pool_max_conns in its URL sets it), and returns the set; nil without --shard.
-// closeAll closes what it opened.
-func (s ShardFlags) Open(ctx context.Context, dir *pgxpool.Pool, dirURL string) (set *shards.Set, closeAll func(), err error) {
-	if len(s) == 0 {
-		return nil, func() {}, nil
-	}
-	var opened []*pgxpool.Pool
-	closeAll = func() {
-		for _, p := range opened {
-			p.Close()
-		}
-	}
-	set = &shards.Set{Directory: dir}
-	for _, u := range s {
-		if u.URL == dirURL {
-			set.Shards = append(set.Shards, shards.Shard{Name: u.Name, Pool: dir})
-			continue
-		}
-		cfg, _, err := pg.ParsePoolConfig(ctx, u.URL)
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", u.Name, err)
-		}
-		if !strings.Contains(u.URL, "pool_max_conns") {
-			cfg.MaxConns = max(cfg.MaxConns, DefaultMaxConns)
-		}
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err == nil {
-			if err = p.Ping(ctx); err != nil {
-				p.Close()
-			}
-		}
-		if err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", u.Name, err)
-		}
-		opened = append(opened, p)
-		set.Shards = append(set.Shards, shards.Shard{Name: u.Name, Pool: p})
-	}
-	return set, closeAll, nil
+// Check returns shards.ParseSpecs' refusal of the --shard values (a missing '=', a bad or
+// repeated name, a URL that does not parse: never quoting the URL), or nil.
+func (s ShardFlags) Check() error {
+	_, err := shards.ParseSpecs(s)
+	return err
 }
 
-// shardRelays runs one relay per shard (table mode), each on its shard's pool with its own
-// leadership lock and retention, its metrics labelled shard=NAME: one relays.Relay to Run.
+// Open opens a pool on every shard (shards.Open) — a shard whose URL is dirURL shares dir, the
+// directory's pool — with at least DefaultMaxConns connections each (the shard's connection
+// budget in this process: pool_max_conns in its URL sets it), and returns the set; nil
+// without --shard. Set.Close closes what it opened.
+func (s ShardFlags) Open(ctx context.Context, dir *pgxpool.Pool, dirURL string) (*shards.Set, error) {
+	specs, err := shards.ParseSpecs(s)
+	if err != nil {
+		return nil, err
+	}
+	return shards.Open(ctx, specs, shards.OpenOptions{Directory: dir, DirectoryURL: dirURL, MinConns: DefaultMaxConns})
+}
+
+// shardRelays runs one relay per shard, each on its shard's pool in the shard's stored outbox
+// mode, with its own leadership (table mode: the lock on that database; WAL mode: the shard's
+// slot) and retention, its metrics labelled shard=NAME: one relays.Relay to Run.
 type shardRelays struct {
 	names []string
 	rs    []relays.Relay
 }
 
-func newShardRelays(set *shards.Set, ro relays.Options, reg prometheus.Registerer) (*shardRelays, error) {
+// newShardRelays builds the shards' relays. A WAL shard's relay streams from the slot its
+// schema records (outbox.SlotName of the shard's database and schema, at SetMode) and writes its
+// checkpoint under the shard's system identifier, database and slot; its transactional.id is
+// "kafkatx-wal-<shard>-<slot>" (the prefix with the shard's name), because two shards on two
+// clusters whose database and schema are named alike have the same slot name, and one
+// transactional.id would make their relays fence each other's Kafka transactions.
+func newShardRelays(ctx context.Context, set *shards.Set, ro relays.Options, reg prometheus.Registerer) (*shardRelays, error) {
 	out := &shardRelays{}
 	for _, sh := range set.Shards {
+		st, err := outbox.ReadSettings(ctx, sh.Pool, ro.Schema)
+		if err != nil {
+			return nil, fmt.Errorf("shard %s: %w", sh.Name, err)
+		}
 		o := ro
+		o.Mode = st.Mode
 		o.Session = nil // the shard's own pool's configuration
 		o.Logger = ro.Logger.With(zap.String("shard", sh.Name))
+		if o.Mode == outbox.ModeWAL {
+			prefix := ro.WAL.TransactionalIDPrefix
+			if prefix == "" {
+				prefix = "kafkatx-wal-"
+			}
+			o.WAL.TransactionalIDPrefix = prefix + sh.Name + "-"
+		}
 		if reg != nil {
 			o.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"shard": sh.Name}, reg)
 		}
