@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/pg"
@@ -100,6 +101,12 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 	}
 	schema = pg.SchemaOr(schema)
 	t := tables.For(schema)
+	// Refused before the directory changes: a move that cannot run must leave nothing moving.
+	if missing, err := migrations.Missing(ctx, target, schema); err != nil {
+		return e, fmt.Errorf("shards: read shard %q's migrations: %w", o.To, err)
+	} else if len(missing) > 0 {
+		return e, fmt.Errorf("shards: shard %q is not migrated (versions %v missing): run kafkatx migrate up with its --shard first; nothing was changed", o.To, missing)
+	}
 	// 1. The directory: moving, epoch raised (or resumed).
 	err := pgx.BeginFunc(ctx, set.Directory, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT `+entryCols+` FROM `+t.ShardDirectory+`
@@ -123,6 +130,8 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 			return nil
 		case e.State == StateMoving && e.MovingTo != o.To:
 			return fmt.Errorf("shards: a move of partition %d of %s to shard %q is in progress: finish it with --to %s first", o.Partition, o.Topic, e.MovingTo, e.MovingTo)
+		case set.Pool(e.Shard) == nil:
+			return fmt.Errorf("partition %d of %s is on shard %q, which was not given (%v): nothing was changed", o.Partition, o.Topic, e.Shard, set.Names())
 		case e.State == StateActive:
 			return tx.QueryRow(ctx, `UPDATE `+t.ShardDirectory+` SET state = 'moving', moving_to = $4, epoch = epoch + 1, updated_at = now()
 				WHERE group_id = $1 AND topic = $2 AND partition = $3 RETURNING epoch, state, coalesce(moving_to, '')`,
@@ -229,14 +238,30 @@ func copyState(ctx context.Context, dir, source, target *pgxpool.Pool, t tables.
 	defer ttx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 	store := offsetstore.New(t.Schema)
 	reason := fmt.Sprintf("partition moved from shard %s to shard %s at watermark %d (directory epoch %d): %s", e.Shard, o.To, w, e.Epoch, o.Reason)
+	// The target's audit row first: a resumed move clears the copy an earlier try left there,
+	// and that deletion is explained by this row (kafkatx.audit_id, migration 016's trigger),
+	// not audited as a watermark deleted outside kafkatx (a false gap in offsets account).
+	var earlier int64
+	if err := ttx.QueryRow(ctx, `SELECT count(*) FROM `+t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3`,
+		o.Group, o.Topic, o.Partition).Scan(&earlier); err != nil {
+		return fmt.Errorf("read %s's watermark: %w", o.To, err)
+	}
+	treason := reason
+	if earlier > 0 {
+		treason += " (resumed: replaces the copy an earlier try of this move left here)"
+	}
+	tid, err := store.InsertEvent(ctx, ttx, offsetstore.Event{Group: o.Group, Topic: o.Topic, Partition: o.Partition,
+		Kind: offsetstore.KindShardMove, From: w, To: w, Actor: o.Actor, Reason: treason})
+	if err != nil {
+		return err
+	}
+	if _, err := ttx.Exec(ctx, `SELECT set_config('kafkatx.audit_id', $1, true)`, strconv.FormatInt(tid, 10)); err != nil {
+		return err
+	}
 	for _, tb := range t.PartitionState() {
 		if err := copyTable(ctx, ftx, ttx, tb, o); err != nil {
 			return err
 		}
-	}
-	if _, err := store.InsertEvent(ctx, ttx, offsetstore.Event{Group: o.Group, Topic: o.Topic, Partition: o.Partition,
-		Kind: offsetstore.KindShardMove, From: w, To: w, Actor: o.Actor, Reason: reason}); err != nil {
-		return err
 	}
 	if o.Hook != nil {
 		if err := o.Hook(ctx, ftx, ttx, o.Group, o.Topic, o.Partition); err != nil {

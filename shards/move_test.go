@@ -197,6 +197,15 @@ func TestMoveCrashedAtEachStepThenResumedOrCancelled(t *testing.T) {
 			if got := f.where(t); got != want {
 				t.Errorf("after %s at %s: %s\nwant %s", c.action, c.step, got, want)
 			}
+			// Every deletion a move or cancel made is explained by its own audit row: a
+			// watermark_deleted row would be a false gap in offsets account (a fresh-eyes
+			// attack: a resumed move clearing its earlier copy on the target wrote one).
+			for _, sh := range f.set.Shards {
+				var n int64
+				if err := sh.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{f.schema, "offset_audit"}.Sanitize()+` WHERE kind = 'watermark_deleted'`).Scan(&n); err != nil || n != 0 {
+					t.Errorf("after %s at %s: %d watermark_deleted rows on %s (%v), want 0", c.action, c.step, n, sh.Name, err)
+				}
+			}
 			if _, err := CancelMove(ctx, f.set, f.schema, co); !errors.As(err, new(*NotMovingError)) {
 				t.Errorf("a second cancel: %v; want *NotMovingError", err)
 			}
@@ -238,5 +247,42 @@ func TestMoveWaitsForTheOldShardsOutbox(t *testing.T) {
 	}
 	if e, err := Move(ctx, f.set, f.schema, mo); err != nil || e.Shard != "s2" || e.State != StateActive {
 		t.Fatalf("resumed move after the drain: %+v, %v", e, err)
+	}
+}
+
+// A fresh-eyes attack: a move refused because the shard the partition is on was not given, or
+// because the target is not migrated, left the directory row moving with its epoch raised — a
+// move nobody meant, to be finished before anything else. Now neither changes the directory.
+func TestARefusedMoveChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	const group, topic = "g", "orders"
+	f := newMoveFixture(t)
+	if _, _, err := NewDirectory(f.s1, f.schema).Assign(ctx, group, topic, 0, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := NewDirectory(f.s1, f.schema).List(ctx, group)
+	if err != nil || len(before) != 1 {
+		t.Fatalf("directory %+v, %v", before, err)
+	}
+	// s2, which holds the partition, is not given.
+	only1 := &Set{Directory: f.s1, Shards: []Shard{{Name: "s1", Pool: f.s1}}}
+	if _, err := Move(ctx, only1, f.schema, MoveOptions{Group: group, Topic: topic, Partition: 0, To: "s1", Reason: "x"}); err == nil ||
+		!strings.Contains(err.Error(), "not given") {
+		t.Fatalf("move without the source shard: %v", err)
+	}
+	// A target whose schema is not migrated.
+	bare, err := pgxpool.New(ctx, testenv.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bare.Close)
+	withBare := &Set{Directory: f.s1, Shards: []Shard{{Name: "s1", Pool: f.s1}, {Name: "s2", Pool: f.s2}, {Name: "s3", Pool: bare}}}
+	if _, err := Move(ctx, withBare, f.schema, MoveOptions{Group: group, Topic: topic, Partition: 0, To: "s3", Reason: "x"}); err == nil ||
+		!strings.Contains(err.Error(), "not migrated") {
+		t.Fatalf("move to an unmigrated shard: %v", err)
+	}
+	after, err := NewDirectory(f.s1, f.schema).List(ctx, group)
+	if err != nil || len(after) != 1 || after[0].State != StateActive || after[0].Epoch != before[0].Epoch || after[0].Shard != "s2" {
+		t.Fatalf("directory after two refused moves %+v (%v), want unchanged %+v", after, err, before)
 	}
 }
