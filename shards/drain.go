@@ -29,7 +29,7 @@ func (e *DrainError) Error() string {
 		what = "the outbox slot has not confirmed the WAL written before the cut-over"
 	}
 	return fmt.Sprintf("shard %s: %s after %s: the cut-over waits for its relay to publish them, so that a key's events keep their order on the topic across the move; "+
-		"is a relay running on shard %s (kafkatx_shard_relay_unowned, kafkatx outbox status)? The move stays resumable: run it again, with a longer --drain-within if the relay is behind",
+		"is a relay running on shard %s (the gauge kafkatx_shard_relay_unowned; the relay's /readyz)? The move stays resumable: run it again, with a longer --drain-within if the relay is behind",
 		e.Shard, what, e.Within, e.Shard)
 }
 

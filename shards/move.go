@@ -105,7 +105,7 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 	if missing, err := migrations.Missing(ctx, target, schema); err != nil {
 		return e, fmt.Errorf("shards: read shard %q's migrations: %w", o.To, err)
 	} else if len(missing) > 0 {
-		return e, fmt.Errorf("shards: shard %q is not migrated (versions %v missing): run kafkatx migrate up with its --shard first; nothing was changed", o.To, missing)
+		return e, fmt.Errorf("shards: shard %q is not migrated (versions %v missing): migrate it first (migrate up of kafkatx, with its --shard); nothing was changed", o.To, missing)
 	}
 	// 1. The directory: moving, epoch raised (or resumed).
 	err := pgx.BeginFunc(ctx, set.Directory, func(tx pgx.Tx) error {

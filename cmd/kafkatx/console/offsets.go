@@ -114,7 +114,7 @@ func (h *Handler) reset(ctx context.Context, p ResetParams, actor string) (*Rese
 		return nil, http.StatusBadRequest, err
 	}
 	if h.cfg.Shards != nil {
-		return nil, http.StatusConflict, errors.New("this console reads a sharded service: reset offsets with kafkatx offsets reset and the same --shard flags, which acts on the shard that holds the partition")
+		return nil, http.StatusConflict, errors.New("this console reads a sharded service: reset offsets with the command line (offsets reset of kafkatx, given the same --shard flags), which acts on the shard that holds the partition")
 	}
 	plan, err := h.op.PlanReset(ctx, req)
 	if err != nil {
