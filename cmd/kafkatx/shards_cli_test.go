@@ -340,3 +340,25 @@ func TestStaleCopyNamedByStatusViews(t *testing.T) {
 		t.Fatalf("shards status text:\n%s", out)
 	}
 }
+
+// A fresh-eyes attack: console (before it read shards), outbox parked, relay and dlq
+// show|replay|discard took --shard and answered for the directory's database. A command that
+// does not read shards refuses the flag with the usage status; the ones that do take it.
+func TestShardIsRefusedWhereACommandDoesNotReadShards(t *testing.T) {
+	for cmd, refused := range map[string]bool{
+		"outbox parked": true, "relay": true, "dlq show <id>": true, "dlq replay [<id>]": true, "dlq discard [<id>]": true,
+		"parked-keys release": true, "offsets status": false, "offsets reset": false, "dlq list": false, "shards move": false,
+		"migrate up": false, "console": false, "airflow repair": false, "parked-keys list": false,
+	} {
+		err := checkShardAware(cmd, []string{"s1=postgres://h/db"})
+		if (err != nil) != refused {
+			t.Errorf("%s with --shard: %v, want refused %v", cmd, err, refused)
+		}
+		if err != nil && strings.Contains(err.Error(), "postgres://") {
+			t.Errorf("%s: the refusal quotes the URL: %v", cmd, err)
+		}
+		if err := checkShardAware(cmd, nil); err != nil {
+			t.Errorf("%s without --shard: %v", cmd, err)
+		}
+	}
+}
