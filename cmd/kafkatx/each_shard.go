@@ -18,7 +18,13 @@ type shardDB struct {
 // the shard's name); without --shard, pool alone, unchecked (the caller opened and checked
 // it). pool is --database-url's, the shard directory's. closeAll closes the shards' pools it
 // opened, never pool.
+//
+// A directory in pool's database that maps partitions to shards not given is refused first
+// (checkDirectory).
 func (g *Globals) shardDBs(ctx context.Context, pool *pgxpool.Pool, check func(context.Context, *pgxpool.Pool, string) error) ([]shardDB, func(), error) {
+	if err := g.checkDirectory(ctx, pool); err != nil {
+		return nil, nil, err
+	}
 	if len(g.Shard) == 0 {
 		return []shardDB{{pool: pool}}, func() {}, nil
 	}

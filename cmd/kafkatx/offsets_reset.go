@@ -116,7 +116,8 @@ func (c *OffsetsResetCmd) request() offsets.ResetRequest {
 }
 
 func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
-	if len(g.Shard) > 0 {
+	sharded := len(g.Shard) > 0
+	if sharded {
 		one, err := c.resetOnShard(ctx, g)
 		if err != nil {
 			return err
@@ -128,6 +129,11 @@ func (c *OffsetsResetCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer closeAll()
+	if !sharded { // the directory's database read as the group's: refused while it maps partitions elsewhere
+		if err := g.checkDirectory(ctx, op.Pool()); err != nil {
+			return err
+		}
+	}
 	plan, err := op.PlanReset(ctx, c.request())
 	if err != nil {
 		return err

@@ -324,8 +324,15 @@ type shardOperator struct {
 // operator over one shared Kafka client), or the one database's without --shard.
 func (g *Globals) offsetsOperators(ctx context.Context, withKafka bool) ([]shardOperator, func(), error) {
 	op, closeOp, err := g.offsetsOperator(ctx, withKafka)
-	if err != nil || len(g.Shard) == 0 {
-		return []shardOperator{{op: op}}, closeOp, err
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(g.Shard) == 0 {
+		if err := g.checkDirectory(ctx, op.Pool()); err != nil {
+			closeOp()
+			return nil, nil, err
+		}
+		return []shardOperator{{op: op}}, closeOp, nil
 	}
 	dbs, closeShards, err := g.shardDBs(ctx, op.Pool(), offsetsCheckSchema)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/kafkatx/kafkatx/internal/parking"
 	"github.com/kafkatx/kafkatx/internal/tables"
 	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/shards"
 )
 
 // twoShards returns the URLs and pools of two shards in schema: s1 is DATABASE_URL (also the
@@ -360,5 +361,45 @@ func TestShardIsRefusedWhereACommandDoesNotReadShards(t *testing.T) {
 		if err := checkShardAware(cmd, nil); err != nil {
 			t.Errorf("%s without --shard: %v", cmd, err)
 		}
+	}
+}
+
+// A fresh-eyes attack: a sharded group read without --shard (or with a shard left out)
+// reported every partition no_watermark and "aligned" (exit 0), and offsets reset pointed at
+// Kafka's own tools. The directory in --database-url's database names the shards: a command
+// reading a group's state without all of them is refused with the usage status, naming them.
+func TestAShardedGroupReadWithoutItsShardsIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	brokers := testenv.Brokers(t)
+	dir := shards.NewDirectory(ps["s1"], schema)
+	for p, to := range map[int32]string{0: "s1", 1: "s2"} {
+		if _, _, err := dir.Assign(ctx, "g", "t", p, to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cli := buildCLI(t)
+	base := []string{"--schema", schema, "--database-url", urls["s1"], "--brokers", brokers}
+	for _, c := range []struct {
+		shards []string
+		want   string
+	}{
+		{nil, "maps partitions to shards s1, s2: give each with --shard"},
+		{[]string{"--shard", "s1=" + urls["s1"]}, "not given with --shard: s2"},
+	} {
+		for _, cmd := range [][]string{{"offsets", "status", "--group", "g"}, {"dlq", "list", "--group", "g"}, {"offsets", "account", "--group", "g"}} {
+			args := append(append(append([]string{}, base...), c.shards...), cmd...)
+			if _, errOut, code := runCLI(t, cli, args...); code != exitUsage || !strings.Contains(errOut, c.want) {
+				t.Errorf("%v with %d shards: exit %d, stderr %q; want %d and %q", cmd, len(c.shards)/2, code, errOut, exitUsage, c.want)
+			}
+		}
+	}
+	if _, errOut, code := runCLI(t, cli, append(base, "offsets", "reset", "--group", "g", "--topic", "t", "--partition", "1", "--to-offset", "0", "--mode", "skip", "--reason", "x")...); code != exitUsage ||
+		!strings.Contains(errOut, "give each with --shard") {
+		t.Errorf("offsets reset without --shard: exit %d, stderr %q", code, errOut)
+	}
+	if _, errOut, code := runCLI(t, cli, append(shardArgs(schema, urls), "--brokers", brokers, "dlq", "list", "--group", "g")...); code != 0 {
+		t.Errorf("dlq list with both shards: exit %d, %s", code, errOut)
 	}
 }

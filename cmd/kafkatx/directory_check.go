@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kafkatx/kafkatx/internal/tables"
+	"github.com/kafkatx/kafkatx/pg"
+)
+
+// checkDirectory refuses (usage status) a command that reads or changes a group's state when
+// pool's database — --database-url's — holds a shard directory (kafkatx's shard_directory, in
+// --schema) mapping partitions to shards that were not given with --shard: without them the
+// command would read the directory's database as if it held the partitions' state and report a
+// sharded group as never run ("no_watermark", "aligned") or point at the wrong remedy (a
+// fresh-eyes attack). A database without the directory table, or with an empty one, passes.
+func (g *Globals) checkDirectory(ctx context.Context, pool *pgxpool.Pool) error {
+	t := tables.For(pg.SchemaOr(g.Schema))
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, t.ShardDirectory).Scan(&exists); err != nil {
+		return fmt.Errorf("look for the shard directory: %w", err)
+	}
+	if !exists {
+		return nil
+	}
+	rows, err := pool.Query(ctx, `SELECT DISTINCT s FROM (SELECT shard AS s FROM `+t.ShardDirectory+`
+		UNION SELECT moving_to FROM `+t.ShardDirectory+` WHERE moving_to IS NOT NULL) x ORDER BY 1`)
+	if err != nil {
+		return fmt.Errorf("read the shard directory: %w", err)
+	}
+	named, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("read the shard directory: %w", err)
+	}
+	specs, err := g.shardURLs()
+	if err != nil {
+		return err
+	}
+	given := map[string]bool{}
+	for _, s := range specs {
+		given[s.name] = true
+	}
+	var missing []string
+	for _, n := range named {
+		if !given[n] {
+			missing = append(missing, termText(n))
+		}
+	}
+	switch {
+	case len(missing) == 0:
+		return nil
+	case len(specs) == 0:
+		return &exitError{code: exitUsage, err: fmt.Errorf("this database holds a shard directory that maps partitions to shards %s: give each with --shard NAME=URL (the flags the service runs with); without them the partitions' state would not be read",
+			strings.Join(missing, ", "))}
+	default:
+		return &exitError{code: exitUsage, err: fmt.Errorf("the shard directory maps partitions to shards not given with --shard: %s (give every shard the service runs with)",
+			strings.Join(missing, ", "))}
+	}
+}
