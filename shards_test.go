@@ -345,3 +345,50 @@ func TestShardsMoveCancelledUnderLoad(t *testing.T) {
 		t.Errorf("after the cancel: %d effects on s1 (%d twice), %d on s2, %d watermarks on s2; want 200, 0, 0, 0", n1, twice, n2, marks2)
 	}
 }
+
+// Issue 46: an idle owner learns of a move without a batch. Partition 0 is idle on s1 when it
+// moves to s2; a few seconds later s1 is "restored" with the partition's old watermark row
+// (the row copied back as a backup would hold it), and messages arrive. The consumer applies
+// them on s2 alone: it noticed the move while idle (its rollback check found the row gone)
+// and placed the partition again, where before it stayed on s1 until a batch was fenced, and
+// its batch on the restored row there succeeded.
+func TestShardsIdleOwnerLeavesAMovedPartition(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	s1, s2 := shardPool(t, b.schema), shardPool(t, b.schema)
+	set := &shards.Set{Directory: b.pool, Shards: []shards.Shard{{Name: "s1", Pool: s1}, {Name: "s2", Pool: s2}}}
+	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
+	watermarks := pgx.Identifier{b.schema, "watermarks"}.Sanitize()
+	count := func(pool *pgxpool.Pool) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := Handler(func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) })
+	cfg := b.config(t)
+	cfg.Shards = set
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprintf("a%d", i) }))
+	r := b.start(t, h, cfg)
+	r.waitFor(t, 60*time.Second, "20 messages applied on s1", func() bool { return count(s1) >= 20 })
+	var next, first int64
+	if err := s1.QueryRow(ctx, `SELECT next_offset, first_offset FROM `+watermarks).Scan(&next, &first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 0, To: "s2", Reason: "test", Hook: moveEffects(b.schema)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // a restore takes longer than the rollback check's period (2 s)
+	if _, err := s1.Exec(ctx, `INSERT INTO `+watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ($1, $2, 0, $3, $4)`, b.group, b.topic, next, first); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprintf("b%d", i) }))
+	r.waitFor(t, 60*time.Second, "40 messages applied", func() bool { return count(s1)+count(s2) >= 40 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n1, n2 := count(s1), count(s2); n1 != 0 || n2 != 40 {
+		t.Errorf("effects: %d on s1 (the restored shard), %d on s2; want 0 and 40", n1, n2)
+	}
+}

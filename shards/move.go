@@ -53,7 +53,7 @@ const DefaultDrainWithin = 60 * time.Second
 // across the move. Idempotency
 // keys are keyed by business key, not partition, and stay where they were claimed; the offset
 // audit's history stays on the shard that wrote it (offsets audit reads every shard); Airflow
-// ledger rows stay too (a first cut: airflow status does not read shards yet).
+// ledger rows stay too (airflow status and repair read every shard).
 
 // Move moves partition o.Partition of o.Topic, read by o.Group, to shard o.To while consumers
 // run, and returns its directory row afterwards (state active on o.To, a higher epoch):
@@ -160,7 +160,7 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 			break
 		}
 	}
-	if errors.Is(err, errCancelled) {
+	if errors.Is(err, errCancelled) || errors.As(err, new(*StaleSourceError)) {
 		return e, fmt.Errorf("shards: move partition %d of %s from %s to %s (epoch %d): %w", o.Partition, o.Topic, e.Shard, o.To, e.Epoch, err)
 	}
 	if err != nil {
@@ -184,7 +184,7 @@ const moveTries = 5
 // cancel, or another mover finished it).
 var errCancelled = errors.New("the directory row is no longer moving at this epoch: the move was cancelled or finished meanwhile (see kafkatx shards status)")
 
-// testAfter, set by tests only, is called after each step of Move and CancelMove commits
+// testAfterStep, set by tests only, is called (testAfter) after each step of Move and CancelMove commits
 // ("directory", "target", "source"; "cancel-target", "cancel-directory"): an error stops the
 // mover there, as a crash would.
 var testAfterStep func(step string) error

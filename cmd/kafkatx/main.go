@@ -57,7 +57,7 @@ type CLI struct {
 	DLQ        DLQCmd        `cmd:"" name:"dlq" help:"Dead letters: list, show, replay through the outbox, discard (audited)."`
 	ParkedKeys ParkedKeysCmd `cmd:"" name:"parked-keys" help:"A consumer group's parked keys (Config.Park): list, release, dead-letter (audited)."`
 	Airflow    AirflowCmd    `cmd:"" help:"The Airflow ledger against Airflow: status (missing, queued, failed runs and asset events) and repair."`
-	Shards     ShardsCmd     `cmd:"" help:"The shard directory (with --shard NAME=URL ...): status, assign a partition to a shard."`
+	Shards     ShardsCmd     `cmd:"" help:"The shard directory (with --shard NAME=URL ...): status, assign a partition to a shard, move it to another (or cancel a move)."`
 	Console    ConsoleCmd    `cmd:"" help:"Serve the operator console: web UI and JSON API (partitions, dead letters, outbox, offsets), behind a token."`
 }
 

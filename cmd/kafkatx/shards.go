@@ -53,7 +53,7 @@ func (g *Globals) shardSet(ctx context.Context, dir *pgxpool.Pool) (set *shards.
 type ShardsCmd struct {
 	Status ShardsStatusCmd `cmd:"" help:"Print the shard directory: each partition's shard, epoch and state (moves in progress), and each shard's watermarks."`
 	Assign ShardsAssignCmd `cmd:"" help:"Map a partition that has no shard yet to a shard (a partition never assigned goes to the first --shard at its first assignment)."`
-	Move   ShardsMoveCmd   `cmd:"" help:"Move a partition's kafkatx state to another shard while consumers run: fenced, resumable, audited as shard_move."`
+	Move   ShardsMoveCmd   `cmd:"" help:"Move a partition's kafkatx state to another shard while consumers run: fenced, resumable, cancellable before its cut-over (--cancel), audited as shard_move."`
 }
 
 // Help is the long help of shards.

@@ -45,6 +45,7 @@ type options struct {
 	shards                       service.ShardFlags
 	movePartition                int
 	moveTo, moveReason           string
+	moveCancel                   bool
 }
 
 func main() {
@@ -70,6 +71,7 @@ func run() int {
 	fs.IntVar(&o.movePartition, "move-partition", -1, "with --shard: move partition N of --topic (group --group) to the shard --move-to while the service runs elsewhere, its orders with it (order.MovePartition, the shards.Move hook), print the directory row as JSON and exit; nothing is consumed")
 	fs.StringVar(&o.moveTo, "move-to", "", "with --move-partition: the target shard's name")
 	fs.StringVar(&o.moveReason, "move-reason", "", "with --move-partition: why (audited as shard_move)")
+	fs.BoolVar(&o.moveCancel, "move-cancel", false, "with --move-partition (no --move-to): cancel the partition's move in progress instead, before its cut-over (shards.CancelMove): its state and the orders the move copied to the target are deleted there (order.UndoMove), the partition stays where it was; print the directory row as JSON and exit")
 	fs.BoolVar(&o.traceStderr, "trace-stderr", false, "write OpenTelemetry spans to stderr as JSON, sampling every batch and order (without it only orders whose traceparent header is sampled are, and nothing is exported); traced orders' events carry the consumer span's traceparent either way")
 	if code, ok := flagcheck.Parse(fs, os.Args[1:]); !ok {
 		return code
@@ -102,8 +104,11 @@ func run() int {
 	case o.poisonEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --poison-every (%d) must not be negative (0: no poison pills); see --help\n", o.poisonEvery)
 		return 2
-	case o.movePartition >= 0 && (len(o.shards) == 0 || o.moveTo == "" || o.moveReason == ""):
-		fmt.Fprintln(os.Stderr, "orders: --move-partition needs --shard flags, --move-to and --move-reason; see --help")
+	case o.movePartition >= 0 && (len(o.shards) == 0 || (o.moveTo == "") != o.moveCancel || o.moveReason == ""):
+		fmt.Fprintln(os.Stderr, "orders: --move-partition needs --shard flags, --move-reason, and --move-to or (alone) --move-cancel; see --help")
+		return 2
+	case o.moveCancel && o.movePartition < 0:
+		fmt.Fprintln(os.Stderr, "orders: --move-cancel needs --move-partition; see --help")
 		return 2
 	case o.crashEvery < 0:
 		fmt.Fprintf(os.Stderr, "orders: --crash-every (%d) must not be negative (0: no crash pills); see --help\n", o.crashEvery)
@@ -299,7 +304,8 @@ func validMode(s string) bool {
 }
 
 // movePartition is --move-partition: the partition's kafkatx state and its orders moved to
-// --move-to by shards.Move with the service's hook (order.MovePartition).
+// --move-to by shards.Move with the service's hook (order.MovePartition), or, with
+// --move-cancel, its move cancelled by shards.CancelMove (order.UndoMove).
 func movePartition(ctx context.Context, pools *service.Pools, o options) error {
 	set, err := o.shards.Open(ctx, pools.Pool, o.DatabaseURL)
 	if err != nil {
@@ -311,8 +317,14 @@ func movePartition(ctx context.Context, pools *service.Pools, o options) error {
 			return fmt.Errorf("shard %s: %w", sh.Name, err)
 		}
 	}
-	e, err := shards.Move(ctx, set, o.Schema, shards.MoveOptions{Group: o.Group, Topic: o.Topic, Partition: int32(o.movePartition),
-		To: o.moveTo, Reason: o.moveReason, Actor: "orders --move-partition", Hook: order.MovePartition})
+	var e shards.Entry
+	if o.moveCancel {
+		e, err = shards.CancelMove(ctx, set, o.Schema, shards.CancelOptions{Group: o.Group, Topic: o.Topic, Partition: int32(o.movePartition),
+			Reason: o.moveReason, Actor: "orders --move-partition --move-cancel", Undo: order.UndoMove})
+	} else {
+		e, err = shards.Move(ctx, set, o.Schema, shards.MoveOptions{Group: o.Group, Topic: o.Topic, Partition: int32(o.movePartition),
+			To: o.moveTo, Reason: o.moveReason, Actor: "orders --move-partition", Hook: order.MovePartition})
+	}
 	if err != nil {
 		return err
 	}

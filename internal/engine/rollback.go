@@ -95,7 +95,8 @@ func (l *Loop) replayRollback(ctx context.Context, tp offsetstore.TP, w, k int64
 // background (one check at a time) it reads the database's identity and the watermarks of the
 // idle partitions, and asks each worker whose database watermark is below its own — the
 // database lost transactions under a running consumer — to re-read it (worker.refence seeks
-// back and audits the range). A partition with traffic finds out by itself: its next
+// back and audits the range), as it asks a worker of a sharded loop whose watermark row left
+// its shard (a shard move: worker.refence places the partition again). A partition with traffic finds out by itself: its next
 // compare-and-set is fenced.
 func (l *Loop) checkRollbacks(running *atomic.Bool) {
 	type idle struct {
@@ -136,7 +137,11 @@ func (l *Loop) checkRollbacks(running *atomic.Bool) {
 			}
 		}
 		for _, i := range ps {
-			if w, ok := ws[i.p.tp]; ok && w.Next < i.w && i.p.watermark.Load() == i.w {
+			// Below the worker's: a rollback. Gone, on a sharded loop: a shard move took the
+			// partition's state elsewhere, and the idle owner re-reads the directory now,
+			// not at its next batch (a shard restored meanwhile would hold the row again).
+			w, ok := ws[i.p.tp]
+			if (ok && w.Next < i.w || !ok && l.set.Placer != nil) && i.p.watermark.Load() == i.w {
 				select {
 				case i.p.skips <- recordless{from: i.w, to: i.w, reread: true}:
 				default: // one is pending already; the next check asks again

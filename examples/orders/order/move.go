@@ -39,6 +39,16 @@ func MovePartition(ctx context.Context, from, to pgx.Tx, group, topic string, pa
 	return nil
 }
 
+// UndoMove is the service's shards.CancelHook: it takes out, on the target of a cancelled
+// move, the orders of the partition MovePartition copied there and their share of
+// customer_totals (idempotent: nothing to take out, nothing done).
+func UndoMove(ctx context.Context, to pgx.Tx, group, topic string, partition int32) error {
+	if err := takeOut(ctx, to, topic, partition, nil); err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+	return nil
+}
+
 // takeOut deletes the partition's orders in tx and subtracts them from their customers'
 // totals; with rows, it returns the deleted orders.
 func takeOut(ctx context.Context, tx pgx.Tx, topic string, partition int32, rows *[][]any) error {
