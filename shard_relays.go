@@ -10,14 +10,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/kafkatx/kafkatx/outbox/relays"
+	"github.com/kafkatx/kafkatx/outbox/leading"
 	"github.com/kafkatx/kafkatx/shards"
 )
 
 // ShardUnrelayedAfter is how long a shard's outbox may wait with no relay leading that shard
-// (relays.Leading: in table mode no session holds the relay's leadership lock there and rows
+// (leading.Of: in table mode no session holds the relay's leadership lock there and rows
 // wait; in WAL mode the shard's slot is not active and its confirmed position is behind the
-// current WAL, walrelay.Leading) before the
+// current WAL, leading.WAL) before the
 // consumer calls the shard relayed by nobody: the gauge kafkatx_shard_relay_unowned{shard}
 // goes to 1 and Readiness.Notes names the shard. One minute: a standby relay takes over
 // within its StandbyInterval, and a relay restarting comes back within seconds.
@@ -51,7 +51,7 @@ func newShardRelays(set *shards.Set, schema string, gauge *prometheus.GaugeVec, 
 // (its error is noted): the consumer's own readiness covers an unreachable database.
 func (w *shardRelays) check(ctx context.Context, now time.Time) {
 	for _, sh := range w.set.Shards {
-		leader, pending, err := relays.Leading(ctx, sh.Pool, w.schema)
+		leader, pending, err := leading.Of(ctx, sh.Pool, w.schema)
 		w.mu.Lock()
 		if err != nil {
 			w.err[sh.Name] = err.Error()

@@ -14,8 +14,8 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
+	"github.com/kafkatx/kafkatx/outbox/leading"
 	"github.com/kafkatx/kafkatx/outbox/relay"
-	"github.com/kafkatx/kafkatx/outbox/relays"
 	"github.com/kafkatx/kafkatx/outbox/walrelay"
 	"github.com/kafkatx/kafkatx/shards"
 )
@@ -114,7 +114,7 @@ func TestShardRelaysNamesAShardRelayedByNobody(t *testing.T) {
 }
 
 // Issue 46: the watch covers shards in WAL mode, where a relay's leadership is its slot (the
-// slot active) and what waits is WAL the slot has not confirmed (walrelay.Leading). Two
+// slot active) and what waits is WAL the slot has not confirmed (leading.WAL). Two
 // databases as shards in WAL mode, a message emitted on each; a WAL relay streams on s1 only.
 // s2 is relayed by nobody past the bound, s1 is not; a WAL relay started on s2 clears it.
 func TestShardRelaysNamesAWALShardRelayedByNobody(t *testing.T) {
@@ -148,7 +148,7 @@ func TestShardRelaysNamesAWALShardRelayedByNobody(t *testing.T) {
 		go func() { defer close(done); _ = r.Run(rctx) }()
 		t.Cleanup(func() { cancel(); <-done })
 		testenv.WaitFor(t, 60*time.Second, "the WAL relay on "+name+" streaming from its slot", func() bool {
-			leader, _, err := relays.Leading(ctx, p, b.schema)
+			leader, _, err := leading.Of(ctx, p, b.schema)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +156,7 @@ func TestShardRelaysNamesAWALShardRelayedByNobody(t *testing.T) {
 		})
 	}
 	startRelay("s1", s1)
-	if leader, pending, err := relays.Leading(ctx, s2, b.schema); err != nil || leader || !pending {
+	if leader, pending, err := leading.Of(ctx, s2, b.schema); err != nil || leader || !pending {
 		t.Fatalf("s2 before its relay: leader %v, pending %v, %v; want no leader and WAL waiting", leader, pending, err)
 	}
 	cfg := b.config(t)

@@ -88,18 +88,30 @@ func (p *placer) Place(ctx context.Context, group string, tps []offsetstore.TP) 
 // moving resolves a row a move left "moving" (in progress, or its mover stopped): the
 // partition is where its watermark row is — on the shard it leaves until the move deletes it
 // there, then on the target — so a consumer never starts a partition over on a shard its state
-// already left.
+// already left. When both hold a row, the shard it leaves is authoritative (the copy is
+// written before the cut-over) unless the target's watermark is ahead of it: consumers applied
+// there after the cut-over, so the row on the shard it left is a stale copy (that shard
+// restored from an older backup) and is never applied on.
 func (p *placer) moving(ctx context.Context, e shards.Entry) (shards.Entry, error) {
-	from := p.set.Pool(e.Shard)
-	if from == nil {
-		return e, nil // named in the error below
+	from, to := p.set.Pool(e.Shard), p.set.Pool(e.MovingTo)
+	if from == nil || to == nil {
+		return e, nil // named in the error below, or the shard it leaves
 	}
 	tp := offsetstore.TP{Topic: e.Topic, Partition: e.Partition}
 	ws, err := p.store.Watermarks(ctx, from, e.Group, []offsetstore.TP{tp})
 	if err != nil {
 		return e, fmt.Errorf("shard %s: %w", e.Shard, err)
 	}
-	if _, ok := ws[tp]; !ok && p.set.Pool(e.MovingTo) != nil {
+	w, held := ws[tp]
+	if !held {
+		e.Shard = e.MovingTo
+		return e, nil
+	}
+	wt, err := p.store.Watermarks(ctx, to, e.Group, []offsetstore.TP{tp})
+	if err != nil {
+		return e, fmt.Errorf("shard %s: %w", e.MovingTo, err)
+	}
+	if c, ok := wt[tp]; ok && c.Next > w.Next {
 		e.Shard = e.MovingTo
 	}
 	return e, nil

@@ -2,6 +2,7 @@ package kafkatx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -166,28 +167,7 @@ func TestShardsMoveUnderLoad(t *testing.T) {
 		}
 	}()
 	r.waitFor(t, 60*time.Second, "partition 1 under way on s1", func() bool { return count(s1, "partition = 1") >= 2*per })
-	hook := func(ctx context.Context, from, to pgx.Tx, group, topic string, partition int32) error {
-		if _, err := to.Exec(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2`, topic, partition); err != nil {
-			return err
-		}
-		rows, err := from.Query(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2 RETURNING topic, partition, "offset", value, applied`, topic, partition)
-		if err != nil {
-			return err
-		}
-		var data [][]any
-		for rows.Next() {
-			vs, err := rows.Values()
-			if err != nil {
-				return err
-			}
-			data = append(data, vs)
-		}
-		if rows.Close(); rows.Err() != nil {
-			return rows.Err()
-		}
-		_, err = to.CopyFrom(ctx, pgx.Identifier{b.schema, "effects"}, []string{"topic", "partition", "offset", "value", "applied"}, pgx.CopyFromRows(data))
-		return err
-	}
+	hook := moveEffects(b.schema)
 	e, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 1, To: "s2", Reason: "test: move under load", Hook: hook})
 	close(moved)
 	if err != nil {
@@ -231,5 +211,137 @@ func TestShardsMoveUnderLoad(t *testing.T) {
 	var w1 int64
 	if err := s2.QueryRow(ctx, `SELECT next_offset FROM `+pgx.Identifier{b.schema, "watermarks"}.Sanitize()+` WHERE group_id = $1 AND partition = 1`, b.group).Scan(&w1); err != nil || w1 != rounds*per {
 		t.Errorf("partition 1's watermark on s2: %d (%v); want %d", w1, err, rounds*per)
+	}
+}
+
+// Issue 46: a shard restored from an older backup. Partition 0 was moved to s2 and applied
+// there (watermark 20); s1 comes back holding its old row (watermark 5), while the move's
+// directory row is still "moving" from s1 (its mover died after the cut-over, before step
+// 4). A consumer started then applies the next messages on s2 alone — never on s1's stale
+// copy, whose watermark stays 5 (before, it placed the partition on s1, where a watermark
+// was, and applied 5.. there again); resuming the move is refused with *StaleSourceError,
+// and a cancel with *CutOverError, neither copying nor deleting anything.
+func TestShardsConsumerNeverAppliesOnAStaleCopy(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	s1, s2 := shardPool(t, b.schema), shardPool(t, b.schema)
+	set := &shards.Set{Directory: b.pool, Shards: []shards.Shard{{Name: "s1", Pool: s1}, {Name: "s2", Pool: s2}}}
+	dir := shards.NewDirectory(b.pool, b.schema)
+	if _, _, err := dir.Assign(ctx, b.group, b.topic, 0, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
+	watermarks := pgx.Identifier{b.schema, "watermarks"}.Sanitize()
+	count := func(pool *pgxpool.Pool, where string) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE `+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := Handler(func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) })
+	cfg := b.config(t)
+	cfg.Shards = set
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprintf("a%d", i) }))
+	r := b.start(t, h, cfg)
+	r.waitFor(t, 60*time.Second, "20 messages applied on s2", func() bool { return count(s2, "true") >= 20 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s1.Exec(ctx, `INSERT INTO `+watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ($1, $2, 0, 5, 0)`, b.group, b.topic); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE `+pgx.Identifier{b.schema, "shard_directory"}.Sanitize()+` SET shard = 's1', state = 'moving', moving_to = 's2', epoch = 2`); err != nil {
+		t.Fatal(err)
+	}
+	produce(t, b.brokers, b.topic, values(20, 0, func(i int) string { return fmt.Sprintf("b%d", i) }))
+	r = b.start(t, h, cfg)
+	r.waitFor(t, 60*time.Second, "40 messages applied", func() bool { return count(s1, "true")+count(s2, "true") >= 40 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n1, n2, twice := count(s1, "true"), count(s2, "true"), count(s2, "applied > 1"); n1 != 0 || n2 != 40 || twice != 0 {
+		t.Errorf("effects: %d on s1, %d on s2 (%d applied twice); want 0, 40, 0", n1, n2, twice)
+	}
+	var w1 int64
+	if err := s1.QueryRow(ctx, `SELECT next_offset FROM `+watermarks).Scan(&w1); err != nil || w1 != 5 {
+		t.Errorf("s1's stale watermark: %d, %v; want it untouched at 5", w1, err)
+	}
+	_, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 0, To: "s2", Reason: "test: resume"})
+	var st *shards.StaleSourceError
+	if !errors.As(err, &st) || st.Source != 5 || st.Target != 40 {
+		t.Errorf("resuming the move over a stale copy: %v; want *StaleSourceError 5 behind 40", err)
+	}
+	_, err = shards.CancelMove(ctx, set, b.schema, shards.CancelOptions{Group: b.group, Topic: b.topic, Partition: 0, Reason: "test: cancel"})
+	var cut *shards.CutOverError
+	if !errors.As(err, &cut) || cut.StaleSource == nil {
+		t.Errorf("cancelling the move over a stale copy: %v; want *CutOverError with its stale source", err)
+	}
+	if count(s2, "true") != 40 || count(s1, "true") != 0 {
+		t.Error("the refused resume or cancel moved effects")
+	}
+}
+
+// Issue 46: a move that fails halfway (its hook errs, after kafkatx's state was copied in the
+// target's transaction) and is then cancelled while the consumer runs and messages keep
+// arriving: the consumer never leaves s1, every message is applied once there and none on
+// s2, the directory row is active on s1 at epoch 3 (past the move's 2), and s2 holds no
+// watermark of the partition.
+func TestShardsMoveCancelledUnderLoad(t *testing.T) {
+	b := setup(t, 1)
+	ctx := context.Background()
+	s1, s2 := shardPool(t, b.schema), shardPool(t, b.schema)
+	set := &shards.Set{Directory: b.pool, Shards: []shards.Shard{{Name: "s1", Pool: s1}, {Name: "s2", Pool: s2}}}
+	effects := pgx.Identifier{b.schema, "effects"}.Sanitize()
+	count := func(pool *pgxpool.Pool) int64 {
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+effects).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	h := Handler(func(ctx context.Context, tx pgx.Tx, m *Message) error { return applyEffect(ctx, tx, b.schema, m) })
+	cfg := b.config(t)
+	cfg.Shards = set
+	cfg.Batch.Size = 10
+	r := b.start(t, h, cfg)
+	produce(t, b.brokers, b.topic, values(100, 0, func(i int) string { return fmt.Sprintf("a%d", i) }))
+	r.waitFor(t, 60*time.Second, "partition 0 under way on s1", func() bool { return count(s1) >= 20 })
+	failing := func(ctx context.Context, from, to pgx.Tx, group, topic string, partition int32) error {
+		if err := moveEffects(b.schema)(ctx, from, to, group, topic, partition); err != nil {
+			return err
+		}
+		return errors.New("test: the hook fails after copying")
+	}
+	if _, err := shards.Move(ctx, set, b.schema, shards.MoveOptions{Group: b.group, Topic: b.topic, Partition: 0, To: "s2", Reason: "test", Hook: failing}); err == nil {
+		t.Fatal("the move with a failing hook succeeded")
+	}
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		produce(t, b.brokers, b.topic, values(100, 0, func(i int) string { return fmt.Sprintf("b%d", i) }))
+	}()
+	e, err := shards.CancelMove(ctx, set, b.schema, shards.CancelOptions{Group: b.group, Topic: b.topic, Partition: 0, Reason: "test: cancel under load",
+		Undo: func(ctx context.Context, to pgx.Tx, group, topic string, partition int32) error {
+			_, err := to.Exec(ctx, `DELETE FROM `+effects+` WHERE topic = $1 AND partition = $2`, topic, partition)
+			return err
+		}})
+	if err != nil || e.Shard != "s1" || e.State != shards.StateActive || e.Epoch != 3 {
+		t.Fatalf("cancel: %+v, %v; want active on s1 at epoch 3", e, err)
+	}
+	<-produced
+	r.waitFor(t, 90*time.Second, "200 messages applied on s1", func() bool { return count(s1) >= 200 })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	var twice, marks2 int64
+	if err := s1.QueryRow(ctx, `SELECT count(*) FROM `+effects+` WHERE applied > 1`).Scan(&twice); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{b.schema, "watermarks"}.Sanitize()).Scan(&marks2); err != nil {
+		t.Fatal(err)
+	}
+	if n1, n2 := count(s1), count(s2); n1 != 200 || n2 != 0 || twice != 0 || marks2 != 0 {
+		t.Errorf("after the cancel: %d effects on s1 (%d twice), %d on s2, %d watermarks on s2; want 200, 0, 0, 0", n1, twice, n2, marks2)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +22,10 @@ import (
 // idempotent on to: a move resumed after a crash between the two commits runs it again over
 // rows a previous run already wrote there (delete the partition's rows in to first, or
 // upsert). An error aborts the move's step; the old shard stays authoritative.
+//
+// A move cancelled after to committed (CancelMove) leaves the rows the hook wrote on the
+// target there: CancelOptions.Undo deletes them (the hook's inverse on to alone); without it
+// they stay as a stale copy that a later move's hook replaces (it deletes first on to).
 type MoveHook func(ctx context.Context, from, to pgx.Tx, group, topic string, partition int32) error
 
 // MoveOptions says what Move moves where.
@@ -31,11 +36,20 @@ type MoveOptions struct {
 	Reason       string // required: written to both shards' shard_move audit rows
 	Actor        string // the audit rows' actor; default "kafkatx shards move"
 	Hook         MoveHook
+	// DrainWithin bounds the wait at the cut-over for the old shard's relay to publish the
+	// outbox rows committed there before it (Move's step 2); default DefaultDrainWithin.
+	// Past it Move fails with *DrainError and the move stays resumable.
+	DrainWithin time.Duration
 }
+
+// DefaultDrainWithin is MoveOptions.DrainWithin's default.
+const DefaultDrainWithin = 60 * time.Second
 
 // The partition's state that moves: tables.Names.PartitionState (watermark, attempts, done
 // offsets, parked keys, dead letters). Outbox rows are not moved: the shard they were written
-// on publishes them (its relay), under their ids derived from the input message. Idempotency
+// on publishes them (its relay), under their ids derived from the input message, and the
+// cut-over waits until it has (Move's step 2), so a key's events keep their order on the topic
+// across the move. Idempotency
 // keys are keyed by business key, not partition, and stay where they were claimed; the offset
 // audit's history stays on the shard that wrote it (offsets audit reads every shard); Airflow
 // ledger rows stay too (a first cut: airflow status does not read shards yet).
@@ -46,18 +60,29 @@ type MoveOptions struct {
 //  1. the directory row is set moving to o.To with its epoch raised (a partition without a
 //     row is assigned to o.To at once: it has no state yet);
 //  2. on the old shard, the partition's watermark row is locked (the owner's batch in flight
-//     commits first; its next one waits) and its state read; on the target, in one
-//     transaction, any earlier copy is replaced by this one, a shard_move audit row is
-//     written and o.Hook moves the user's rows; the target commits;
+//     commits first; its next one waits) and the directory row checked still moving at that
+//     epoch (a cancelled move stops here); the cut-over then waits, holding the lock, until
+//     the old shard's relay has published every outbox row committed there before the lock
+//     (table mode: no row pending or packed with an id at or below the highest one then;
+//     WAL mode: the outbox slot confirmed past the WAL position then), at most
+//     o.DrainWithin (*DrainError past it, the move resumable): outbox rows do not record the
+//     partition they came from, so the wait covers every partition's rows on that shard,
+//     committed before the lock — the moved partition's are among them and no newer one can
+//     be written there, its owner being held by the lock. Rows parked by the relay (outbox
+//     parked) are not waited for: they stay on the old shard for an operator. Then, on the
+//     target, in one transaction, any earlier copy is replaced by this one, a shard_move
+//     audit row is written and o.Hook moves the user's rows; the target commits;
 //  3. on the old shard, the state is deleted with a shard_move audit row in the transaction
 //     that holds the lock, and commits: the old owner's next batch finds no watermark and is
 //     fenced (its transaction rolls back); it re-reads the directory and continues on the
-//     target from the moved watermark;
+//     target from the moved watermark, whose relay publishes its new events after the old
+//     shard's;
 //  4. the directory row is set active on o.To.
 //
 // A crash or an error at any step leaves a row "moving" and the old shard authoritative
 // until step 3 commits (consumers keep running there); calling Move again with the same o.To
-// resumes. Both schemas must be at the same migration version.
+// resumes, and CancelMove, before step 3 committed, puts the partition back. Both schemas
+// must be at the same migration version.
 func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, error) {
 	var e Entry
 	if err := set.Validate(); err != nil {
@@ -108,6 +133,9 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 	if err != nil {
 		return e, fmt.Errorf("shards: move partition %d of %s: %w", o.Partition, o.Topic, err)
 	}
+	if err := testAfter("directory"); err != nil {
+		return e, err
+	}
 	if e.State == StateActive {
 		return e, nil // already there, or newly assigned
 	}
@@ -118,13 +146,16 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 	// 2 and 3. A deadlock with the owner's batch (the hook's rows) or another conflict is
 	// tried again: the old shard stays authoritative meanwhile.
 	for try := 1; ; try++ {
-		err = copyState(ctx, source, target, t, e, o)
+		err = copyState(ctx, set.Directory, source, target, t, e, o)
 		if err == nil || !pg.LostRace(err) || try == moveTries {
 			break
 		}
 	}
+	if errors.Is(err, errCancelled) {
+		return e, fmt.Errorf("shards: move partition %d of %s from %s to %s (epoch %d): %w", o.Partition, o.Topic, e.Shard, o.To, e.Epoch, err)
+	}
 	if err != nil {
-		return e, fmt.Errorf("shards: move partition %d of %s from %s to %s (epoch %d; the row stays moving and %s authoritative: run the move again to resume): %w",
+		return e, fmt.Errorf("shards: move partition %d of %s from %s to %s (epoch %d; the row stays moving and %s authoritative: run the move again to resume, or cancel it): %w",
 			o.Partition, o.Topic, e.Shard, o.To, e.Epoch, e.Shard, err)
 	}
 	// 4.
@@ -140,10 +171,26 @@ func Move(ctx context.Context, set *Set, schema string, o MoveOptions) (Entry, e
 // moveTries bounds Move's tries of its copy after a conflict (deadlock, serialization).
 const moveTries = 5
 
+// errCancelled is copyState's refusal when the directory row left the move's epoch (a
+// cancel, or another mover finished it).
+var errCancelled = errors.New("the directory row is no longer moving at this epoch: the move was cancelled or finished meanwhile (see kafkatx shards status)")
+
+// testAfter, set by tests only, is called after each step of Move and CancelMove commits
+// ("directory", "target", "source"; "cancel-target", "cancel-directory"): an error stops the
+// mover there, as a crash would.
+var testAfterStep func(step string) error
+
+func testAfter(step string) error {
+	if testAfterStep == nil {
+		return nil
+	}
+	return testAfterStep(step)
+}
+
 // copyState is Move's steps 2 and 3: the partition's state copied to target and deleted on
 // source, the watermark row on source locked throughout. A source without a watermark row
 // was moved already (a resumed move after step 3): nothing is copied.
-func copyState(ctx context.Context, source, target *pgxpool.Pool, t tables.Names, e Entry, o MoveOptions) error {
+func copyState(ctx context.Context, dir, source, target *pgxpool.Pool, t tables.Names, e Entry, o MoveOptions) error {
 	ftx, err := source.Begin(ctx)
 	if err != nil {
 		return err
@@ -157,6 +204,23 @@ func copyState(ctx context.Context, source, target *pgxpool.Pool, t tables.Names
 	}
 	if err != nil {
 		return fmt.Errorf("lock the watermark on %s: %w", e.Shard, err)
+	}
+	if err := checkNotStale(ctx, target, t, e, w); err != nil {
+		return err
+	}
+	// A cancel holds this lock while it changes the directory: under it, the row is either
+	// still moving at e's epoch (and stays so until this transaction ends) or cancelled.
+	var still bool
+	if err := dir.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+t.ShardDirectory+`
+		WHERE group_id = $1 AND topic = $2 AND partition = $3 AND state = 'moving' AND epoch = $4 AND moving_to = $5)`,
+		o.Group, o.Topic, o.Partition, e.Epoch, o.To).Scan(&still); err != nil {
+		return fmt.Errorf("read the shard directory: %w", err)
+	}
+	if !still {
+		return errCancelled
+	}
+	if err := drainOutbox(ctx, source, t, e.Shard, o.DrainWithin); err != nil {
+		return err
 	}
 	ttx, err := target.Begin(ctx)
 	if err != nil {
@@ -196,8 +260,44 @@ func copyState(ctx context.Context, source, target *pgxpool.Pool, t tables.Names
 	if err := ttx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit on %s: %w", o.To, err)
 	}
+	if err := testAfter("target"); err != nil {
+		return err
+	}
 	if err := ftx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit on %s (the copy on %s is replaced when the move is resumed): %w", e.Shard, o.To, err)
+	}
+	return testAfter("source")
+}
+
+// StaleSourceError is Move's and CancelMove's refusal when the shard a move leaves holds a
+// watermark behind the target's: the move's cut-over committed and consumers applied on the
+// target since, so the row on the shard it leaves is a stale copy (that shard restored from an
+// older backup). Nothing is copied or deleted; an operator checks the copy and deletes it on
+// that shard (docs/deployment.md), then runs the move again to finish it.
+type StaleSourceError struct {
+	Entry          Entry
+	Source, Target int64 // the watermarks on Entry.Shard and Entry.MovingTo
+}
+
+func (e *StaleSourceError) Error() string {
+	return fmt.Sprintf("shard %s holds partition %d of %s at watermark %d, behind shard %s's %d: the move's cut-over committed and consumers applied on %s since, so the row on %s is a stale copy (restored from an older backup?); "+
+		"nothing was copied: check it and delete the partition's state on %s, then run the move again to finish it",
+		e.Entry.Shard, e.Entry.Partition, e.Entry.Topic, e.Source, e.Entry.MovingTo, e.Target, e.Entry.MovingTo, e.Entry.Shard, e.Entry.Shard)
+}
+
+// checkNotStale refuses (*StaleSourceError) a source watermark w behind the target's.
+func checkNotStale(ctx context.Context, target *pgxpool.Pool, t tables.Names, e Entry, w int64) error {
+	var tw int64
+	err := target.QueryRow(ctx, `SELECT next_offset FROM `+t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3`,
+		e.Group, e.Topic, e.Partition).Scan(&tw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read the watermark on %s: %w", e.MovingTo, err)
+	}
+	if tw > w {
+		return &StaleSourceError{Entry: e, Source: w, Target: tw}
 	}
 	return nil
 }

@@ -409,17 +409,11 @@ func (c *AirflowStatusCmd) Run(ctx context.Context, g *Globals) error {
 	return printAirflowStatus(os.Stdout, c.Group, c.Output, rep)
 }
 
-// ledgerDB is one database whose Airflow ledger is read: the one database (shard "") or a
-// shard given with --shard.
-type ledgerDB struct {
-	shard string
-	pool  *pgxpool.Pool
-}
-
-// ledgerDBs opens the databases whose ledgers the airflow commands read: --database-url's
+// ledgerDBs opens the databases whose ledgers the airflow commands read (shardDBs): --database-url's
 // alone, or with --shard every shard in order (the ledger row of an offset is written on the
-// shard that held its partition then). closeAll closes what was opened.
-func (g *Globals) ledgerDBs(ctx context.Context) ([]ledgerDB, func(), error) {
+// shard that held its partition then), each with kafkatx's schema. closeAll closes what was
+// opened.
+func (g *Globals) ledgerDBs(ctx context.Context) ([]shardDB, func(), error) {
 	pool, err := g.pool(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -429,28 +423,18 @@ func (g *Globals) ledgerDBs(ctx context.Context) ([]ledgerDB, func(), error) {
 			pool.Close()
 			return nil, nil, err
 		}
-		return []ledgerDB{{pool: pool}}, pool.Close, nil
 	}
-	set, closeShards, err := g.shardSet(ctx, pool)
+	dbs, closeShards, err := g.shardDBs(ctx, pool, offsetsCheckSchema)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
-	closeAll := func() { closeShards(); pool.Close() }
-	var out []ledgerDB
-	for _, sh := range set.Shards {
-		if err := offsetsCheckSchema(ctx, sh.Pool, g.Schema); err != nil {
-			closeAll()
-			return nil, nil, shardErr(sh.Name, err)
-		}
-		out = append(out, ledgerDB{shard: sh.Name, pool: sh.Pool})
-	}
-	return out, closeAll, nil
+	return dbs, func() { closeShards(); pool.Close() }, nil
 }
 
 // airflowCompare reads the ledger the flags select on each of dbs and compares it with
 // Airflow, shard by shard (each drift names its shard); no row on any of them is exit 7.
-func airflowCompare(ctx context.Context, g *Globals, dbs []ledgerDB, f *AirflowFlags, queuedFor time.Duration) (*airflowReport, error) {
+func airflowCompare(ctx context.Context, g *Globals, dbs []shardDB, f *AirflowFlags, queuedFor time.Duration) (*airflowReport, error) {
 	all := &airflowReport{Sharded: len(g.Shard) > 0}
 	var c *airflow.Client
 	for _, db := range dbs {

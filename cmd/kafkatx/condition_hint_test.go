@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 
@@ -29,5 +30,24 @@ func TestConditionHintTellsAConfigurationFromAPassingCondition(t *testing.T) {
 	}
 	if h := conditionHint(errors.New("a command's own error")); h != "" {
 		t.Errorf("a non-database error gets the hint %q", h)
+	}
+}
+
+// A fresh-eyes attack: a --database-url (or --shard URL) whose host does not resolve was told
+// "the database's own condition (connection_refused) … run it again when it ends", and its
+// error printed as one Go-quoted string with pgconn's "\n\t" in it. A name that does not
+// resolve is a setting to check; the error prints as one plain line.
+func TestAHostThatDoesNotResolveIsASettingToCheck(t *testing.T) {
+	_, lookup := net.LookupHost("nohost.invalid")
+	if lookup == nil {
+		t.Fatal("nohost.invalid resolved")
+	}
+	err := fmt.Errorf("database: failed to connect to `user=u database=x`:\n\thostname resolving error: %w", lookup)
+	h := conditionHint(fmt.Errorf("%w; %w", &pgconn.ConnectError{}, err))
+	if !strings.Contains(h, "does not resolve") || strings.Contains(h, "when it ends") {
+		t.Errorf("hint %q", h)
+	}
+	if line := errLine(err); strings.ContainsAny(line, "\n\t") || strings.HasPrefix(line, `"`) {
+		t.Errorf("printed as %q", line)
 	}
 }

@@ -99,8 +99,15 @@ dead letters (filters, failure fingerprints, replay or discard after a dry run) 
 (backlog, parked rows, the relay's leader, replication slots). Every page and API call needs
 the token (Authorization: Bearer <token>, or a session opened on /signin); every action is
 audited with the operator's name and a reason. With --airflow-url (and its credentials, as
-kafkatx airflow status) a group's offsets page also shows its Airflow drift. The whole API is
-in docs/console.md.`
+kafkatx airflow status) a group's offsets page also shows its Airflow drift. With --shard
+NAME=URL for each shard (the flags the sharded service runs with), the partitions and offsets
+pages and GET /api/partitions read every shard, with a shard column (a "shard" field) and
+any stale copy named; offset resets are then refused there (use kafkatx offsets reset with
+the same flags). The whole API is in docs/console.md.
+
+Examples:
+  kafkatx --database-url "$DIR_URL" --shard a="$A_URL" --shard b="$B_URL" \
+    console --token-file /run/secrets/console-token`
 }
 
 func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
@@ -129,8 +136,20 @@ func (c *ConsoleCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
+	set, closeShards, err := g.shardSet(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer closeShards()
+	if set != nil {
+		for _, sh := range set.Shards {
+			if err := offsetsCheckSchema(ctx, sh.Pool, g.Schema); err != nil {
+				return fmt.Errorf("shard %s: %w", sh.Name, err)
+			}
+		}
+	}
 	h, err := console.New(console.Config{Pool: pool, Schema: g.Schema, Kafka: kcfg, TokenFile: c.TokenFile, ReadOnly: c.ReadOnly,
-		BasePath: c.BasePath, Logger: log, Secrets: secrets, AirflowDrift: drift})
+		BasePath: c.BasePath, Logger: log, Secrets: secrets, AirflowDrift: drift, Shards: set})
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}

@@ -79,22 +79,9 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
-	if len(g.Shard) == 0 {
-		return c.list(ctx, g, pool, "")
-	}
 	// Sharded: each shard's dead letters in turn, each line naming its shard (ids are per
 	// shard: --after and --limit apply to each).
-	set, closeShards, err := g.shardSet(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer closeShards()
-	for _, sh := range set.Shards {
-		if err := c.list(ctx, g, sh.Pool, sh.Name); err != nil {
-			return shardErr(sh.Name, err)
-		}
-	}
-	return nil
+	return g.eachShard(ctx, pool, nil, func(db shardDB) error { return c.list(ctx, g, db.pool, db.shard) })
 }
 
 // list prints the dead letters of one database (shard: its name, "" unsharded).

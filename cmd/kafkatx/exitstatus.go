@@ -15,7 +15,7 @@ const (
 	offsetsExitDrift   = 3 // offsets status: Kafka and the database disagree; airflow status: the ledger and Airflow disagree
 	offsetsExitGap     = 4 // offsets account: a watermark move nothing explains
 	offsetsExitActive  = 5 // offsets reset: the group has active members
-	exitNotActionable  = 6 // outbox release|discard, dlq show|replay|discard, parked-keys release|dead-letter: not in a state the command acts on
+	exitNotActionable  = 6 // outbox release|discard, dlq show|replay|discard, parked-keys release|dead-letter, shards move --cancel: not in a state the command acts on
 	offsetsExitUnknown = 7 // offsets status: the group has no watermark and no committed offset
 	offsetsExitStalled = 8 // offsets status: lag with a watermark that has not moved for --stalled-after
 	// offsets status: the log behind a watermark is another one (the topic recreated, another
@@ -40,8 +40,8 @@ var exitStatuses = []exitStatus{
 		"`offsets status`: drift (Kafka's committed offset and the database watermark disagree); `airflow status`: drift (a run or asset event of the Airflow ledger missing in Airflow, queued past `--queued-for`, or failed)"},
 	{offsetsExitGap, "offsets account: offsets nothing accounts for", "`offsets account`: offsets nothing accounts for"},
 	{offsetsExitActive, "offsets reset: the group has active members (stop the consumers first)", "`offsets reset`: the group has active members"},
-	{exitNotActionable, "outbox release|discard, dlq show|replay|discard, parked-keys release|dead-letter: no such row or parked key, or not in a state the command acts on",
-		"`outbox release`/`discard`, `dlq show`/`replay`/`discard`, `parked-keys release`/`dead-letter`: no such row or parked key, or not in a state the command acts on"},
+	{exitNotActionable, "outbox release|discard, dlq show|replay|discard, parked-keys release|dead-letter: no such row or parked key, or not in a state the command acts on; shards move --cancel: no move in progress, or the move passed its cut-over (finish it)",
+		"`outbox release`/`discard`, `dlq show`/`replay`/`discard`, `parked-keys release`/`dead-letter`: no such row or parked key, or not in a state the command acts on; `shards move --cancel`: no move in progress, or the move passed its cut-over (finish it instead)"},
 	{offsetsExitUnknown, "offsets status: the group has no watermark and no committed offset; airflow status|repair: the Airflow ledger has no row for the group",
 		"`offsets status`: the group has no watermark and no committed offset; `airflow status`/`repair`: the Airflow ledger has no row for the group (and the range given)"},
 	{offsetsExitStalled, "offsets status: a partition with lag whose watermark has not moved for --stalled-after",

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -158,8 +159,13 @@ func checkGiven(kctx *kong.Context) error {
 // errLine is err's message as the command prints it on stderr: as is, or, when it holds a
 // character termText escapes other than a backslash (an error may quote a consumer group, a
 // member's client id or a database message), all of it as termText writes it.
+//
+// pgconn lays a connection failure out over several lines ("failed to connect to …:\n\t
+// hostname resolving error: …"); those line breaks are folded to "; " first, so such an error
+// prints as one readable line rather than quoted whole.
 func errLine(err error) string {
-	msg := err.Error()
+	msg := strings.ReplaceAll(err.Error(), ":\n\t", ": ")
+	msg = strings.ReplaceAll(msg, "\n\t", "; ")
 	if bare := strings.ReplaceAll(msg, `\`, ""); termText(bare) == bare {
 		return msg
 	}
@@ -263,9 +269,12 @@ const sessionHint = "pass --session-database-url (or KAFKATX_SESSION_DATABASE_UR
 // but does not end by itself: the hint says to check the connection settings instead.
 func conditionHint(err error) string {
 	c := pgerr.Describe(err)
+	var dns *net.DNSError
 	switch {
 	case c.Class != pgerr.Server:
 		return ""
+	case errors.As(err, &dns) && dns.IsNotFound:
+		return "the database's host name does not resolve (no such host): check the host in --database-url (or in a --shard URL); the command did nothing"
 	case strings.HasPrefix(c.SQLState, "28") || c.SQLState == "3D000":
 		return fmt.Sprintf("the database refused the connection (%s): check --database-url (user, password, database name) or the server's pg_hba.conf; the command did nothing", c)
 	}

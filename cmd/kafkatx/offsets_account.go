@@ -44,26 +44,26 @@ func (c *OffsetsAccountCmd) Run(ctx context.Context, g *Globals) error {
 	if err := offsetsOutput(c.Output, "text", "json"); err != nil {
 		return err
 	}
-	ops, closeAll, err := g.offsetsOperators(ctx, false)
+	op, closeOp, err := g.offsetsOperator(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
+	defer closeOp()
 	p := int32(-1)
 	if c.Partition != nil {
 		p = *c.Partition
 	}
 	// Each partition is accounted on the shard that holds its watermark (only there has it one).
 	var accts []offsets.Account
-	for _, so := range ops {
-		as, err := so.op.Account(ctx, c.Group, c.Topic, p)
-		if err != nil {
-			return shardErr(so.shard, err)
-		}
+	if err := g.eachShard(ctx, op.Pool(), offsetsCheckSchema, func(db shardDB) error {
+		as, err := op.On(db.pool).Account(ctx, c.Group, c.Topic, p)
 		for i := range as {
-			as[i].Shard = so.shard
+			as[i].Shard = db.shard
 		}
 		accts = append(accts, as...)
+		return err
+	}); err != nil {
+		return err
 	}
 	if len(accts) == 0 {
 		if c.Topic == "" {

@@ -30,23 +30,24 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 	if err := offsetsOutput(c.Output, "text", "json"); err != nil {
 		return err
 	}
-	ops, closeAll, err := g.offsetsOperators(ctx, false)
+	op, closeOp, err := g.offsetsOperator(ctx, false)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
+	defer closeOp()
 	var events []offsetstore.Event
-	for _, so := range ops { // every shard's rows, oldest first
-		es, err := so.op.Events(ctx, c.Group, c.Topic)
-		if err != nil {
-			return shardErr(so.shard, err)
-		}
+	if err := g.eachShard(ctx, op.Pool(), offsetsCheckSchema, func(db shardDB) error { // every shard's rows, oldest first
+		es, err := op.On(db.pool).Events(ctx, c.Group, c.Topic)
 		for i := range es {
-			es[i].Shard = so.shard
+			es[i].Shard = db.shard
 		}
 		events = append(events, es...)
+		return err
+	}); err != nil {
+		return err
 	}
-	if len(ops) > 1 {
+	sharded := len(g.Shard) > 1
+	if sharded {
 		sort.SliceStable(events, func(i, j int) bool { return events[i].At.Before(events[j].At) })
 	}
 	if c.Output == "json" {
@@ -59,7 +60,7 @@ func (c *OffsetsAuditCmd) Run(ctx context.Context, g *Globals) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	shardCol := len(ops) > 1
+	shardCol := sharded
 	if shardCol {
 		fmt.Fprint(tw, "SHARD\t")
 	}

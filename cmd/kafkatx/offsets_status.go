@@ -39,6 +39,11 @@ again, or the brokers are another cluster — its topic or cluster id differs fr
 recorded with the watermark; the consumer refuses to start until the new log is adopted with
 offsets reset --mode adopt); no_watermark and unused (not drift).
 
+With --shard (a sharded group): each partition as its mapped shard (the shard directory)
+holds it, in a SHARD column; a watermark on a shard the directory does not map the
+partition to — a shard restored from an older backup, a copy a failed move left — is named
+STALE-COPY (JSON: stale_copies) and counts as drift (exit 3): consumers never apply there.
+
 Stalled: a partition with lag whose watermark has not moved for --stalled-after (default 2m)
 makes no progress — a handler stuck, the breaker open, a database condition waited out, or no
 consumer running — whatever its state; the text output marks it STALLED.
@@ -64,11 +69,14 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 	if err != nil {
 		return err
 	}
-	drifted, stalled, changed := 0, 0, 0
+	drifted, stalled, changed, staleCopies := 0, 0, 0, 0
 	now := time.Now()
 	for _, s := range sts {
-		if s.Drifted() {
+		if s.Drifted() || len(s.StaleCopies) > 0 {
 			drifted++
+		}
+		if len(s.StaleCopies) > 0 {
+			staleCopies++
 		}
 		if s.State == offsetstate.LogChanged {
 			changed++
@@ -118,6 +126,9 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			if s.Stalled(c.StalledAfter, now) {
 				state += " STALLED"
 			}
+			for _, sc := range s.StaleCopies {
+				state += fmt.Sprintf(" STALE-COPY(shard %s at %d)", termText(sc.Shard), sc.Watermark)
+			}
 			lag := strconv.FormatInt(s.Lag, 10)
 			if s.State == offsetstate.LogChanged {
 				lag += " (new log)" // the watermark is an offset of the old log: not subtracted (offsets.PartitionStatus.Lag)
@@ -134,7 +145,13 @@ func (c *OffsetsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		switch {
 		case len(sts) == 0:
 			fmt.Printf("group %s has no watermark and no committed offset%s\n", termText(c.Group), map[bool]string{true: " on " + termText(c.Topic), false: ""}[c.Topic != ""])
+		case staleCopies > 0 && drifted == staleCopies:
+			fmt.Printf("STALE COPY: %d of %d partition(s) have a watermark on a shard the shard directory does not map them to (a shard restored from an older backup, or what a failed move left); consumers never apply there and the partition's numbers above are its mapped shard's: check the copy and delete it on that shard (docs/deployment.md, sharding)\n",
+				staleCopies, len(sts))
 		case drifted > 0:
+			if staleCopies > 0 {
+				fmt.Printf("STALE COPY on %d partition(s): a watermark on a shard the shard directory does not map them to (see STALE-COPY above; docs/deployment.md, sharding)\n", staleCopies)
+			}
 			fmt.Printf("DRIFT on %d of %d partition(s). What starting the consumer will do, and the command for the other choice:\n", drifted, len(sts))
 			for _, h := range offsets.Hints(g.Schema, c.Group, sts, shellQuote) {
 				fmt.Printf("- %s\n", h)

@@ -112,25 +112,9 @@ func (c *ParkedKeysListCmd) Run(ctx context.Context, g *Globals) error {
 		return err
 	}
 	defer pool.Close()
-	if len(g.Shard) == 0 {
-		return c.list(ctx, g, pool, "")
-	}
 	// Sharded: each shard's parked keys in turn, each naming its shard (--limit applies to
 	// each shard).
-	set, closeShards, err := g.shardSet(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer closeShards()
-	for _, sh := range set.Shards {
-		if err := checkParkingTable(ctx, sh.Pool, g.Schema); err != nil {
-			return shardErr(sh.Name, err)
-		}
-		if err := c.list(ctx, g, sh.Pool, sh.Name); err != nil {
-			return shardErr(sh.Name, err)
-		}
-	}
-	return nil
+	return g.eachShard(ctx, pool, checkParkingTable, func(db shardDB) error { return c.list(ctx, g, db.pool, db.shard) })
 }
 
 // list prints the parked keys of one database (shard: its name, "" unsharded).

@@ -74,30 +74,23 @@ func (g *Globals) needShards() error {
 // ShardsStatusCmd prints the directory.
 type ShardsStatusCmd struct {
 	Group  string `help:"Only this consumer group (default: every group)."`
-	Output string `default:"text" enum:"text,json" help:"text or json (one object per line per partition: group, topic, partition, shard, epoch, state, moving_to, updated_at, and the partition's watermark on its shard: watermark, -1 when it has none yet)."`
+	Output string `default:"text" enum:"text,json" help:"text or json (one object per line per partition: group, topic, partition, shard, epoch, state, moving_to, updated_at, the partition's watermark on its shard: watermark, -1 when it has none yet, and stale_copies: its watermark rows on shards the directory does not map it to, each {shard, watermark})."`
 }
 
 // shardRow is one line of shards status.
 type shardRow struct {
 	shards.Entry
-	Watermark int64 `json:"watermark"`
+	Watermark   int64               `json:"watermark"`
+	StaleCopies []offsets.StaleCopy `json:"stale_copies,omitempty"`
 }
 
 func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
-	if err := g.needShards(); err != nil {
-		return err
-	}
-	dir, err := g.pool(ctx)
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	set, closeAll, err := g.shardSet(ctx, dir)
+	set, closeAll, err := g.openShardsTo(ctx, "")
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	es, err := shards.NewDirectory(dir, g.Schema).List(ctx, c.Group)
+	es, err := shards.NewDirectory(set.Directory, g.Schema).List(ctx, c.Group)
 	if err != nil {
 		return err
 	}
@@ -117,6 +110,17 @@ func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
 			rows[i].Watermark = w.Next
 		}
 	}
+	copies, err := shards.StaleCopies(ctx, set, g.Schema, c.Group)
+	if err != nil {
+		return err
+	}
+	for _, sc := range copies {
+		for i := range rows {
+			if r := &rows[i]; r.Group == sc.Group && r.Topic == sc.Topic && r.Partition == sc.Partition {
+				r.StaleCopies = append(r.StaleCopies, offsets.StaleCopy{Shard: sc.Shard, Watermark: sc.Watermark})
+			}
+		}
+	}
 	if c.Output == "json" {
 		enc := json.NewEncoder(os.Stdout)
 		for _, r := range rows {
@@ -127,7 +131,7 @@ func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tSHARD\tEPOCH\tSTATE\tWATERMARK\tUPDATED")
+	fmt.Fprintln(tw, "GROUP\tTOPIC\tPARTITION\tSHARD\tEPOCH\tSTATE\tWATERMARK\tUPDATED\tSTALE COPIES")
 	for _, r := range rows {
 		state := r.State
 		if r.MovingTo != "" {
@@ -137,10 +141,25 @@ func (c *ShardsStatusCmd) Run(ctx context.Context, g *Globals) error {
 		if r.Watermark >= 0 {
 			w = fmt.Sprint(r.Watermark)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", termText(r.Group), termText(r.Topic), r.Partition, termText(r.Shard), r.Epoch,
-			termText(state), w, r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"))
+		staleText := "-"
+		for j, sc := range r.StaleCopies {
+			if j == 0 {
+				staleText = ""
+			} else {
+				staleText += ", "
+			}
+			staleText += fmt.Sprintf("%s at %d", termText(sc.Shard), sc.Watermark)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", termText(r.Group), termText(r.Topic), r.Partition, termText(r.Shard), r.Epoch,
+			termText(state), w, r.UpdatedAt.UTC().Format("2006-01-02T15:04:05Z"), staleText)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(copies) > 0 {
+		fmt.Printf("STALE COPY: %d watermark row(s) on shards the directory does not map their partition to (a shard restored from an older backup, or what a failed move left): consumers never apply there; check and delete them (docs/deployment.md, sharding)\n", len(copies))
+	}
+	return nil
 }
 
 // ShardsAssignCmd maps an unmapped partition to a shard.
@@ -159,24 +178,37 @@ func (c *ShardsAssignCmd) Validate() error {
 	return nil
 }
 
-func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
+// openShardsTo is the preamble of shards status, assign and move: --shard required, the directory's
+// pool and every shard's opened, and to (when not empty) one of the shards given. closeAll
+// closes them.
+func (g *Globals) openShardsTo(ctx context.Context, to string) (set *shards.Set, closeAll func(), err error) {
 	if err := g.needShards(); err != nil {
-		return err
+		return nil, nil, err
 	}
 	dir, err := g.pool(ctx)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer dir.Close()
-	set, closeAll, err := g.shardSet(ctx, dir)
+	set, closeShards, err := g.shardSet(ctx, dir)
+	if err != nil {
+		dir.Close()
+		return nil, nil, err
+	}
+	closeAll = func() { closeShards(); dir.Close() }
+	if to != "" && set.Pool(to) == nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("--to %q: not one of the shards given (%s)", to, strings.Join(set.Names(), ", "))
+	}
+	return set, closeAll, nil
+}
+
+func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
+	set, closeAll, err := g.openShardsTo(ctx, c.To)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	if set.Pool(c.To) == nil {
-		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
-	}
-	e, changed, err := shards.NewDirectory(dir, g.Schema).Assign(ctx, c.Group, c.Topic, c.Partition, c.To)
+	e, changed, err := shards.NewDirectory(set.Directory, g.Schema).Assign(ctx, c.Group, c.Topic, c.Partition, c.To)
 	if err != nil {
 		return err
 	}
@@ -193,8 +225,11 @@ type ShardsMoveCmd struct {
 	Group     string `required:"" help:"Consumer group id."`
 	Topic     string `required:"" help:"Topic."`
 	Partition int32  `required:"" help:"Partition (>= 0)."`
-	To        string `required:"" help:"The target shard (a --shard NAME)."`
-	Reason    string `required:"" help:"Why (written to the shard_move audit rows on both shards)."`
+	To        string `help:"The target shard (a --shard NAME); required without --cancel, refused with it."`
+	Reason    string `required:"" help:"Why (written to the shard_move or shard_move_cancel audit rows on both shards)."`
+	Cancel    bool   `help:"Cancel the partition's move in progress instead (shards.CancelMove): back to active on the shard it is leaving, epoch raised, the target's copy deleted; refused (exit 6) when no move is in progress or it passed its cut-over."`
+	// DrainWithin bounds the cut-over's wait for the old shard's relay (MoveOptions.DrainWithin).
+	DrainWithin time.Duration `default:"60s" help:"At the cut-over, wait at most this long for the old shard's relay to publish the outbox rows committed there before it (a key's events keep their order across the move); past it the move fails and stays resumable."`
 }
 
 // Help is the long help of shards move.
@@ -206,9 +241,24 @@ flight commits first), the state copied to the target with a shard_move audit ro
 deleted on the old shard in the transaction holding the lock, which fences the old owner's
 next batch; the consumer re-reads the directory and continues on the target. A crash or an
 error leaves the row "moving" and the old shard authoritative: run the same command again to
-resume. Outbox rows already written stay on the old shard and its relay publishes them;
-idempotency keys stay where they were claimed. Your own tables' rows of the partition are
-not moved by this command: call shards.Move with a Hook from your code for that (docs).`
+resume. Outbox rows already written stay on the old shard and its relay publishes them:
+the cut-over waits (at most --drain-within, holding the partition) until it has, so the
+target's relay never publishes a key's newer events before them. Idempotency keys stay
+where they were claimed. Your own tables' rows of the partition are not moved by this
+command: call shards.Move with a Hook from your code for that (docs).
+
+With --cancel (and no --to), a move in progress that has not passed its cut-over is
+cancelled: the row goes back to active on the shard it was leaving with its epoch raised,
+and the state copied to the target is deleted there (audited as shard_move_cancel). Rows
+your own hook copied to the target are not deleted by this command: call
+shards.CancelMove with an Undo from your code for that. Once the cut-over committed (the
+state deleted on the old shard) a cancel is refused with exit 6: finish the move.
+
+Examples:
+  kafkatx --database-url "$DIR_URL" --shard a="$A_URL" --shard b="$B_URL" \
+    shards move --group orders --topic orders --partition 3 --to b --reason "rebalance a"
+  kafkatx --database-url "$DIR_URL" --shard a="$A_URL" --shard b="$B_URL" \
+    shards move --group orders --topic orders --partition 3 --cancel --reason "b is slow"`
 }
 
 // Validate refuses a negative --partition and an empty --reason (kong calls it after parsing).
@@ -219,28 +269,40 @@ func (c *ShardsMoveCmd) Validate() error {
 	if strings.TrimSpace(c.Reason) == "" {
 		return errors.New("--reason is empty: say why (it is audited)")
 	}
+	switch {
+	case c.Cancel && c.To != "":
+		return errors.New("--cancel takes no --to: it cancels the partition's move in progress, whichever its target")
+	case !c.Cancel && c.To == "":
+		return errors.New("missing flags: --to=STRING (or --cancel)")
+	case c.DrainWithin <= 0:
+		return fmt.Errorf("--drain-within %s: want > 0", c.DrainWithin)
+	}
 	return nil
 }
 
 func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
-	if err := g.needShards(); err != nil {
-		return err
-	}
-	dir, err := g.pool(ctx)
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	set, closeAll, err := g.shardSet(ctx, dir)
+	set, closeAll, err := g.openShardsTo(ctx, c.To)
 	if err != nil {
 		return err
 	}
 	defer closeAll()
-	if set.Pool(c.To) == nil {
-		return fmt.Errorf("--to %q: not one of the shards given (%s)", c.To, strings.Join(set.Names(), ", "))
-	}
 	start := time.Now()
-	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason})
+	if c.Cancel {
+		e, err := shards.CancelMove(ctx, set, g.Schema, shards.CancelOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, Reason: c.Reason})
+		var notMoving *shards.NotMovingError
+		var cut *shards.CutOverError
+		if errors.As(err, &notMoving) || errors.As(err, &cut) {
+			return &exitError{code: exitNotActionable, err: err}
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Printf("move cancelled: partition %d of %s (group %s) stays on shard %s (epoch %d, %s) in %s\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch,
+			e.State, time.Since(start).Round(time.Millisecond))
+		return nil
+	}
+	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason,
+		DrainWithin: c.DrainWithin})
 	if err != nil {
 		return err
 	}
@@ -249,10 +311,13 @@ func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
 	return nil
 }
 
-// shardOperator is the offsets operator of one shard ("" when the command runs unsharded).
+// shardOperator is the offsets operator of one shard ("" when the command runs unsharded);
+// set and schema, with --shard, are every shard's and the directory's (the same in each).
 type shardOperator struct {
-	shard string
-	op    *offsets.Operator
+	shard  string
+	op     *offsets.Operator
+	set    *shards.Set
+	schema string
 }
 
 // offsetsOperators is offsetsOperator for every shard given with --shard (each its own
@@ -262,21 +327,20 @@ func (g *Globals) offsetsOperators(ctx context.Context, withKafka bool) ([]shard
 	if err != nil || len(g.Shard) == 0 {
 		return []shardOperator{{op: op}}, closeOp, err
 	}
-	set, closeShards, err := g.shardSet(ctx, op.Pool())
+	dbs, closeShards, err := g.shardDBs(ctx, op.Pool(), offsetsCheckSchema)
 	if err != nil {
 		closeOp()
 		return nil, nil, err
 	}
-	closeAll := func() { closeShards(); closeOp() }
-	var out []shardOperator
-	for _, sh := range set.Shards {
-		if err := offsetsCheckSchema(ctx, sh.Pool, g.Schema); err != nil {
-			closeAll()
-			return nil, nil, fmt.Errorf("shard %s: %w", sh.Name, err)
-		}
-		out = append(out, shardOperator{shard: sh.Name, op: op.On(sh.Pool)})
+	set := &shards.Set{Directory: op.Pool()}
+	for _, db := range dbs {
+		set.Shards = append(set.Shards, shards.Shard{Name: db.shard, Pool: db.pool})
 	}
-	return out, closeAll, nil
+	out := make([]shardOperator, len(dbs))
+	for i, db := range dbs {
+		out[i] = shardOperator{shard: db.shard, op: op.On(db.pool), set: set, schema: g.Schema}
+	}
+	return out, func() { closeShards(); closeOp() }, nil
 }
 
 // shardErr prefixes err with its shard's name (none unsharded).
@@ -287,32 +351,17 @@ func shardErr(shard string, err error) error {
 	return fmt.Errorf("shard %s: %w", shard, err)
 }
 
-// shardStatus is offsets status over every shard: each partition as read on the shard that
-// holds its watermark (Shard set), or, held nowhere yet, as the first shard reads it.
+// shardStatus is offsets status over every shard (offsets.ShardedStatus), or the one
+// database's without --shard.
 func shardStatus(ctx context.Context, ops []shardOperator, group, topic string) ([]offsets.PartitionStatus, error) {
-	var out []offsets.PartitionStatus
-	at := map[offsetstore.TP]int{}
-	for _, so := range ops {
-		sts, err := so.op.Status(ctx, group, topic)
-		if err != nil {
-			return nil, shardErr(so.shard, err)
-		}
-		for _, s := range sts {
-			tp := offsetstore.TP{Topic: s.Topic, Partition: s.Partition}
-			if s.Watermark != nil {
-				s.Shard = so.shard
-			}
-			i, seen := at[tp]
-			switch {
-			case !seen:
-				at[tp] = len(out)
-				out = append(out, s)
-			case s.Watermark != nil && out[i].Watermark == nil:
-				out[i] = s
-			}
-		}
+	if ops[0].set == nil {
+		return ops[0].op.Status(ctx, group, topic)
 	}
-	return out, nil
+	sops := make([]offsets.ShardOperator, len(ops))
+	for i, so := range ops {
+		sops[i] = offsets.ShardOperator{Shard: so.shard, Op: so.op}
+	}
+	return offsets.ShardedStatus(ctx, ops[0].set, ops[0].schema, sops, group, topic)
 }
 
 func orDash(s string) string {

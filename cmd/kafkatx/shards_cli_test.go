@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/migrations"
+	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstore"
 	"github.com/kafkatx/kafkatx/internal/parking"
 	"github.com/kafkatx/kafkatx/internal/tables"
@@ -200,5 +202,141 @@ func TestOffsetsResetOverShards(t *testing.T) {
 	evs, err := st.Events(ctx, ps["s2"], "g", topic)
 	if err != nil || len(evs) == 0 || evs[len(evs)-1].Kind != offsetstore.KindOperatorSkip {
 		t.Fatalf("s2's audit: %+v, %v; want an operator_skip row", evs, err)
+	}
+}
+
+// Issue 46: shards move --cancel. A move whose mover died after copying to s2 (the row
+// moving, the watermark on both shards) is cancelled: the row is active on s1 with its epoch
+// raised past the move's, s2's copy is gone, shard_move_cancel is audited on both shards. A
+// second cancel (no move in progress) and a cancel after the cut-over (the state deleted on
+// s1, living on s2) are refused with exit 6, the latter telling the operator to finish the
+// move, which then does. --cancel with --to is a usage error.
+func TestShardsMoveCancelCLI(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	tb := tables.For(schema)
+	mark := func(shard string, next int64) {
+		t.Helper()
+		if _, err := ps[shard].Exec(ctx, `INSERT INTO `+tb.Watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ('g', 't', 0, $1, 0)`, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	marks := func() string {
+		t.Helper()
+		out := ""
+		for _, sh := range []string{"s1", "s2"} {
+			var n, cancels int64
+			if err := ps[sh].QueryRow(ctx, `SELECT (SELECT count(*) FROM `+tb.Watermarks+`), (SELECT count(*) FROM `+tb.OffsetAudit+` WHERE kind = 'shard_move_cancel')`).Scan(&n, &cancels); err != nil {
+				t.Fatal(err)
+			}
+			out += fmt.Sprintf("%s:%d/%d ", sh, n, cancels)
+		}
+		return out
+	}
+	mark("s1", 10)
+	mark("s2", 10) // the copy a mover committed on s2 before it died
+	if _, err := ps["s1"].Exec(ctx, `INSERT INTO `+tb.ShardDirectory+` (group_id, topic, partition, shard, epoch, state, moving_to) VALUES ('g', 't', 0, 's1', 2, 'moving', 's2')`); err != nil {
+		t.Fatal(err)
+	}
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "shards", "move", "--group", "g", "--topic", "t", "--partition", "0")
+	if _, errOut, code := runCLI(t, cli, append(args, "--cancel", "--to", "s2", "--reason", "x")...); code != exitUsage || !strings.Contains(errOut, "--cancel takes no --to") {
+		t.Fatalf("--cancel --to: exit %d, %s", code, errOut)
+	}
+	out, errOut, code := runCLI(t, cli, append(args, "--cancel", "--reason", "test: cancel")...)
+	if code != 0 || !strings.Contains(out, "stays on shard s1 (epoch 3, active)") {
+		t.Fatalf("cancel: exit %d\n%s%s", code, out, errOut)
+	}
+	if got := marks(); got != "s1:1/1 s2:0/1 " {
+		t.Fatalf("after the cancel, watermarks/cancel audit rows: %s; want s1:1/1 s2:0/1", got)
+	}
+	if _, errOut, code := runCLI(t, cli, append(args, "--cancel", "--reason", "again")...); code != exitNotActionable || !strings.Contains(errOut, "no move in progress") {
+		t.Fatalf("a second cancel: exit %d, %s", code, errOut)
+	}
+	// After a cut-over: the state only on s2, the row still moving.
+	if _, err := ps["s1"].Exec(ctx, `DELETE FROM `+tb.Watermarks+`; UPDATE `+tb.ShardDirectory+` SET state = 'moving', moving_to = 's2', epoch = 4`); err != nil {
+		t.Fatal(err)
+	}
+	mark("s2", 10)
+	if _, errOut, code := runCLI(t, cli, append(args, "--cancel", "--reason", "late")...); code != exitNotActionable || !strings.Contains(errOut, "passed its cut-over") || !strings.Contains(errOut, "finish it") {
+		t.Fatalf("a cancel after the cut-over: exit %d, %s", code, errOut)
+	}
+	if out, errOut, code := runCLI(t, cli, append(args, "--to", "s2", "--reason", "finish")...); code != 0 || !strings.Contains(out, "on shard s2 (epoch 4, active)") {
+		t.Fatalf("finishing the move: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// Issue 46: a shard restored from an older backup holds a watermark for a partition the
+// directory maps elsewhere. With partition 0 mapped to s2 (watermark 50, aligned with Kafka)
+// and its row copied onto s1 at 20 (what s1 held before the partition moved away), offsets
+// status over the shards shows s2's watermark and names s1's copy (stale_copies, exit 3,
+// STALE-COPY in text), where before it showed s1's row as the partition's; shards status
+// names it too. Before the copy, the same status is aligned (exit 0).
+func TestStaleCopyNamedByStatusViews(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	tb := tables.For(schema)
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 1)
+	group := testenv.Group(t)
+	msgs := make([]kafka.Message, 50)
+	for i := range msgs {
+		msgs[i] = kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: 0}, Value: []byte("v")}
+	}
+	testenv.Produce(t, brokers, topic, msgs)
+	k, err := offsets.NewKafka(kafka.ConfigMap{"bootstrap.servers": brokers}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close()
+	if err := k.Commit(ctx, group, map[offsetstore.TP]int64{{Topic: topic, Partition: 0}: 50}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ps["s1"].Exec(ctx, `INSERT INTO `+tb.ShardDirectory+` (group_id, topic, partition, shard, epoch) VALUES ($1, $2, 0, 's2', 2)`, group, topic); err != nil {
+		t.Fatal(err)
+	}
+	mark := func(shard string, next int64) {
+		t.Helper()
+		if _, err := ps[shard].Exec(ctx, `INSERT INTO `+tb.Watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ($1, $2, 0, $3, 0)`, group, topic, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark("s2", 50)
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "--brokers", brokers)
+	status := func(wantCode int) offsets.PartitionStatus {
+		t.Helper()
+		out, errOut, code := runCLI(t, cli, append(args, "offsets", "status", "--group", group, "--output", "json")...)
+		var s offsets.PartitionStatus
+		if code != wantCode || json.Unmarshal([]byte(strings.TrimSpace(out)), &s) != nil {
+			t.Fatalf("offsets status: exit %d (want %d)\n%s%s", code, wantCode, out, errOut)
+		}
+		return s
+	}
+	if s := status(0); s.Shard != "s2" || *s.Watermark != 50 || len(s.StaleCopies) != 0 {
+		t.Fatalf("before the stale copy: %+v", s)
+	}
+	mark("s1", 20) // s1 restored from a backup taken before partition 0 left it
+	if s := status(3); s.Shard != "s2" || *s.Watermark != 50 || len(s.StaleCopies) != 1 || s.StaleCopies[0] != (offsets.StaleCopy{Shard: "s1", Watermark: 20}) {
+		t.Fatalf("with s1's stale copy: shard %q, watermark %v, stale copies %+v; want s2, 50, [{s1 20}]", s.Shard, s.Watermark, s.StaleCopies)
+	}
+	out, _, code := runCLI(t, cli, append(args, "offsets", "status", "--group", group)...)
+	if code != 3 || !strings.Contains(out, "STALE-COPY(shard s1 at 20)") || !strings.Contains(out, "STALE COPY: 1 of 1 partition(s)") {
+		t.Fatalf("offsets status text: exit %d\n%s", code, out)
+	}
+	out, errOut, code := runCLI(t, cli, append(args, "shards", "status", "--group", group, "--output", "json")...)
+	var row struct {
+		Shard       string              `json:"shard"`
+		Watermark   int64               `json:"watermark"`
+		StaleCopies []offsets.StaleCopy `json:"stale_copies"`
+	}
+	if code != 0 || json.Unmarshal([]byte(strings.TrimSpace(out)), &row) != nil || row.Shard != "s2" || row.Watermark != 50 ||
+		len(row.StaleCopies) != 1 || row.StaleCopies[0].Shard != "s1" {
+		t.Fatalf("shards status: exit %d, %+v\n%s%s", code, row, out, errOut)
+	}
+	if out, _, _ := runCLI(t, cli, append(args, "shards", "status", "--group", group)...); !strings.Contains(out, "s1 at 20") || !strings.Contains(out, "STALE COPY: 1 watermark row(s)") {
+		t.Fatalf("shards status text:\n%s", out)
 	}
 }

@@ -142,7 +142,7 @@ func TestOrdersOverSASLSSLThroughPgBouncer(t *testing.T) {
 	defer pool.Close()
 	var orders, cents, dead, pending int64
 	if err := pool.QueryRow(ctx, `SELECT (SELECT sum(orders) FROM customer_totals), (SELECT sum(total_cents) FROM customer_totals),
-		(SELECT count(*) FROM kafkatx.dead_letters), (SELECT count(*) FROM kafkatx.outbox WHERE state IN ('pending', 'parked'))`).Scan(&orders, &cents, &dead, &pending); err != nil {
+		(SELECT count(*) FROM kafkatx.dead_letters), (SELECT coalesce(sum(pack_count), 0) FROM kafkatx.outbox WHERE state IN ('pending', 'parked', 'packed'))`).Scan(&orders, &cents, &dead, &pending); err != nil {
 		t.Fatal(err)
 	}
 	if orders != 1980 || cents != prod.TotalCents || dead != 20 || pending != 0 {

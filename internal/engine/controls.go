@@ -13,36 +13,29 @@ import "errors"
 // is waited out without Settings.UnavailableMaxWait's bound — its tries never become attempts,
 // so its message is never dead-lettered for it — and the wait is reported as any other.
 func WaitsUnbounded(err error) bool {
-	var m interface{ WaitUnbounded() bool }
-	for e := err; e != nil; {
-		if !errors.As(e, &m) {
-			return false
-		}
-		if m.WaitUnbounded() {
-			return true
-		}
-		u, ok := m.(interface{ Unwrap() error })
-		if !ok {
-			return false
-		}
-		e = u.Unwrap()
-	}
-	return false
+	return chainSays(err, func(m interface{ WaitUnbounded() bool }) bool { return m.WaitUnbounded() })
 }
 
 // IsUnavailable reports whether err or an error it wraps has a method Unavailable() bool that
 // returns true (*kafkatx.UnavailableError has one). An error whose Unavailable method returns
 // false ends the search only when it wraps nothing.
 func IsUnavailable(err error) bool {
-	var m interface{ Unavailable() bool }
+	return chainSays(err, func(m interface{ Unavailable() bool }) bool { return m.Unavailable() })
+}
+
+// chainSays walks err's chain for the errors that implement M (errors.As) and reports whether
+// one of them says true; one that says false ends the search unless it wraps another (its
+// Unwrap() error), from which the search goes on. M is an interface type.
+func chainSays[M any](err error, says func(M) bool) bool {
+	var m M
 	for e := err; e != nil; {
 		if !errors.As(e, &m) {
 			return false
 		}
-		if m.Unavailable() {
+		if says(m) {
 			return true
 		}
-		u, ok := m.(interface{ Unwrap() error })
+		u, ok := any(m).(interface{ Unwrap() error })
 		if !ok {
 			return false
 		}

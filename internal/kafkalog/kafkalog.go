@@ -11,6 +11,8 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
 var (
@@ -90,6 +92,7 @@ func NewAdminClient(log *zap.Logger, cfg kafka.ConfigMap) (*kafka.AdminClient, *
 	if log != nil {
 		c = Route(log, c)
 	}
+	kafkaprops.SmallGoChannels(c) // the handle never produces; its channels would be 23 MiB
 	p, err := kafka.NewProducer(&c)
 	if err != nil {
 		return nil, nil, err

@@ -41,3 +41,19 @@ func TestReadTakesKeyValueLinesAndNamesABadLineNotItsValue(t *testing.T) {
 		t.Error("a missing file read without error")
 	}
 }
+
+// Every producer handle kafkatx makes gets small Go channels (confluent-kafka-go's
+// 1,000,000-slot defaults are 23 MiB of heap the collector scans each cycle); a size the
+// caller gives is kept.
+func TestSmallGoChannels(t *testing.T) {
+	cfg := kafka.ConfigMap{}
+	SmallGoChannels(cfg)
+	if cfg["go.events.channel.size"] != GoEventsChannelSize || cfg["go.produce.channel.size"] != 1 {
+		t.Fatalf("SmallGoChannels set %v", cfg)
+	}
+	cfg = kafka.ConfigMap{"go.events.channel.size": 50000}
+	SmallGoChannels(cfg)
+	if cfg["go.events.channel.size"] != 50000 {
+		t.Fatalf("a given go.events.channel.size became %v", cfg["go.events.channel.size"])
+	}
+}

@@ -55,11 +55,22 @@ type PartitionStatus struct {
 	// Pending lists operator commands recorded but not yet applied (an operator skip waiting
 	// for the consumer to follow Kafka, or a command that stopped half way).
 	Pending []offsetstore.Event `json:"pending,omitempty"`
+	// StaleCopies lists, for a sharded group, the partition's watermark rows on shards the
+	// shard directory does not map it to (shards.StaleCopies: a shard restored from an older
+	// backup, a copy a failed move left): consumers never apply there; offsets status counts
+	// a partition with one as drift. Watermark and Shard are the mapped shard's.
+	StaleCopies []StaleCopy `json:"stale_copies,omitempty"`
 	// WatermarkUpdatedAt is when the watermark last moved (nil: no watermark).
 	WatermarkUpdatedAt *time.Time `json:"watermark_updated_at,omitempty"`
 	// Log names the log the watermark was recorded in and the one the broker describes now
 	// (nil: no watermark); State is offsetstate.LogChanged when they differ.
 	Log *LogIdentity `json:"log,omitempty"`
+}
+
+// StaleCopy is a partition's watermark row on a shard the directory does not map it to.
+type StaleCopy struct {
+	Shard     string `json:"shard"`
+	Watermark int64  `json:"watermark"`
 }
 
 // LogIdentity is a watermark's recorded log and the current one: topic ids (KIP-516) and

@@ -51,6 +51,12 @@ const (
 	// deleted the state there (From = To = the watermark), and on the target, in the
 	// transaction that wrote it. The reason names both shards and the directory's epoch.
 	KindShardMove = "shard_move"
+	// KindShardMoveCancel is `kafkatx shards move --cancel` (shards.CancelMove) cancelling a
+	// move before its cut-over: written on the target, in the transaction that deleted the
+	// copied state there, and on the shard the partition stays on (From = To = the
+	// watermark, -1 when the partition had none). The reason names both shards and the
+	// directory's new epoch.
+	KindShardMoveCancel = "shard_move_cancel"
 )
 
 // Audit row statuses: pending for an operator command recorded but not yet applied, applied,
@@ -89,6 +95,7 @@ var Kinds = []KindInfo{
 	{Kind: KindParkedKeyDeadLettered},
 	{Kind: KindAirflowClear},
 	{Kind: KindShardMove},
+	{Kind: KindShardMoveCancel},
 }
 
 // StatusAttention says why an operator must not miss an audit row of status abandoned.

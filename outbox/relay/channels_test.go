@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
 // The producer's Go channels are sized for what the relay uses: confluent-kafka-go's
@@ -14,8 +16,8 @@ func TestProducerChannelsSizedForTheRelay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.Kafka["go.events.channel.size"]; got != eventsChannelSize {
-		t.Errorf("go.events.channel.size = %v, want %d", got, eventsChannelSize)
+	if got := c.Kafka["go.events.channel.size"]; got != kafkaprops.GoEventsChannelSize {
+		t.Errorf("go.events.channel.size = %v, want %d", got, kafkaprops.GoEventsChannelSize)
 	}
 	if got := c.Kafka["go.produce.channel.size"]; got != 1 {
 		t.Errorf("go.produce.channel.size = %v, want 1", got)

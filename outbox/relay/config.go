@@ -15,15 +15,6 @@ import (
 	"github.com/kafkatx/kafkatx/retention"
 )
 
-// eventsChannelSize is the relay producer's go.events.channel.size. Its delivery reports go
-// to a channel per round, so its Events channel sees only client-level errors; and it never
-// uses the produce channel (go.produce.channel.size 1). confluent-kafka-go's defaults (1,000,000
-// each) allocate 23 MiB of pointer-holding Go heap per producer, which the garbage collector
-// scans in every cycle: in the order service's process (the relay in-process, a 128 MiB
-// memory limit) they doubled the collections of a 100,000-order drain, 16 against 10
-// (docs/benchmarks-history.md, "The drain's CPU per order").
-const eventsChannelSize = 1000
-
 // Config configures a Relay. A nil *Config is not accepted: Kafka's bootstrap.servers is
 // required. The zero value of every other field means its default.
 type Config struct {
@@ -33,7 +24,7 @@ type Config struct {
 	// client's partitioner, so keys land where Java producers put them), linger.ms=5,
 	// message.timeout.ms=60000, go.delivery.report.fields=none (delivery reports carry no
 	// copy of the key and value), and go.events.channel.size=1000 and
-	// go.produce.channel.size=1 (see eventsChannelSize). enable.idempotence=false, acks other
+	// go.produce.channel.size=1 (kafkaprops.SmallGoChannels). enable.idempotence=false, acks other
 	// than all/-1 and transactional.id are refused (New's error; the rule is both relays'
 	// and relays.CheckKafka applies it before anything connects).
 	Kafka kafka.ConfigMap
@@ -175,11 +166,9 @@ func (c *Config) withDefaults() (*Config, error) {
 	if _, ok := out.Kafka["request.required.acks"]; !ok {
 		setDefault("acks", "all")
 	}
-	publish.ProducerDefaults(out.Kafka) // partitioner=murmur2_random, linger.ms=5, go.delivery.report.fields=none
+	publish.ProducerDefaults(out.Kafka) // partitioner=murmur2_random, linger.ms=5, go.delivery.report.fields=none, small Go channels
 	setDefault("message.timeout.ms", 60000)
 	setDefault("go.logs.channel.enable", false)
-	setDefault("go.events.channel.size", eventsChannelSize)
-	setDefault("go.produce.channel.size", 1)
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
 		out.Logger = zap.NewNop()

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/outbox/internal/publish"
+	"github.com/kafkatx/kafkatx/outbox/leading"
 	"github.com/kafkatx/kafkatx/outbox/relay"
 	"github.com/kafkatx/kafkatx/outbox/walrelay"
 	"github.com/kafkatx/kafkatx/pg"
@@ -107,17 +108,9 @@ func New(pool *pgxpool.Pool, o Options) (Relay, error) {
 }
 
 // Leading reports whether a relay leads schema's outbox on q's database now and whether
-// something waits to be published there, in the schema's stored mode (outbox.ReadSettings):
-// relay.Leading in table mode (the leadership lock; rows pending or packed), walrelay.Leading
-// in WAL mode (the slot active; its confirmed position behind the current WAL). The consumer's
-// check of each shard's relay (kafkatx_shard_relay_unowned) reads it.
+// something waits to be published there, in the schema's stored mode: leading.Of, where the
+// rule is written (the consumer's check of each shard's relay calls it directly, so the
+// library does not link the relays' streaming code).
 func Leading(ctx context.Context, q pg.Querier, schema string) (leader, pending bool, err error) {
-	s, err := outbox.ReadSettings(ctx, q, schema)
-	if err != nil {
-		return false, false, err
-	}
-	if s.Mode == outbox.ModeWAL {
-		return walrelay.Leading(ctx, q, schema)
-	}
-	return relay.Leading(ctx, q, schema)
+	return leading.Of(ctx, q, schema)
 }

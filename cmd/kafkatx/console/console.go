@@ -31,6 +31,7 @@ import (
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/pg"
+	"github.com/kafkatx/kafkatx/shards"
 )
 
 // Limits of every request.
@@ -85,6 +86,13 @@ type Config struct {
 	// and GET /api/airflow/drift show the counts, each group's kept for AirflowDriftTTL. nil:
 	// no Airflow section. Credentials it uses belong in Secrets.
 	AirflowDrift func(ctx context.Context, group string) (AirflowDrift, error)
+	// Shards, when set, are a sharded service's shards (kafkatx console --shard NAME=URL ...)
+	// and Pool is its directory's database: the partitions and offsets pages and GET
+	// /api/partitions read every shard (offsets.ShardedStatus, as kafkatx offsets status
+	// --shard), each row naming its shard (PartitionRow.Shard) and any stale copy; offset
+	// resets from the console are refused (kafkatx offsets reset --shard acts on the right
+	// shard). The shards' connection passwords belong in Secrets. nil: one database.
+	Shards *shards.Set
 }
 
 // Handler is the console. It is safe for concurrent use; Close releases its Kafka client.
@@ -92,6 +100,7 @@ type Handler struct {
 	cfg       Config
 	log       *zap.Logger
 	op        *offsets.Operator
+	shardOps  []offsets.ShardOperator // with Config.Shards: one operator per shard
 	kafka     *offsets.Kafka
 	tokens    *tokenSource
 	sessions  *sessionStore
@@ -149,6 +158,15 @@ func New(cfg Config) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, log: log, kafka: k, op: offsets.NewOperator(cfg.Pool, k, cfg.Schema), tokens: tokens,
 		sessions: newSessionStore()}
+	if cfg.Shards != nil {
+		if err := cfg.Shards.Validate(); err != nil {
+			k.Close()
+			return nil, fmt.Errorf("console: %w", err)
+		}
+		for _, sh := range cfg.Shards.Shards {
+			h.shardOps = append(h.shardOps, offsets.ShardOperator{Shard: sh.Name, Op: h.op.On(sh.Pool)})
+		}
+	}
 	h.mask = newMask(secretList(cfg))
 	h.routes()
 	h.stop, h.stopped = make(chan struct{}), make(chan struct{})
@@ -174,6 +192,13 @@ func (h *Handler) Close() {
 func secretList(cfg Config) []string {
 	list := append([]string{}, cfg.Secrets...)
 	list = append(list, cfg.Pool.Config().ConnConfig.Password)
+	if cfg.Shards != nil {
+		for _, sh := range cfg.Shards.Shards {
+			if sh.Pool != nil {
+				list = append(list, sh.Pool.Config().ConnConfig.Password)
+			}
+		}
+	}
 	for k, v := range cfg.Kafka {
 		if strings.Contains(k, "password") || strings.Contains(k, "secret") || k == "sasl.oauthbearer.config" {
 			if s, ok := v.(string); ok {

@@ -113,6 +113,9 @@ func (h *Handler) reset(ctx context.Context, p ResetParams, actor string) (*Rese
 	if err != nil {
 		return nil, http.StatusBadRequest, err
 	}
+	if h.cfg.Shards != nil {
+		return nil, http.StatusConflict, errors.New("this console reads a sharded service: reset offsets with kafkatx offsets reset and the same --shard flags, which acts on the shard that holds the partition")
+	}
 	plan, err := h.op.PlanReset(ctx, req)
 	if err != nil {
 		return nil, http.StatusBadRequest, err
@@ -178,15 +181,17 @@ func (h *Handler) apiOffsetsReset(w http.ResponseWriter, r *http.Request) {
 
 // offsetsView is the data of the offsets page of one group.
 type offsetsView struct {
-	Group  string
-	Topic  string
-	State  string
-	Member []string
-	Rows   []PartitionRow
-	Events []offsetstore.Event
-	Topics []string
-	Reset  *ResetResult
-	Form   ResetForm
+	// Sharded shows the shard column (Config.Shards).
+	Sharded bool
+	Group   string
+	Topic   string
+	State   string
+	Member  []string
+	Rows    []PartitionRow
+	Events  []offsetstore.Event
+	Topics  []string
+	Reset   *ResetResult
+	Form    ResetForm
 	// Airflow is the group's Airflow drift (nil: the console has no Airflow access).
 	Airflow *AirflowDrift
 }
@@ -209,7 +214,7 @@ func (h *Handler) renderOffsets(w http.ResponseWriter, r *http.Request, g, topic
 		h.fail(w, r, http.StatusBadRequest, "group is required: /offsets?group=G")
 		return
 	}
-	v := offsetsView{Group: g, Topic: topic, Reset: res, Form: form}
+	v := offsetsView{Sharded: h.cfg.Shards != nil, Group: g, Topic: topic, Reset: res, Form: form}
 	rows, err := h.partitions(r.Context(), g)
 	if err == nil {
 		seen := map[string]bool{}

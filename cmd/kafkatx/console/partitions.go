@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/offsets"
 	"github.com/kafkatx/kafkatx/internal/offsetstate"
@@ -22,6 +24,9 @@ const maxGroups = 200
 // `kafkatx offsets status --output json`, with the offsets as numbers (-1 when none) and
 // what the consumer will do at its next assignment.
 type PartitionRow struct {
+	// Shard names the shard holding the partition's state when the console reads a sharded
+	// service (Config.Shards): the shard the directory maps it to; absent otherwise.
+	Shard     string `json:"shard,omitempty"`
 	Group     string `json:"group"`
 	Topic     string `json:"topic"`
 	Partition int32  `json:"partition"`
@@ -61,6 +66,9 @@ type PartitionRow struct {
 	// Error is set, with Topic and Partition empty, when the group could not be compared
 	// (for example a topic it has a watermark on was deleted).
 	Error string `json:"error,omitempty"`
+	// StaleCopies lists the partition's watermark rows on shards the directory does not map
+	// it to (offsets status --shard's stale_copies): it needs attention.
+	StaleCopies []offsets.StaleCopy `json:"stale_copies,omitempty"`
 	// Parked is the partition's parked keys and messages (Config.Park); null when none.
 	Parked *ParkedTotals `json:"parked,omitempty"`
 	// BlockedByKey is set when the partition waits on a parked key (parked.go,
@@ -71,7 +79,7 @@ type PartitionRow struct {
 }
 
 func rowOf(s offsets.PartitionStatus) PartitionRow {
-	r := PartitionRow{Group: s.Group, Topic: s.Topic, Partition: s.Partition, Watermark: -1, Committed: -1,
+	r := PartitionRow{Shard: s.Shard, StaleCopies: s.StaleCopies, Group: s.Group, Topic: s.Topic, Partition: s.Partition, Watermark: -1, Committed: -1,
 		LogStart: s.LogStart, LogEnd: s.LogEnd, Lag: s.Lag, Drift: s.Drift, State: string(s.State), Drifted: s.Drifted(),
 		ReplayEpoch: s.ReplayEpoch, LastEvent: s.LastEvent, Pending: s.Pending, status: s}
 	if s.Watermark != nil {
@@ -142,13 +150,46 @@ func nextStep(r PartitionRow) string {
 	return s
 }
 
-// groups lists the consumer groups with a watermark, sorted.
+// groups lists the consumer groups with a watermark (on any shard with Config.Shards), sorted.
 func (h *Handler) groups(ctx context.Context) ([]string, error) {
-	rows, err := h.cfg.Pool.Query(ctx, `SELECT DISTINCT group_id FROM `+tables.For(h.cfg.Schema).Watermarks+` ORDER BY 1 LIMIT $1`, maxGroups)
-	if err != nil {
-		return nil, fmt.Errorf("list consumer groups: %w", err)
+	pools := []*pgxpool.Pool{h.cfg.Pool}
+	if h.cfg.Shards != nil {
+		pools = pools[:0]
+		for _, sh := range h.cfg.Shards.Shards {
+			pools = append(pools, sh.Pool)
+		}
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
+	seen := map[string]bool{}
+	var out []string
+	for _, pool := range pools {
+		rows, err := pool.Query(ctx, `SELECT DISTINCT group_id FROM `+tables.For(h.cfg.Schema).Watermarks+` ORDER BY 1 LIMIT $1`, maxGroups)
+		if err != nil {
+			return nil, fmt.Errorf("list consumer groups: %w", err)
+		}
+		gs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil, fmt.Errorf("list consumer groups: %w", err)
+		}
+		for _, g := range gs {
+			if !seen[g] {
+				seen[g] = true
+				out = append(out, g)
+			}
+		}
+	}
+	slices.Sort(out)
+	if len(out) > maxGroups {
+		out = out[:maxGroups]
+	}
+	return out, nil
+}
+
+// status is offsets status of group: over every shard with Config.Shards.
+func (h *Handler) status(ctx context.Context, group string) ([]offsets.PartitionStatus, error) {
+	if h.cfg.Shards != nil {
+		return offsets.ShardedStatus(ctx, h.cfg.Shards, h.cfg.Schema, h.shardOps, group, "")
+	}
+	return h.op.Status(ctx, group, "")
 }
 
 // partitions compares every partition of group (every group with a watermark when group is
@@ -176,11 +217,11 @@ func (h *Handler) partitions(ctx context.Context, group string) ([]PartitionRow,
 			r := &out[i]
 			r.Attention = att[tpKey{r.Group, r.Topic, r.Partition}]
 			r.NeedsAttention = r.Drifted || len(r.Attention) > 0 || r.Error != "" || r.State == string(offsetstate.LogChanged) || r.State == string(offsetstate.DatabaseRolledBack) ||
-				r.BlockedByKey != nil
+				r.BlockedByKey != nil || len(r.StaleCopies) > 0
 		}
 	}()
 	for _, g := range groups {
-		sts, err := h.op.Status(ctx, g, "")
+		sts, err := h.status(ctx, g)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, err
@@ -240,6 +281,8 @@ func (h *Handler) addCharts(ctx context.Context, group string, rows []PartitionR
 
 // partitionsView is the data of the partitions page.
 type partitionsView struct {
+	// Sharded shows the shard column (Config.Shards).
+	Sharded bool
 	Rows    []PartitionRow
 	Drifted int
 	// Attention counts the partitions that need attention, and Kinds the audit rows behind
@@ -261,7 +304,7 @@ func (h *Handler) partitionsPage(w http.ResponseWriter, r *http.Request) {
 		p.Error = err.Error()
 	}
 	h.addCharts(r.Context(), "", rows, 160, 34, false)
-	v := partitionsView{Rows: rows}
+	v := partitionsView{Rows: rows, Sharded: h.cfg.Shards != nil}
 	byKind := map[string]int{}
 	for _, row := range rows {
 		if row.Drifted {

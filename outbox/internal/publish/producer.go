@@ -5,6 +5,8 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
+
+	"github.com/kafkatx/kafkatx/internal/kafkaprops"
 )
 
 // Partitioner is both relays' default librdkafka partitioner: murmur2 for keyed records, as
@@ -15,8 +17,8 @@ const Partitioner = "murmur2_random"
 // ProducerDefaults sets, in kc, each of both relays' producer defaults that kc does not
 // give: partitioner=murmur2_random (Partitioner), linger.ms=5 (batches fill within 5 ms
 // without delaying a lone record much), and go.delivery.report.fields=none (a delivery
-// report needs only the error and the Opaque, not a copy of each record's key and value).
-// What a relay forces (acks=all, enable.idempotence, transactional.id in WAL mode) it sets
+// report needs only the error and the Opaque, not a copy of each record's key and value),
+// and the producer's Go channels small (kafkaprops.SmallGoChannels). What a relay forces (acks=all, enable.idempotence, transactional.id in WAL mode) it sets
 // itself.
 func ProducerDefaults(kc kafka.ConfigMap) {
 	for k, v := range map[string]kafka.ConfigValue{"partitioner": Partitioner, "linger.ms": 5, "go.delivery.report.fields": "none"} {
@@ -24,6 +26,7 @@ func ProducerDefaults(kc kafka.ConfigMap) {
 			kc[k] = v
 		}
 	}
+	kafkaprops.SmallGoChannels(kc)
 }
 
 // CloseWait is how long a relay waits for its producer to close (CloseBounded).
