@@ -17,6 +17,7 @@ import (
 
 	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/testenv"
+	"github.com/kafkatx/kafkatx/outbox"
 	"github.com/kafkatx/kafkatx/shards"
 )
 
@@ -41,6 +42,9 @@ func (p *patroni) database(t *testing.T, prefix string) string {
 		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 			c, err := pgx.Connect(ctx, p.url)
 			if err == nil {
+				// Its slots first (a slot holds its database; a logical slot left on the leader
+				// and not on the replica also keeps scripts/dev-services up patroni waiting).
+				_, _ = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active`, db)
 				_, err = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
 				c.Close(ctx)
 				if err == nil {
@@ -63,22 +67,22 @@ func (p *patroni) database(t *testing.T, prefix string) string {
 // does the directory's database. Shard pa is a database of the Patroni pair (multi-host URL,
 // target_session_attrs=read-write) holding partitions 0-2; shard dev a database of the dev
 // PostgreSQL holding 3-5; the directory a database of its own in the Patroni cluster. The
-// service drains orders (with events, table mode) under a supervisor restarting it on a
+// service drains orders (with events, in WAL mode: each shard its own slot, pa's a Patroni
+// permanent slot; synchronous replication) under a supervisor restarting it on a
 // non-zero exit; mid-drain the Patroni leader's Patroni and postmaster are SIGKILLed, taking
 // shard pa and the directory down together. Once a node is promoted the service is SIGKILLed
 // too, so the one the supervisor starts opens the promoted directory and reads it at its
 // assignment; both shards then apply orders again (a chunk produced after the failover
 // drains too): every order applied exactly once, on the shard of its
 // partition, none on both, the dead letters exactly the pills, no skip row in either shard's
-// offset audit, every order's event under one kafkatx-outbox-id no other order carries, and the
-// directory's rows unchanged on the promoted node. Asynchronous replication: commits the
-// replica lacked are re-processed from the promoted watermark (issue 32's consumer side).
+// offset audit, every order's event once on the events topic under a kafkatx-outbox-id no other
+// order carries, and the directory's rows unchanged on the promoted node.
 func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 	p := patroniCluster(t) // full tier
 	bin := buildOrders(t)
 	brokers := testenv.Brokers(t)
 	ctx := context.Background()
-	p.up(t, "async") // both nodes streaming
+	p.up(t, "sync") // both nodes streaming, the replica the synchronous standby
 
 	dirURL := p.database(t, "shdir") + "&pool_max_conns=6"
 	paURL := p.database(t, "shpa") + "&pool_max_conns=12"
@@ -95,6 +99,36 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 		}
 		pools[name] = pl
 	}
+	// Both shards in WAL mode (kafkatx migrate up --outbox-mode wal: the publication, then the
+	// slot); shard pa's slot made a Patroni permanent slot, copied to the replica and advanced
+	// there, so its WAL relay finds it on the promoted node (as TestPatroniFailoverUnderLoad
+	// LosesNothing's WAL mode). The dev shard's slot is dropped before its database.
+	t.Cleanup(func() {
+		_, _ = pools["dev"].Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
+	})
+	for _, name := range []string{"pa", "dev"} {
+		if err := outbox.SetMode(ctx, pools[name], "", outbox.ModeWAL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := outbox.ReadSettings(ctx, pools["pa"], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := st.Slot
+	t.Cleanup(func() { p.ctlEdit(t, "slots."+slot+"=null") }) // before the database is dropped
+	var paDB string
+	if err := pools["pa"].QueryRow(ctx, `SELECT current_database()`).Scan(&paDB); err != nil {
+		t.Fatal(err)
+	}
+	p.ctlEdit(t, "slots."+slot+".type=logical", "slots."+slot+".database="+paDB, "slots."+slot+".plugin=pgoutput")
+	for i := 0; i < 2; i++ {
+		testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("the permanent slot %s on node%d", slot, i+1), func() bool {
+			n, err := queryInt(ctx, nodeURL(t, p.url, i), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '"+slot+"'")
+			return err == nil && n == 1
+		})
+	}
+	p.up(t, "sync") // the replica restarted to copy the slot: streaming again
 	topic := testenv.Topic(t, brokers, 6)
 	events := testenv.Topic(t, brokers, 3)
 	testenv.NamedTopic(t, brokers, topic+".dlq", 3, nil)
@@ -123,19 +157,42 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 
 	args := []string{"--brokers", brokers, "--database-url", dirURL, "--shard", "pa=" + paURL, "--shard", "dev=" + devURL,
 		"--topic", topic, "--group", group, "--events-topic", events}
+	// Orders arrive in chunks of 2,000 (one poison pill each): two before the service starts,
+	// then one at a time until after the promotion, so the drain is still going at the kill
+	// however long the wait for the synchronous standby takes; then one more.
 	const chunk = 2000
-	chunks := 0
+	var chunks atomic.Int32
 	produce := func() {
-		t.Helper()
 		r := runOrders(t, bin, 120*time.Second, append(args, "--generate", strconv.Itoa(chunk), "--poison-every", strconv.Itoa(chunk), "--produce-only")...)
 		if r.code != 0 {
-			t.Fatalf("produce: exit %d: %s", r.code, tail(r.stderr))
+			t.Errorf("produce: exit %d: %s", r.code, tail(r.stderr))
+			return
 		}
-		chunks++
+		chunks.Add(1)
 	}
-	for i := 0; i < 3; i++ {
-		produce()
+	produce()
+	produce()
+	stopProducing, producing := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(producing)
+		for {
+			select {
+			case <-stopProducing:
+				return
+			case <-time.After(time.Second):
+			}
+			produce()
+		}
+	}()
+	producerStopped := false
+	stopProducer := func() {
+		if !producerStopped {
+			producerStopped = true
+			close(stopProducing)
+			<-producing
+		}
 	}
+	defer stopProducer()
 
 	// The service under a supervisor: restarted 1 s after a non-zero exit; done at exit 0.
 	var logs lockedLog
@@ -194,6 +251,26 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 		n, _ := appliedOn(nodeURL(t, paURL, leader))
 		return n >= 500
 	}, detail)
+	// Synchronously, Patroni promotes only the node its /sync key names, and a replica named
+	// while it still copies the leader's logical slots may be dropped a loop later: the
+	// replica must be the synchronous standby for four of Patroni's loops (loop_wait 2 s) in a
+	// row before the kill (TestPatroniFailoverUnderLoadLosesNothing's CI flake).
+	var syncSince time.Time
+	testenv.WaitFor(t, 90*time.Second, fmt.Sprintf("node%d the synchronous standby for 8 s in a row", replica+1), func() bool {
+		if !restOK(p.rest[replica] + "/synchronous") {
+			syncSince = time.Time{}
+			return false
+		}
+		if syncSince.IsZero() {
+			syncSince = time.Now()
+		}
+		return time.Since(syncSince) >= 8*time.Second
+	})
+	select {
+	case <-done:
+		t.Fatalf("the service exited before the kill: no drain to fail over under\n%s", detail())
+	default:
+	}
 	lp, lpm := p.pids(t, leader)
 	atKill, _ := appliedOn(nodeURL(t, paURL, leader))
 	_ = syscall.Kill(lp, syscall.SIGKILL)
@@ -213,7 +290,11 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("read shard pa on the promoted node: %v", err)
 	}
+	if paAt < atKill {
+		t.Errorf("synchronous replication: the promoted node holds %d of shard pa's orders, the leader had %d at its kill", paAt, atKill)
+	}
 	devAt, _ := appliedOn(devURL)
+	stopProducer()
 	produce() // new traffic after the failover, for both shards
 	// The consumers keep going: both shards apply orders after the promotion, through the
 	// promoted directory.
@@ -223,7 +304,7 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 		return a > paAt && d > devAt
 	}, detail)
 	firstApplied := time.Since(promoted)
-	p.up(t, "async") // the old leader rejoins as a replica (pg_rewind)
+	p.up(t, "sync") // the old leader rejoins as a replica (pg_rewind)
 	select {
 	case <-done:
 	case <-time.After(240 * time.Second):
@@ -233,7 +314,7 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 		atKill, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), restarts.Load())
 
 	// The counts, on the promoted node and the dev shard.
-	valid := int64(chunks * (chunk - 1))
+	valid := int64(chunks.Load()) * (chunk - 1)
 	urls := map[string]string{"pa": nodeURL(t, paURL, replica), "dev": devURL}
 	orders := map[string]string{}
 	both := 0
@@ -280,8 +361,8 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 			t.Errorf("shard %s: customer_totals counts %d orders, order_totals holds %d", shard, sum, n)
 		}
 	}
-	if int64(len(orders)) != valid || both != 0 || dl != int64(chunks) {
-		t.Errorf("%d distinct orders (%d on both shards), %d dead letters; want %d, 0, %d", len(orders), both, dl, valid, chunks)
+	if int64(len(orders)) != valid || both != 0 || dl != int64(chunks.Load()) {
+		t.Errorf("%d distinct orders (%d on both shards), %d dead letters; want %d, 0, %d", len(orders), both, dl, valid, chunks.Load())
 	}
 	dc, err := pgx.Connect(ctx, nodeURL(t, dirURL, replica))
 	if err != nil {
@@ -323,10 +404,9 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 			missing++
 		}
 	}
-	t.Logf("events: %d copies of an event under its own id (the table relay's at-least-once across the failover)", copies)
-	if missing != 0 || ghosts != 0 || split != 0 || shared != 0 {
-		t.Errorf("events: %d orders without one, %d of orders no shard holds, %d orders under more than one kafkatx-outbox-id, %d ids carried by two orders; want all 0",
-			missing, ghosts, split, shared)
+	if missing != 0 || ghosts != 0 || copies != 0 || split != 0 || shared != 0 {
+		t.Errorf("events: %d orders without one, %d of orders no shard holds, %d copies of an event, %d orders under more than one kafkatx-outbox-id, %d ids carried by two orders; want all 0",
+			missing, ghosts, copies, split, shared)
 	}
 	if t.Failed() {
 		t.Logf("service log:\n%s", detail())
