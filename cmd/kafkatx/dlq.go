@@ -32,7 +32,8 @@ type DLQListCmd struct {
 	Group      string `help:"Only this consumer group."`
 	Topic      string `help:"Only this original topic."`
 	ErrorClass string `name:"error-class" help:"Only this error class (permanent, max_attempts, panic, oversized, ...), as dlq replay|discard --all take it."`
-	After      int64  `help:"Only ids above this (paging)."`
+	After      int64  `help:"Only ids above this (paging; with --shard, ids are each shard's own: page one shard with --from-shard)."`
+	FromShard  string `name:"from-shard" help:"With --shard: list only this shard's dead letters (the next-page line over shards names it)."`
 	Limit      int    `default:"100" help:"Most rows listed (1 to 100,000); when more match, a line on stderr says so and gives the --after of the next page."`
 	ShowValue  bool   `name:"show-value" help:"Print keys and values in full (they may hold personal data)."`
 	Output     string `default:"text" enum:"text,json" help:"text or json (one object per line)."`
@@ -80,8 +81,26 @@ func (c *DLQListCmd) Run(ctx context.Context, g *Globals) error {
 	}
 	defer pool.Close()
 	// Sharded: each shard's dead letters in turn, each line naming its shard (ids are per
-	// shard: --after and --limit apply to each).
-	return g.eachShard(ctx, pool, nil, func(db shardDB) error { return c.list(ctx, g, db.pool, db.shard) })
+	// shard: --after and --limit apply to each, and a next page is one shard's: --from-shard).
+	if c.FromShard != "" {
+		specs, err := g.shardURLs()
+		if err != nil {
+			return err
+		}
+		known := false
+		for _, sp := range specs {
+			known = known || sp.name == c.FromShard
+		}
+		if !known {
+			return &exitError{code: exitUsage, err: fmt.Errorf("--from-shard %s: not one of the shards given with --shard", termText(c.FromShard))}
+		}
+	}
+	return g.eachShard(ctx, pool, nil, func(db shardDB) error {
+		if c.FromShard != "" && db.shard != c.FromShard {
+			return nil
+		}
+		return c.list(ctx, g, db.pool, db.shard)
+	})
 }
 
 // list prints the dead letters of one database (shard: its name, "" unsharded).
@@ -103,7 +122,11 @@ func (c *DLQListCmd) list(ctx context.Context, g *Globals, pool *pgxpool.Pool, s
 	for i := range found {
 		ds[i] = found[i].DeadLetter
 	}
-	if more {
+	switch {
+	case more && shard != "":
+		defer fmt.Fprintf(os.Stderr, "kafkatx: dlq list: shard %s: the first %d dead letters shown (--limit %d); more match: the next page of this shard is --from-shard %s --after %d (or raise --limit)\n",
+			termText(shard), c.Limit, c.Limit, shellQuote(shard), ds[len(ds)-1].ID)
+	case more:
 		defer fmt.Fprintf(os.Stderr, "kafkatx: dlq list: the first %d dead letters shown (--limit %d); more match: the next page is --after %d (or raise --limit)\n",
 			c.Limit, c.Limit, ds[len(ds)-1].ID)
 	}

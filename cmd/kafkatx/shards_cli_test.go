@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kafkatx/kafkatx/dlq"
 	"github.com/kafkatx/kafkatx/idempotency/airflow"
 	"github.com/kafkatx/kafkatx/internal/migrations"
 	"github.com/kafkatx/kafkatx/internal/offsets"
@@ -401,5 +403,43 @@ func TestAShardedGroupReadWithoutItsShardsIsRefused(t *testing.T) {
 	}
 	if _, errOut, code := runCLI(t, cli, append(shardArgs(schema, urls), "--brokers", brokers, "dlq", "list", "--group", "g")...); code != 0 {
 		t.Errorf("dlq list with both shards: exit %d, %s", code, errOut)
+	}
+}
+
+// A fresh-eyes attack: dlq list --limit over two shards printed two next-page lines, "--after
+// 26" and "--after 23", neither naming its shard; applied to both, --after 26 skipped s2's
+// ids 24 and 25. Each shard's line now names it and pages it alone (--from-shard).
+func TestDLQListPagesEachShardOnItsOwn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema, urls, ps := twoShards(t)
+	ids := map[string][]int64{}
+	for _, sh := range []string{"s1", "s2"} {
+		for i := range 4 {
+			d := &dlq.DeadLetter{Group: "g", Topic: "orders", Offset: int64(i), Value: []byte("v"), ErrorClass: "permanent", ErrorMessage: "bad",
+				Attempts: 1, FirstFailureAt: time.Now(), LastFailureAt: time.Now()}
+			if err := pgx.BeginFunc(ctx, ps[sh], func(tx pgx.Tx) error {
+				var err error
+				d.ID, _, err = dlq.InsertTx(ctx, tx, schema, d)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			ids[sh] = append(ids[sh], d.ID)
+		}
+	}
+	cli := buildCLI(t)
+	args := append(shardArgs(schema, urls), "dlq", "list", "--group", "g", "--limit", "2")
+	_, errOut, code := runCLI(t, cli, args...)
+	want := fmt.Sprintf("the next page of this shard is --from-shard s2 --after %d", ids["s2"][1])
+	if code != 0 || !strings.Contains(errOut, want) {
+		t.Fatalf("dlq list --limit 2 over shards: exit %d, stderr %q; want %q", code, errOut, want)
+	}
+	out, errOut, code := runCLI(t, cli, append(args, "--from-shard", "s2", "--after", fmt.Sprint(ids["s2"][1]), "--output", "json")...)
+	if code != 0 || strings.Count(out, "\n") != 2 || strings.Contains(out, `"shard":"s1"`) || !strings.Contains(out, fmt.Sprintf(`"id":%d`, ids["s2"][2])) {
+		t.Fatalf("the next page of s2: exit %d, stderr %q, out:\n%s", code, errOut, out)
+	}
+	if _, errOut, code := runCLI(t, cli, append(args, "--from-shard", "s9")...); code != exitUsage || !strings.Contains(errOut, "not one of the shards") {
+		t.Fatalf("--from-shard s9: exit %d, %q", code, errOut)
 	}
 }
