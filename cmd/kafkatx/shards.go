@@ -203,6 +203,9 @@ func (g *Globals) openShardsTo(ctx context.Context, to string) (set *shards.Set,
 }
 
 func (c *ShardsAssignCmd) Run(ctx context.Context, g *Globals) error {
+	if err := g.checkPartition(ctx, c.Topic, c.Partition); err != nil {
+		return err
+	}
 	set, closeAll, err := g.openShardsTo(ctx, c.To)
 	if err != nil {
 		return err
@@ -281,6 +284,11 @@ func (c *ShardsMoveCmd) Validate() error {
 }
 
 func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
+	if !c.Cancel {
+		if err := g.checkPartition(ctx, c.Topic, c.Partition); err != nil {
+			return err
+		}
+	}
 	set, closeAll, err := g.openShardsTo(ctx, c.To)
 	if err != nil {
 		return err
@@ -300,6 +308,16 @@ func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
 		fmt.Printf("move cancelled: partition %d of %s (group %s) stays on shard %s (epoch %d, %s) in %s\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch,
 			e.State, time.Since(start).Round(time.Millisecond))
 		return nil
+	}
+	es, err := shards.NewDirectory(set.Directory, g.Schema).List(ctx, c.Group)
+	if err != nil {
+		return err
+	}
+	for _, e := range es {
+		if e.Topic == c.Topic && e.Partition == c.Partition && e.State == shards.StateActive && e.Shard == c.To {
+			fmt.Printf("partition %d of %s (group %s) is already on shard %s (epoch %d): nothing moved\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch)
+			return nil
+		}
 	}
 	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason,
 		DrainWithin: c.DrainWithin})
@@ -376,4 +394,39 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// checkPartition refuses (usage status) a topic Kafka does not know or a partition it does not
+// have, when --brokers is given: shards assign and move wrote a directory row for any triple
+// and reported success (a fresh-eyes attack: partition 99, a topic that does not exist).
+// Without --brokers nothing is checked (the directory may be prepared before the topic exists:
+// the help says so). A Kafka that does not answer within --kafka-timeout is an error.
+func (g *Globals) checkPartition(ctx context.Context, topic string, partition int32) error {
+	if g.Brokers == "" {
+		return nil
+	}
+	cfg, err := g.kafkaConfig("kafkatx-shards")
+	if err != nil {
+		return err
+	}
+	k, err := offsets.NewKafka(cfg, g.logger())
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	kctx, cancel := context.WithTimeout(ctx, g.KafkaTimeout)
+	defer cancel()
+	ps, err := k.Partitions(kctx, topic)
+	if err != nil {
+		if strings.Contains(err.Error(), "does not exist") {
+			return &exitError{code: exitUsage, err: fmt.Errorf("--topic %s: %w (checked against --brokers)", termText(topic), err)}
+		}
+		return err
+	}
+	for _, p := range ps {
+		if p == partition {
+			return nil
+		}
+	}
+	return &exitError{code: exitUsage, err: fmt.Errorf("--partition %d: topic %s has partitions 0 to %d (checked against --brokers)", partition, termText(topic), len(ps)-1)}
 }

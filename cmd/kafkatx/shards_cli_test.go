@@ -219,9 +219,11 @@ func TestShardsMoveCancelCLI(t *testing.T) {
 	ctx := context.Background()
 	schema, urls, ps := twoShards(t)
 	tb := tables.For(schema)
+	// A real topic: with --brokers (or KAFKA_BOOTSTRAP_SERVERS) shards move checks it.
+	topic := testenv.Topic(t, testenv.Brokers(t), 1)
 	mark := func(shard string, next int64) {
 		t.Helper()
-		if _, err := ps[shard].Exec(ctx, `INSERT INTO `+tb.Watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ('g', 't', 0, $1, 0)`, next); err != nil {
+		if _, err := ps[shard].Exec(ctx, `INSERT INTO `+tb.Watermarks+` (group_id, topic, partition, next_offset, first_offset) VALUES ('g', $2, 0, $1, 0)`, next, topic); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -239,11 +241,11 @@ func TestShardsMoveCancelCLI(t *testing.T) {
 	}
 	mark("s1", 10)
 	mark("s2", 10) // the copy a mover committed on s2 before it died
-	if _, err := ps["s1"].Exec(ctx, `INSERT INTO `+tb.ShardDirectory+` (group_id, topic, partition, shard, epoch, state, moving_to) VALUES ('g', 't', 0, 's1', 2, 'moving', 's2')`); err != nil {
+	if _, err := ps["s1"].Exec(ctx, `INSERT INTO `+tb.ShardDirectory+` (group_id, topic, partition, shard, epoch, state, moving_to) VALUES ('g', $1, 0, 's1', 2, 'moving', 's2')`, topic); err != nil {
 		t.Fatal(err)
 	}
 	cli := buildCLI(t)
-	args := append(shardArgs(schema, urls), "shards", "move", "--group", "g", "--topic", "t", "--partition", "0")
+	args := append(shardArgs(schema, urls), "shards", "move", "--group", "g", "--topic", topic, "--partition", "0")
 	if _, errOut, code := runCLI(t, cli, append(args, "--cancel", "--to", "s2", "--reason", "x")...); code != exitUsage || !strings.Contains(errOut, "--cancel takes no --to") {
 		t.Fatalf("--cancel --to: exit %d, %s", code, errOut)
 	}
@@ -441,5 +443,41 @@ func TestDLQListPagesEachShardOnItsOwn(t *testing.T) {
 	}
 	if _, errOut, code := runCLI(t, cli, append(args, "--from-shard", "s9")...); code != exitUsage || !strings.Contains(errOut, "not one of the shards") {
 		t.Fatalf("--from-shard s9: exit %d, %q", code, errOut)
+	}
+}
+
+// A fresh-eyes attack: shards move and assign took a partition the topic does not have, or a
+// topic that does not exist, wrote a directory row and reported success; a move to the shard
+// the partition is on said "on shard s1 … in 32ms" as if it had moved it. With --brokers the
+// topic and partition are checked first (usage status), and a no-op move says so.
+func TestShardsMoveAndAssignCheckThePartitionWithKafka(t *testing.T) {
+	t.Parallel()
+	schema, urls, _ := twoShards(t)
+	brokers := testenv.Brokers(t)
+	topic := testenv.Topic(t, brokers, 2)
+	cli := buildCLI(t)
+	base := append(shardArgs(schema, urls), "--brokers", brokers)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"shards", "move", "--group", "g", "--topic", topic, "--partition", "5", "--to", "s2", "--reason", "x"}, "has partitions 0 to 1"},
+		{[]string{"shards", "assign", "--group", "g", "--topic", topic, "--partition", "2", "--to", "s2"}, "has partitions 0 to 1"},
+		{[]string{"shards", "move", "--group", "g", "--topic", "no-such-topic-" + schema, "--partition", "0", "--to", "s2", "--reason", "x"}, "does not exist"},
+	} {
+		if _, errOut, code := runCLI(t, cli, append(base, c.args...)...); code != exitUsage || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", c.args, code, errOut, exitUsage, c.want)
+		}
+	}
+	out, errOut, code := runCLI(t, cli, append(shardArgs(schema, urls), "shards", "status", "--output", "json")...)
+	if code != 0 || strings.Contains(out, `"partition":5`) || strings.Contains(out, `"partition":2`) {
+		t.Fatalf("the refused commands left directory rows: exit %d, %s %s", code, out, errOut)
+	}
+	if _, errOut, code := runCLI(t, cli, append(base, "shards", "assign", "--group", "g", "--topic", topic, "--partition", "1", "--to", "s1")...); code != 0 {
+		t.Fatalf("assign: exit %d, %s", code, errOut)
+	}
+	out, errOut, code = runCLI(t, cli, append(base, "shards", "move", "--group", "g", "--topic", topic, "--partition", "1", "--to", "s1", "--reason", "x")...)
+	if code != 0 || !strings.Contains(out, "already on shard s1") || !strings.Contains(out, "nothing moved") {
+		t.Fatalf("a move to the shard it is on: exit %d, out %q, stderr %q", code, out, errOut)
 	}
 }
