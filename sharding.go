@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kafkatx/kafkatx/internal/engine"
@@ -83,6 +84,12 @@ func (p *placer) Place(ctx context.Context, group string, tps []offsetstore.TP) 
 		}
 	}
 	return out, nil
+}
+
+// ConfirmFirstRun is engine.FirstRunConfirmer: shards.Directory.ConfirmFirstRun in the
+// transaction that writes the partition's first watermark on its shard.
+func (p *placer) ConfirmFirstRun(ctx context.Context, tx pgx.Tx, group string, tp offsetstore.TP, pl engine.Placement) error {
+	return p.dir.ConfirmFirstRun(ctx, tx, group, tp.Topic, tp.Partition, pl.Shard, pl.Epoch)
 }
 
 // moving resolves a row a move left "moving" (in progress, or its mover stopped): the

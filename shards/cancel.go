@@ -113,6 +113,10 @@ func CancelMove(ctx context.Context, set *Set, schema string, o CancelOptions) (
 		return fail(err)
 	}
 	defer ftx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	// As Move: a first run on the source is seen.
+	if err := LockPartition(ctx, ftx, schema, o.Group, o.Topic, o.Partition); err != nil {
+		return fail(err)
+	}
 	w := int64(-1)
 	err = ftx.QueryRow(ctx, `SELECT next_offset FROM `+t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
 		o.Group, o.Topic, o.Partition).Scan(&w)
@@ -124,6 +128,11 @@ func CancelMove(ctx context.Context, set *Set, schema string, o CancelOptions) (
 		return fail(err)
 	}
 	defer ttx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	// A first run on the target (placed there while the source held no watermark) is seen, or
+	// waits for this cancel and then finds the directory changed (ConfirmFirstRun).
+	if err := LockPartition(ctx, ttx, schema, o.Group, o.Topic, o.Partition); err != nil {
+		return fail(err)
+	}
 	if w >= 0 {
 		if err := checkNotStale(ctx, target, t, e, w); err != nil {
 			var st *StaleSourceError

@@ -205,6 +205,12 @@ func copyState(ctx context.Context, dir, source, target *pgxpool.Pool, t tables.
 		return err
 	}
 	defer ftx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	// The partition's lock first: a first run writing the partition's first watermark on the
+	// source holds it until it commits, so a row it is writing is seen below and moved, never
+	// left behind on a shard the directory no longer names (ConfirmFirstRun).
+	if err := LockPartition(ctx, ftx, t.Schema, o.Group, o.Topic, o.Partition); err != nil {
+		return err
+	}
 	var w int64
 	err = ftx.QueryRow(ctx, `SELECT next_offset FROM `+t.Watermarks+` WHERE group_id = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
 		o.Group, o.Topic, o.Partition).Scan(&w)

@@ -64,9 +64,10 @@ type Loop struct {
 	// assignment (identity.go); guarded by mu (watchLogs reads it).
 	recordedLog map[offsetstore.TP]offsetstate.LogID
 
-	placeMu sync.Mutex                // guards shards and placed
-	shards  map[*pgxpool.Pool]*shard  // the shards partitions were placed on (shards.go)
-	placed  map[offsetstore.TP]*shard // each assigned partition's shard (Loop.place)
+	placeMu    sync.Mutex                   // guards shards and placed
+	shards     map[*pgxpool.Pool]*shard     // the shards partitions were placed on (shards.go)
+	placed     map[offsetstore.TP]*shard    // each assigned partition's shard (Loop.place)
+	placements map[offsetstore.TP]Placement // each assigned partition's placement as the Placer gave it
 
 	health    health        // what Readiness reports
 	probeWake chan struct{} // wakes the topic probe
@@ -102,6 +103,7 @@ func New(pool *pgxpool.Pool, body Runner, set *Settings, emit Emitter) *Loop {
 		home:        &shard{pool: pool},
 		shards:      map[*pgxpool.Pool]*shard{},
 		placed:      map[offsetstore.TP]*shard{},
+		placements:  map[offsetstore.TP]Placement{},
 	}
 	l.shards[pool] = l.home
 	l.breaker = newBreaker(set.BreakerThreshold, set.BreakerProbe, set.UnavailableMaxWait, l.log, emit.BreakerChanged)

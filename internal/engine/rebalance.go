@@ -328,6 +328,9 @@ func (l *Loop) firstRun(ctx context.Context, tp offsetstore.TP, start int64, has
 		return offsetstore.Watermark{}, fmt.Errorf("record first watermark %s: %w", tp, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := l.confirmFirstRun(ctx, tx, tp); err != nil {
+		return offsetstore.Watermark{}, fmt.Errorf("record first watermark %s: %w", tp, err)
+	}
 	w, created, err := l.store.Init(ctx, tx, l.group, tp, start)
 	if err != nil {
 		return offsetstore.Watermark{}, err

@@ -32,6 +32,34 @@ type Placer interface {
 	Place(ctx context.Context, group string, tps []offsetstore.TP) (map[offsetstore.TP]Placement, error)
 }
 
+// FirstRunConfirmer is a Placer that confirms a partition's placement in the transaction that
+// records its first watermark on its shard, before the row is written: it serializes with a
+// shard move on that shard (a lock both take) and checks that the directory still maps the
+// partition there at the epoch it was placed with. A move of a partition that has no watermark
+// yet finds nothing to copy on the shard it leaves; without this check the partition's first
+// run could start there after the move and be applied on the shard the directory no longer
+// names. An error rolls the first run back and the assignment is reconciled again (the
+// partition placed anew).
+type FirstRunConfirmer interface {
+	ConfirmFirstRun(ctx context.Context, tx pgx.Tx, group string, tp offsetstore.TP, p Placement) error
+}
+
+// confirmFirstRun is FirstRunConfirmer's check for tp when the loop has a Placer that
+// implements it; nil otherwise.
+func (l *Loop) confirmFirstRun(ctx context.Context, tx pgx.Tx, tp offsetstore.TP) error {
+	c, ok := l.set.Placer.(FirstRunConfirmer)
+	if !ok {
+		return nil
+	}
+	l.placeMu.Lock()
+	p, ok := l.placements[tp]
+	l.placeMu.Unlock()
+	if !ok {
+		return nil
+	}
+	return c.ConfirmFirstRun(ctx, tx, l.group, tp, p)
+}
+
 // shard is one database the loop's partitions live on: the unsharded loop has one (home),
 // the pool New was given.
 type shard struct {
@@ -87,6 +115,7 @@ func (l *Loop) place(ctx context.Context, tps []offsetstore.TP) ([]*shard, map[*
 			l.shards[p.Pool] = s
 		}
 		l.placed[tp] = s
+		l.placements[tp] = p
 		add(s, tp)
 	}
 	return order, by, nil
