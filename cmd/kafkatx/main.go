@@ -98,34 +98,6 @@ func (c *CLI) Validate() error {
 	return flagcheck.Schema("schema", c.Schema)
 }
 
-// shardAware are the commands (kong's command paths, by prefix) that read or act on every
-// shard given with --shard. Any other command reads --database-url's database only, so it
-// refuses --shard rather than answer for the directory's database as if it were the group's
-// (a fresh-eyes attack: console, outbox parked, relay and dlq show|replay|discard took the
-// flag and read the directory's database, reporting nothing parked and no such dead letter).
-var shardAware = []string{"migrate up", "shards ", "offsets status", "offsets audit", "offsets account", "offsets reset",
-	"dlq list", "airflow status", "airflow repair", "parked-keys list", "console"}
-
-// checkShardAware refuses --shard on a command outside shardAware, naming what to do instead.
-func checkShardAware(command string, shards []string) error {
-	if len(shards) == 0 {
-		return nil
-	}
-	for _, p := range shardAware {
-		if strings.HasPrefix(command+" ", p) || strings.HasPrefix(command, p) {
-			return nil
-		}
-	}
-	var words []string
-	for _, w := range strings.Fields(command) {
-		if !strings.HasPrefix(w, "<") && !strings.HasPrefix(w, "[") {
-			words = append(words, w)
-		}
-	}
-	return fmt.Errorf("--shard: %s does not read shards: run it with --database-url set to the one shard's database (shards status names the shard that holds each partition)",
-		strings.Join(words, " "))
-}
-
 // nameRules are the rules of the flags that name something, whichever subcommand has them:
 // a value given on the command line is checked before anything connects.
 var nameRules = map[string]func(name, v string) error{
