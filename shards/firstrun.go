@@ -50,21 +50,16 @@ func (d *Directory) ConfirmFirstRun(ctx context.Context, tx pgx.Tx, group, topic
 	if err := LockPartition(ctx, tx, d.t.Schema, group, topic, partition); err != nil {
 		return err
 	}
-	rows, err := d.q.Query(ctx, `SELECT `+entryCols+` FROM `+d.t.ShardDirectory+`
-		WHERE group_id = $1 AND topic = $2 AND partition = $3`, group, topic, partition)
+	e, err := d.entry(ctx, group, topic, partition)
 	if err != nil {
-		return fmt.Errorf("read the shard directory: %w", err)
+		return err
 	}
-	es, err := scanEntries(rows)
-	if err != nil {
-		return fmt.Errorf("read the shard directory: %w", err)
-	}
-	if len(es) == 1 && es[0].Epoch == epoch && es[0].State == StateActive && es[0].Shard == shard {
+	if e != nil && e.Epoch == epoch && e.State == StateActive && e.Shard == shard {
 		return nil
 	}
 	me := &MovedError{Partition: partition, Topic: topic, Shard: shard, Epoch: epoch}
-	if len(es) == 1 {
-		me.Now = es[0]
+	if e != nil {
+		me.Now = *e
 	}
 	return me
 }
