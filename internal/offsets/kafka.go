@@ -30,6 +30,13 @@ func NewKafka(cfg kafka.ConfigMap, log *zap.Logger) (*Kafka, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka admin client: %w", err)
 	}
+	// The handle's client-level events (broker down, transport errors) are read and dropped,
+	// until Close closes the channel: its buffer is small (kafkaprops.SmallGoChannels), and a
+	// full one would block librdkafka's poller, and then Close, for good in a long outage.
+	go func() {
+		for range p.Events() {
+		}
+	}()
 	return &Kafka{admin: admin, producer: p}, nil
 }
 
