@@ -22,7 +22,9 @@ func Route(log *zap.Logger, cfg kafka.ConfigMap) kafka.ConfigMap { return lib.Ro
 
 // NewAdminClient creates an AdminClient with cfg (copied, not changed) on a producer handle,
 // so that with a non-nil log the client's librdkafka lines go through Route
-// (kafka.NewAdminClient takes no log channel). Close the admin client, then the producer.
+// (kafka.NewAdminClient takes no log channel). The producer's Go channels are small: read its
+// Events until Close closes them, or a long broker outage fills them and parks the handle's
+// poller (the library's kafkalog.NewAdminClient). Close the admin client, then the producer.
 func NewAdminClient(log *zap.Logger, cfg kafka.ConfigMap) (*kafka.AdminClient, *kafka.Producer, error) {
 	return lib.NewAdminClient(log, cfg)
 }

@@ -83,8 +83,10 @@ func Level(l int) zapcore.Level {
 
 // NewAdminClient creates an AdminClient with cfg (copied, not changed) on a producer handle
 // whose Go channels are small (kafkaprops.SmallGoChannels): the caller reads the producer's
-// Events until Close closes it (or librdkafka's poller blocks once 1,000 client-level errors
-// wait there, and Close with it). It is on a producer handle:
+// Events until Close closes it. Unread, the channel fills with the client-level errors of a
+// broker outage (1,000 of them), and the handle's Go poller then waits on it for good: the
+// later events, OAUTHBEARER token refreshes among them, stay queued inside librdkafka. It is
+// on a producer handle:
 // kafka.NewAdminClient takes no log channel, a producer does, so with a non-nil log the
 // client's librdkafka lines go through it (Route). Close the admin client, then the producer.
 func NewAdminClient(log *zap.Logger, cfg kafka.ConfigMap) (*kafka.AdminClient, *kafka.Producer, error) {

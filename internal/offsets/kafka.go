@@ -32,7 +32,7 @@ func NewKafka(cfg kafka.ConfigMap, log *zap.Logger) (*Kafka, error) {
 	}
 	// The handle's client-level events (broker down, transport errors) are read and dropped,
 	// until Close closes the channel: its buffer is small (kafkaprops.SmallGoChannels), and a
-	// full one would block librdkafka's poller, and then Close, for good in a long outage.
+	// full one parks the handle's Go poller for good (kafkalog.NewAdminClient).
 	go func() {
 		for range p.Events() {
 		}
