@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -271,82 +270,13 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	// Orders arrive in chunks of 2,000 (one poison pill each): two before the service starts,
 	// then one a second until 3 s after the promotion, then one more.
 	const chunk = 2000
-	chunks := 0
-	produce := func() {
-		r := runOrders(t, bin, 120*time.Second, append(args, "--generate", strconv.Itoa(chunk), "--poison-every", strconv.Itoa(chunk), "--produce-only")...)
-		if r.code != 0 {
-			t.Errorf("produce: exit %d: %s", r.code, tail(r.stderr))
-			return
-		}
-		chunks++
-	}
-	produce()
-	produce()
-	stopProducing, producing := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(producing)
-		for {
-			select {
-			case <-stopProducing:
-				return
-			case <-time.After(time.Second):
-			}
-			produce()
-		}
-	}()
-	producerStopped := false
-	stopProducer := func() {
-		if !producerStopped {
-			producerStopped = true
-			close(stopProducing)
-			<-producing
-		}
-	}
-	defer stopProducer()
+	ch := newChunks(t, bin, args, chunk)
+	ch.produce()
+	ch.produce()
+	ch.everySecond()
 
 	// The service under a supervisor: restarted 1 s after a non-zero exit; done at exit 0.
-	var logs lockedLog
-	done := make(chan struct{})
-	stop := make(chan struct{})
-	restarts := 0
-	go func() {
-		defer close(done)
-		for {
-			cmd := exec.Command(bin, append(args, "--outbox-mode", string(ob), "--batch-size", "200", "--exit-when-idle", "6s")...)
-			var errOut strings.Builder
-			cmd.Stderr = &errOut
-			err := cmd.Start()
-			if err == nil {
-				w := make(chan error, 1)
-				go func() { w <- cmd.Wait() }()
-				select {
-				case err = <-w:
-				case <-stop:
-					_ = cmd.Process.Kill()
-					<-w
-					return
-				}
-			}
-			logs.add(errOut.String())
-			if err == nil {
-				return
-			}
-			restarts++
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Second):
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-done:
-		default:
-			close(stop)
-			<-done
-		}
-	}()
+	sv := supervise(t, bin, append(args, "--outbox-mode", string(ob), "--batch-size", "200", "--exit-when-idle", "6s"))
 
 	leader, err := p.leader()
 	if err != nil {
@@ -362,7 +292,7 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the drain did not reach %d orders on the leader within 120 s (%d)\n%s", chunk, n, tail(logs.String()))
+			t.Fatalf("the drain did not reach %d orders on the leader within 120 s (%d)\n%s", chunk, n, sv.detail())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -426,30 +356,28 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 			firstApplied = time.Since(promoted)
 			break
 		}
-		select {
-		case <-done:
-			t.Fatalf("the service exited 0 (idle) without applying anything on the promoted node\n%s", tail(logs.String()))
-		default:
+		if sv.exited() {
+			t.Fatalf("the service exited 0 (idle) without applying anything on the promoted node\n%s", sv.detail())
 		}
 		if time.Since(promoted) > 120*time.Second {
-			t.Fatalf("nothing applied on the promoted node within 120 s\n%s", tail(logs.String()))
+			t.Fatalf("nothing applied on the promoted node within 120 s\n%s", sv.detail())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(3*time.Second - time.Since(promoted))
-	stopProducer()
-	produce()     // new traffic after the failover
+	ch.stop()
+	ch.produce()  // new traffic after the failover
 	p.up(t, mode) // the old leader rejoins as a replica (pg_rewind)
 
 	select {
-	case <-done:
+	case <-sv.done:
 	case <-time.After(240 * time.Second):
-		t.Fatalf("the service did not drain within 240 s of the failover\n%s", tail(logs.String()))
+		t.Fatalf("the service did not drain within 240 s of the failover\n%s", sv.detail())
 	}
 
 	// The counts, on the new primary.
-	pills := chunks
-	valid := int64(chunks * (chunk - 1))
+	pills := ch.count()
+	valid := int64(pills * (chunk - 1))
 	newPrimary := nodeURL(t, dsn, replica)
 	orders, err := queryInt(ctx, newPrimary, "SELECT count(*) FROM order_totals")
 	if err != nil {
@@ -474,37 +402,15 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 		rows.Close()
 		c.Close(ctx)
 	}
-	missing, ghosts, split, copies := 0, 0, 0, 0
-	owner := map[string]string{}
-	shared := 0
-	for o, hs := range ids {
-		if !dbOrders[o] {
-			ghosts++
-		}
-		if len(hs) > 1 {
-			split++
-		}
-		for h, n := range hs {
-			copies += n - 1
-			if w, ok := owner[h]; ok && w != o {
-				shared++
-			}
-			owner[h] = o
-		}
-	}
-	for o := range dbOrders {
-		if len(ids[o]) == 0 {
-			missing++
-		}
-	}
+	ev := tallyEvents(ids, dbOrders)
 	lost := lastOnLeader - atPromotion
 	// The WAL relay's line when its checkpoint was past the old timeline's end (outbox/walrelay).
-	pastEnd := strings.Count(logs.String(), "failover: the checkpoint covers transactions of an older timeline")
+	pastEnd := strings.Count(sv.logs.String(), "failover: the checkpoint covers transactions of an older timeline")
 	t.Logf("%s replication, %s outbox: commits lost by the failover (orders on the leader at the kill - on the promoted node) %d; "+
 		"promotion %.1f s after the kill; first applied order %.2f s after promotion; service restarts %d; "+
 		"copies of an event id %d; ghosts (orders with an event of a lost transaction besides their own: more than one id) %d; "+
 		"events of orders the database lacks %d; WAL relay checkpoints past the old timeline's end %d",
-		mode, ob, lost, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), restarts, copies, split, ghosts, pastEnd)
+		mode, ob, lost, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), sv.restarts.Load(), ev.copies, ev.split, ev.ghosts, pastEnd)
 	if mode == "sync" && lost > 0 {
 		t.Errorf("synchronous_mode: the promoted node lacks %d orders that were visible on the leader", lost)
 	}
@@ -515,27 +421,16 @@ func failoverUnderLoad(t *testing.T, p *patroni, bin, brokers, mode string, ob o
 	if skips != 0 {
 		t.Errorf("%d skip rows in the offset audit", skips)
 	}
-	if missing != 0 || shared != 0 {
-		t.Errorf("%d orders without an event, %d event ids carried by two orders", missing, shared)
+	if ev.missing != 0 || ev.shared != 0 {
+		t.Errorf("%d orders without an event, %d event ids carried by two orders", ev.missing, ev.shared)
 	}
-	if split != 0 || ghosts != 0 {
-		t.Errorf("%d orders whose events carry more than one kafkatx-outbox-id, %d ghost events (orders the database lacks)", split, ghosts)
+	if ev.split != 0 || ev.ghosts != 0 {
+		t.Errorf("%d orders whose events carry more than one kafkatx-outbox-id, %d ghost events (orders the database lacks)", ev.split, ev.ghosts)
 	}
 	if t.Failed() {
-		t.Logf("service log:\n%s", tail(logs.String()))
+		t.Logf("service log:\n%s", sv.detail())
 	}
 }
-
-// lockedLog collects the service's stderr across restarts (written by the supervisor,
-// read by the test).
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) add(s string) { l.mu.Lock(); l.b.WriteString(s); l.mu.Unlock() }
-
-func (l *lockedLog) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 // readEventIDs reads topic to its end (read_committed) and returns, per order id, how many
 // times each kafkatx-outbox-id was seen.

@@ -3,11 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strconv"
-	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -161,87 +156,16 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 	// then one at a time until after the promotion, so the drain is still going at the kill
 	// however long the wait for the synchronous standby takes; then one more.
 	const chunk = 2000
-	var chunks atomic.Int32
-	produce := func() {
-		r := runOrders(t, bin, 120*time.Second, append(args, "--generate", strconv.Itoa(chunk), "--poison-every", strconv.Itoa(chunk), "--produce-only")...)
-		if r.code != 0 {
-			t.Errorf("produce: exit %d: %s", r.code, tail(r.stderr))
-			return
-		}
-		chunks.Add(1)
-	}
-	produce()
-	produce()
-	stopProducing, producing := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(producing)
-		for {
-			select {
-			case <-stopProducing:
-				return
-			case <-time.After(time.Second):
-			}
-			produce()
-		}
-	}()
-	producerStopped := false
-	stopProducer := func() {
-		if !producerStopped {
-			producerStopped = true
-			close(stopProducing)
-			<-producing
-		}
-	}
-	defer stopProducer()
+	ch := newChunks(t, bin, args, chunk)
+	ch.produce()
+	ch.produce()
+	ch.everySecond()
 
 	// The service under a supervisor: restarted 1 s after a non-zero exit; done at exit 0.
-	var logs lockedLog
-	done, stop := make(chan struct{}), make(chan struct{})
-	var restarts atomic.Int32
-	var current atomic.Pointer[os.Process] // the service's process now
-	go func() {
-		defer close(done)
-		for {
-			// Static membership: a restarted service takes its partitions back at once instead
-			// of after the killed one's session timeout.
-			cmd := exec.Command(bin, append(args, "--batch-size", "100", "--exit-when-idle", "6s", "--instance-id", "shpatroni-1", "--session-timeout", "6s")...)
-			var errOut strings.Builder
-			cmd.Stderr = &errOut
-			err := cmd.Start()
-			if err == nil {
-				current.Store(cmd.Process)
-				w := make(chan error, 1)
-				go func() { w <- cmd.Wait() }()
-				select {
-				case err = <-w:
-				case <-stop:
-					_ = cmd.Process.Kill()
-					<-w
-					logs.add(errOut.String())
-					return
-				}
-			}
-			logs.add(errOut.String())
-			if err == nil {
-				return
-			}
-			restarts.Add(1)
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Second):
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-done:
-		default:
-			close(stop)
-			<-done
-		}
-	}()
-	detail := func() string { return tail(logs.String()) }
+	// Static membership: a restarted service takes its partitions back at once instead of
+	// after the killed one's session timeout.
+	sv := supervise(t, bin, append(args, "--batch-size", "100", "--exit-when-idle", "6s", "--instance-id", "shpatroni-1", "--session-timeout", "6s"))
+	detail := sv.detail
 
 	appliedOn := func(dsn string) (int64, error) {
 		return queryInt(ctx, dsn, "SELECT count(*) FROM order_totals")
@@ -266,10 +190,8 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 		}
 		return time.Since(syncSince) >= 8*time.Second
 	})
-	select {
-	case <-done:
+	if sv.exited() {
 		t.Fatalf("the service exited before the kill: no drain to fail over under\n%s", detail())
-	default:
 	}
 	lp, lpm := p.pids(t, leader)
 	atKill, _ := appliedOn(nodeURL(t, paURL, leader))
@@ -281,11 +203,9 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 	// The service SIGKILLed: the one the supervisor starts again opens the directory on the
 	// promoted node and reads it at its assignment, so what it applies went through the
 	// directory's failover.
-	before := restarts.Load()
-	if pr := current.Load(); pr != nil {
-		_ = pr.Kill()
-	}
-	testenv.WaitFor(t, 30*time.Second, "the supervisor restarting the SIGKILLed service", func() bool { return restarts.Load() > before }, detail)
+	before := sv.restarts.Load()
+	sv.killCurrent()
+	testenv.WaitFor(t, 30*time.Second, "the supervisor restarting the SIGKILLed service", func() bool { return sv.restarts.Load() > before }, detail)
 	paAt, err := appliedOn(nodeURL(t, paURL, replica))
 	if err != nil {
 		t.Fatalf("read shard pa on the promoted node: %v", err)
@@ -294,8 +214,8 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 		t.Errorf("synchronous replication: the promoted node holds %d of shard pa's orders, the leader had %d at its kill", paAt, atKill)
 	}
 	devAt, _ := appliedOn(devURL)
-	stopProducer()
-	produce() // new traffic after the failover, for both shards
+	ch.stop()
+	ch.produce() // new traffic after the failover, for both shards
 	// The consumers keep going: both shards apply orders after the promotion, through the
 	// promoted directory.
 	testenv.WaitFor(t, 120*time.Second, "orders applied on the promoted shard pa and on shard dev after the failover", func() bool {
@@ -306,15 +226,15 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 	firstApplied := time.Since(promoted)
 	p.up(t, "sync") // the old leader rejoins as a replica (pg_rewind)
 	select {
-	case <-done:
+	case <-sv.done:
 	case <-time.After(240 * time.Second):
 		t.Fatalf("the service did not drain within 240 s of the failover\n%s", detail())
 	}
 	t.Logf("shard pa had applied %d orders on the leader at the kill; promotion %.1f s after the kill; orders applied on both shards %.2f s after the promotion; service restarts %d",
-		atKill, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), restarts.Load())
+		atKill, promoted.Sub(killed).Seconds(), firstApplied.Seconds(), sv.restarts.Load())
 
 	// The counts, on the promoted node and the dev shard.
-	valid := int64(chunks.Load()) * (chunk - 1)
+	valid := int64(ch.count()) * (chunk - 1)
 	urls := map[string]string{"pa": nodeURL(t, paURL, replica), "dev": devURL}
 	orders := map[string]string{}
 	both := 0
@@ -361,8 +281,8 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 			t.Errorf("shard %s: customer_totals counts %d orders, order_totals holds %d", shard, sum, n)
 		}
 	}
-	if int64(len(orders)) != valid || both != 0 || dl != int64(chunks.Load()) {
-		t.Errorf("%d distinct orders (%d on both shards), %d dead letters; want %d, 0, %d", len(orders), both, dl, valid, chunks.Load())
+	if int64(len(orders)) != valid || both != 0 || dl != int64(ch.count()) {
+		t.Errorf("%d distinct orders (%d on both shards), %d dead letters; want %d, 0, %d", len(orders), both, dl, valid, ch.count())
 	}
 	dc, err := pgx.Connect(ctx, nodeURL(t, dirURL, replica))
 	if err != nil {
@@ -382,31 +302,8 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 		}
 	}
 	ids := readEventIDs(t, brokers, events)
-	missing, ghosts, copies, split, shared := 0, 0, 0, 0, 0
-	owner := map[string]string{}
-	for o, hs := range ids {
-		if _, ok := orders[o]; !ok {
-			ghosts++
-		}
-		if len(hs) > 1 {
-			split++
-		}
-		for h, c := range hs {
-			copies += c - 1
-			if w, ok := owner[h]; ok && w != o {
-				shared++
-			}
-			owner[h] = o
-		}
-	}
-	for o := range orders {
-		if len(ids[o]) == 0 {
-			missing++
-		}
-	}
-	if missing != 0 || ghosts != 0 || copies != 0 || split != 0 || shared != 0 {
-		t.Errorf("events: %d orders without one, %d of orders no shard holds, %d copies of an event, %d orders under more than one kafkatx-outbox-id, %d ids carried by two orders; want all 0",
-			missing, ghosts, copies, split, shared)
+	if ev := tallyEvents(ids, orders); !ev.exact() {
+		t.Errorf("events: %v; want all 0", ev)
 	}
 	if t.Failed() {
 		t.Logf("service log:\n%s", detail())

@@ -180,30 +180,7 @@ func TestShardsInWALModeAcrossSIGKILLs(t *testing.T) {
 		t.Errorf("%d distinct orders, %d on both shards; want %d, 0", len(orders), both, n)
 	}
 	ids := readEventIDs(t, brokers, events)
-	missing, ghosts, copies, split, shared := 0, 0, 0, 0, 0
-	owner := map[string]string{}
-	for o, hs := range ids {
-		if _, ok := orders[o]; !ok {
-			ghosts++
-		}
-		if len(hs) > 1 {
-			split++
-		}
-		for h, c := range hs {
-			copies += c - 1
-			if w, ok := owner[h]; ok && w != o {
-				shared++
-			}
-			owner[h] = o
-		}
-	}
-	for o := range orders {
-		if len(ids[o]) == 0 {
-			missing++
-		}
-	}
-	if missing != 0 || ghosts != 0 || copies != 0 || split != 0 || shared != 0 {
-		t.Errorf("events: %d orders without one, %d of orders no shard holds, %d copies of an event, %d orders under more than one kafkatx-outbox-id, %d ids carried by two orders; want all 0",
-			missing, ghosts, copies, split, shared)
+	if ev := tallyEvents(ids, orders); !ev.exact() {
+		t.Errorf("events: %v; want all 0", ev)
 	}
 }
