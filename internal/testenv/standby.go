@@ -72,6 +72,15 @@ func (o *OwnPostgres) Stop(t testing.TB, mode string) {
 	}
 }
 
+// Start starts a stopped server again on the same port (after Stop; crash recovery first when
+// it was stopped immediate).
+func (o *OwnPostgres) Start(t testing.TB) {
+	t.Helper()
+	if out, err := o.run("pg_ctl", "-D", o.dir, "-l", o.log, "-w", "-t", "60", "start"); err != nil {
+		t.Fatalf("pg_ctl start: %v\n%s\n%s", err, out, o.Log())
+	}
+}
+
 // Promote promotes a standby to a primary on a new timeline (pg_ctl promote, waiting until it
 // accepts writes).
 func (o *OwnPostgres) Promote(t testing.TB) {
