@@ -91,7 +91,7 @@ func CancelMove(ctx context.Context, set *Set, schema string, o CancelOptions) (
 	}
 	schema = pg.SchemaOr(schema)
 	t := tables.For(schema)
-	es, err := NewDirectory(set.Directory, schema).entry(ctx, o.Group, o.Topic, o.Partition)
+	es, err := NewDirectory(set.Directory, schema).Entry(ctx, o.Group, o.Topic, o.Partition)
 	if err != nil {
 		return e, err
 	}
@@ -212,8 +212,9 @@ func CancelMove(ctx context.Context, set *Set, schema string, o CancelOptions) (
 	return e, nil
 }
 
-// entry returns the directory row of one partition, or nil.
-func (d *Directory) entry(ctx context.Context, group, topic string, partition int32) (*Entry, error) {
+// Entry returns the directory row of one partition of group's topic, or nil when the
+// directory has none (the partition not placed yet). Errors are the database's.
+func (d *Directory) Entry(ctx context.Context, group, topic string, partition int32) (*Entry, error) {
 	rows, err := d.q.Query(ctx, `SELECT `+entryCols+` FROM `+d.t.ShardDirectory+` WHERE group_id = $1 AND topic = $2 AND partition = $3`, group, topic, partition)
 	if err != nil {
 		return nil, fmt.Errorf("read the shard directory: %w", err)

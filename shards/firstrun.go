@@ -50,7 +50,7 @@ func (d *Directory) ConfirmFirstRun(ctx context.Context, tx pgx.Tx, group, topic
 	if err := LockPartition(ctx, tx, d.t.Schema, group, topic, partition); err != nil {
 		return err
 	}
-	e, err := d.entry(ctx, group, topic, partition)
+	e, err := d.Entry(ctx, group, topic, partition)
 	if err != nil {
 		return err
 	}

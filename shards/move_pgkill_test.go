@@ -128,7 +128,7 @@ func TestMoveWithAShardsPostgreSQLKilledAtEachStep(t *testing.T) {
 				}
 				wantEpoch = 3
 			}
-			d, err := NewDirectory(pools["s1"], schema).entry(ctx, group, topic, p)
+			d, err := NewDirectory(pools["s1"], schema).Entry(ctx, group, topic, p)
 			if err != nil || d == nil {
 				t.Fatalf("directory row: %+v, %v", d, err)
 			}

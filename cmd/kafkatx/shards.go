@@ -309,15 +309,11 @@ func (c *ShardsMoveCmd) Run(ctx context.Context, g *Globals) error {
 			e.State, time.Since(start).Round(time.Millisecond))
 		return nil
 	}
-	es, err := shards.NewDirectory(set.Directory, g.Schema).List(ctx, c.Group)
-	if err != nil {
+	if e, err := shards.NewDirectory(set.Directory, g.Schema).Entry(ctx, c.Group, c.Topic, c.Partition); err != nil {
 		return err
-	}
-	for _, e := range es {
-		if e.Topic == c.Topic && e.Partition == c.Partition && e.State == shards.StateActive && e.Shard == c.To {
-			fmt.Printf("partition %d of %s (group %s) is already on shard %s (epoch %d): nothing moved\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch)
-			return nil
-		}
+	} else if e != nil && e.State == shards.StateActive && e.Shard == c.To {
+		fmt.Printf("partition %d of %s (group %s) is already on shard %s (epoch %d): nothing moved\n", e.Partition, termText(e.Topic), termText(e.Group), termText(e.Shard), e.Epoch)
+		return nil
 	}
 	e, err := shards.Move(ctx, set, g.Schema, shards.MoveOptions{Group: c.Group, Topic: c.Topic, Partition: c.Partition, To: c.To, Reason: c.Reason,
 		DrainWithin: c.DrainWithin})
