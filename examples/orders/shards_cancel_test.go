@@ -8,9 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/shards"
@@ -26,26 +24,11 @@ func TestOrdersMoveCancel(t *testing.T) {
 	brokers := testenv.Brokers(t)
 	ctx := context.Background()
 	urls := map[string]string{"s1": testenv.Database(t), "s2": testenv.Database(t)}
-	pools := map[string]*pgxpool.Pool{}
-	for name, url := range urls {
-		p, err := pgxpool.New(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		if err := kafkatx.Migrate(ctx, p, ""); err != nil {
-			t.Fatal(err)
-		}
-		if err := order.Migrate(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		pools[name] = p
-	}
+	pools := shardPools(t, urls)
 	topic := testenv.UniqueName(t, "shards-cancel-", 100)
 	args := []string{"--brokers", brokers, "--database-url", urls["s1"], "--shard", "s1=" + urls["s1"], "--shard", "s2=" + urls["s2"],
 		"--topic", topic, "--group", topic, "--events-topic", "", "--partitions", "2", "--batch-size", "50"}
-	dir := shards.NewDirectory(pools["s1"], "")
-	if _, _, err := dir.Assign(ctx, topic, topic, 1, "s1"); err != nil {
+	if _, _, err := shards.NewDirectory(pools["s1"], "").Assign(ctx, topic, topic, 1, "s1"); err != nil {
 		t.Fatal(err)
 	}
 	if r := runOrders(t, bin, 120*time.Second, append(args, "--generate", "200", "--produce-only")...); r.code != 0 {
@@ -54,13 +37,7 @@ func TestOrdersMoveCancel(t *testing.T) {
 	if r := runOrders(t, bin, 300*time.Second, append(args, "--exit-when-idle", "5s")...); r.code != 0 {
 		t.Fatalf("drain: exit %d\n%s", r.code, tail(r.stderr))
 	}
-	q := func(shard, sql string) int64 {
-		var n int64
-		if err := pools[shard].QueryRow(ctx, sql).Scan(&n); err != nil {
-			t.Fatalf("%s: %s: %v", shard, sql, err)
-		}
-		return n
-	}
+	q := shardQuery(t, pools)
 	p1 := `SELECT count(*) FROM order_totals WHERE kafka_partition = 1`
 	before := q("s1", p1)
 	if before == 0 || q("s1", `SELECT count(*) FROM order_totals`) != 200 {

@@ -128,16 +128,7 @@ func TestShardOnPatroniFailsOverWithTheDirectory(t *testing.T) {
 	events := testenv.Topic(t, brokers, 3)
 	testenv.NamedTopic(t, brokers, topic+".dlq", 3, nil)
 	group := testenv.Group(t)
-	dir := shards.NewDirectory(pools["dir"], "")
-	for part := int32(0); part < 6; part++ {
-		to := "pa"
-		if part >= 3 {
-			to = "dev"
-		}
-		if _, _, err := dir.Assign(ctx, group, topic, part, to); err != nil {
-			t.Fatal(err)
-		}
-	}
+	placeSplit(t, pools["dir"], group, topic, 6, 3, "pa", "dev")
 	leader, err := p.leader()
 	if err != nil {
 		t.Fatal(err)

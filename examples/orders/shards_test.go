@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/kafkatx/kafkatx"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/shards"
 )
@@ -29,43 +26,17 @@ func TestShardsAcrossSIGKILLsAndAMoveUnderLoad(t *testing.T) {
 	own := testenv.StartOwnPostgres(t, "max_connections = 100")
 	s2 := own.URL
 	ctx := context.Background()
-	pools := map[string]*pgxpool.Pool{}
-	for name, url := range map[string]string{"s1": s1, "s2": s2} {
-		p, err := pgxpool.New(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Close)
-		if err := kafkatx.Migrate(ctx, p, ""); err != nil {
-			t.Fatal(err)
-		}
-		pools[name] = p
-	}
+	pools := shardPools(t, map[string]string{"s1": s1, "s2": s2})
 	topic := testenv.UniqueName(t, "shards-", 100)
 	args := []string{"--brokers", brokers, "--database-url", s1, "--shard", "s1=" + s1, "--shard", "s2=" + s2,
 		"--topic", topic, "--group", topic, "--events-topic", "", "--partitions", "6", "--batch-size", "50"}
-	dir := shards.NewDirectory(pools["s1"], "")
-	for p := int32(0); p < 6; p++ {
-		to := "s1"
-		if p >= 3 {
-			to = "s2"
-		}
-		if _, _, err := dir.Assign(ctx, topic, topic, p, to); err != nil {
-			t.Fatal(err)
-		}
-	}
+	placeSplit(t, pools["s1"], topic, topic, 6, 3, "s1", "s2")
 	produce := func(n int) {
 		if r := runOrders(t, bin, 120*time.Second, append(args, "--generate", fmt.Sprint(n), "--poison-every", "1000", "--produce-only")...); r.code != 0 {
 			t.Fatalf("produce: exit %d\n%s", r.code, tail(r.stderr))
 		}
 	}
-	q := func(shard, sql string) int64 {
-		var n int64
-		if err := pools[shard].QueryRow(ctx, sql).Scan(&n); err != nil {
-			t.Fatalf("%s: %s: %v", shard, sql, err)
-		}
-		return n
-	}
+	q := shardQuery(t, pools)
 	total := func() int64 {
 		return q("s1", `SELECT count(*) FROM order_totals`) + q("s2", `SELECT count(*) FROM order_totals`)
 	}
@@ -162,7 +133,7 @@ func TestShardsAcrossSIGKILLsAndAMoveUnderLoad(t *testing.T) {
 			t.Errorf("%s: %d unexplained audit rows", shard, n)
 		}
 	}
-	es, err := dir.List(ctx, topic)
+	es, err := shards.NewDirectory(pools["s1"], "").List(ctx, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,13 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/kafkatx/kafkatx"
-	"github.com/kafkatx/kafkatx/examples/orders/order"
 	"github.com/kafkatx/kafkatx/internal/testenv"
 	"github.com/kafkatx/kafkatx/outbox"
-	"github.com/kafkatx/kafkatx/shards"
 )
 
 // Issue 46, the WAL outbox mode on shards: two PostgreSQL clusters as shards (s1 a database on
@@ -50,50 +46,17 @@ func TestShardsInWALModeAcrossSIGKILLs(t *testing.T) {
 		c.Close(ctx)
 	}
 	s2 := dbURL(t, own.URL, db)
-	pools := map[string]*pgxpool.Pool{}
-	for name, url := range map[string]string{"s1": s1, "s2": s2} {
-		p, err := pgxpool.New(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			// Before the database is dropped (an inactive slot holds it).
-			_, _ = p.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database() AND NOT active`)
-			p.Close()
-		})
-		if err := kafkatx.Migrate(ctx, p, ""); err != nil {
-			t.Fatal(err)
-		}
-		if err := order.Migrate(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		pools[name] = p
-	}
+	pools := shardPools(t, map[string]string{"s1": s1, "s2": s2})
 	topic := testenv.UniqueName(t, "shwal-", 100)
 	events := topic + "-events"
 	args := []string{"--brokers", brokers, "--database-url", s1, "--shard", "s1=" + s1, "--shard", "s2=" + s2,
 		"--topic", topic, "--group", topic, "--events-topic", events, "--partitions", "6", "--batch-size", "50"}
-	dir := shards.NewDirectory(pools["s1"], "")
-	for p := int32(0); p < 6; p++ {
-		to := "s1"
-		if p >= 3 {
-			to = "s2"
-		}
-		if _, _, err := dir.Assign(ctx, topic, topic, p, to); err != nil {
-			t.Fatal(err)
-		}
-	}
+	placeSplit(t, pools["s1"], topic, topic, 6, 3, "s1", "s2")
 	const n = 6000
 	if r := runOrders(t, bin, 120*time.Second, append(args, "--generate", fmt.Sprint(n), "--produce-only")...); r.code != 0 {
 		t.Fatalf("produce: exit %d\n%s", r.code, tail(r.stderr))
 	}
-	q := func(shard, sql string) int64 {
-		var v int64
-		if err := pools[shard].QueryRow(ctx, sql).Scan(&v); err != nil {
-			t.Fatalf("%s: %s: %v", shard, sql, err)
-		}
-		return v
-	}
+	q := shardQuery(t, pools)
 	total := func() int64 {
 		return q("s1", `SELECT count(*) FROM order_totals`) + q("s2", `SELECT count(*) FROM order_totals`)
 	}
