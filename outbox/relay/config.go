@@ -102,7 +102,8 @@ type Config struct {
 	// soon as the broker acknowledged it (the cheapest). Negative keeps published rows forever.
 	KeepPublished time.Duration
 
-	// MetricsInterval is how often the leader refreshes the backlog gauges, at most: it waits
+	// MetricsInterval is how often every relay, leader or standby, refreshes the backlog
+	// gauges, at most: it waits
 	// at least 20 times as long as the last count took (a long backlog is slow to count).
 	// Defaults to 5s.
 	MetricsInterval time.Duration

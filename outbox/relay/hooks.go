@@ -67,7 +67,8 @@ type PublishRetried struct {
 	Error    string
 }
 
-// HookBacklogMeasured is called every Config.MetricsInterval while the relay leads.
+// HookBacklogMeasured is called every Config.MetricsInterval (at most) while the relay runs,
+// whether it leads or stands by.
 type HookBacklogMeasured interface {
 	OnBacklogMeasured(BacklogMeasured)
 }

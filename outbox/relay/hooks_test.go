@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,8 +26,10 @@ type recorder struct {
 	published []Published
 	parked    []Parked
 	backlog   int
-	leader    []bool
-	rounds    []Round
+	// lastBacklog is the last BacklogMeasured event.
+	lastBacklog BacklogMeasured
+	leader      []bool
+	rounds      []Round
 }
 
 func (h *recorder) OnRound(e Round) {
@@ -45,10 +48,11 @@ func (h *recorder) OnParked(e Parked) {
 	defer h.mu.Unlock()
 	h.parked = append(h.parked, e)
 }
-func (h *recorder) OnBacklogMeasured(BacklogMeasured) {
+func (h *recorder) OnBacklogMeasured(e BacklogMeasured) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.backlog++
+	h.lastBacklog = e
 }
 func (h *recorder) OnLeadership(e Leadership) {
 	h.mu.Lock()
@@ -171,3 +175,44 @@ func TestRetriedRowsAreLoggedOnceAMark(t *testing.T) {
 type retryRecorder struct{ n atomic.Int64 }
 
 func (h *retryRecorder) OnPublishRetried(PublishRetried) { h.n.Add(1) }
+
+// A standby measures the backlog too: with the leadership lock held by another session (a
+// leader that publishes nothing, such as an older release that does not read packed rows),
+// a relay standing by reports the records that wait, through its hooks (and so its gauges),
+// and never leads. A fresh-eyes attack: a standby's gauges read 0 with 99,900 events waiting.
+func TestAStandbyMeasuresTheBacklog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	holder, err := b.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended($1, 0))`, LeadershipLockKey(b.schema)); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Exec(context.Background(), `SELECT pg_advisory_unlock_all()`) //nolint:errcheck
+	topic := testenv.Topic(t, b.brokers, 1)
+	var recs []outbox.Record
+	for i := range 7 {
+		recs = append(recs, outbox.Record{Topic: topic, Key: []byte("k"), Value: []byte(fmt.Sprint(i))})
+	}
+	b.write(t, recs...)
+	h := &recorder{}
+	cfg := b.config(t)
+	cfg.MetricsInterval = 100 * time.Millisecond
+	cfg.Hooks = []Hook{h}
+	_, stop := b.start(t, cfg)
+	defer stop()
+	testenv.WaitFor(t, 30*time.Second, "a BacklogMeasured event with the 7 records waiting", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.lastBacklog.Rows == 7
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.leader) != 0 {
+		t.Fatalf("leadership events %v while another session holds the lock; want none", h.leader)
+	}
+}

@@ -214,6 +214,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run is already running")
 	}
 	defer r.running.Store(false)
+	// The backlog gauges in every relay, the standbys' too: a standby beside a leader that
+	// publishes nothing (an older release that does not read packed rows, one stuck) is where
+	// an operator looks, and it read 0 while records waited (a fresh-eyes attack).
+	gctx, stopGauges := context.WithCancel(ctx)
+	gdone := make(chan struct{})
+	go func() { defer close(gdone); r.refreshGauges(gctx) }()
+	defer func() { stopGauges(); <-gdone }()
 	wait := r.cfg.InitialBackoff
 	for ctx.Err() == nil {
 		err := r.session(ctx)
@@ -314,8 +321,6 @@ func (r *Relay) lead(ctx context.Context, conn *pgx.Conn) error {
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { stopBG(); wg.Wait() }()
-	wg.Add(1)
-	go func() { defer wg.Done(); r.refreshGauges(bg) }()
 	if !r.cfg.Janitor.Disabled {
 		wg.Add(1)
 		go func() { defer wg.Done(); r.runJanitor(bg) }()
