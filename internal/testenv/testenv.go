@@ -348,6 +348,13 @@ func waitForLeaders(ctx context.Context, admin *kafka.AdminClient, topic string,
 	}
 }
 
+// DeleteTopic deletes the topic name now (a test that deletes a topic under a running
+// client); a failure is logged, as at cleanup.
+func DeleteTopic(t testing.TB, brokers, name string) {
+	t.Helper()
+	deleteTopic(t, brokers, name)
+}
+
 func deleteTopic(t testing.TB, brokers, name string) {
 	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": brokers})
 	if err != nil {

@@ -210,3 +210,88 @@ func TestTransactionLargerThanARoundWithAParkedRowInItsMiddle(t *testing.T) {
 		t.Fatalf("wrote %d rows, want 101", len(ids))
 	}
 }
+
+// A row parked because its topic was missing, released right after the topic is created, is
+// published: the relay asks the broker again before it parks for a missing topic, instead of
+// trusting what it learnt up to a second before (a fresh-eyes attack: released 3 ms after
+// kafka-topics --create, the row was parked again, "missing for 13s", 3 times of 3).
+func TestAReleaseRightAfterTheMissingTopicIsCreatedPublishes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	missing := testenv.UniqueName(t, "kafkatx-test-created-", 200)
+	cfg := b.config(t)
+	cfg.UnknownTopicTimeout = time.Second
+	cfg.PollInterval = 100 * time.Millisecond
+	r, _ := b.start(t, cfg)
+	ids := b.write(t, outbox.Record{Topic: missing, Key: []byte("k"), Value: []byte("late topic")})
+	waitFor(t, 60*time.Second, "the row parked", func() bool { return b.states(t)[ids[0]] == "parked" })
+	// Rows of a new key keep the relay's view of the topic fresh (checked every round).
+	for i := range 5 {
+		more := b.write(t, outbox.Record{Topic: missing, Key: []byte(fmt.Sprint("k", i)), Value: []byte("later")})
+		waitFor(t, 60*time.Second, "a later row parked", func() bool { return b.states(t)[more[0]] == "parked" })
+	}
+	testenv.NamedTopic(t, b.brokers, missing, 1, nil)
+	if err := pgx.BeginFunc(context.Background(), b.pool, func(tx pgx.Tx) error {
+		return b.w.ReleaseTx(context.Background(), tx, ids[0], "topic created", "test")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the released row published or parked again", func() bool {
+		st := b.states(t)[ids[0]]
+		return st == "published" || st == "parked"
+	})
+	if st := b.states(t)[ids[0]]; st != "published" {
+		t.Fatalf("the row released after its topic was created is %s, want published (relay stats %+v)", st, r.Stats())
+	}
+}
+
+// A topic deleted while the relay knows it is a missing topic like any other: its rows wait
+// aside (re-checked every second) while other topics flow, and are parked after
+// UnknownTopicTimeout, one a key, the rest of each key waiting behind it. A fresh-eyes
+// attack: the healthy topic's row waited 24 s (librdkafka held the deleted topic's records),
+// then every record of the deleted topic was parked on its own ("Local: Unknown partition").
+func TestATopicDeletedWhileKnownIsAMissingTopic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gone := testenv.Topic(t, b.brokers, 1)
+	other := testenv.Topic(t, b.brokers, 1)
+	cfg := b.config(t)
+	cfg.UnknownTopicTimeout = 5 * time.Second
+	cfg.PollInterval = 100 * time.Millisecond
+	b.start(t, cfg)
+	first := b.write(t, outbox.Record{Topic: gone, Key: []byte("k0"), Value: []byte("before")})
+	waitFor(t, 60*time.Second, "the row published while the topic exists", func() bool { return b.states(t)[first[0]] == "published" })
+	testenv.DeleteTopic(t, b.brokers, gone)
+	var recs []outbox.Record
+	for i := range 10 {
+		recs = append(recs, outbox.Record{Topic: gone, Key: []byte(fmt.Sprint("k", i%2)), Value: []byte(fmt.Sprint(i))})
+	}
+	ids := b.write(t, recs...)
+	time.Sleep(time.Second)
+	start := time.Now()
+	ok := b.write(t, outbox.Record{Topic: other, Key: []byte("k"), Value: []byte("elsewhere")})
+	waitFor(t, 60*time.Second, "the other topic's row published", func() bool { return b.states(t)[ok[0]] == "published" })
+	d := time.Since(start)
+	if d > 4*time.Second {
+		t.Errorf("the other topic's row waited %s behind the deleted topic's rows; want under 4 s", d.Round(time.Millisecond))
+	}
+	t.Logf("the other topic's row published %s after it was written", d.Round(time.Millisecond))
+	waitFor(t, 90*time.Second, "one row a key parked", func() bool {
+		st := b.states(t)
+		return st[ids[0]] == "parked" && st[ids[1]] == "parked"
+	})
+	time.Sleep(2 * time.Second) // a second park would come in the next rounds
+	st := b.states(t)
+	parked, pending := 0, 0
+	for _, id := range ids {
+		switch st[id] {
+		case "parked":
+			parked++
+		case "pending":
+			pending++
+		}
+	}
+	if parked != 2 || pending != 8 {
+		t.Fatalf("the deleted topic's 10 rows of 2 keys: %d parked, %d pending; want 2 (one a key), 8 behind them", parked, pending)
+	}
+}

@@ -203,6 +203,39 @@ func (r *Relay) round(ctx context.Context, p *producer, fence func(context.Conte
 	return res, nil
 }
 
+// refusal is the outcome of a record of topic that librdkafka refused with err (alone: the
+// only record of its partition in flight). A refusal as of an unknown topic or partition is
+// checked with the broker (topics.vanished, once a round a topic; vanished holds the answers):
+// a topic gone (deleted while the relay knew it) leaves the row pending, the topic missing
+// from now on, so its rows wait aside and are parked after UnknownTopicTimeout, one a key, as
+// a topic never seen; an unknown topic the broker has after all (librdkafka's metadata behind
+// a topic just created, past its topic.metadata.propagation.max.ms) is tried again. A
+// partition the topic does not have is the record's own refusal (parked).
+func (r *Relay) refusal(p *producer, topic string, err error, alone bool, vanished map[string]topicAnswer) outcome {
+	var ke kafka.Error
+	if !errors.As(err, &ke) {
+		return classify(err, alone)
+	}
+	switch ke.Code() {
+	case kafka.ErrUnknownTopic, kafka.ErrUnknownTopicOrPart, kafka.ErrUnknownPartition:
+		a, asked := vanished[topic]
+		if !asked {
+			a.gone, a.exists = r.topics.vanished(p, topic)
+			vanished[topic] = a
+		}
+		switch {
+		case a.gone:
+			return outcomeNone
+		case a.exists && ke.Code() != kafka.ErrUnknownPartition:
+			return outcomeRetry
+		}
+	}
+	return classify(err, alone)
+}
+
+// topicAnswer is the broker's answer about a topic whose record librdkafka refused as unknown.
+type topicAnswer struct{ gone, exists bool }
+
 // topicState is what a round found of a topic: missing (its rows wait aside) or refused
 // for good (its rows are parked). Kept for the whole round, so that every row of a topic in
 // the round gets the same answer: a topic missing when its first row was set aside and found
@@ -229,6 +262,7 @@ type topicPartition struct {
 // refused as too large or invalid while it was the only record of its partition in flight
 // is refused for its own sake (parked); otherwise it may be a neighbour's (outcomeIsolate).
 func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []result, blocked map[keyID]bool, topicStates topicStates) {
+	vanished := map[string]topicAnswer{} // the broker's answers at refusals, asked once a round a topic
 	reports := make(chan kafka.Event, len(rows))
 	inFlight := 0
 	for i := range rows {
@@ -269,8 +303,8 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 				continue
 			}
 			// Refused before sending (too large for message.max.bytes, unknown topic or
-			// partition): the refusal is this record's own.
-			results[i] = result{outcome: classify(err, true), err: err}
+			// partition): the refusal is this record's own, unless its topic is gone.
+			results[i] = result{outcome: r.refusal(p, w.topic, err, true, vanished), err: err}
 			if k, ok := w.keyID(); ok {
 				blocked[k] = true
 			}
@@ -291,7 +325,7 @@ func (r *Relay) produce(ctx context.Context, p *producer, rows []row, results []
 	sent := make(map[topicPartition]int, 4)
 	defer func() {
 		for _, f := range refused {
-			results[f.i] = result{outcome: classify(f.err, sent[f.tp] == 1), err: f.err}
+			results[f.i] = result{outcome: r.refusal(p, f.tp.topic, f.err, sent[f.tp] == 1, vanished), err: f.err}
 		}
 	}()
 	// librdkafka reports every message within message.timeout.ms; after ctx is cancelled

@@ -85,6 +85,25 @@ func (ts *topics) excluded(p *producer, timeout time.Duration) []string {
 	return out
 }
 
+// vanished asks the broker about topic, whose record librdkafka refused as of an unknown
+// topic or partition (a metadata request for it alone). gone: the topic does not exist, and
+// it is missing from now on, as a topic never seen — its rows wait aside, re-checked every
+// second, and are parked after Config.UnknownTopicTimeout, one a key — instead of each record
+// parked with the refusal. exists: the broker has it (librdkafka's view lagged). Neither: the
+// broker could not be asked.
+func (ts *topics) vanished(p *producer, topic string) (gone, exists bool) {
+	n, ok := p.partitionCount(topic)
+	if !ok || n > 0 {
+		return false, ok
+	}
+	delete(ts.known, topic)
+	if ts.missing[topic] == nil {
+		now := time.Now()
+		ts.missing[topic] = &missingTopic{since: now, checked: now}
+	}
+	return true, false
+}
+
 // check classifies topic for this round: "" to produce its rows; otherwise it is missing and
 // wait (rows stay pending) or park (the returned error) applies. A name Kafka refuses
 // (kafkaname.Topic) is parked at once, before anything is handed to librdkafka.
@@ -110,6 +129,17 @@ func (ts *topics) check(p *producer, topic string, timeout time.Duration) (wait 
 		ts.missing[topic] = m
 	}
 	if d := time.Since(m.since); d >= timeout {
+		// A park is asked of the broker first, whenever the last answer was: the topic may
+		// have been created a moment ago and the row released (a fresh-eyes attack: released
+		// 3 ms after kafka-topics --create, a row was parked again on the answer of up to a
+		// second before). One metadata request a round that has such rows to park; most of
+		// them are parked by it, and the rows behind them are not read again.
+		m.checked = time.Now()
+		if exists, ok := p.exists(topic); ok && exists {
+			delete(ts.missing, topic)
+			ts.known[topic] = true
+			return false, nil
+		}
 		return false, kafka.NewError(kafka.ErrUnknownTopic, fmt.Sprintf("topic %s does not exist (missing for %s)", topic, d.Round(time.Second)), false)
 	}
 	return true, nil
