@@ -22,8 +22,8 @@ type Config struct {
 	// settings such as security.protocol, sasl.* and ssl.* pass through). The relay sets, unless
 	// given here: enable.idempotence=true, acks=all, partitioner=murmur2_random (the Java
 	// client's partitioner, so keys land where Java producers put them), linger.ms=5,
-	// message.timeout.ms=60000, topic.metadata.propagation.max.ms=2000 (TopicPropagationWait),
-	// go.delivery.report.fields=none (delivery reports carry no
+	// message.timeout.ms=60000, topic.metadata.propagation.max.ms=2000 (see
+	// publish.ProducerDefaults), go.delivery.report.fields=none (delivery reports carry no
 	// copy of the key and value), and go.events.channel.size=1000 and
 	// go.produce.channel.size=1 (kafkaprops.SmallGoChannels). enable.idempotence=false, acks other
 	// than all/-1 and transactional.id are refused (New's error; the rule is both relays'
@@ -144,17 +144,6 @@ const (
 	DefaultKeepPublished       = time.Duration(0)
 )
 
-// TopicPropagationWait (ms) is the relay producer's topic.metadata.propagation.max.ms unless
-// Config.Kafka gives one (librdkafka's default is 30,000): how long librdkafka holds the
-// records of a topic its metadata does not show before it fails them. The relay asks the
-// broker itself whether a topic exists before it produces (missing topics wait aside,
-// Config.UnknownTopicTimeout), so the wait only delays the records of a topic deleted while
-// the relay knew it — and with them every other topic of the round, which waits for all of
-// its delivery reports: 30 s for each such round (a fresh-eyes attack) against 2 s. A record
-// failed that way is checked with the broker: its topic gone, the row waits aside like a
-// missing topic's; the topic there after all, it is tried again.
-const TopicPropagationWait = 2000
-
 func (c *Config) withDefaults() (*Config, error) {
 	if c == nil {
 		return nil, errors.New("relay: nil *Config: Kafka bootstrap.servers is required")
@@ -179,9 +168,8 @@ func (c *Config) withDefaults() (*Config, error) {
 	if _, ok := out.Kafka["request.required.acks"]; !ok {
 		setDefault("acks", "all")
 	}
-	publish.ProducerDefaults(out.Kafka) // partitioner=murmur2_random, linger.ms=5, go.delivery.report.fields=none, small Go channels
+	publish.ProducerDefaults(out.Kafka) // partitioner=murmur2_random, linger.ms=5, topic.metadata.propagation.max.ms=2000, go.delivery.report.fields=none, small Go channels
 	setDefault("message.timeout.ms", 60000)
-	setDefault("topic.metadata.propagation.max.ms", TopicPropagationWait)
 	setDefault("go.logs.channel.enable", false)
 	out.Schema = pg.SchemaOr(out.Schema)
 	if out.Logger == nil {
