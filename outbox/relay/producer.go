@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	"go.uber.org/zap"
@@ -33,6 +34,7 @@ func newProducer(cfg kafka.ConfigMap, log *zap.Logger) (*producer, error) {
 	go func() {
 		defer p.wg.Done()
 		// Delivery reports go to per-round channels; this sees client-level events only.
+		var quiet errorLimiter
 		for e := range kp.Events() {
 			switch ev := e.(type) {
 			case kafka.Error:
@@ -40,8 +42,8 @@ func newProducer(cfg kafka.ConfigMap, log *zap.Logger) (*producer, error) {
 				if ev.IsFatal() {
 					p.fatal.Store(true)
 					log.Error("producer fatal error", zap.Error(ev))
-				} else {
-					log.Warn("producer error", zap.Error(ev))
+				} else if ok, suppressed := quiet.allow(ev.Code(), time.Now()); ok {
+					log.Warn("producer error", zap.Error(ev), zap.Int("same_errors_suppressed", suppressed))
 				}
 			case *kafka.Message:
 				// Not expected: every Produce call names a delivery channel.
@@ -64,4 +66,31 @@ func (p *producer) close() {
 		}
 		p.wg.Wait()
 	})
+}
+
+// errorRepeat is how often the relay logs one kind of client-level producer error, at most:
+// with the brokers down librdkafka reports one at every reconnect attempt (a fresh-eyes
+// attack counted 606 warnings in 30 s).
+const errorRepeat = 30 * time.Second
+
+// errorLimiter lets one producer error of a code through every errorRepeat and counts the
+// ones it holds back in between. Used by one goroutine.
+type errorLimiter struct {
+	last       map[kafka.ErrorCode]time.Time
+	suppressed map[kafka.ErrorCode]int
+}
+
+// allow reports whether an error of code at now is logged, and how many of that code were
+// held back since the last one logged.
+func (l *errorLimiter) allow(code kafka.ErrorCode, now time.Time) (bool, int) {
+	if l.last == nil {
+		l.last, l.suppressed = map[kafka.ErrorCode]time.Time{}, map[kafka.ErrorCode]int{}
+	}
+	if at, ok := l.last[code]; ok && now.Sub(at) < errorRepeat {
+		l.suppressed[code]++
+		return false, 0
+	}
+	n := l.suppressed[code]
+	l.last[code], l.suppressed[code] = now, 0
+	return true, n
 }
